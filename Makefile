@@ -1,0 +1,158 @@
+# code-sandbox-operator
+
+# Image and version stamps.
+VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
+LDFLAGS ?= -s -w -X github.com/code-sandbox/code-sandbox-operator/internal/version.Version=$(VERSION)
+
+# The Kubernetes version of envtest's kube-apiserver. It matches the minor
+# version of the k8s.io modules that controller-runtime pulls in.
+ENVTEST_K8S_VERSION ?= 1.37.1
+
+# Per-user cache outside the clone, reused by fresh clones on the same machine.
+CODE_SANDBOX_CACHE ?= $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/code-sandbox-operator
+export CODE_SANDBOX_CACHE
+
+# Images the tests run; hack/build-test-images.sh builds them offline.
+BUSYBOX_IMAGE ?= code-sandbox-test/busybox:1
+PYTHON_IMAGE ?= code-sandbox-test/python:3
+export BUSYBOX_IMAGE PYTHON_IMAGE
+
+GO ?= go
+SHELL = /usr/bin/env bash -o pipefail
+.SHELLFLAGS = -ec
+
+.PHONY: all
+all: build
+
+##@ General
+
+.PHONY: help
+help: ## Display this help.
+	@awk 'BEGIN {FS = ":.*##"; printf "\nUsage:\n  make \033[36m<target>\033[0m\n"} /^[a-zA-Z_0-9-]+:.*?##/ { printf "  \033[36m%-18s\033[0m %s\n", $$1, $$2 } /^##@/ { printf "\n\033[1m%s\033[0m\n", substr($$0, 5) } ' $(MAKEFILE_LIST)
+
+##@ Development
+
+.PHONY: manifests
+manifests: controller-gen ## Generate the CRDs and the manager's ClusterRole.
+	$(CONTROLLER_GEN) rbac:roleName=manager-role crd paths="./..." output:crd:artifacts:config=config/crd/bases
+
+.PHONY: generate
+generate: controller-gen ## Generate DeepCopy methods.
+	$(CONTROLLER_GEN) object:headerFile="hack/boilerplate.go.txt" paths="./..."
+
+.PHONY: fmt
+fmt: ## Run go fmt.
+	$(GO) fmt ./...
+
+.PHONY: vet
+vet: ## Run go vet (including the e2e and benchmark build tags).
+	$(GO) vet ./...
+	$(GO) vet -tags e2e ./test/...
+
+.PHONY: verify
+verify: manifests generate fmt ## Regenerate everything and fail if the tree changed.
+	@if [ -n "$$(git status --porcelain -- api config controllers internal cmd)" ]; then \
+		echo "verify: generated files are out of date; run 'make manifests generate fmt' and commit:"; \
+		git status --porcelain -- api config controllers internal cmd; \
+		git --no-pager diff -- api config controllers internal cmd | head -n 100; \
+		exit 1; \
+	fi
+
+.PHONY: docker-up
+docker-up: ## Make sure a Docker Engine is installed and running.
+	hack/ensure-docker.sh
+
+.PHONY: test-images
+test-images: docker-up ## Build the test images offline (cached by tag).
+	hack/build-test-images.sh
+
+.PHONY: envtest
+envtest: ## Provide envtest's kube-apiserver and etcd (cached per user).
+	@hack/setup-envtest.sh >/dev/null
+
+.PHONY: test
+test: manifests generate vet envtest test-images ## Run unit tests and the envtest suite against the real Docker Engine.
+	KUBEBUILDER_ASSETS="$$(hack/setup-envtest.sh)" $(GO) test ./... -count=1 -timeout 30m
+
+.PHONY: test-e2e
+test-e2e: build envtest test-images ## Run the end-to-end tests: real binaries against a local control plane.
+	KUBEBUILDER_ASSETS="$$(hack/setup-envtest.sh)" $(GO) test -tags e2e ./test/e2e/... -count=1 -timeout 20m -v
+
+.PHONY: bench
+bench: envtest test-images ## Run the benchmarks (Sandbox create-to-Ready against raw Docker).
+	KUBEBUILDER_ASSETS="$$(hack/setup-envtest.sh)" $(GO) test ./test/bench/... -run '^$$' -bench . -benchtime 20x -count=1 -timeout 20m
+
+##@ Build
+
+.PHONY: build
+build: manifests generate ## Build the manager binary to bin/manager.
+	CGO_ENABLED=0 $(GO) build -trimpath -ldflags "$(LDFLAGS)" -o bin/manager ./cmd/manager
+
+.PHONY: run
+run: manifests generate ## Run the manager against the local control plane (make dev-up first).
+	$(GO) run ./cmd/manager --kubeconfig bin/dev/kubeconfig --node-name $${NODE_NAME:-n1}
+
+##@ Local control plane
+
+.PHONY: dev-up
+dev-up: build envtest test-images ## Start etcd + kube-apiserver on loopback, install the CRDs, write bin/dev/kubeconfig.
+	KUBEBUILDER_ASSETS="$$(hack/setup-envtest.sh)" hack/dev-up.sh
+
+.PHONY: dev-down
+dev-down: ## Stop the local control plane started by dev-up.
+	hack/dev-down.sh
+
+##@ Deployment
+
+.PHONY: install
+install: manifests kustomize ## Install the CRDs into the cluster in ~/.kube/config (or KUBECONFIG).
+	$(KUSTOMIZE) build config/crd | kubectl apply --server-side -f -
+
+.PHONY: uninstall
+uninstall: manifests kustomize ## Remove the CRDs from the cluster.
+	$(KUSTOMIZE) build config/crd | kubectl delete --ignore-not-found -f -
+
+.PHONY: deploy
+deploy: manifests kustomize ## Deploy the manager DaemonSet to the cluster.
+	$(KUSTOMIZE) build config/default | kubectl apply --server-side -f -
+
+.PHONY: undeploy
+undeploy: kustomize ## Remove the manager from the cluster.
+	$(KUSTOMIZE) build config/default | kubectl delete --ignore-not-found -f -
+
+##@ Dependencies
+
+LOCALBIN ?= $(shell pwd)/bin
+$(LOCALBIN):
+	mkdir -p $(LOCALBIN)
+
+CONTROLLER_GEN ?= $(LOCALBIN)/controller-gen
+KUSTOMIZE ?= $(LOCALBIN)/kustomize
+
+## Tool versions. They must build with the Go toolchain in go.mod.
+CONTROLLER_TOOLS_VERSION ?= v0.23.0
+KUSTOMIZE_VERSION ?= v5.8.0
+
+.PHONY: controller-gen
+controller-gen: $(CONTROLLER_GEN) ## Download controller-gen locally if necessary.
+$(CONTROLLER_GEN): $(LOCALBIN)
+	$(call go-install-tool,$(CONTROLLER_GEN),sigs.k8s.io/controller-tools/cmd/controller-gen,$(CONTROLLER_TOOLS_VERSION))
+
+.PHONY: kustomize
+kustomize: $(KUSTOMIZE) ## Download kustomize locally if necessary.
+$(KUSTOMIZE): $(LOCALBIN)
+	$(call go-install-tool,$(KUSTOMIZE),sigs.k8s.io/kustomize/kustomize/v5,$(KUSTOMIZE_VERSION))
+
+# go-install-tool installs a pinned tool as bin/<name>-<version> and links
+# bin/<name> to it, so a version bump reinstalls.
+define go-install-tool
+@[ -f "$(1)-$(3)" ] && [ "$$(readlink -- "$(1)" 2>/dev/null)" = "$$(basename "$(1)-$(3)")" ] || { \
+set -e; \
+package=$(2)@$(3) ;\
+echo "Downloading $${package}" ;\
+rm -f "$(1)" ;\
+GOBIN="$(LOCALBIN)" $(GO) install $${package} ;\
+mv "$(LOCALBIN)/$$(basename "$(1)")" "$(1)-$(3)" ;\
+} ;\
+ln -sf "$$(basename "$(1)-$(3)")" "$(1)"
+endef

@@ -1,0 +1,336 @@
+/*
+Copyright 2026 The code-sandbox-operator Authors.
+
+Licensed under the MIT License; see the LICENSE file.
+*/
+
+package v1alpha1
+
+import (
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+// ConditionType is a type of condition a Sandbox reports in status.conditions.
+type ConditionType string
+
+func (c ConditionType) String() string { return string(c) }
+
+const (
+	// SandboxConditionReady is True while the sandbox's container runs and
+	// accepts work. When it is False, its reason says why: one of the
+	// SandboxReason… constants.
+	SandboxConditionReady ConditionType = "Ready"
+
+	// SandboxConditionExpired is True once activeDeadlineSeconds has passed
+	// and the container has been removed. An expired Sandbox is never
+	// provisioned again; delete it.
+	SandboxConditionExpired ConditionType = "Expired"
+)
+
+// Reasons for the Ready and Expired conditions.
+const (
+	// SandboxReasonPending: no manager has claimed the Sandbox yet, for
+	// example because every node is at capacity.
+	SandboxReasonPending = "Pending"
+
+	// SandboxReasonNodeAtCapacity: the Sandbox is pinned (spec.nodeName) to a
+	// node whose manager is already running --max-sandboxes sandboxes.
+	SandboxReasonNodeAtCapacity = "NodeAtCapacity"
+
+	// SandboxReasonProvisioning: the manager has claimed the Sandbox and is
+	// pulling the image or creating and starting the container.
+	SandboxReasonProvisioning = "Provisioning"
+
+	// SandboxReasonRunning: the container is running. Used with Ready=True.
+	SandboxReasonRunning = "Running"
+
+	// SandboxReasonImageNotFound: the image is not present on the node and
+	// could not be pulled (or imagePullPolicy is Never).
+	SandboxReasonImageNotFound = "ImageNotFound"
+
+	// SandboxReasonRuntimeUnavailable: the requested runtime (for example
+	// gvisor) is not configured in the node's Docker Engine.
+	SandboxReasonRuntimeUnavailable = "RuntimeUnavailable"
+
+	// SandboxReasonCreateFailed: Docker refused to create or start the
+	// container for a reason other than the ones above; the message holds
+	// Docker's error.
+	SandboxReasonCreateFailed = "CreateFailed"
+
+	// SandboxReasonContainerExited: the container's main process exited. The
+	// message holds the exit code. Sandboxes are not restarted in place.
+	SandboxReasonContainerExited = "ContainerExited"
+
+	// SandboxReasonOOMKilled: the container was killed for exceeding
+	// resources.memory.
+	SandboxReasonOOMKilled = "OOMKilled"
+
+	// SandboxReasonContainerMissing: the container disappeared behind the
+	// manager's back (for example `docker rm -f`). It is recreated with
+	// exponential backoff.
+	SandboxReasonContainerMissing = "ContainerMissing"
+
+	// SandboxReasonMultipleContainers: more than one container carries this
+	// Sandbox's UID label, or a container that is not ours holds its name.
+	// The manager fails closed and touches none of them until an operator
+	// resolves it.
+	SandboxReasonMultipleContainers = "MultipleContainers"
+
+	// SandboxReasonDockerUnavailable: the node's Docker Engine did not answer
+	// in time. The manager retries with backoff and keeps the finalizer until
+	// the container is proven gone.
+	SandboxReasonDockerUnavailable = "DockerUnavailable"
+
+	// SandboxReasonExpired: activeDeadlineSeconds passed and the container
+	// was removed.
+	SandboxReasonExpired = "Expired"
+
+	// SandboxReasonTerminating: the Sandbox is being deleted; the container is
+	// being stopped and removed.
+	SandboxReasonTerminating = "Terminating"
+)
+
+// ImagePullPolicy says when the manager pulls the sandbox image.
+// +kubebuilder:validation:Enum=IfNotPresent;Always;Never
+type ImagePullPolicy string
+
+const (
+	PullIfNotPresent ImagePullPolicy = "IfNotPresent"
+	PullAlways       ImagePullPolicy = "Always"
+	PullNever        ImagePullPolicy = "Never"
+)
+
+// NetworkMode selects the sandbox's network access.
+// +kubebuilder:validation:Enum=None;Egress
+type NetworkMode string
+
+const (
+	// NetworkNone gives the sandbox only a loopback interface.
+	NetworkNone NetworkMode = "None"
+	// NetworkEgress attaches the sandbox to Docker's default bridge, which
+	// allows outbound connections. Node operators should add DOCKER-USER
+	// firewall rules (see the README) to block metadata and cluster ranges.
+	NetworkEgress NetworkMode = "Egress"
+)
+
+// RuntimeClass selects the OCI runtime that runs the container.
+// +kubebuilder:validation:Enum=runc;gvisor
+type RuntimeClass string
+
+const (
+	RuntimeRunc   RuntimeClass = "runc"
+	RuntimeGVisor RuntimeClass = "gvisor"
+)
+
+// SandboxResources bounds what a sandbox may consume. Every field has a safe
+// default, so an empty resources block is already limited.
+type SandboxResources struct {
+	// CPU is the number of CPUs the sandbox may use (Docker NanoCPUs).
+	// +kubebuilder:default="1"
+	// +kubebuilder:validation:XValidation:rule="quantity(self).isGreaterThan(quantity('0'))",message="cpu must be greater than 0"
+	// +kubebuilder:validation:XValidation:rule="quantity(self).compareTo(quantity('64')) <= 0",message="cpu must be at most 64"
+	// +optional
+	CPU resource.Quantity `json:"cpu,omitempty"`
+
+	// Memory is the memory limit. Swap is disabled (MemorySwap = Memory).
+	// Files written to the sandbox's writable paths live in memory and count
+	// against this limit too.
+	// +kubebuilder:default="512Mi"
+	// +kubebuilder:validation:XValidation:rule="quantity(self).compareTo(quantity('6Mi')) >= 0",message="memory must be at least 6Mi"
+	// +kubebuilder:validation:XValidation:rule="quantity(self).compareTo(quantity('64Gi')) <= 0",message="memory must be at most 64Gi"
+	// +optional
+	Memory resource.Quantity `json:"memory,omitempty"`
+
+	// Pids is the maximum number of processes and threads.
+	// +kubebuilder:default=256
+	// +kubebuilder:validation:Minimum=8
+	// +kubebuilder:validation:Maximum=32768
+	// +optional
+	Pids int64 `json:"pids,omitempty"`
+
+	// Disk bounds every writable path (the working directory, /tmp, /var/tmp
+	// and /dev/shm): each is a tmpfs of this size, and a single file may not
+	// grow past it. Writes beyond it fail with ENOSPC; they never reach the
+	// node's disk.
+	// +kubebuilder:default="256Mi"
+	// +kubebuilder:validation:XValidation:rule="quantity(self).compareTo(quantity('1Mi')) >= 0",message="disk must be at least 1Mi"
+	// +kubebuilder:validation:XValidation:rule="quantity(self).compareTo(quantity('64Gi')) <= 0",message="disk must be at most 64Gi"
+	// +optional
+	Disk resource.Quantity `json:"disk,omitempty"`
+}
+
+// SandboxNetwork configures network access.
+type SandboxNetwork struct {
+	// Mode is None (default: loopback only) or Egress.
+	// +kubebuilder:default=None
+	// +optional
+	Mode NetworkMode `json:"mode,omitempty"`
+}
+
+// SandboxSpec is the desired state of a Sandbox. Everything but
+// activeDeadlineSeconds is fixed once the Sandbox exists, because a running
+// container cannot take the change; create a new Sandbox instead.
+// +kubebuilder:validation:XValidation:rule="has(self.command) == has(oldSelf.command) && (!has(self.command) || self.command == oldSelf.command)",message="command is immutable"
+// +kubebuilder:validation:XValidation:rule="has(self.env) == has(oldSelf.env) && (!has(self.env) || self.env == oldSelf.env)",message="env is immutable"
+// +kubebuilder:validation:XValidation:rule="has(self.nodeName) == has(oldSelf.nodeName) && (!has(self.nodeName) || self.nodeName == oldSelf.nodeName)",message="nodeName is immutable"
+type SandboxSpec struct {
+	// Image is the container image, for example python:3.12-slim-bookworm.
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=512
+	// +kubebuilder:validation:Pattern=`^[^\s]+$`
+	// +kubebuilder:validation:XValidation:rule="self == oldSelf",message="image is immutable"
+	// +required
+	Image string `json:"image"`
+
+	// ImagePullPolicy is IfNotPresent (default), Always or Never.
+	// +kubebuilder:default=IfNotPresent
+	// +kubebuilder:validation:XValidation:rule="self == oldSelf",message="imagePullPolicy is immutable"
+	// +optional
+	ImagePullPolicy ImagePullPolicy `json:"imagePullPolicy,omitempty"`
+
+	// Command replaces the image's entrypoint and command. When it is empty
+	// the sandbox runs a tiny idle process supplied by the manager, so it
+	// stays up whatever the image's default command is, even in images
+	// without a shell or sleep.
+	// +kubebuilder:validation:MaxItems=256
+	// +kubebuilder:validation:items:MaxLength=4096
+	// +listType=atomic
+	// +optional
+	Command []string `json:"command,omitempty"`
+
+	// Env sets environment variables in the sandbox.
+	// +kubebuilder:validation:MaxItems=256
+	// +listType=map
+	// +listMapKey=name
+	// +optional
+	Env []EnvVar `json:"env,omitempty"`
+
+	// WorkingDir is the absolute path where commands start. It is a writable
+	// tmpfs bounded by resources.disk.
+	// +kubebuilder:default="/app"
+	// +kubebuilder:validation:MaxLength=256
+	// +kubebuilder:validation:XValidation:rule="self.startsWith('/')",message="workingDir must be an absolute path"
+	// +kubebuilder:validation:XValidation:rule="!self.split('/').exists(p, p == '..' || p == '.')",message="workingDir must not contain '.' or '..' segments"
+	// +kubebuilder:validation:XValidation:rule="!(self in ['/', '/proc', '/sys', '/dev', '/etc', '/tmp', '/var/tmp', '/dev/shm']) && !self.startsWith('/proc/') && !self.startsWith('/sys/') && !self.startsWith('/dev/')",message="workingDir must not be /, /etc, /tmp, /var/tmp or a path under /proc, /sys or /dev"
+	// +kubebuilder:validation:XValidation:rule="self == oldSelf",message="workingDir is immutable"
+	// +optional
+	WorkingDir string `json:"workingDir,omitempty"`
+
+	// User is the uid[:gid] the sandbox runs as. It defaults to nobody
+	// (65534:65534). Root (0) is refused: sandboxes never run as root.
+	// +kubebuilder:default="65534:65534"
+	// +kubebuilder:validation:Pattern=`^[0-9]{1,10}(:[0-9]{1,10})?$`
+	// +kubebuilder:validation:XValidation:rule="self.split(':')[0] != '0' && !self.split(':')[0].matches('^0+$')",message="user must not be root (uid 0)"
+	// +kubebuilder:validation:XValidation:rule="self == oldSelf",message="user is immutable"
+	// +optional
+	User string `json:"user,omitempty"`
+
+	// Resources bounds CPU, memory, processes and disk.
+	// +kubebuilder:default={}
+	// +kubebuilder:validation:XValidation:rule="self == oldSelf",message="resources are immutable"
+	// +optional
+	Resources SandboxResources `json:"resources,omitempty"`
+
+	// Network configures network access. The default is no network.
+	// +kubebuilder:default={}
+	// +kubebuilder:validation:XValidation:rule="self == oldSelf",message="network is immutable"
+	// +optional
+	Network SandboxNetwork `json:"network,omitempty"`
+
+	// Runtime is runc (default) or gvisor (Docker runtime runsc).
+	// +kubebuilder:default=runc
+	// +kubebuilder:validation:XValidation:rule="self == oldSelf",message="runtime is immutable"
+	// +optional
+	Runtime RuntimeClass `json:"runtime,omitempty"`
+
+	// ActiveDeadlineSeconds is the sandbox's lifetime, counted from
+	// status.startTime. When it passes, the container is removed and the
+	// Sandbox reports Expired. It may be changed while the Sandbox lives.
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=2592000
+	// +optional
+	ActiveDeadlineSeconds *int64 `json:"activeDeadlineSeconds,omitempty"`
+
+	// NodeName pins the Sandbox to one node. When it is empty, the first
+	// manager with spare capacity claims the Sandbox.
+	// +kubebuilder:validation:MaxLength=253
+	// +kubebuilder:validation:Pattern=`^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$`
+	// +optional
+	NodeName string `json:"nodeName,omitempty"`
+}
+
+// EnvVar is an environment variable for the sandbox.
+type EnvVar struct {
+	// Name of the variable.
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=256
+	// +kubebuilder:validation:Pattern=`^[A-Za-z_][A-Za-z0-9_]*$`
+	// +required
+	Name string `json:"name"`
+
+	// Value of the variable.
+	// +kubebuilder:validation:MaxLength=32768
+	// +optional
+	Value string `json:"value,omitempty"`
+}
+
+// SandboxStatus is the observed state of a Sandbox.
+type SandboxStatus struct {
+	// Conditions: Ready, and Expired once the lifetime has passed.
+	// +listType=map
+	// +listMapKey=type
+	// +optional
+	Conditions []metav1.Condition `json:"conditions,omitempty"`
+
+	// NodeName is the node whose manager claimed and runs the Sandbox.
+	// +optional
+	NodeName string `json:"nodeName,omitempty"`
+
+	// ContainerID is the Docker container's ID.
+	// +optional
+	ContainerID string `json:"containerID,omitempty"`
+
+	// StartTime is when the container first started. activeDeadlineSeconds
+	// counts from here.
+	// +optional
+	StartTime *metav1.Time `json:"startTime,omitempty"`
+
+	// ObservedGeneration is the spec generation the status describes.
+	// +optional
+	ObservedGeneration int64 `json:"observedGeneration,omitempty"`
+}
+
+// +kubebuilder:object:root=true
+// +kubebuilder:subresource:status
+// +kubebuilder:resource:shortName=sbx,categories=all
+// +kubebuilder:printcolumn:name="Ready",type=string,JSONPath=`.status.conditions[?(@.type=="Ready")].status`
+// +kubebuilder:printcolumn:name="Reason",type=string,JSONPath=`.status.conditions[?(@.type=="Ready")].reason`
+// +kubebuilder:printcolumn:name="Image",type=string,JSONPath=`.spec.image`
+// +kubebuilder:printcolumn:name="Node",type=string,JSONPath=`.status.nodeName`
+// +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
+
+// Sandbox is a disposable, hardened Docker container for running untrusted
+// code, provisioned by the manager on one node.
+type Sandbox struct {
+	metav1.TypeMeta   `json:",inline"`
+	metav1.ObjectMeta `json:"metadata,omitempty"`
+
+	// +required
+	Spec SandboxSpec `json:"spec"`
+	// +optional
+	Status SandboxStatus `json:"status,omitempty"`
+}
+
+// +kubebuilder:object:root=true
+
+// SandboxList contains a list of Sandbox.
+type SandboxList struct {
+	metav1.TypeMeta `json:",inline"`
+	metav1.ListMeta `json:"metadata,omitempty"`
+	Items           []Sandbox `json:"items"`
+}
+
+func init() {
+	SchemeBuilder.Register(&Sandbox{}, &SandboxList{})
+}
