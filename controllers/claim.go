@@ -1,0 +1,192 @@
+/*
+Copyright 2026 The code-sandbox-operator Authors.
+
+Licensed under the MIT License; see the LICENSE file.
+*/
+
+package controllers
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"sync"
+	"time"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/event"
+	logf "sigs.k8s.io/controller-runtime/pkg/log"
+	"sigs.k8s.io/controller-runtime/pkg/predicate"
+
+	sandboxv1alpha1 "github.com/code-sandbox/code-sandbox-operator/api/v1alpha1"
+)
+
+type eventGeneric = event.TypedGenericEvent[*sandboxv1alpha1.Sandbox]
+
+// claimTracker remembers the Sandboxes this manager has claimed but its cache
+// may not show yet, so that capacity is never overcommitted by a stale cache.
+type claimTracker struct {
+	mu      sync.Mutex
+	claimed map[types.UID]struct{}
+}
+
+func newClaimTracker() *claimTracker {
+	return &claimTracker{claimed: map[types.UID]struct{}{}}
+}
+
+func (t *claimTracker) add(uid types.UID) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.claimed[uid] = struct{}{}
+}
+
+func (t *claimTracker) release(uid types.UID) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	delete(t.claimed, uid)
+}
+
+// relevant filters the watch down to Sandboxes this node may act on: bound to
+// it, or unbound and not pinned to another node.
+func (r *SandboxReconciler) relevant() predicate.Predicate {
+	return predicate.NewPredicateFuncs(func(obj client.Object) bool {
+		sbx, ok := obj.(*sandboxv1alpha1.Sandbox)
+		if !ok {
+			return false
+		}
+		return r.mayHandle(sbx)
+	})
+}
+
+func (r *SandboxReconciler) mayHandle(sbx *sandboxv1alpha1.Sandbox) bool {
+	if sbx.Status.NodeName != "" {
+		return sbx.Status.NodeName == r.opts.NodeName
+	}
+	return sbx.Spec.NodeName == "" || sbx.Spec.NodeName == r.opts.NodeName
+}
+
+// claim binds an unbound Sandbox to this node by writing status.nodeName with
+// the resourceVersion it read: if another manager claimed it first, the
+// write conflicts and this manager backs off. Capacity is checked under a
+// lock, counting both the cache and claims the cache has not caught up with.
+func (r *SandboxReconciler) claim(ctx context.Context, sbx *sandboxv1alpha1.Sandbox) (bool, ctrl.Result, error) {
+	log := logf.FromContext(ctx)
+	if !r.mayHandle(sbx) {
+		return false, ctrl.Result{}, nil
+	}
+	r.claims.mu.Lock()
+	defer r.claims.mu.Unlock()
+
+	used, err := r.usedCapacity(ctx)
+	if err != nil {
+		return false, ctrl.Result{}, err
+	}
+	if used >= r.opts.MaxSandboxes {
+		// Leave it to a node with room. Recheck later in case this node frees
+		// up, with jitter so that full managers do not poll in lockstep.
+		retry := 5*time.Second + rand.N(5*time.Second)
+		if sbx.Spec.NodeName == r.opts.NodeName {
+			msg := fmt.Sprintf("node %s is running its maximum of %d sandboxes", r.opts.NodeName, r.opts.MaxSandboxes)
+			cond := meta.FindStatusCondition(sbx.Status.Conditions, string(sandboxv1alpha1.SandboxConditionReady))
+			if cond == nil || cond.Reason != sandboxv1alpha1.SandboxReasonNodeAtCapacity {
+				r.setReady(sbx, metav1.ConditionFalse, sandboxv1alpha1.SandboxReasonNodeAtCapacity, msg)
+				if err := r.client.Status().Update(ctx, sbx); err != nil && !apierrors.IsConflict(err) {
+					return false, ctrl.Result{}, fmt.Errorf("reporting capacity: %w", err)
+				}
+			}
+		}
+		log.V(1).Info("node at capacity; leaving sandbox to others", "used", used)
+		return false, ctrl.Result{RequeueAfter: retry}, nil
+	}
+
+	sbx.Status.NodeName = r.opts.NodeName
+	r.setReady(sbx, metav1.ConditionFalse, sandboxv1alpha1.SandboxReasonProvisioning, "claimed by node "+r.opts.NodeName)
+	if err := r.client.Status().Update(ctx, sbx); err != nil {
+		if apierrors.IsConflict(err) || apierrors.IsNotFound(err) {
+			// Someone else won, or it is gone; the next event tells.
+			return false, ctrl.Result{}, nil
+		}
+		return false, ctrl.Result{}, fmt.Errorf("claiming sandbox: %w", err)
+	}
+	r.claims.claimed[sbx.UID] = struct{}{}
+	log.Info("claimed sandbox")
+	r.recorder.Eventf(sbx, nil, "Normal", "Claimed", "Claim", "claimed by node %s", r.opts.NodeName)
+	return true, ctrl.Result{}, nil
+}
+
+// usedCapacity counts live Sandboxes bound to this node. Caller holds
+// r.claims.mu.
+func (r *SandboxReconciler) usedCapacity(ctx context.Context) (int, error) {
+	var list sandboxv1alpha1.SandboxList
+	if err := r.client.List(ctx, &list, client.MatchingFields{statusNodeNameField: r.opts.NodeName}); err != nil {
+		return 0, fmt.Errorf("listing sandboxes on node: %w", err)
+	}
+	counted := make(map[types.UID]struct{}, len(list.Items)+len(r.claims.claimed))
+	for i := range list.Items {
+		sbx := &list.Items[i]
+		if meta.IsStatusConditionTrue(sbx.Status.Conditions, string(sandboxv1alpha1.SandboxConditionExpired)) {
+			continue
+		}
+		counted[sbx.UID] = struct{}{}
+	}
+	for uid := range r.claims.claimed {
+		counted[uid] = struct{}{}
+	}
+	return len(counted), nil
+}
+
+// backoffTracker spaces out retries per Sandbox: recreating a container
+// that keeps disappearing, or pulling an image that is not there.
+type backoffTracker struct {
+	mu    sync.Mutex
+	clock interface{ Now() time.Time }
+	base  time.Duration
+	max   time.Duration
+	state map[types.UID]backoffState
+}
+
+type backoffState struct {
+	attempts  int
+	notBefore time.Time
+}
+
+func newBackoffTracker(clk interface{ Now() time.Time }, base, max time.Duration) *backoffTracker {
+	return &backoffTracker{clock: clk, base: base, max: max, state: map[types.UID]backoffState{}}
+}
+
+// next records a failure and returns how long to wait before trying again.
+func (b *backoffTracker) next(uid types.UID) time.Duration {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	st := b.state[uid]
+	delay := b.base << min(st.attempts, 20)
+	if delay > b.max || delay <= 0 {
+		delay = b.max
+	}
+	st.attempts++
+	st.notBefore = b.clock.Now().Add(delay)
+	b.state[uid] = st
+	return delay
+}
+
+// remaining is how long until the next attempt is allowed.
+func (b *backoffTracker) remaining(uid types.UID) time.Duration {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	st, ok := b.state[uid]
+	if !ok {
+		return 0
+	}
+	return max(st.notBefore.Sub(b.clock.Now()), 0)
+}
+
+func (b *backoffTracker) reset(uid types.UID) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	delete(b.state, uid)
+}

@@ -1,0 +1,58 @@
+/*
+Copyright 2026 The code-sandbox-operator Authors.
+
+Licensed under the MIT License; see the LICENSE file.
+*/
+
+package controllers
+
+import (
+	"fmt"
+
+	sandboxv1alpha1 "github.com/code-sandbox/code-sandbox-operator/api/v1alpha1"
+	"github.com/code-sandbox/code-sandbox-operator/internal/dockerruntime"
+)
+
+// dockerSpecFor translates a Sandbox into the runtime's container spec. Zero
+// quantities fall back to the runtime's defaults, which equal the CRD's.
+func dockerSpecFor(sbx *sandboxv1alpha1.Sandbox, opts Options) (dockerruntime.Spec, error) {
+	res := sbx.Spec.Resources
+	spec := dockerruntime.Spec{
+		Owner: dockerruntime.Owner{
+			UID:       string(sbx.UID),
+			Namespace: sbx.Namespace,
+			Name:      sbx.Name,
+			Node:      opts.NodeName,
+		},
+		Image:           sbx.Spec.Image,
+		PullPolicy:      dockerruntime.PullPolicy(sbx.Spec.ImagePullPolicy),
+		Command:         sbx.Spec.Command,
+		WorkingDir:      sbx.Spec.WorkingDir,
+		User:            sbx.Spec.User,
+		NanoCPUs:        res.CPU.MilliValue() * 1_000_000,
+		MemoryBytes:     res.Memory.Value(),
+		Pids:            res.Pids,
+		DiskBytes:       res.Disk.Value(),
+		StopGracePeriod: opts.StopGracePeriod,
+	}
+	for _, env := range sbx.Spec.Env {
+		spec.Env = append(spec.Env, env.Name+"="+env.Value)
+	}
+	switch sbx.Spec.Network.Mode {
+	case "", sandboxv1alpha1.NetworkNone:
+		spec.Network = dockerruntime.NetworkNone
+	case sandboxv1alpha1.NetworkEgress:
+		spec.Network = dockerruntime.NetworkEgress
+	default:
+		return spec, fmt.Errorf("unknown network mode %q", sbx.Spec.Network.Mode)
+	}
+	switch sbx.Spec.Runtime {
+	case "", sandboxv1alpha1.RuntimeRunc:
+		spec.Runtime = dockerruntime.RuntimeRunc
+	case sandboxv1alpha1.RuntimeGVisor:
+		spec.Runtime = dockerruntime.RuntimeRunsc
+	default:
+		return spec, fmt.Errorf("unknown runtime %q", sbx.Spec.Runtime)
+	}
+	return spec, nil
+}

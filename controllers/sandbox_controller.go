@@ -1,0 +1,480 @@
+/*
+Copyright 2026 The code-sandbox-operator Authors.
+
+Licensed under the MIT License; see the LICENSE file.
+*/
+
+// Package controllers holds the Sandbox reconciler, which runs on every node
+// and turns Sandboxes bound to that node into hardened Docker containers.
+package controllers
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"k8s.io/apimachinery/pkg/api/equality"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/tools/events"
+	"k8s.io/utils/clock"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/builder"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller"
+	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
+	"sigs.k8s.io/controller-runtime/pkg/handler"
+	logf "sigs.k8s.io/controller-runtime/pkg/log"
+	"sigs.k8s.io/controller-runtime/pkg/source"
+
+	sandboxv1alpha1 "github.com/code-sandbox/code-sandbox-operator/api/v1alpha1"
+	"github.com/code-sandbox/code-sandbox-operator/internal/dockerruntime"
+)
+
+// Finalizer keeps a Sandbox until its container is proven gone. Docker
+// containers are not Kubernetes objects, so garbage collection cannot remove
+// them.
+const Finalizer = "sandbox.code-sandbox.dev/container"
+
+// statusNodeNameField indexes Sandboxes by the node that claimed them.
+const statusNodeNameField = "status.nodeName"
+
+// Options configure a SandboxReconciler.
+type Options struct {
+	// NodeName is the node this manager runs on. Required.
+	NodeName string
+	// MaxSandboxes is how many Sandboxes this node runs at once.
+	MaxSandboxes int
+	// StopGracePeriod is the time between SIGTERM and SIGKILL on delete.
+	StopGracePeriod time.Duration
+	// MaxConcurrentReconciles bounds parallel reconciles (and Docker calls).
+	MaxConcurrentReconciles int
+	// RetryBackoffBase and RetryBackoffMax shape the backoff used to recreate
+	// missing containers and to retry image and runtime failures.
+	RetryBackoffBase time.Duration
+	RetryBackoffMax  time.Duration
+	// SkipNameValidation lets several managers run in one process (tests).
+	SkipNameValidation bool
+}
+
+func (o *Options) defaults() {
+	if o.MaxSandboxes <= 0 {
+		o.MaxSandboxes = 50
+	}
+	if o.StopGracePeriod <= 0 {
+		o.StopGracePeriod = 10 * time.Second
+	}
+	if o.MaxConcurrentReconciles <= 0 {
+		o.MaxConcurrentReconciles = 4
+	}
+	if o.RetryBackoffBase <= 0 {
+		o.RetryBackoffBase = time.Second
+	}
+	if o.RetryBackoffMax <= 0 {
+		o.RetryBackoffMax = 5 * time.Minute
+	}
+}
+
+// SandboxReconciler reconciles the Sandboxes bound to one node.
+type SandboxReconciler struct {
+	client    client.Client
+	apiReader client.Reader
+	docker    *dockerruntime.Client
+	recorder  events.EventRecorder
+	clock     clock.PassiveClock
+	opts      Options
+
+	claims  *claimTracker
+	backoff *backoffTracker
+	// dockerEvents carries Docker container events into the work queue.
+	dockerEvents chan eventForSandbox
+}
+
+// +kubebuilder:rbac:groups=sandbox.code-sandbox.dev,resources=sandboxes,verbs=get;list;watch;update;patch
+// +kubebuilder:rbac:groups=sandbox.code-sandbox.dev,resources=sandboxes/status,verbs=get;update;patch
+// +kubebuilder:rbac:groups=sandbox.code-sandbox.dev,resources=sandboxes/finalizers,verbs=update
+// +kubebuilder:rbac:groups=events.k8s.io,resources=events,verbs=create;patch;update
+
+// NewSandboxReconciler builds a reconciler for one node. The clock is
+// injectable so that lifetimes and backoff can be tested without sleeping.
+func NewSandboxReconciler(c client.Client, apiReader client.Reader, docker *dockerruntime.Client, recorder events.EventRecorder, clk clock.PassiveClock, opts Options) (*SandboxReconciler, error) {
+	if opts.NodeName == "" {
+		return nil, errors.New("a node name is required (--node-name or NODE_NAME)")
+	}
+	opts.defaults()
+	return &SandboxReconciler{
+		client:       c,
+		apiReader:    apiReader,
+		docker:       docker,
+		recorder:     recorder,
+		clock:        clk,
+		opts:         opts,
+		claims:       newClaimTracker(),
+		backoff:      newBackoffTracker(clk, opts.RetryBackoffBase, opts.RetryBackoffMax),
+		dockerEvents: make(chan eventForSandbox, 1024),
+	}, nil
+}
+
+// Reconcile brings one Sandbox's container in line with its spec.
+func (r *SandboxReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
+	sbx := &sandboxv1alpha1.Sandbox{}
+	if err := r.client.Get(ctx, req.NamespacedName, sbx); err != nil {
+		return ctrl.Result{}, client.IgnoreNotFound(err)
+	}
+	log := logf.FromContext(ctx).WithValues("node", r.opts.NodeName, "uid", sbx.UID)
+	ctx = logf.IntoContext(ctx, log)
+
+	if sbx.Status.NodeName != r.opts.NodeName {
+		if !sbx.DeletionTimestamp.IsZero() || sbx.Status.NodeName != "" {
+			// Bound elsewhere, or deleted before anyone claimed it (then no
+			// finalizer was ever added and nothing exists to clean up).
+			return ctrl.Result{}, nil
+		}
+		claimed, result, err := r.claim(ctx, sbx)
+		if !claimed || err != nil {
+			return result, err
+		}
+	}
+
+	if !sbx.DeletionTimestamp.IsZero() {
+		return r.finalize(ctx, sbx)
+	}
+
+	if controllerutil.AddFinalizer(sbx, Finalizer) {
+		// The finalizer must be stored before any container exists, or a
+		// quick delete could leave the container behind.
+		if err := r.client.Update(ctx, sbx); err != nil {
+			return ctrl.Result{}, ignoreConflict(fmt.Errorf("adding finalizer: %w", err))
+		}
+	}
+
+	oldStatus := sbx.Status.DeepCopy()
+	result, reconcileErr := r.reconcile(ctx, sbx)
+	r.recordTransition(sbx, oldStatus)
+
+	if !equality.Semantic.DeepEqual(oldStatus, &sbx.Status) {
+		if err := r.client.Status().Update(ctx, sbx); err != nil {
+			if apierrors.IsConflict(err) {
+				return ctrl.Result{RequeueAfter: 100 * time.Millisecond}, nil
+			}
+			return ctrl.Result{}, errors.Join(reconcileErr, fmt.Errorf("writing status: %w", err))
+		}
+	}
+	return result, reconcileErr
+}
+
+// reconcile drives the container and fills in sbx.Status. It never writes
+// to the API server; Reconcile does that once.
+func (r *SandboxReconciler) reconcile(ctx context.Context, sbx *sandboxv1alpha1.Sandbox) (ctrl.Result, error) {
+	log := logf.FromContext(ctx)
+	sbx.Status.NodeName = r.opts.NodeName
+	sbx.Status.ObservedGeneration = sbx.Generation
+
+	if meta.IsStatusConditionTrue(sbx.Status.Conditions, string(sandboxv1alpha1.SandboxConditionExpired)) {
+		// Expired is final; make sure nothing was left running.
+		return r.removeContainers(ctx, sbx)
+	}
+
+	var requeueAfter time.Duration
+	if expiry, ok := expiryTime(sbx); ok {
+		if remaining := expiry.Sub(r.clock.Now()); remaining > 0 {
+			requeueAfter = remaining
+		} else {
+			return r.expire(ctx, sbx)
+		}
+	}
+
+	ct, err := r.docker.Find(ctx, string(sbx.UID))
+	switch {
+	case err == nil:
+	case errors.Is(err, dockerruntime.ErrNotFound):
+		if sbx.Status.ContainerID != "" {
+			// It existed and is gone: someone removed it behind our back.
+			r.setReady(sbx, metav1.ConditionFalse, sandboxv1alpha1.SandboxReasonContainerMissing,
+				fmt.Sprintf("container %s disappeared; recreating with backoff", shortID(sbx.Status.ContainerID)))
+			sbx.Status.ContainerID = ""
+			delay := r.backoff.next(sbx.UID)
+			log.Info("container missing, recreating", "after", delay)
+			return ctrl.Result{RequeueAfter: delay}, nil
+		}
+		if wait := r.backoff.remaining(sbx.UID); wait > 0 {
+			return ctrl.Result{RequeueAfter: wait}, nil
+		}
+		return r.create(ctx, sbx, requeueAfter)
+	default:
+		return r.dockerFailure(ctx, sbx, err)
+	}
+
+	sbx.Status.ContainerID = ct.ID
+	switch ct.State.Status {
+	case "running":
+		r.backoff.reset(sbx.UID)
+		if sbx.Status.StartTime == nil {
+			start := metav1.NewTime(r.clock.Now())
+			sbx.Status.StartTime = &start
+			observeCreateToReady(r.clock.Since(sbx.CreationTimestamp.Time))
+			if expiry, ok := expiryTime(sbx); ok {
+				requeueAfter = expiry.Sub(r.clock.Now())
+			}
+		}
+		r.setReady(sbx, metav1.ConditionTrue, sandboxv1alpha1.SandboxReasonRunning, "container "+shortID(ct.ID)+" is running")
+		return ctrl.Result{RequeueAfter: requeueAfter}, nil
+	case "created":
+		// A manager died between create and start; adopt and start it.
+		log.Info("starting adopted container", "container", shortID(ct.ID))
+		if err := r.docker.Start(ctx, ct.ID); err != nil {
+			return r.dockerFailure(ctx, sbx, err)
+		}
+		return ctrl.Result{RequeueAfter: 50 * time.Millisecond}, nil
+	case "exited", "dead":
+		if ct.State.OOMKilled {
+			r.setReady(sbx, metav1.ConditionFalse, sandboxv1alpha1.SandboxReasonOOMKilled,
+				fmt.Sprintf("container was killed for exceeding its memory limit of %s", sbx.Spec.Resources.Memory.String()))
+		} else {
+			msg := fmt.Sprintf("container exited with code %d", ct.State.ExitCode)
+			if ct.State.Error != "" {
+				msg += ": " + ct.State.Error
+			}
+			r.setReady(sbx, metav1.ConditionFalse, sandboxv1alpha1.SandboxReasonContainerExited, msg)
+		}
+		// Sandboxes are not restarted in place: the agent's state is gone.
+		return ctrl.Result{RequeueAfter: requeueAfter}, nil
+	default:
+		// paused, restarting or removing: transient; look again shortly.
+		r.setReady(sbx, metav1.ConditionFalse, sandboxv1alpha1.SandboxReasonProvisioning, "container is "+ct.State.Status)
+		return ctrl.Result{RequeueAfter: time.Second}, nil
+	}
+}
+
+// create provisions the container and reports why it could not.
+func (r *SandboxReconciler) create(ctx context.Context, sbx *sandboxv1alpha1.Sandbox, requeueAfter time.Duration) (ctrl.Result, error) {
+	spec, err := dockerSpecFor(sbx, r.opts)
+	if err != nil {
+		r.setReady(sbx, metav1.ConditionFalse, sandboxv1alpha1.SandboxReasonCreateFailed, err.Error())
+		return ctrl.Result{}, nil
+	}
+	ct, err := r.docker.CreateAndStart(ctx, spec)
+	if err != nil {
+		return r.dockerFailure(ctx, sbx, err)
+	}
+	containersCreated.Inc()
+	sbx.Status.ContainerID = ct.ID
+	// The start event will requeue us; checking state right away keeps the
+	// create-to-Ready path short.
+	if ct.State.Running {
+		r.backoff.reset(sbx.UID)
+		start := metav1.NewTime(r.clock.Now())
+		if sbx.Status.StartTime == nil {
+			sbx.Status.StartTime = &start
+			observeCreateToReady(r.clock.Since(sbx.CreationTimestamp.Time))
+		}
+		r.setReady(sbx, metav1.ConditionTrue, sandboxv1alpha1.SandboxReasonRunning, "container "+shortID(ct.ID)+" is running")
+		if expiry, ok := expiryTime(sbx); ok {
+			requeueAfter = expiry.Sub(r.clock.Now())
+		}
+		return ctrl.Result{RequeueAfter: requeueAfter}, nil
+	}
+	return ctrl.Result{RequeueAfter: 100 * time.Millisecond}, nil
+}
+
+// dockerFailure turns a Docker error into the Ready condition and a retry.
+func (r *SandboxReconciler) dockerFailure(ctx context.Context, sbx *sandboxv1alpha1.Sandbox, err error) (ctrl.Result, error) {
+	log := logf.FromContext(ctx)
+	var reason string
+	switch {
+	case errors.Is(err, dockerruntime.ErrUnavailable):
+		dockerErrors.Inc()
+		r.setReady(sbx, metav1.ConditionFalse, sandboxv1alpha1.SandboxReasonDockerUnavailable, err.Error())
+		// Returning the error gives the controller's exponential backoff.
+		return ctrl.Result{}, fmt.Errorf("sandbox %s/%s: %w", sbx.Namespace, sbx.Name, err)
+	case errors.Is(err, dockerruntime.ErrMultipleContainers):
+		r.setReady(sbx, metav1.ConditionFalse, sandboxv1alpha1.SandboxReasonMultipleContainers, err.Error())
+		log.Error(err, "refusing to act on conflicting containers")
+		// Fail closed: touch nothing until an operator resolves it, but
+		// look again now and then in case they have.
+		return ctrl.Result{RequeueAfter: time.Minute}, nil
+	case errors.Is(err, dockerruntime.ErrImageNotFound):
+		reason = sandboxv1alpha1.SandboxReasonImageNotFound
+	case errors.Is(err, dockerruntime.ErrRuntimeUnavailable):
+		reason = sandboxv1alpha1.SandboxReasonRuntimeUnavailable
+	case errors.Is(err, dockerruntime.ErrInvalidSpec):
+		r.setReady(sbx, metav1.ConditionFalse, sandboxv1alpha1.SandboxReasonCreateFailed, err.Error())
+		return ctrl.Result{}, nil
+	default:
+		reason = sandboxv1alpha1.SandboxReasonCreateFailed
+	}
+	r.setReady(sbx, metav1.ConditionFalse, reason, err.Error())
+	delay := r.backoff.next(sbx.UID)
+	log.Info("provisioning failed; retrying", "reason", reason, "after", delay, "error", err.Error())
+	return ctrl.Result{RequeueAfter: delay}, nil
+}
+
+// expire removes the container once the lifetime has passed.
+func (r *SandboxReconciler) expire(ctx context.Context, sbx *sandboxv1alpha1.Sandbox) (ctrl.Result, error) {
+	if result, err := r.removeContainers(ctx, sbx); err != nil {
+		return result, err
+	}
+	msg := fmt.Sprintf("activeDeadlineSeconds (%ds) passed; the container was removed", *sbx.Spec.ActiveDeadlineSeconds)
+	meta.SetStatusCondition(&sbx.Status.Conditions, metav1.Condition{
+		Type: string(sandboxv1alpha1.SandboxConditionExpired), Status: metav1.ConditionTrue,
+		Reason: sandboxv1alpha1.SandboxReasonExpired, Message: msg, ObservedGeneration: sbx.Generation,
+	})
+	r.setReady(sbx, metav1.ConditionFalse, sandboxv1alpha1.SandboxReasonExpired, msg)
+	sbx.Status.ContainerID = ""
+	return ctrl.Result{}, nil
+}
+
+// removeContainers stops and removes every container of this Sandbox and
+// confirms that none is left.
+func (r *SandboxReconciler) removeContainers(ctx context.Context, sbx *sandboxv1alpha1.Sandbox) (ctrl.Result, error) {
+	list, err := r.docker.ListManaged(ctx, dockerruntime.ListFilter{UID: string(sbx.UID)})
+	if err == nil {
+		for _, ct := range list {
+			if err = r.docker.Remove(ctx, ct.ID, r.opts.StopGracePeriod); err != nil {
+				break
+			}
+		}
+	}
+	if err == nil {
+		// Proven gone: a fresh list, not the one we acted on.
+		if list, err = r.docker.ListManaged(ctx, dockerruntime.ListFilter{UID: string(sbx.UID)}); err == nil && len(list) > 0 {
+			err = fmt.Errorf("%d container(s) still present after removal", len(list))
+		}
+	}
+	if err != nil {
+		if errors.Is(err, dockerruntime.ErrUnavailable) {
+			dockerErrors.Inc()
+			r.setReady(sbx, metav1.ConditionFalse, sandboxv1alpha1.SandboxReasonDockerUnavailable, err.Error())
+		}
+		return ctrl.Result{}, fmt.Errorf("removing containers of %s/%s: %w", sbx.Namespace, sbx.Name, err)
+	}
+	return ctrl.Result{}, nil
+}
+
+// finalize removes the container of a deleted Sandbox, then the finalizer.
+func (r *SandboxReconciler) finalize(ctx context.Context, sbx *sandboxv1alpha1.Sandbox) (ctrl.Result, error) {
+	if !controllerutil.ContainsFinalizer(sbx, Finalizer) {
+		r.claims.release(sbx.UID)
+		return ctrl.Result{}, nil
+	}
+	oldStatus := sbx.Status.DeepCopy()
+	if _, err := r.removeContainers(ctx, sbx); err != nil {
+		r.recordTransition(sbx, oldStatus)
+		if !equality.Semantic.DeepEqual(oldStatus, &sbx.Status) {
+			if uerr := r.client.Status().Update(ctx, sbx); uerr != nil && !apierrors.IsNotFound(uerr) {
+				err = errors.Join(err, fmt.Errorf("writing status: %w", uerr))
+			}
+		}
+		return ctrl.Result{}, err
+	}
+	controllerutil.RemoveFinalizer(sbx, Finalizer)
+	if err := r.client.Update(ctx, sbx); err != nil && !apierrors.IsNotFound(err) {
+		return ctrl.Result{}, ignoreConflict(fmt.Errorf("removing finalizer: %w", err))
+	}
+	r.claims.release(sbx.UID)
+	r.backoff.reset(sbx.UID)
+	r.recorder.Eventf(sbx, nil, "Normal", "ContainerRemoved", "Delete", "container removed from node %s", r.opts.NodeName)
+	return ctrl.Result{}, nil
+}
+
+func (r *SandboxReconciler) setReady(sbx *sandboxv1alpha1.Sandbox, status metav1.ConditionStatus, reason, message string) {
+	meta.SetStatusCondition(&sbx.Status.Conditions, metav1.Condition{
+		Type:               string(sandboxv1alpha1.SandboxConditionReady),
+		Status:             status,
+		Reason:             reason,
+		Message:            truncateMessage(message),
+		ObservedGeneration: sbx.Generation,
+	})
+}
+
+// recordTransition emits an Event when the Ready reason changes, so that
+// `kubectl describe` shows what happened without anyone reading logs.
+func (r *SandboxReconciler) recordTransition(sbx *sandboxv1alpha1.Sandbox, old *sandboxv1alpha1.SandboxStatus) {
+	now := meta.FindStatusCondition(sbx.Status.Conditions, string(sandboxv1alpha1.SandboxConditionReady))
+	if now == nil {
+		return
+	}
+	before := meta.FindStatusCondition(old.Conditions, string(sandboxv1alpha1.SandboxConditionReady))
+	if before != nil && before.Reason == now.Reason {
+		return
+	}
+	eventType := "Warning"
+	switch now.Reason {
+	case sandboxv1alpha1.SandboxReasonRunning, sandboxv1alpha1.SandboxReasonProvisioning:
+		eventType = "Normal"
+	}
+	r.recorder.Eventf(sbx, nil, eventType, now.Reason, "Reconcile", "%s", now.Message)
+}
+
+// expiryTime is when the Sandbox's lifetime ends, if it has one and has
+// started.
+func expiryTime(sbx *sandboxv1alpha1.Sandbox) (time.Time, bool) {
+	if sbx.Spec.ActiveDeadlineSeconds == nil || sbx.Status.StartTime == nil {
+		return time.Time{}, false
+	}
+	return sbx.Status.StartTime.Add(time.Duration(*sbx.Spec.ActiveDeadlineSeconds) * time.Second), true
+}
+
+func ignoreConflict(err error) error {
+	if apierrors.IsConflict(errors.Unwrap(err)) || apierrors.IsConflict(err) {
+		return nil
+	}
+	return err
+}
+
+func shortID(id string) string {
+	if len(id) > 12 {
+		return id[:12]
+	}
+	return id
+}
+
+// truncateMessage keeps condition messages within the API's 32 KiB limit.
+func truncateMessage(msg string) string {
+	const max = 4096
+	if len(msg) > max {
+		return msg[:max] + "…"
+	}
+	return msg
+}
+
+// eventForSandbox is a Docker event that concerns one Sandbox.
+type eventForSandbox = eventGeneric
+
+// SetupWithManager registers the controller, its field index, the Docker
+// event watcher and the orphan collector with the manager.
+func (r *SandboxReconciler) SetupWithManager(mgr ctrl.Manager, orphanGCInterval time.Duration) error {
+	if err := mgr.GetFieldIndexer().IndexField(context.Background(), &sandboxv1alpha1.Sandbox{}, statusNodeNameField,
+		func(obj client.Object) []string {
+			return []string{obj.(*sandboxv1alpha1.Sandbox).Status.NodeName}
+		}); err != nil {
+		return fmt.Errorf("indexing sandboxes by node: %w", err)
+	}
+	if err := mgr.Add(&dockerEventWatcher{reconciler: r}); err != nil {
+		return err
+	}
+	if err := mgr.Add(&orphanCollector{reconciler: r, interval: orphanGCInterval}); err != nil {
+		return err
+	}
+	skip := r.opts.SkipNameValidation
+	return ctrl.NewControllerManagedBy(mgr).
+		For(&sandboxv1alpha1.Sandbox{}, builder.WithPredicates(r.relevant())).
+		WatchesRawSource(source.Channel(r.dockerEvents, &handler.TypedEnqueueRequestForObject[*sandboxv1alpha1.Sandbox]{})).
+		WithOptions(controller.Options{MaxConcurrentReconciles: r.opts.MaxConcurrentReconciles, SkipNameValidation: &skip}).
+		Named("sandbox").
+		Complete(r)
+}
+
+// enqueue asks for a reconcile of one Sandbox.
+func (r *SandboxReconciler) enqueue(namespace, name string, uid types.UID) {
+	obj := &sandboxv1alpha1.Sandbox{}
+	obj.Namespace, obj.Name, obj.UID = namespace, name, uid
+	select {
+	case r.dockerEvents <- eventGeneric{Object: obj}:
+	default:
+		// The queue is full; the periodic resync will catch up.
+	}
+}

@@ -1,0 +1,649 @@
+// Package dockerruntime is the one place that talks to the Docker Engine. It
+// builds hardened container specs, creates, adopts, inspects and removes
+// sandbox containers, streams Docker events, runs commands and reads logs.
+// The operator's controller and the MCP server's Docker backend both use it,
+// so their sandboxes are identical.
+package dockerruntime
+
+import (
+	"archive/tar"
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"runtime"
+	"strings"
+	"sync"
+	"time"
+
+	cerrdefs "github.com/containerd/errdefs"
+	"github.com/docker/docker/api/types/container"
+	"github.com/docker/docker/api/types/events"
+	"github.com/docker/docker/api/types/filters"
+	"github.com/docker/docker/api/types/image"
+	"github.com/docker/docker/api/types/mount"
+	"github.com/docker/docker/api/types/volume"
+	"github.com/docker/docker/client"
+	"github.com/docker/docker/pkg/stdcopy"
+)
+
+// Errors callers branch on. They are wrapped with Docker's message, so
+// errors.Is works and the text still says what happened.
+var (
+	// ErrUnavailable: the Docker Engine did not answer (not running, socket
+	// missing, or a call timed out).
+	ErrUnavailable = errors.New("docker engine unavailable")
+	// ErrNotFound: no such container.
+	ErrNotFound = errors.New("container not found")
+	// ErrMultipleContainers: more than one container claims one owner UID,
+	// or a foreign container holds the deterministic name. Fail closed.
+	ErrMultipleContainers = errors.New("conflicting containers for one sandbox")
+	// ErrImageNotFound: the image is absent and could not (or may not) be
+	// pulled.
+	ErrImageNotFound = errors.New("image not found")
+	// ErrRuntimeUnavailable: the requested OCI runtime is not configured in
+	// the Docker Engine.
+	ErrRuntimeUnavailable = errors.New("container runtime unavailable")
+)
+
+// Options configure a Client.
+type Options struct {
+	// Host is the Docker endpoint, for example unix:///var/run/docker.sock.
+	// Empty means DOCKER_HOST or the default socket.
+	Host string
+	// CallTimeout bounds every short Docker call (inspect, create, list…).
+	CallTimeout time.Duration
+	// PullTimeout bounds an image pull.
+	PullTimeout time.Duration
+}
+
+// Client wraps the Docker API client with bounded calls and this project's
+// ownership rules.
+type Client struct {
+	docker      *client.Client
+	callTimeout time.Duration
+	pullTimeout time.Duration
+
+	toolsMu    sync.Mutex
+	toolsReady bool
+}
+
+// New connects lazily to Docker: it never fails because the daemon is down,
+// so a manager can start first and report DockerUnavailable.
+func New(opts Options) (*Client, error) {
+	clientOpts := []client.Opt{client.FromEnv, client.WithAPIVersionNegotiation()}
+	if opts.Host != "" {
+		clientOpts = append(clientOpts, client.WithHost(opts.Host))
+	}
+	docker, err := client.NewClientWithOpts(clientOpts...)
+	if err != nil {
+		return nil, fmt.Errorf("creating Docker client for %q: %w", opts.Host, err)
+	}
+	if opts.CallTimeout <= 0 {
+		opts.CallTimeout = 30 * time.Second
+	}
+	if opts.PullTimeout <= 0 {
+		opts.PullTimeout = 5 * time.Minute
+	}
+	return &Client{docker: docker, callTimeout: opts.CallTimeout, pullTimeout: opts.PullTimeout}, nil
+}
+
+// Docker exposes the underlying client for tests and benchmarks that need raw
+// Docker as a baseline.
+func (c *Client) Docker() *client.Client { return c.docker }
+
+// Close releases the client's connections.
+func (c *Client) Close() error { return c.docker.Close() }
+
+// Host is the Docker endpoint in use.
+func (c *Client) Host() string { return c.docker.DaemonHost() }
+
+func (c *Client) bounded(ctx context.Context) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(ctx, c.callTimeout)
+}
+
+// classify maps transport failures to ErrUnavailable and Docker's typed
+// errors to ours, keeping the original text.
+func classify(err error, what string) error {
+	if err == nil {
+		return nil
+	}
+	var netErr net.Error
+	switch {
+	case client.IsErrConnectionFailed(err),
+		errors.Is(err, context.DeadlineExceeded),
+		cerrdefs.IsUnavailable(err),
+		errors.As(err, &netErr),
+		strings.Contains(err.Error(), "connection refused"),
+		strings.Contains(err.Error(), "no such file or directory") && strings.Contains(err.Error(), ".sock"):
+		return fmt.Errorf("%s: %w: %v", what, ErrUnavailable, err)
+	case cerrdefs.IsNotFound(err):
+		return fmt.Errorf("%s: %w: %v", what, ErrNotFound, err)
+	}
+	return fmt.Errorf("%s: %w", what, err)
+}
+
+// Ping checks that the daemon answers.
+func (c *Client) Ping(ctx context.Context) error {
+	ctx, cancel := c.bounded(ctx)
+	defer cancel()
+	_, err := c.docker.Ping(ctx)
+	return classify(err, "pinging Docker")
+}
+
+// HasRuntime reports whether the daemon has an OCI runtime registered.
+func (c *Client) HasRuntime(ctx context.Context, name string) (bool, error) {
+	ctx, cancel := c.bounded(ctx)
+	defer cancel()
+	info, err := c.docker.Info(ctx)
+	if err != nil {
+		return false, classify(err, "reading Docker info")
+	}
+	_, ok := info.Runtimes[name]
+	return ok, nil
+}
+
+// ContainerState is the part of Docker's state the controller acts on.
+type ContainerState struct {
+	// Status is Docker's: created, running, paused, restarting, removing,
+	// exited or dead.
+	Status     string
+	Running    bool
+	ExitCode   int
+	OOMKilled  bool
+	Error      string
+	StartedAt  time.Time
+	FinishedAt time.Time
+}
+
+// Container is a sandbox container as Docker reports it.
+type Container struct {
+	ID     string
+	Name   string
+	Labels map[string]string
+	State  ContainerState
+}
+
+// Owned reports whether the container carries our labels for this UID.
+func (c Container) Owned(uid string) bool {
+	return c.Labels[LabelManagedBy] == ManagedByValue && c.Labels[LabelSandboxUID] == uid
+}
+
+func fromInspect(resp container.InspectResponse) Container {
+	out := Container{ID: resp.ID, Name: strings.TrimPrefix(resp.Name, "/")}
+	if resp.Config != nil {
+		out.Labels = resp.Config.Labels
+	}
+	if st := resp.State; st != nil {
+		out.State = ContainerState{
+			Status:    string(st.Status),
+			Running:   st.Running,
+			ExitCode:  st.ExitCode,
+			OOMKilled: st.OOMKilled,
+			Error:     st.Error,
+		}
+		out.State.StartedAt, _ = time.Parse(time.RFC3339Nano, st.StartedAt)
+		out.State.FinishedAt, _ = time.Parse(time.RFC3339Nano, st.FinishedAt)
+	}
+	return out
+}
+
+// Inspect returns a container by ID or name.
+func (c *Client) Inspect(ctx context.Context, idOrName string) (Container, error) {
+	ctx, cancel := c.bounded(ctx)
+	defer cancel()
+	resp, err := c.docker.ContainerInspect(ctx, idOrName)
+	if err != nil {
+		return Container{}, classify(err, "inspecting container "+idOrName)
+	}
+	return fromInspect(resp), nil
+}
+
+// ListFilter narrows ListManaged. Empty fields match everything.
+type ListFilter struct {
+	UID  string
+	Node string
+}
+
+// ListManaged lists containers (running or not) that carry our managed-by
+// label. Containers without it are invisible to this package.
+func (c *Client) ListManaged(ctx context.Context, f ListFilter) ([]Container, error) {
+	args := filters.NewArgs(filters.Arg("label", LabelManagedBy+"="+ManagedByValue))
+	if f.UID != "" {
+		args.Add("label", LabelSandboxUID+"="+f.UID)
+	}
+	if f.Node != "" {
+		args.Add("label", LabelNode+"="+f.Node)
+	}
+	ctx, cancel := c.bounded(ctx)
+	defer cancel()
+	summaries, err := c.docker.ContainerList(ctx, container.ListOptions{All: true, Filters: args})
+	if err != nil {
+		return nil, classify(err, "listing containers")
+	}
+	out := make([]Container, 0, len(summaries))
+	for _, s := range summaries {
+		name := ""
+		if len(s.Names) > 0 {
+			name = strings.TrimPrefix(s.Names[0], "/")
+		}
+		out = append(out, Container{
+			ID:     s.ID,
+			Name:   name,
+			Labels: s.Labels,
+			State:  ContainerState{Status: string(s.State), Running: s.State == container.StateRunning},
+		})
+	}
+	return out, nil
+}
+
+// Find returns the one container that belongs to uid. It returns ErrNotFound
+// when there is none and ErrMultipleContainers when the label is claimed
+// more than once, or when the deterministic name is held by a container that
+// is not ours.
+func (c *Client) Find(ctx context.Context, uid string) (Container, error) {
+	list, err := c.ListManaged(ctx, ListFilter{UID: uid})
+	if err != nil {
+		return Container{}, err
+	}
+	switch len(list) {
+	case 0:
+		// The name could still be squatted by an unlabelled container, which
+		// would make every create fail; report that clearly.
+		squatter, err := c.Inspect(ctx, ContainerName(uid))
+		if err == nil && !squatter.Owned(uid) {
+			return Container{}, fmt.Errorf("%w: container %s holds name %s without our labels", ErrMultipleContainers, shortID(squatter.ID), ContainerName(uid))
+		}
+		if err != nil && !errors.Is(err, ErrNotFound) {
+			return Container{}, err
+		}
+		return Container{}, fmt.Errorf("sandbox %s: %w", uid, ErrNotFound)
+	case 1:
+		return c.Inspect(ctx, list[0].ID)
+	default:
+		ids := make([]string, 0, len(list))
+		for _, ct := range list {
+			ids = append(ids, shortID(ct.ID))
+		}
+		return Container{}, fmt.Errorf("%w: %d containers carry sandbox UID %s: %s", ErrMultipleContainers, len(list), uid, strings.Join(ids, ", "))
+	}
+}
+
+func shortID(id string) string {
+	if len(id) > 12 {
+		return id[:12]
+	}
+	return id
+}
+
+// EnsureImage makes the image present according to the pull policy.
+func (c *Client) EnsureImage(ctx context.Context, ref string, policy PullPolicy) error {
+	present := func() (bool, error) {
+		ictx, cancel := c.bounded(ctx)
+		defer cancel()
+		_, err := c.docker.ImageInspect(ictx, ref)
+		if err == nil {
+			return true, nil
+		}
+		if cerrdefs.IsNotFound(err) {
+			return false, nil
+		}
+		return false, classify(err, "inspecting image "+ref)
+	}
+	if policy != PullAlways {
+		ok, err := present()
+		if err != nil || ok {
+			return err
+		}
+		if policy == PullNever {
+			return fmt.Errorf("%w: %s is not present on the node and imagePullPolicy is Never", ErrImageNotFound, ref)
+		}
+	}
+	pctx, cancel := context.WithTimeout(ctx, c.pullTimeout)
+	defer cancel()
+	rc, err := c.docker.ImagePull(pctx, ref, image.PullOptions{})
+	if err == nil {
+		err = drainPull(rc)
+	}
+	if err != nil {
+		if errors.Is(classify(err, ""), ErrUnavailable) && !errors.Is(err, context.DeadlineExceeded) {
+			return classify(err, "pulling image "+ref)
+		}
+		// An Always policy may still run a cached image when the registry
+		// is unreachable, as kubelet does not; we stay strict and report.
+		return fmt.Errorf("%w: pulling %s: %v", ErrImageNotFound, ref, err)
+	}
+	return nil
+}
+
+// drainPull reads the pull progress stream to its end; errors arrive inside
+// the stream as JSON messages.
+func drainPull(rc io.ReadCloser) error {
+	defer rc.Close()
+	data, err := io.ReadAll(io.LimitReader(rc, 64<<20))
+	if err != nil {
+		return err
+	}
+	for _, line := range bytes.Split(data, []byte("\n")) {
+		if i := bytes.Index(line, []byte(`"error":`)); i >= 0 {
+			return errors.New(strings.TrimSpace(string(line)))
+		}
+	}
+	return nil
+}
+
+// ensureTools creates and fills the read-only tools volume once per process.
+// It uses a never-started container of the sandbox's own image as the copy
+// target, because Docker only copies into volumes through a container.
+func (c *Client) ensureTools(ctx context.Context, imageRef string) error {
+	c.toolsMu.Lock()
+	defer c.toolsMu.Unlock()
+	if c.toolsReady {
+		return nil
+	}
+	elf, err := idleELF(runtime.GOARCH)
+	if err != nil {
+		return err
+	}
+	name := toolsVolumeName()
+	ctx, cancel := c.bounded(ctx)
+	defer cancel()
+	if _, err := c.docker.VolumeCreate(ctx, volume.CreateOptions{
+		Name:   name,
+		Labels: map[string]string{LabelManagedBy: ManagedByValue},
+	}); err != nil {
+		return classify(err, "creating tools volume")
+	}
+	helper, err := c.docker.ContainerCreate(ctx,
+		&container.Config{Image: imageRef, Entrypoint: []string{IdleProcessPath}, Labels: map[string]string{LabelManagedBy: ManagedByValue + "-tools"}},
+		&container.HostConfig{
+			NetworkMode: NetworkNone,
+			Mounts:      []mount.Mount{{Type: mount.TypeVolume, Source: name, Target: toolsMountPath, VolumeOptions: &mount.VolumeOptions{NoCopy: true}}},
+		}, nil, nil, "")
+	if err != nil {
+		return classify(err, "creating tools helper container")
+	}
+	defer func() {
+		rctx, rcancel := context.WithTimeout(context.WithoutCancel(ctx), c.callTimeout)
+		defer rcancel()
+		_ = c.docker.ContainerRemove(rctx, helper.ID, container.RemoveOptions{Force: true})
+	}()
+	if stat, err := c.docker.ContainerStatPath(ctx, helper.ID, IdleProcessPath); err == nil && stat.Size == int64(len(elf)) {
+		c.toolsReady = true
+		return nil
+	}
+	var buf bytes.Buffer
+	tw := tar.NewWriter(&buf)
+	if err := tw.WriteHeader(&tar.Header{Name: "idle", Mode: 0o555, Size: int64(len(elf)), Typeflag: tar.TypeReg}); err != nil {
+		return err
+	}
+	if _, err := tw.Write(elf); err != nil {
+		return err
+	}
+	if err := tw.Close(); err != nil {
+		return err
+	}
+	if err := c.docker.CopyToContainer(ctx, helper.ID, toolsMountPath, &buf, container.CopyToContainerOptions{}); err != nil {
+		return classify(err, "filling tools volume")
+	}
+	c.toolsReady = true
+	return nil
+}
+
+// CreateAndStart creates the sandbox container under its deterministic name
+// and starts it. A name collision with our own container for the same UID is
+// adopted rather than duplicated; a collision with anything else fails
+// closed. A container that cannot be started is removed again, so a failed
+// attempt leaves nothing behind.
+func (c *Client) CreateAndStart(ctx context.Context, spec Spec) (Container, error) {
+	cfg, hostCfg, err := BuildContainerConfig(spec)
+	if err != nil {
+		return Container{}, err
+	}
+	s := spec.withDefaults()
+	if err := c.EnsureImage(ctx, s.Image, s.PullPolicy); err != nil {
+		return Container{}, err
+	}
+	if len(s.Command) == 0 {
+		if err := c.ensureTools(ctx, s.Image); err != nil {
+			return Container{}, err
+		}
+	}
+	name := ContainerName(s.Owner.UID)
+	cctx, cancel := c.bounded(ctx)
+	created, err := c.docker.ContainerCreate(cctx, cfg, hostCfg, nil, nil, name)
+	cancel()
+	var id string
+	switch {
+	case err == nil:
+		id = created.ID
+	case cerrdefs.IsConflict(err):
+		existing, ierr := c.Inspect(ctx, name)
+		if ierr != nil {
+			return Container{}, ierr
+		}
+		if !existing.Owned(s.Owner.UID) {
+			return Container{}, fmt.Errorf("%w: container %s holds name %s without our labels", ErrMultipleContainers, shortID(existing.ID), name)
+		}
+		id = existing.ID
+		if existing.State.Status != string(container.StateCreated) {
+			return existing, nil
+		}
+	case strings.Contains(err.Error(), "unknown or invalid runtime"):
+		return Container{}, fmt.Errorf("%w: %q is not registered with the Docker Engine: %v", ErrRuntimeUnavailable, s.Runtime, err)
+	case cerrdefs.IsNotFound(err):
+		return Container{}, fmt.Errorf("%w: %v", ErrImageNotFound, err)
+	default:
+		return Container{}, classify(err, "creating container "+name)
+	}
+	if err := c.Start(ctx, id); err != nil {
+		if !errors.Is(err, ErrUnavailable) {
+			_ = c.Remove(context.WithoutCancel(ctx), id, 0)
+		}
+		return Container{}, err
+	}
+	return c.Inspect(ctx, id)
+}
+
+// Start starts a created container.
+func (c *Client) Start(ctx context.Context, id string) error {
+	ctx, cancel := c.bounded(ctx)
+	defer cancel()
+	err := c.docker.ContainerStart(ctx, id, container.StartOptions{})
+	if err != nil && strings.Contains(err.Error(), "unknown or invalid runtime") {
+		return fmt.Errorf("%w: %v", ErrRuntimeUnavailable, err)
+	}
+	return classify(err, "starting container "+shortID(id))
+}
+
+// Remove stops a container with a grace period (SIGTERM, then SIGKILL), then
+// removes it and its anonymous volumes. It returns nil only once Docker
+// confirms the container is gone; a container that never existed counts as
+// gone.
+func (c *Client) Remove(ctx context.Context, id string, grace time.Duration) error {
+	if grace > 0 {
+		secs := int((grace + time.Second - 1) / time.Second)
+		sctx, cancel := context.WithTimeout(ctx, grace+c.callTimeout)
+		err := c.docker.ContainerStop(sctx, id, container.StopOptions{Timeout: &secs})
+		cancel()
+		if err != nil && !cerrdefs.IsNotFound(err) && !cerrdefs.IsNotModified(err) {
+			if cerr := classify(err, ""); errors.Is(cerr, ErrUnavailable) {
+				return classify(err, "stopping container "+shortID(id))
+			}
+			// Anything else (already stopping, say) is settled by the
+			// forced removal below.
+		}
+	}
+	rctx, cancel := c.bounded(ctx)
+	err := c.docker.ContainerRemove(rctx, id, container.RemoveOptions{Force: true, RemoveVolumes: true})
+	cancel()
+	if err != nil && !cerrdefs.IsNotFound(err) && !strings.Contains(err.Error(), "is already in progress") {
+		return classify(err, "removing container "+shortID(id))
+	}
+	// Removal can be asynchronous ("removal in progress"); confirm.
+	deadline := time.Now().Add(c.callTimeout)
+	for {
+		_, err := c.Inspect(ctx, id)
+		if errors.Is(err, ErrNotFound) {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("container %s still exists after removal", shortID(id))
+		}
+		select {
+		case <-ctx.Done():
+			return classify(ctx.Err(), "waiting for removal of "+shortID(id))
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+}
+
+// Event is a Docker container event for one of our containers.
+type Event struct {
+	// Action is Docker's: start, die, oom, destroy, …
+	Action      string
+	ContainerID string
+	Owner       Owner
+}
+
+// WatchEvents streams lifecycle events of our containers on one node until
+// the stream breaks or ctx ends; it returns the reason. Callers resubscribe
+// and resync, because events that happen while disconnected are lost.
+func (c *Client) WatchEvents(ctx context.Context, node string, handle func(Event)) error {
+	args := filters.NewArgs(
+		filters.Arg("type", string(events.ContainerEventType)),
+		filters.Arg("label", LabelManagedBy+"="+ManagedByValue),
+	)
+	if node != "" {
+		args.Add("label", LabelNode+"="+node)
+	}
+	for _, action := range []events.Action{events.ActionStart, events.ActionDie, events.ActionOOM, events.ActionDestroy, events.ActionCreate} {
+		args.Add("event", string(action))
+	}
+	msgs, errs := c.docker.Events(ctx, events.ListOptions{Filters: args})
+	for {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case err := <-errs:
+			return classify(err, "watching Docker events")
+		case m := <-msgs:
+			attrs := m.Actor.Attributes
+			handle(Event{
+				Action:      string(m.Action),
+				ContainerID: m.Actor.ID,
+				Owner: Owner{
+					UID:       attrs[LabelSandboxUID],
+					Namespace: attrs[LabelNamespace],
+					Name:      attrs[LabelName],
+					Node:      attrs[LabelNode],
+				},
+			})
+		}
+	}
+}
+
+// ExecOptions describe one command run in a sandbox.
+type ExecOptions struct {
+	Cmd        []string
+	WorkingDir string
+	Env        []string
+	Stdin      io.Reader
+}
+
+// ExecResult is how a command ended.
+type ExecResult struct {
+	ExitCode int
+	Duration time.Duration
+}
+
+// Exec runs a command in a running sandbox as the sandbox's user and streams
+// its output to stdout and stderr as it arrives. The command is passed as
+// argv; nothing is interpreted by a shell on the host.
+func (c *Client) Exec(ctx context.Context, id string, opts ExecOptions, stdout, stderr io.Writer) (ExecResult, error) {
+	if len(opts.Cmd) == 0 {
+		return ExecResult{}, fmt.Errorf("%w: exec needs a command", ErrInvalidSpec)
+	}
+	start := time.Now()
+	cctx, cancel := c.bounded(ctx)
+	created, err := c.docker.ContainerExecCreate(cctx, id, container.ExecOptions{
+		Cmd:          opts.Cmd,
+		WorkingDir:   opts.WorkingDir,
+		Env:          opts.Env,
+		AttachStdin:  opts.Stdin != nil,
+		AttachStdout: true,
+		AttachStderr: true,
+	})
+	cancel()
+	if err != nil {
+		return ExecResult{}, classify(err, "creating exec in "+shortID(id))
+	}
+	attach, err := c.docker.ContainerExecAttach(ctx, created.ID, container.ExecAttachOptions{})
+	if err != nil {
+		return ExecResult{}, classify(err, "attaching to exec in "+shortID(id))
+	}
+	defer attach.Close()
+	if opts.Stdin != nil {
+		go func() {
+			_, _ = io.Copy(attach.Conn, opts.Stdin)
+			_ = attach.CloseWrite()
+		}()
+	}
+	if stdout == nil {
+		stdout = io.Discard
+	}
+	if stderr == nil {
+		stderr = io.Discard
+	}
+	copyDone := make(chan error, 1)
+	go func() {
+		_, err := stdcopy.StdCopy(stdout, stderr, attach.Reader)
+		copyDone <- err
+	}()
+	select {
+	case <-ctx.Done():
+		attach.Close()
+		return ExecResult{Duration: time.Since(start)}, classify(ctx.Err(), "running exec in "+shortID(id))
+	case err := <-copyDone:
+		if err != nil {
+			return ExecResult{Duration: time.Since(start)}, classify(err, "reading exec output")
+		}
+	}
+	ictx, cancel := c.bounded(ctx)
+	defer cancel()
+	inspect, err := c.docker.ContainerExecInspect(ictx, created.ID)
+	if err != nil {
+		return ExecResult{Duration: time.Since(start)}, classify(err, "inspecting exec")
+	}
+	return ExecResult{ExitCode: inspect.ExitCode, Duration: time.Since(start)}, nil
+}
+
+// LogsOptions select container output.
+type LogsOptions struct {
+	// Tail is the number of lines from the end; 0 means all.
+	Tail   int
+	Follow bool
+}
+
+// Logs copies the container's stdout and stderr to the writers; with Follow
+// it keeps streaming until ctx ends or the container stops.
+func (c *Client) Logs(ctx context.Context, id string, opts LogsOptions, stdout, stderr io.Writer) error {
+	tail := "all"
+	if opts.Tail > 0 {
+		tail = fmt.Sprint(opts.Tail)
+	}
+	rc, err := c.docker.ContainerLogs(ctx, id, container.LogsOptions{ShowStdout: true, ShowStderr: true, Tail: tail, Follow: opts.Follow})
+	if err != nil {
+		return classify(err, "reading logs of "+shortID(id))
+	}
+	defer rc.Close()
+	if _, err := stdcopy.StdCopy(stdout, stderr, rc); err != nil && ctx.Err() == nil {
+		return classify(err, "reading logs of "+shortID(id))
+	}
+	return nil
+}

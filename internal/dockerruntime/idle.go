@@ -1,0 +1,113 @@
+package dockerruntime
+
+import (
+	"bytes"
+	"crypto/sha256"
+	"encoding/binary"
+	"encoding/hex"
+	"fmt"
+	"runtime"
+
+	"github.com/docker/docker/api/types/mount"
+)
+
+// A sandbox must stay up even when its image has no shell and no sleep, so
+// the manager supplies its own idle process. The root filesystem is read-only
+// and Docker cannot copy into a container's tmpfs, so the binary lives in a
+// small named volume that every sandbox mounts read-only.
+const (
+	toolsMountPath = "/.code-sandbox"
+	// IdleProcessPath is the sandbox's entrypoint when spec.command is empty.
+	IdleProcessPath = toolsMountPath + "/idle"
+)
+
+// idleELF is a minimal static ELF executable that waits for signals forever.
+// It is a few hundred bytes of machine code, so it runs in any image on the
+// node's architecture (including FROM scratch) and costs no memory to speak
+// of. Under Docker's init (tini) a SIGTERM ends it through the default
+// disposition.
+func idleELF(goarch string) ([]byte, error) {
+	var machine uint16
+	var code []byte
+	switch goarch {
+	case "amd64":
+		machine = 0x3e
+		code = []byte{
+			0xb8, 0x22, 0x00, 0x00, 0x00, // mov eax, 34 (pause)
+			0x0f, 0x05, // syscall
+			0xeb, 0xf7, // jmp back to mov
+		}
+	case "arm64":
+		machine = 0xb7
+		// ppoll(NULL, 0, NULL, NULL) blocks until a signal arrives; arm64
+		// has no pause(2).
+		for _, insn := range []uint32{
+			0xd2800000, // mov x0, #0
+			0xd2800001, // mov x1, #0
+			0xd2800002, // mov x2, #0
+			0xd2800003, // mov x3, #0
+			0xd2800928, // mov x8, #73 (ppoll)
+			0xd4000001, // svc #0
+			0x17fffffa, // b back to the first mov
+		} {
+			code = binary.LittleEndian.AppendUint32(code, insn)
+		}
+	default:
+		return nil, fmt.Errorf("no idle process for architecture %q", goarch)
+	}
+
+	const (
+		base       = 0x400000
+		headerSize = 64
+		phSize     = 56
+	)
+	total := uint64(headerSize + phSize + len(code))
+	var b bytes.Buffer
+	le := binary.LittleEndian
+	b.Write([]byte{0x7f, 'E', 'L', 'F', 2, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0})
+	_ = binary.Write(&b, le, uint16(2))                      // ET_EXEC
+	_ = binary.Write(&b, le, machine)                        // e_machine
+	_ = binary.Write(&b, le, uint32(1))                      // e_version
+	_ = binary.Write(&b, le, uint64(base+headerSize+phSize)) // e_entry
+	_ = binary.Write(&b, le, uint64(headerSize))             // e_phoff
+	_ = binary.Write(&b, le, uint64(0))                      // e_shoff
+	_ = binary.Write(&b, le, uint32(0))                      // e_flags
+	_ = binary.Write(&b, le, uint16(headerSize))             // e_ehsize
+	_ = binary.Write(&b, le, uint16(phSize))                 // e_phentsize
+	_ = binary.Write(&b, le, uint16(1))                      // e_phnum
+	_ = binary.Write(&b, le, uint16(0))                      // e_shentsize
+	_ = binary.Write(&b, le, uint16(0))                      // e_shnum
+	_ = binary.Write(&b, le, uint16(0))                      // e_shstrndx
+	_ = binary.Write(&b, le, uint32(1))                      // PT_LOAD
+	_ = binary.Write(&b, le, uint32(5))                      // PF_R|PF_X
+	_ = binary.Write(&b, le, uint64(0))                      // p_offset
+	_ = binary.Write(&b, le, uint64(base))                   // p_vaddr
+	_ = binary.Write(&b, le, uint64(base))                   // p_paddr
+	_ = binary.Write(&b, le, total)                          // p_filesz
+	_ = binary.Write(&b, le, total)                          // p_memsz
+	_ = binary.Write(&b, le, uint64(0x1000))                 // p_align
+	b.Write(code)
+	return b.Bytes(), nil
+}
+
+// toolsVolumeName names the volume after its content, so a manager upgrade
+// that changes the tools uses a fresh volume instead of rewriting files that
+// running sandboxes execute.
+func toolsVolumeName() string {
+	elf, err := idleELF(runtime.GOARCH)
+	if err != nil {
+		return "code-sandbox-tools-unsupported"
+	}
+	sum := sha256.Sum256(elf)
+	return "code-sandbox-tools-" + hex.EncodeToString(sum[:6])
+}
+
+func toolsMount() mount.Mount {
+	return mount.Mount{
+		Type:          mount.TypeVolume,
+		Source:        toolsVolumeName(),
+		Target:        toolsMountPath,
+		ReadOnly:      true,
+		VolumeOptions: &mount.VolumeOptions{NoCopy: true},
+	}
+}
