@@ -30,25 +30,21 @@ type eventGeneric = event.TypedGenericEvent[*sandboxv1alpha1.Sandbox]
 
 // claimTracker remembers the Sandboxes this manager has claimed but its cache
 // may not show yet, so that capacity is never overcommitted by a stale cache.
+// Entries are keyed by name so that a Sandbox that vanished (NotFound, UID
+// unknown) can still be released.
 type claimTracker struct {
 	mu      sync.Mutex
-	claimed map[types.UID]struct{}
+	claimed map[types.NamespacedName]types.UID
 }
 
 func newClaimTracker() *claimTracker {
-	return &claimTracker{claimed: map[types.UID]struct{}{}}
+	return &claimTracker{claimed: map[types.NamespacedName]types.UID{}}
 }
 
-func (t *claimTracker) add(uid types.UID) {
+func (t *claimTracker) release(key types.NamespacedName) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	t.claimed[uid] = struct{}{}
-}
-
-func (t *claimTracker) release(uid types.UID) {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	delete(t.claimed, uid)
+	delete(t.claimed, key)
 }
 
 // relevant filters the watch down to Sandboxes this node may act on: bound to
@@ -113,7 +109,7 @@ func (r *SandboxReconciler) claim(ctx context.Context, sbx *sandboxv1alpha1.Sand
 		}
 		return false, ctrl.Result{}, fmt.Errorf("claiming sandbox: %w", err)
 	}
-	r.claims.claimed[sbx.UID] = struct{}{}
+	r.claims.claimed[client.ObjectKeyFromObject(sbx)] = sbx.UID
 	log.Info("claimed sandbox")
 	r.recorder.Eventf(sbx, nil, "Normal", "Claimed", "Claim", "claimed by node %s", r.opts.NodeName)
 	return true, ctrl.Result{}, nil
@@ -134,7 +130,7 @@ func (r *SandboxReconciler) usedCapacity(ctx context.Context) (int, error) {
 		}
 		counted[sbx.UID] = struct{}{}
 	}
-	for uid := range r.claims.claimed {
+	for _, uid := range r.claims.claimed {
 		counted[uid] = struct{}{}
 	}
 	return len(counted), nil

@@ -9,6 +9,8 @@ package controllers
 import (
 	"fmt"
 
+	"k8s.io/utils/ptr"
+
 	sandboxv1alpha1 "github.com/code-sandbox/code-sandbox-operator/api/v1alpha1"
 	"github.com/code-sandbox/code-sandbox-operator/internal/dockerruntime"
 )
@@ -29,11 +31,19 @@ func dockerSpecFor(sbx *sandboxv1alpha1.Sandbox, opts Options) (dockerruntime.Sp
 		Command:         sbx.Spec.Command,
 		WorkingDir:      sbx.Spec.WorkingDir,
 		User:            sbx.Spec.User,
-		NanoCPUs:        res.CPU.MilliValue() * 1_000_000,
-		MemoryBytes:     res.Memory.Value(),
-		Pids:            res.Pids,
-		DiskBytes:       res.Disk.Value(),
+		Pids:            ptr.Deref(res.Pids, 0),
 		StopGracePeriod: opts.StopGracePeriod,
+	}
+	// Unset quantities stay zero and take the runtime's defaults, which equal
+	// the CRD's.
+	if res.CPU != nil {
+		spec.NanoCPUs = res.CPU.MilliValue() * 1_000_000
+	}
+	if res.Memory != nil {
+		spec.MemoryBytes = res.Memory.Value()
+	}
+	if res.Disk != nil {
+		spec.DiskBytes = res.Disk.Value()
 	}
 	for _, env := range sbx.Spec.Env {
 		spec.Env = append(spec.Env, env.Name+"="+env.Value)

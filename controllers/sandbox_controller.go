@@ -122,6 +122,9 @@ func NewSandboxReconciler(c client.Client, apiReader client.Reader, docker *dock
 func (r *SandboxReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
 	sbx := &sandboxv1alpha1.Sandbox{}
 	if err := r.client.Get(ctx, req.NamespacedName, sbx); err != nil {
+		if apierrors.IsNotFound(err) {
+			r.claims.release(req.NamespacedName)
+		}
 		return ctrl.Result{}, client.IgnoreNotFound(err)
 	}
 	log := logf.FromContext(ctx).WithValues("node", r.opts.NodeName, "uid", sbx.UID)
@@ -147,6 +150,10 @@ func (r *SandboxReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ct
 		// The finalizer must be stored before any container exists, or a
 		// quick delete could leave the container behind.
 		if err := r.client.Update(ctx, sbx); err != nil {
+			if apierrors.IsNotFound(err) {
+				r.claims.release(req.NamespacedName)
+				return ctrl.Result{}, nil
+			}
 			return ctrl.Result{}, ignoreConflict(fmt.Errorf("adding finalizer: %w", err))
 		}
 	}
@@ -232,7 +239,7 @@ func (r *SandboxReconciler) reconcile(ctx context.Context, sbx *sandboxv1alpha1.
 	case "exited", "dead":
 		if ct.State.OOMKilled {
 			r.setReady(sbx, metav1.ConditionFalse, sandboxv1alpha1.SandboxReasonOOMKilled,
-				fmt.Sprintf("container was killed for exceeding its memory limit of %s", sbx.Spec.Resources.Memory.String()))
+				fmt.Sprintf("container was killed for exceeding its memory limit of %s", memoryLimit(sbx)))
 		} else {
 			msg := fmt.Sprintf("container exited with code %d", ct.State.ExitCode)
 			if ct.State.Error != "" {
@@ -324,6 +331,8 @@ func (r *SandboxReconciler) expire(ctx context.Context, sbx *sandboxv1alpha1.San
 	})
 	r.setReady(sbx, metav1.ConditionFalse, sandboxv1alpha1.SandboxReasonExpired, msg)
 	sbx.Status.ContainerID = ""
+	// An expired Sandbox runs nothing, so it no longer uses capacity.
+	r.claims.release(client.ObjectKeyFromObject(sbx))
 	return ctrl.Result{}, nil
 }
 
@@ -357,7 +366,7 @@ func (r *SandboxReconciler) removeContainers(ctx context.Context, sbx *sandboxv1
 // finalize removes the container of a deleted Sandbox, then the finalizer.
 func (r *SandboxReconciler) finalize(ctx context.Context, sbx *sandboxv1alpha1.Sandbox) (ctrl.Result, error) {
 	if !controllerutil.ContainsFinalizer(sbx, Finalizer) {
-		r.claims.release(sbx.UID)
+		r.claims.release(client.ObjectKeyFromObject(sbx))
 		return ctrl.Result{}, nil
 	}
 	oldStatus := sbx.Status.DeepCopy()
@@ -374,7 +383,7 @@ func (r *SandboxReconciler) finalize(ctx context.Context, sbx *sandboxv1alpha1.S
 	if err := r.client.Update(ctx, sbx); err != nil && !apierrors.IsNotFound(err) {
 		return ctrl.Result{}, ignoreConflict(fmt.Errorf("removing finalizer: %w", err))
 	}
-	r.claims.release(sbx.UID)
+	r.claims.release(client.ObjectKeyFromObject(sbx))
 	r.backoff.reset(sbx.UID)
 	r.recorder.Eventf(sbx, nil, "Normal", "ContainerRemoved", "Delete", "container removed from node %s", r.opts.NodeName)
 	return ctrl.Result{}, nil
@@ -477,4 +486,11 @@ func (r *SandboxReconciler) enqueue(namespace, name string, uid types.UID) {
 	default:
 		// The queue is full; the periodic resync will catch up.
 	}
+}
+
+func memoryLimit(sbx *sandboxv1alpha1.Sandbox) string {
+	if sbx.Spec.Resources.Memory != nil {
+		return sbx.Spec.Resources.Memory.String()
+	}
+	return dockerruntime.FormatBytes(dockerruntime.DefaultMemoryBytes)
 }

@@ -131,7 +131,7 @@ type SandboxResources struct {
 	// +kubebuilder:validation:XValidation:rule="quantity(self).isGreaterThan(quantity('0'))",message="cpu must be greater than 0"
 	// +kubebuilder:validation:XValidation:rule="quantity(self).compareTo(quantity('64')) <= 0",message="cpu must be at most 64"
 	// +optional
-	CPU resource.Quantity `json:"cpu,omitempty"`
+	CPU *resource.Quantity `json:"cpu,omitempty"`
 
 	// Memory is the memory limit. Swap is disabled (MemorySwap = Memory).
 	// Files written to the sandbox's writable paths live in memory and count
@@ -140,14 +140,14 @@ type SandboxResources struct {
 	// +kubebuilder:validation:XValidation:rule="quantity(self).compareTo(quantity('6Mi')) >= 0",message="memory must be at least 6Mi"
 	// +kubebuilder:validation:XValidation:rule="quantity(self).compareTo(quantity('64Gi')) <= 0",message="memory must be at most 64Gi"
 	// +optional
-	Memory resource.Quantity `json:"memory,omitempty"`
+	Memory *resource.Quantity `json:"memory,omitempty"`
 
 	// Pids is the maximum number of processes and threads.
 	// +kubebuilder:default=256
 	// +kubebuilder:validation:Minimum=8
 	// +kubebuilder:validation:Maximum=32768
 	// +optional
-	Pids int64 `json:"pids,omitempty"`
+	Pids *int64 `json:"pids,omitempty"`
 
 	// Disk bounds every writable path (the working directory, /tmp, /var/tmp
 	// and /dev/shm): each is a tmpfs of this size, and a single file may not
@@ -157,7 +157,7 @@ type SandboxResources struct {
 	// +kubebuilder:validation:XValidation:rule="quantity(self).compareTo(quantity('1Mi')) >= 0",message="disk must be at least 1Mi"
 	// +kubebuilder:validation:XValidation:rule="quantity(self).compareTo(quantity('64Gi')) <= 0",message="disk must be at most 64Gi"
 	// +optional
-	Disk resource.Quantity `json:"disk,omitempty"`
+	Disk *resource.Quantity `json:"disk,omitempty"`
 }
 
 // SandboxNetwork configures network access.

@@ -110,14 +110,14 @@ func classify(err error, what string) error {
 	if err == nil {
 		return nil
 	}
+	// Only failures to reach the daemon count as unavailable: an error the
+	// daemon itself returns (say, a registry refusing a pull) does not.
 	var netErr net.Error
 	switch {
 	case client.IsErrConnectionFailed(err),
 		errors.Is(err, context.DeadlineExceeded),
 		cerrdefs.IsUnavailable(err),
-		errors.As(err, &netErr),
-		strings.Contains(err.Error(), "connection refused"),
-		strings.Contains(err.Error(), "no such file or directory") && strings.Contains(err.Error(), ".sock"):
+		errors.As(err, &netErr):
 		return fmt.Errorf("%s: %w: %v", what, ErrUnavailable, err)
 	case cerrdefs.IsNotFound(err):
 		return fmt.Errorf("%s: %w: %v", what, ErrNotFound, err)
@@ -308,7 +308,12 @@ func (c *Client) EnsureImage(ctx context.Context, ref string, policy PullPolicy)
 		err = drainPull(rc)
 	}
 	if err != nil {
-		if errors.Is(classify(err, ""), ErrUnavailable) && !errors.Is(err, context.DeadlineExceeded) {
+		// Only a failure to reach the daemon itself means Docker is
+		// unavailable. The daemon's own pull errors often say "connection
+		// refused" about the registry, which classify's text matching
+		// would mistake for the daemon being down.
+		var netErr net.Error
+		if client.IsErrConnectionFailed(err) || (errors.As(err, &netErr) && !errors.Is(err, context.DeadlineExceeded)) {
 			return classify(err, "pulling image "+ref)
 		}
 		// An Always policy may still run a cached image when the registry

@@ -1,0 +1,490 @@
+/*
+Copyright 2026 The code-sandbox-operator Authors.
+
+Licensed under the MIT License; see the LICENSE file.
+*/
+
+package controllers
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/docker/docker/api/types/container"
+	. "github.com/onsi/ginkgo/v2"
+	. "github.com/onsi/gomega"
+	eventsv1 "k8s.io/api/events/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
+	"k8s.io/apimachinery/pkg/api/resource"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	sandboxv1alpha1 "github.com/code-sandbox/code-sandbox-operator/api/v1alpha1"
+	"github.com/code-sandbox/code-sandbox-operator/internal/dockerruntime"
+)
+
+// eventReasons lists the reasons of the Events recorded for a Sandbox.
+func eventReasons(sbx *sandboxv1alpha1.Sandbox) func() []string {
+	return func() []string {
+		var list eventsv1.EventList
+		if err := k8sClient.List(context.Background(), &list, client.InNamespace(sbx.Namespace)); err != nil {
+			return []string{"error: " + err.Error()}
+		}
+		var reasons []string
+		for _, ev := range list.Items {
+			if ev.Regarding.Name == sbx.Name {
+				reasons = append(reasons, ev.Reason)
+			}
+		}
+		return reasons
+	}
+}
+
+func inspect(id string) container.InspectResponse {
+	GinkgoHelper()
+	resp, err := docker.ContainerInspect(context.Background(), id)
+	Expect(err).NotTo(HaveOccurred())
+	return resp
+}
+
+var _ = Describe("Sandbox controller", func() {
+	var ns string
+	ctx := context.Background()
+
+	BeforeEach(func() {
+		ns = newNamespace()
+	})
+
+	It("provisions a hardened container and removes it on delete", func() {
+		node := testNodePrefix + "basic"
+		startManager(node, managerConfig{})
+		sbx := createSandbox(newSandbox(ns, "basic", node))
+		key := client.ObjectKeyFromObject(sbx)
+
+		sbx = waitReady(sbx)
+		Expect(sbx.Finalizers).To(ContainElement(Finalizer))
+		Expect(sbx.Status.NodeName).To(Equal(node))
+		Expect(sbx.Status.StartTime).NotTo(BeNil())
+		Expect(sbx.Status.ObservedGeneration).To(Equal(sbx.Generation))
+		Expect(sbx.Status.ContainerID).NotTo(BeEmpty())
+		// Defaults were applied by the API server.
+		Expect(sbx.Spec.ImagePullPolicy).To(Equal(sandboxv1alpha1.PullIfNotPresent))
+		Expect(sbx.Spec.WorkingDir).To(Equal("/app"))
+		Expect(sbx.Spec.User).To(Equal("65534:65534"))
+		Expect(sbx.Spec.Runtime).To(Equal(sandboxv1alpha1.RuntimeRunc))
+		Expect(sbx.Spec.Network.Mode).To(Equal(sandboxv1alpha1.NetworkNone))
+
+		list := containersOf(sbx.UID)
+		Expect(list).To(HaveLen(1))
+		ct := inspect(list[0].ID)
+		Expect(ct.ID).To(Equal(sbx.Status.ContainerID))
+		Expect(ct.Name).To(Equal("/" + dockerruntime.ContainerName(string(sbx.UID))))
+		Expect(ct.State.Running).To(BeTrue())
+
+		By("checking every hardening setting on the real container")
+		hc := ct.HostConfig
+		Expect(hc.Privileged).To(BeFalse())
+		Expect(hc.CapDrop).To(ConsistOf("ALL"))
+		Expect(hc.CapAdd).To(BeEmpty())
+		Expect(hc.SecurityOpt).To(ConsistOf("no-new-privileges:true"))
+		Expect(hc.ReadonlyRootfs).To(BeTrue())
+		Expect(hc.PidsLimit).To(HaveValue(BeEquivalentTo(256)))
+		Expect(hc.Memory).To(BeEquivalentTo(512 << 20))
+		Expect(hc.MemorySwap).To(Equal(hc.Memory))
+		Expect(hc.NanoCPUs).To(BeEquivalentTo(1_000_000_000))
+		Expect(hc.Init).To(HaveValue(BeTrue()))
+		Expect(string(hc.NetworkMode)).To(Equal("none"))
+		Expect(hc.Binds).To(BeEmpty())
+		Expect(hc.Devices).To(BeEmpty())
+		Expect(hc.PortBindings).To(BeEmpty())
+		Expect(hc.VolumesFrom).To(BeEmpty())
+		Expect(string(hc.PidMode)).To(BeEmpty())
+		Expect(string(hc.IpcMode)).To(Equal("private"))
+		Expect(string(hc.UTSMode)).To(BeEmpty())
+		Expect(string(hc.UsernsMode)).To(BeEmpty())
+		Expect(hc.MaskedPaths).NotTo(BeEmpty(), "Docker's default masked paths must stay in place")
+		Expect(hc.ReadonlyPaths).NotTo(BeEmpty(), "Docker's default read-only paths must stay in place")
+		Expect(hc.LogConfig.Type).To(Equal("json-file"))
+		Expect(hc.LogConfig.Config).To(HaveKeyWithValue("max-size", dockerruntime.LogMaxSize))
+		Expect(string(hc.RestartPolicy.Name)).To(Equal("no"))
+		Expect(hc.AutoRemove).To(BeFalse())
+		Expect(hc.Runtime).To(Equal("runc"))
+		Expect(hc.Tmpfs).To(HaveKeyWithValue("/app", ContainSubstring(fmt.Sprintf("size=%d", 256<<20))))
+		Expect(hc.Tmpfs).To(HaveKeyWithValue("/tmp", ContainSubstring("size=")))
+		for _, m := range hc.Mounts {
+			Expect(m.ReadOnly).To(BeTrue(), "the only mount is the read-only tools volume: %+v", m)
+			Expect(m.Source).NotTo(ContainSubstring("docker.sock"))
+		}
+		Expect(ct.Config.User).To(Equal("65534:65534"))
+		Expect(ct.Config.Labels).To(HaveKeyWithValue(dockerruntime.LabelManagedBy, dockerruntime.ManagedByValue))
+		Expect(ct.Config.Labels).To(HaveKeyWithValue(dockerruntime.LabelSandboxUID, string(sbx.UID)))
+		Expect(ct.Config.Labels).To(HaveKeyWithValue(dockerruntime.LabelNamespace, ns))
+		Expect(ct.Config.Labels).To(HaveKeyWithValue(dockerruntime.LabelName, "basic"))
+		Expect(ct.Config.Labels).To(HaveKeyWithValue(dockerruntime.LabelNode, node))
+
+		Eventually(eventReasons(sbx), 10*time.Second).Should(ContainElements("Claimed", "Running"))
+
+		By("deleting the Sandbox")
+		Expect(k8sClient.Delete(ctx, sbx)).To(Succeed())
+		Eventually(isGone(key), 30*time.Second, 100*time.Millisecond).Should(BeTrue())
+		Expect(containersOf(sbx.UID)).To(BeEmpty())
+	})
+
+	It("keeps an image without a shell or sleep running, with the default command", func() {
+		// The python image has sleep; busybox is FROM scratch with no
+		// coreutils. Both must stay up on the idle process.
+		node := testNodePrefix + "idle"
+		startManager(node, managerConfig{})
+		sbx := createSandbox(newSandbox(ns, "py", node, func(s *sandboxv1alpha1.Sandbox) { s.Spec.Image = pythonImage }))
+		sbx = waitReady(sbx)
+		Consistently(readyReason(client.ObjectKeyFromObject(sbx)), 2*time.Second).Should(Equal("True/Running"))
+		Expect([]string(inspect(sbx.Status.ContainerID).Config.Entrypoint)).To(Equal([]string{dockerruntime.IdleProcessPath}))
+	})
+
+	It("reports a container that exits, with its exit code", func() {
+		node := testNodePrefix + "exit"
+		startManager(node, managerConfig{})
+		sbx := createSandbox(newSandbox(ns, "exits", node, func(s *sandboxv1alpha1.Sandbox) {
+			s.Spec.Command = []string{"sh", "-c", "sleep 1; exit 3"}
+		}))
+		key := client.ObjectKeyFromObject(sbx)
+		Eventually(readyReason(key), 60*time.Second, 100*time.Millisecond).Should(Equal("False/ContainerExited"))
+		cond := meta.FindStatusCondition(getSandbox(key).Status.Conditions, "Ready")
+		Expect(cond.Message).To(ContainSubstring("code 3"))
+		Eventually(eventReasons(sbx), 10*time.Second).Should(ContainElement("ContainerExited"))
+		// Not restarted in place.
+		Consistently(containerCount(sbx.UID), 2*time.Second).Should(Equal(1))
+		Expect(inspect(containersOf(sbx.UID)[0].ID).State.Running).To(BeFalse())
+	})
+
+	It("reports an OOM kill", func() {
+		node := testNodePrefix + "oom"
+		startManager(node, managerConfig{})
+		sbx := createSandbox(newSandbox(ns, "oom", node, func(s *sandboxv1alpha1.Sandbox) {
+			s.Spec.Image = pythonImage
+			s.Spec.Resources.Memory = ptr.To(resource.MustParse("32Mi"))
+			s.Spec.Command = []string{"python3", "-c", "import time; time.sleep(1); x = ' ' * (300 * 1024 * 1024); time.sleep(60)"}
+		}))
+		key := client.ObjectKeyFromObject(sbx)
+		Eventually(readyReason(key), 60*time.Second, 100*time.Millisecond).Should(Equal("False/OOMKilled"))
+		Expect(meta.FindStatusCondition(getSandbox(key).Status.Conditions, "Ready").Message).To(ContainSubstring("32Mi"))
+		Eventually(eventReasons(sbx), 10*time.Second).Should(ContainElement("OOMKilled"))
+	})
+
+	It("recreates a container removed behind its back and reports ContainerMissing", func() {
+		node := testNodePrefix + "missing"
+		startManager(node, managerConfig{})
+		sbx := waitReady(createSandbox(newSandbox(ns, "missing", node)))
+		oldID := sbx.Status.ContainerID
+
+		Expect(docker.ContainerRemove(ctx, oldID, container.RemoveOptions{Force: true})).To(Succeed())
+
+		Eventually(eventReasons(sbx), 30*time.Second, 100*time.Millisecond).Should(ContainElement("ContainerMissing"))
+		Eventually(func() string {
+			s := getSandbox(client.ObjectKeyFromObject(sbx))
+			if c := meta.FindStatusCondition(s.Status.Conditions, "Ready"); c == nil || c.Reason != "Running" {
+				return ""
+			}
+			return s.Status.ContainerID
+		}, 60*time.Second, 100*time.Millisecond).ShouldNot(Or(BeEmpty(), Equal(oldID)))
+		Expect(containersOf(sbx.UID)).To(HaveLen(1))
+	})
+
+	It("adopts the container of a manager killed between create and status write", func() {
+		node := testNodePrefix + "crash"
+		sbx := createSandbox(newSandbox(ns, "crash", node, func(s *sandboxv1alpha1.Sandbox) {
+			s.Spec.Command = []string{"sleep", "3600"}
+		}))
+		key := client.ObjectKeyFromObject(sbx)
+
+		By("replaying what the dead manager got done: claim, finalizer, container create")
+		sbx = getSandbox(key)
+		sbx.Status.NodeName = node
+		Expect(k8sClient.Status().Update(ctx, sbx)).To(Succeed())
+		sbx.Finalizers = append(sbx.Finalizers, Finalizer)
+		Expect(k8sClient.Update(ctx, sbx)).To(Succeed())
+		spec, err := dockerSpecFor(sbx, Options{NodeName: node})
+		Expect(err).NotTo(HaveOccurred())
+		cfg, hostCfg, err := dockerruntime.BuildContainerConfig(spec)
+		Expect(err).NotTo(HaveOccurred())
+		created, err := docker.ContainerCreate(ctx, cfg, hostCfg, nil, nil, dockerruntime.ContainerName(string(sbx.UID)))
+		Expect(err).NotTo(HaveOccurred())
+
+		By("starting a new manager for the node")
+		startManager(node, managerConfig{})
+		sbx = waitReady(sbx)
+		Expect(sbx.Status.ContainerID).To(Equal(created.ID))
+		Consistently(containerCount(sbx.UID), 2*time.Second).Should(Equal(1))
+		Expect(inspect(created.ID).State.Running).To(BeTrue())
+	})
+
+	It("cleans up a Sandbox deleted while its manager was down", func() {
+		node := testNodePrefix + "down"
+		m := startManager(node, managerConfig{})
+		sbx := waitReady(createSandbox(newSandbox(ns, "deleted-while-down", node)))
+		key := client.ObjectKeyFromObject(sbx)
+		m.stop()
+
+		Expect(k8sClient.Delete(ctx, sbx)).To(Succeed())
+		Consistently(isGone(key), 2*time.Second).Should(BeFalse(), "the finalizer must hold the Sandbox while nobody can remove its container")
+		Expect(containersOf(sbx.UID)).To(HaveLen(1))
+
+		startManager(node, managerConfig{})
+		Eventually(isGone(key), 60*time.Second, 100*time.Millisecond).Should(BeTrue())
+		Expect(containersOf(sbx.UID)).To(BeEmpty())
+	})
+
+	It("collects orphaned containers and leaves everything else alone", func() {
+		node := testNodePrefix + "gc"
+		otherNode := testNodePrefix + "gc-other"
+		rt, err := dockerruntime.New(dockerruntime.Options{})
+		Expect(err).NotTo(HaveOccurred())
+		defer rt.Close()
+		startOrphan := func(owner dockerruntime.Owner) string {
+			ct, err := rt.CreateAndStart(ctx, dockerruntime.Spec{Owner: owner, Image: busyboxImage, Command: []string{"sleep", "3600"}, StopGracePeriod: time.Second})
+			Expect(err).NotTo(HaveOccurred())
+			DeferCleanup(func() { _ = rt.Remove(context.Background(), ct.ID, 0) })
+			return ct.ID
+		}
+
+		startManager(node, managerConfig{orphanGCInterval: 500 * time.Millisecond})
+
+		By("a live Sandbox whose container must survive")
+		live := waitReady(createSandbox(newSandbox(ns, "live", node, func(s *sandboxv1alpha1.Sandbox) {
+			s.Spec.Command = []string{"sleep", "3600"}
+		})))
+
+		ghost := startOrphan(dockerruntime.Owner{UID: "ghost-" + ns, Namespace: ns, Name: "ghost", Node: node})
+		// Same namespace/name as the live Sandbox but another UID: a Sandbox
+		// that was deleted and recreated.
+		stale := startOrphan(dockerruntime.Owner{UID: "stale-" + ns, Namespace: ns, Name: "live", Node: node})
+		elsewhere := startOrphan(dockerruntime.Owner{UID: "elsewhere-" + ns, Namespace: ns, Name: "ghost2", Node: otherNode})
+		unlabelled, err := docker.ContainerCreate(ctx, &container.Config{Image: busyboxImage, Cmd: []string{"sleep", "3600"}}, nil, nil, nil, "not-ours-"+ns)
+		Expect(err).NotTo(HaveOccurred())
+		DeferCleanup(func() {
+			_ = docker.ContainerRemove(context.Background(), unlabelled.ID, container.RemoveOptions{Force: true})
+		})
+
+		exists := func(id string) func() bool {
+			return func() bool {
+				_, err := docker.ContainerInspect(ctx, id)
+				return err == nil
+			}
+		}
+		Eventually(exists(ghost), 30*time.Second, 200*time.Millisecond).Should(BeFalse())
+		Eventually(exists(stale), 30*time.Second, 200*time.Millisecond).Should(BeFalse())
+		Consistently(exists(live.Status.ContainerID), 2*time.Second).Should(BeTrue())
+		Expect(exists(elsewhere)()).To(BeTrue(), "another node's container is not this manager's to judge")
+		Expect(exists(unlabelled.ID)()).To(BeTrue(), "containers without our labels are never touched")
+	})
+
+	It("shares a burst of 20 unbound Sandboxes between two managers without duplicates", func() {
+		nodeA, nodeB := testNodePrefix+"burst-a", testNodePrefix+"burst-b"
+		startManager(nodeA, managerConfig{maxSandboxes: 12})
+		startManager(nodeB, managerConfig{maxSandboxes: 12})
+
+		const n = 20
+		sandboxes := make([]*sandboxv1alpha1.Sandbox, n)
+		var wg sync.WaitGroup
+		for i := range n {
+			sandboxes[i] = newSandbox(ns, fmt.Sprintf("burst-%02d", i), "", func(s *sandboxv1alpha1.Sandbox) {
+				s.Spec.Command = []string{"sleep", "3600"}
+			})
+			wg.Add(1)
+			go func(s *sandboxv1alpha1.Sandbox) {
+				defer GinkgoRecover()
+				defer wg.Done()
+				createSandbox(s)
+			}(sandboxes[i])
+		}
+		wg.Wait()
+
+		perNode := map[string]int{}
+		for _, s := range sandboxes {
+			s = waitReady(s)
+			Expect(s.Status.NodeName).To(BeElementOf(nodeA, nodeB))
+			list := containersOf(s.UID)
+			Expect(list).To(HaveLen(1), "sandbox %s", s.Name)
+			Expect(list[0].Labels[dockerruntime.LabelNode]).To(Equal(s.Status.NodeName))
+			perNode[s.Status.NodeName]++
+		}
+		Expect(perNode[nodeA]).To(BeNumerically("<=", 12))
+		Expect(perNode[nodeB]).To(BeNumerically("<=", 12))
+		Expect(perNode[nodeA] + perNode[nodeB]).To(Equal(n))
+		Consistently(func() int {
+			total := 0
+			for _, s := range sandboxes {
+				total += len(containersOf(s.UID))
+			}
+			return total
+		}, 2*time.Second).Should(Equal(n))
+
+		for _, s := range sandboxes {
+			Expect(k8sClient.Delete(ctx, s)).To(Succeed())
+		}
+		for _, s := range sandboxes {
+			Eventually(isGone(client.ObjectKeyFromObject(s)), 60*time.Second, 100*time.Millisecond).Should(BeTrue())
+			Expect(containersOf(s.UID)).To(BeEmpty())
+		}
+	})
+
+	It("holds a pinned Sandbox while its node is at capacity", func() {
+		node := testNodePrefix + "full"
+		startManager(node, managerConfig{maxSandboxes: 1})
+		first := waitReady(createSandbox(newSandbox(ns, "first", node)))
+		second := createSandbox(newSandbox(ns, "second", node))
+		key := client.ObjectKeyFromObject(second)
+		Eventually(readyReason(key), 20*time.Second, 100*time.Millisecond).Should(Equal("False/NodeAtCapacity"))
+		Expect(containersOf(getSandbox(key).UID)).To(BeEmpty())
+
+		Expect(k8sClient.Delete(ctx, first)).To(Succeed())
+		Eventually(readyReason(key), 60*time.Second, 100*time.Millisecond).Should(Equal("True/Running"))
+	})
+
+	It("expires a Sandbox after activeDeadlineSeconds", func() {
+		node := testNodePrefix + "expiry"
+		startManager(node, managerConfig{})
+		sbx := waitReady(createSandbox(newSandbox(ns, "short-lived", node, func(s *sandboxv1alpha1.Sandbox) {
+			s.Spec.ActiveDeadlineSeconds = ptr.To[int64](2)
+		})))
+		key := client.ObjectKeyFromObject(sbx)
+		Eventually(readyReason(key), 30*time.Second, 100*time.Millisecond).Should(Equal("False/Expired"))
+		sbx = getSandbox(key)
+		Expect(meta.IsStatusConditionTrue(sbx.Status.Conditions, string(sandboxv1alpha1.SandboxConditionExpired))).To(BeTrue())
+		Expect(containersOf(sbx.UID)).To(BeEmpty())
+		Expect(sbx.Status.ContainerID).To(BeEmpty())
+		Consistently(containerCount(sbx.UID), 2*time.Second).Should(BeZero(), "an expired sandbox is never provisioned again")
+
+		Expect(k8sClient.Delete(ctx, sbx)).To(Succeed())
+		Eventually(isGone(key), 30*time.Second).Should(BeTrue())
+	})
+
+	It("reports images that cannot be found", func() {
+		node := testNodePrefix + "image"
+		startManager(node, managerConfig{})
+		never := createSandbox(newSandbox(ns, "never", node, func(s *sandboxv1alpha1.Sandbox) {
+			s.Spec.Image = "code-sandbox-test/absent:1"
+			s.Spec.ImagePullPolicy = sandboxv1alpha1.PullNever
+		}))
+		unpullable := createSandbox(newSandbox(ns, "unpullable", node, func(s *sandboxv1alpha1.Sandbox) {
+			s.Spec.Image = "127.0.0.1:9/absent/image:1"
+		}))
+		for _, s := range []*sandboxv1alpha1.Sandbox{never, unpullable} {
+			key := client.ObjectKeyFromObject(s)
+			Eventually(readyReason(key), 60*time.Second, 100*time.Millisecond).Should(Equal("False/ImageNotFound"))
+			Expect(meta.FindStatusCondition(getSandbox(key).Status.Conditions, "Ready").Message).To(ContainSubstring(s.Spec.Image))
+			Expect(containersOf(getSandbox(key).UID)).To(BeEmpty())
+		}
+	})
+
+	It("reports DockerUnavailable and keeps the finalizer until the container is proven gone", func() {
+		node := testNodePrefix + "nodocker"
+		down := startManager(node, managerConfig{dockerHost: "unix:///tmp/code-sandbox-no-such-docker.sock"})
+		sbx := createSandbox(newSandbox(ns, "nodocker", node))
+		key := client.ObjectKeyFromObject(sbx)
+		Eventually(readyReason(key), 30*time.Second, 100*time.Millisecond).Should(Equal("False/DockerUnavailable"))
+		Expect(getSandbox(key).Finalizers).To(ContainElement(Finalizer))
+
+		Expect(k8sClient.Delete(ctx, sbx)).To(Succeed())
+		Consistently(isGone(key), 3*time.Second).Should(BeFalse())
+
+		By("Docker coming back (a manager with a working daemon) finishes the deletion")
+		down.stop()
+		startManager(node, managerConfig{})
+		Eventually(isGone(key), 30*time.Second, 100*time.Millisecond).Should(BeTrue())
+	})
+
+	It("runs a Sandbox under gVisor when runsc is available", func() {
+		rt, err := dockerruntime.New(dockerruntime.Options{})
+		Expect(err).NotTo(HaveOccurred())
+		defer rt.Close()
+		has, err := rt.HasRuntime(ctx, dockerruntime.RuntimeRunsc)
+		Expect(err).NotTo(HaveOccurred())
+		if !has {
+			Skip("the Docker Engine has no runsc runtime registered (install runsc and add it to daemon.json; hack/ensure-docker.sh does)")
+		}
+		node := testNodePrefix + "gvisor"
+		startManager(node, managerConfig{})
+		sbx := waitReady(createSandbox(newSandbox(ns, "gvisor", node, func(s *sandboxv1alpha1.Sandbox) {
+			s.Spec.Runtime = sandboxv1alpha1.RuntimeGVisor
+		})))
+		Expect(inspect(sbx.Status.ContainerID).HostConfig.Runtime).To(Equal("runsc"))
+		var out strings.Builder
+		res, err := rt.Exec(ctx, sbx.Status.ContainerID, dockerruntime.ExecOptions{Cmd: []string{"dmesg"}}, &out, &out)
+		Expect(err).NotTo(HaveOccurred())
+		Expect(res.ExitCode).To(BeZero())
+		Expect(out.String()).To(ContainSubstring("gVisor"))
+	})
+})
+
+var _ = Describe("Sandbox validation", func() {
+	ctx := context.Background()
+	var ns string
+	BeforeEach(func() { ns = newNamespace() })
+
+	// Specs are sent as unstructured objects so that values the Go types
+	// could not even hold (a quantity "lots") reach the API server.
+	DescribeTable("rejects a bad spec with a message naming the problem",
+		func(spec map[string]any, wantMessage string) {
+			obj := map[string]any{
+				"apiVersion": sandboxv1alpha1.GroupVersion.String(),
+				"kind":       "Sandbox",
+				"metadata":   map[string]any{"name": "bad", "namespace": ns},
+				"spec":       spec,
+			}
+			err := k8sClient.Create(ctx, unstructuredFrom(obj))
+			Expect(err).To(HaveOccurred())
+			Expect(err.Error()).To(ContainSubstring(wantMessage))
+		},
+		Entry("missing image", map[string]any{}, "spec.image"),
+		Entry("empty image", map[string]any{"image": ""}, "spec.image"),
+		Entry("memory that is not a quantity", map[string]any{"image": "x", "resources": map[string]any{"memory": "lots"}}, "spec.resources.memory"),
+		Entry("memory below Docker's minimum", map[string]any{"image": "x", "resources": map[string]any{"memory": "1Mi"}}, "memory must be at least 6Mi"),
+		Entry("zero cpu", map[string]any{"image": "x", "resources": map[string]any{"cpu": "0"}}, "cpu must be greater than 0"),
+		Entry("negative pids", map[string]any{"image": "x", "resources": map[string]any{"pids": -1}}, "spec.resources.pids"),
+		Entry("disk that is not a quantity", map[string]any{"image": "x", "resources": map[string]any{"disk": "-5"}}, "disk must be at least 1Mi"),
+		Entry("unknown runtime", map[string]any{"image": "x", "runtime": "docker"}, "spec.runtime"),
+		Entry("unknown network mode", map[string]any{"image": "x", "network": map[string]any{"mode": "Host"}}, "spec.network.mode"),
+		Entry("unknown pull policy", map[string]any{"image": "x", "imagePullPolicy": "Sometimes"}, "spec.imagePullPolicy"),
+		Entry("root user", map[string]any{"image": "x", "user": "0:0"}, "must not be root"),
+		Entry("user name instead of uid", map[string]any{"image": "x", "user": "root"}, "spec.user"),
+		Entry("relative workingDir", map[string]any{"image": "x", "workingDir": "app"}, "absolute path"),
+		Entry("workingDir with ..", map[string]any{"image": "x", "workingDir": "/app/../etc"}, "'..'"),
+		Entry("workingDir on /proc", map[string]any{"image": "x", "workingDir": "/proc/self"}, "workingDir must not be"),
+		Entry("negative activeDeadlineSeconds", map[string]any{"image": "x", "activeDeadlineSeconds": -5}, "spec.activeDeadlineSeconds"),
+		Entry("bad env name", map[string]any{"image": "x", "env": []any{map[string]any{"name": "1BAD", "value": "v"}}}, "spec.env[0].name"),
+		Entry("bad node name", map[string]any{"image": "x", "nodeName": "Node_1"}, "spec.nodeName"),
+	)
+
+	It("rejects spec changes that cannot take effect, and accepts a new lifetime", func() {
+		sbx := createSandbox(newSandbox(ns, "immutable", testNodePrefix+"nowhere"))
+		key := client.ObjectKeyFromObject(sbx)
+
+		for field, mutate := range map[string]func(*sandboxv1alpha1.Sandbox){
+			"image is immutable":      func(s *sandboxv1alpha1.Sandbox) { s.Spec.Image = "other:1" },
+			"resources are immutable": func(s *sandboxv1alpha1.Sandbox) { s.Spec.Resources.Memory = ptr.To(resource.MustParse("1Gi")) },
+			"runtime is immutable":    func(s *sandboxv1alpha1.Sandbox) { s.Spec.Runtime = sandboxv1alpha1.RuntimeGVisor },
+			"network is immutable":    func(s *sandboxv1alpha1.Sandbox) { s.Spec.Network.Mode = sandboxv1alpha1.NetworkEgress },
+			"command is immutable":    func(s *sandboxv1alpha1.Sandbox) { s.Spec.Command = []string{"sh"} },
+			"nodeName is immutable":   func(s *sandboxv1alpha1.Sandbox) { s.Spec.NodeName = testNodePrefix + "elsewhere" },
+		} {
+			s := getSandbox(key)
+			mutate(s)
+			err := k8sClient.Update(ctx, s)
+			Expect(err).To(HaveOccurred(), field)
+			Expect(err.Error()).To(ContainSubstring(field))
+		}
+
+		s := getSandbox(key)
+		s.Spec.ActiveDeadlineSeconds = ptr.To[int64](600)
+		Expect(k8sClient.Update(ctx, s)).To(Succeed())
+	})
+})
+
+func unstructuredFrom(obj map[string]any) *unstructured.Unstructured {
+	return &unstructured.Unstructured{Object: obj}
+}
