@@ -51,10 +51,10 @@ vet: ## Run go vet (including the e2e and benchmark build tags).
 
 .PHONY: verify
 verify: manifests generate fmt ## Regenerate everything and fail if the tree changed.
-	@if [ -n "$$(git status --porcelain -- api config controllers internal cmd)" ]; then \
+	@if [ -n "$$(git status --porcelain -- api config/crd config/rbac controllers internal cmd test hack)" ]; then \
 		echo "verify: generated files are out of date; run 'make manifests generate fmt' and commit:"; \
-		git status --porcelain -- api config controllers internal cmd; \
-		git --no-pager diff -- api config controllers internal cmd | head -n 100; \
+		git status --porcelain -- api config/crd config/rbac controllers internal cmd test hack; \
+		git --no-pager diff -- api config/crd config/rbac controllers internal cmd test hack | head -n 100; \
 		exit 1; \
 	fi
 
@@ -88,6 +88,13 @@ bench: envtest test-images ## Run the benchmarks (Sandbox create-to-Ready agains
 build: manifests generate ## Build the manager binary to bin/manager.
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags "$(LDFLAGS)" -o bin/manager ./cmd/manager
 
+# IMG is the manager image that docker-build builds and deploy uses.
+IMG ?= code-sandbox-operator/manager:latest
+
+.PHONY: docker-build
+docker-build: build docker-up ## Build the manager image (FROM scratch, offline).
+	docker build -t $(IMG) .
+
 .PHONY: run
 run: manifests generate ## Run the manager against the local control plane (make dev-up first).
 	$(GO) run ./cmd/manager --kubeconfig bin/dev/kubeconfig --node-name $${NODE_NAME:-n1}
@@ -113,7 +120,8 @@ uninstall: manifests kustomize ## Remove the CRDs from the cluster.
 	$(KUSTOMIZE) build config/crd | kubectl delete --ignore-not-found -f -
 
 .PHONY: deploy
-deploy: manifests kustomize ## Deploy the manager DaemonSet to the cluster.
+deploy: manifests kustomize ## Deploy the manager DaemonSet (image $(IMG)) to the cluster.
+	cd config/manager && $(KUSTOMIZE) edit set image controller=$(IMG)
 	$(KUSTOMIZE) build config/default | kubectl apply --server-side -f -
 
 .PHONY: undeploy

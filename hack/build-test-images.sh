@@ -53,8 +53,15 @@ build_python() {
     command -v debootstrap >/dev/null 2>&1 || apt_install debootstrap
     local root
     root=$(mktemp -d)
-    log "debootstrapping ${SUITE} with python3 (about a minute)"
-    debootstrap --variant=minbase --include=python3 "${SUITE}" "${root}" >&2
+    local bootstrap_log="${CACHE_ROOT}/images/debootstrap.log"
+    mkdir -p "$(dirname "${bootstrap_log}")"
+    log "debootstrapping ${SUITE} with python3 (about a minute; log: ${bootstrap_log})"
+    if ! debootstrap --variant=minbase --include=python3 "${SUITE}" "${root}" >"${bootstrap_log}" 2>&1; then
+      tail -n 30 "${bootstrap_log}" >&2
+      rm -rf "${root}"
+      log "debootstrap failed"
+      exit 1
+    fi
     rm -rf "${root}/var/cache/apt/archives/"*.deb "${root}/var/lib/apt/lists/"*
     mkdir -p "$(dirname "${tarball}")"
     tar -C "${root}" -cf "${tarball}.tmp" .

@@ -2,6 +2,10 @@
 # Stops what make dev-up started: every process recorded in bin/dev/*.pid
 # (managers first, then the control plane), each with SIGTERM, a bounded
 # wait, then SIGKILL. Safe to rerun; with nothing running it does nothing.
+#
+# The control plane keeps no state across restarts, so its Sandboxes are
+# deleted first: while their managers still run, that removes their Docker
+# containers instead of leaving them behind.
 set -euo pipefail
 
 log() { echo "dev-down: $*" >&2; }
@@ -10,7 +14,10 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "${ROOT}"
 
 DEV_DIR="bin/dev"
+KUBECONFIG_PATH="${DEV_DIR}/kubeconfig"
 STOP_TIMEOUT="${DEV_DOWN_TIMEOUT:-30}"
+DELETE_TIMEOUT="${DEV_DOWN_DELETE_TIMEOUT:-30}"
+KUBECTL="${KUBECTL:-kubectl}"
 
 # A pid file is only trusted while its process still runs one of our
 # binaries; pids are recycled, and we must never signal a stranger.
@@ -57,6 +64,18 @@ done
 if ((${#pid_files[@]} == 0)); then
   log "nothing to stop"
   exit 0
+fi
+
+# Bounded: a Sandbox whose manager is gone keeps its finalizer forever.
+if [[ -s "${KUBECONFIG_PATH}" ]] &&
+  sandboxes=$(timeout 10 "${KUBECTL}" --kubeconfig "${KUBECONFIG_PATH}" get sandboxes -A -o name 2>/dev/null) &&
+  [[ -n "${sandboxes}" ]]; then
+  log "deleting $(wc -l <<<"${sandboxes}") Sandbox(es) so that their managers remove the containers"
+  if ! timeout $((DELETE_TIMEOUT + 10)) "${KUBECTL}" --kubeconfig "${KUBECONFIG_PATH}" delete sandboxes --all -A \
+    --wait --timeout="${DELETE_TIMEOUT}s" >/dev/null; then
+    log "not every Sandbox was deleted within ${DELETE_TIMEOUT}s (is its manager running?); its container may be left."
+    log "list them with: docker ps --filter label=sandbox.code-sandbox.dev/managed-by=code-sandbox-operator"
+  fi
 fi
 
 for f in "${pid_files[@]}"; do

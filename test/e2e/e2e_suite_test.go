@@ -1,0 +1,276 @@
+//go:build e2e
+
+/*
+Copyright 2026 The code-sandbox-operator Authors.
+
+Licensed under the MIT License; see the LICENSE file.
+*/
+
+// Package e2e runs the real manager binary against a real kube-apiserver and
+// the node's real Docker Engine, and drives it only through kubectl and the
+// Docker CLI, as a user would. It deliberately imports nothing from this
+// module, so that it tests the behaviour and not the implementation.
+//
+// Run it with `make test-e2e` (needs KUBEBUILDER_ASSETS, Docker and the test
+// images).
+package e2e
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	. "github.com/onsi/ginkgo/v2"
+	. "github.com/onsi/gomega"
+	"k8s.io/client-go/rest"
+	"sigs.k8s.io/controller-runtime/pkg/envtest"
+)
+
+const (
+	// nodeName is the manager's --node-name; every container it creates
+	// carries it in nodeLabel, which is how cleanup finds them.
+	nodeName = "e2e-node"
+
+	labelPrefix = "sandbox.code-sandbox.dev/"
+	nodeLabel   = labelPrefix + "node"
+	uidLabel    = labelPrefix + "sandbox-uid"
+
+	// sampleImage is the image config/samples uses; make test-images builds it.
+	sampleImage = "code-sandbox-test/python:3"
+)
+
+var (
+	repoRoot   string
+	workDir    string
+	kubeconfig string
+	samplesDir string
+
+	testEnv *envtest.Environment
+	manager *managerProcess
+)
+
+func TestE2E(t *testing.T) {
+	RegisterFailHandler(Fail)
+	RunSpecs(t, "code-sandbox-operator end-to-end")
+}
+
+var _ = BeforeSuite(func(ctx SpecContext) {
+	assets := os.Getenv("KUBEBUILDER_ASSETS")
+	Expect(assets).NotTo(BeEmpty(),
+		"KUBEBUILDER_ASSETS is not set; run `make test-e2e` or set it to the output of hack/setup-envtest.sh")
+
+	var err error
+	repoRoot, err = findRepoRoot(ctx)
+	Expect(err).NotTo(HaveOccurred())
+	samplesDir = filepath.Join(repoRoot, "config", "samples")
+
+	_, err = run(ctx, "", "docker", "version", "--format", "{{.Server.Version}}")
+	Expect(err).NotTo(HaveOccurred(), "the Docker Engine must be running (make docker-up)")
+	_, err = run(ctx, "", "docker", "image", "inspect", "--format", "{{.Id}}", sampleImage)
+	Expect(err).NotTo(HaveOccurred(), "the sample's image is missing; run `make test-images`")
+
+	// Containers left by an aborted earlier run would break the "exactly
+	// one container" checks; the suite owns every container of its node.
+	Expect(removeNodeContainers(ctx)).To(Succeed())
+	DeferCleanup(func(ctx SpecContext) {
+		Expect(removeNodeContainers(ctx)).To(Succeed())
+	}, NodeTimeout(2*time.Minute))
+
+	workDir, err = os.MkdirTemp("", "code-sandbox-e2e-")
+	Expect(err).NotTo(HaveOccurred())
+	DeferCleanup(os.RemoveAll, workDir)
+
+	By("building the manager")
+	managerBin := filepath.Join(workDir, "manager")
+	_, err = run(ctx, repoRoot, "go", "build", "-o", managerBin, "./cmd/manager")
+	Expect(err).NotTo(HaveOccurred())
+
+	By("starting etcd and kube-apiserver")
+	testEnv = &envtest.Environment{
+		BinaryAssetsDirectory:    assets,
+		CRDDirectoryPaths:        []string{filepath.Join(repoRoot, "config", "crd", "bases")},
+		ErrorIfCRDPathMissing:    true,
+		ControlPlaneStartTimeout: 2 * time.Minute,
+		ControlPlaneStopTimeout:  time.Minute,
+	}
+	// Registered before Start: Start may fail after launching etcd or
+	// kube-apiserver, and Stop copes with a partial start.
+	DeferCleanup(func() error { return testEnv.Stop() })
+	_, err = testEnv.Start()
+	Expect(err).NotTo(HaveOccurred())
+
+	admin, err := testEnv.AddUser(envtest.User{Name: "e2e-admin", Groups: []string{"system:masters"}}, &rest.Config{})
+	Expect(err).NotTo(HaveOccurred())
+	kc, err := admin.KubeConfig()
+	Expect(err).NotTo(HaveOccurred())
+	kubeconfig = filepath.Join(workDir, "kubeconfig")
+	Expect(os.WriteFile(kubeconfig, kc, 0o600)).To(Succeed())
+
+	By("starting the manager")
+	manager, err = startManager(managerBin,
+		"--kubeconfig", kubeconfig,
+		"--node-name", nodeName,
+		"--metrics-bind-address", "0",
+		"--health-probe-bind-address", "127.0.0.1:0",
+	)
+	Expect(err).NotTo(HaveOccurred())
+	// Runs before the container cleanup above (cleanups run in reverse), so
+	// that the manager cannot recreate a container while it is removed.
+	DeferCleanup(func() error { return manager.stop(15 * time.Second) })
+}, NodeTimeout(15*time.Minute))
+
+// Every spec fails with the manager's exit status if it died, instead of a
+// puzzling timeout somewhere else.
+var _ = JustBeforeEach(func() {
+	Expect(manager.exitErr()).NotTo(HaveOccurred(), "the manager exited")
+})
+
+// managerProcess is the manager binary running as a child of the test.
+type managerProcess struct {
+	cmd  *exec.Cmd
+	done chan struct{}
+
+	mu  sync.Mutex
+	err error
+}
+
+func startManager(bin string, args ...string) (*managerProcess, error) {
+	cmd := exec.Command(bin, args...)
+	cmd.Stdout = GinkgoWriter
+	cmd.Stderr = GinkgoWriter
+	cmd.SysProcAttr = managerProcAttr()
+	if err := cmd.Start(); err != nil {
+		return nil, fmt.Errorf("starting the manager: %w", err)
+	}
+	m := &managerProcess{cmd: cmd, done: make(chan struct{})}
+	go func() {
+		err := cmd.Wait()
+		if err == nil {
+			err = errors.New("exited with status 0")
+		}
+		m.mu.Lock()
+		m.err = err
+		m.mu.Unlock()
+		close(m.done)
+	}()
+	return m, nil
+}
+
+// exitErr is nil while the manager runs.
+func (m *managerProcess) exitErr() error {
+	if m == nil {
+		return errors.New("the manager was never started")
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.err
+}
+
+// stop sends SIGTERM (the manager's graceful shutdown) and falls back to
+// SIGKILL, so that a wedged manager never outlives the suite.
+func (m *managerProcess) stop(grace time.Duration) error {
+	select {
+	case <-m.done:
+		return nil
+	default:
+	}
+	if err := m.cmd.Process.Signal(syscall.SIGTERM); err != nil && !errors.Is(err, os.ErrProcessDone) {
+		return fmt.Errorf("signalling the manager: %w", err)
+	}
+	select {
+	case <-m.done:
+		return nil
+	case <-time.After(grace):
+	}
+	_ = m.cmd.Process.Kill()
+	select {
+	case <-m.done:
+		return fmt.Errorf("the manager ignored SIGTERM for %s and was killed", grace)
+	case <-time.After(10 * time.Second):
+		return errors.New("the manager did not exit even after SIGKILL")
+	}
+}
+
+// removeNodeContainers force-removes every container, running or not, that
+// a manager for nodeName created.
+func removeNodeContainers(ctx context.Context) error {
+	out, err := run(ctx, "", "docker", "ps", "-aq", "--filter", "label="+nodeLabel+"="+nodeName)
+	if err != nil {
+		return err
+	}
+	ids := strings.Fields(out)
+	if len(ids) == 0 {
+		return nil
+	}
+	fmt.Fprintf(GinkgoWriter, "removing %d container(s) of node %s\n", len(ids), nodeName)
+	_, err = run(ctx, "", "docker", append([]string{"rm", "-f", "-v"}, ids...)...)
+	return err
+}
+
+func findRepoRoot(ctx context.Context) (string, error) {
+	out, err := run(ctx, "", "go", "env", "GOMOD")
+	if err != nil {
+		return "", err
+	}
+	gomod := strings.TrimSpace(out)
+	if gomod == "" || gomod == os.DevNull {
+		return "", errors.New("not inside the module: `go env GOMOD` is empty")
+	}
+	return filepath.Dir(gomod), nil
+}
+
+// commandError carries a failed command's stderr, which is what kubectl and
+// docker explain themselves in.
+type commandError struct {
+	cmd    string
+	err    error
+	stderr string
+}
+
+func (e *commandError) Error() string {
+	return fmt.Sprintf("%s: %v\n%s", e.cmd, e.err, strings.TrimSpace(e.stderr))
+}
+
+func (e *commandError) Unwrap() error { return e.err }
+
+// run runs a command to completion and returns its stdout. It is bounded, so
+// that a hung CLI fails the spec instead of the whole run.
+func run(ctx context.Context, dir, name string, args ...string) (string, error) {
+	return runWithStdin(ctx, dir, nil, name, args...)
+}
+
+func runWithStdin(ctx context.Context, dir string, stdin io.Reader, name string, args ...string) (string, error) {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, name, args...)
+	cmd.Dir = dir
+	cmd.Stdin = stdin
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout = &stdout
+	cmd.Stderr = &stderr
+	// Killing the process is not enough if it left children holding the
+	// pipes open; stop waiting for them shortly after.
+	cmd.WaitDelay = 5 * time.Second
+	if err := cmd.Run(); err != nil {
+		return stdout.String(), &commandError{cmd: name + " " + strings.Join(args, " "), err: err, stderr: stderr.String()}
+	}
+	return stdout.String(), nil
+}
+
+func kubectl(ctx context.Context, args ...string) (string, error) {
+	return run(ctx, repoRoot, "kubectl", append([]string{"--kubeconfig", kubeconfig}, args...)...)
+}
+
+func docker(ctx context.Context, args ...string) (string, error) {
+	return run(ctx, "", "docker", args...)
+}
