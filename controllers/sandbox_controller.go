@@ -167,6 +167,10 @@ func (r *SandboxReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ct
 			if apierrors.IsConflict(err) {
 				return ctrl.Result{RequeueAfter: 100 * time.Millisecond}, nil
 			}
+			if apierrors.IsNotFound(err) {
+				// Deleted while we worked; its finalizer path is done.
+				return ctrl.Result{}, nil
+			}
 			return ctrl.Result{}, errors.Join(reconcileErr, fmt.Errorf("writing status: %w", err))
 		}
 	}

@@ -22,6 +22,7 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	ctrlmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
 
 	sandboxv1alpha1 "github.com/code-sandbox/code-sandbox-operator/api/v1alpha1"
 	"github.com/code-sandbox/code-sandbox-operator/internal/dockerruntime"
@@ -127,6 +128,7 @@ var _ = Describe("Sandbox controller", func() {
 		Expect(ct.Config.Labels).To(HaveKeyWithValue(dockerruntime.LabelNode, node))
 
 		Eventually(eventReasons(sbx), 10*time.Second).Should(ContainElements("Claimed", "Running"))
+		Expect(createToReadyCount()).To(BeNumerically(">=", 1), "the create-to-Ready histogram records provisioning")
 
 		By("deleting the Sandbox")
 		Expect(k8sClient.Delete(ctx, sbx)).To(Succeed())
@@ -143,6 +145,35 @@ var _ = Describe("Sandbox controller", func() {
 		sbx = waitReady(sbx)
 		Consistently(readyReason(client.ObjectKeyFromObject(sbx)), 2*time.Second).Should(Equal("True/Running"))
 		Expect([]string(inspect(sbx.Status.ContainerID).Config.Entrypoint)).To(Equal([]string{dockerruntime.IdleProcessPath}))
+	})
+
+	It("fails closed when a second container claims the Sandbox's UID", func() {
+		node := testNodePrefix + "dup"
+		startManager(node, managerConfig{})
+		sbx := waitReady(createSandbox(newSandbox(ns, "dup", node, func(s *sandboxv1alpha1.Sandbox) {
+			s.Spec.Command = []string{"sleep", "3600"}
+		})))
+		key := client.ObjectKeyFromObject(sbx)
+
+		By("forging a second container with the same ownership labels")
+		cfg := inspect(sbx.Status.ContainerID).Config
+		forged, err := docker.ContainerCreate(ctx, &container.Config{Image: busyboxImage, Cmd: []string{"sleep", "3600"}, Labels: cfg.Labels}, nil, nil, nil, "forged-"+ns)
+		Expect(err).NotTo(HaveOccurred())
+		DeferCleanup(func() {
+			_ = docker.ContainerRemove(context.Background(), forged.ID, container.RemoveOptions{Force: true})
+		})
+		// A Docker event on the forged container (start) wakes the manager.
+		Expect(docker.ContainerStart(ctx, forged.ID, container.StartOptions{})).To(Succeed())
+
+		Eventually(readyReason(key), 30*time.Second, 100*time.Millisecond).Should(Equal("False/MultipleContainers"))
+		Expect(meta.FindStatusCondition(getSandbox(key).Status.Conditions, "Ready").Message).To(ContainSubstring("2 containers"))
+		Consistently(containerCount(sbx.UID), 2*time.Second).Should(Equal(2), "neither container may be touched")
+		Eventually(eventReasons(sbx), 10*time.Second).Should(ContainElement("MultipleContainers"))
+
+		By("an operator removing the forged container resolves it")
+		Expect(docker.ContainerRemove(ctx, forged.ID, container.RemoveOptions{Force: true})).To(Succeed())
+		Eventually(readyReason(key), 90*time.Second, 200*time.Millisecond).Should(Equal("True/Running"))
+		Expect(getSandbox(key).Status.ContainerID).To(Equal(sbx.Status.ContainerID))
 	})
 
 	It("reports a container that exits, with its exit code", func() {
@@ -484,6 +515,21 @@ var _ = Describe("Sandbox validation", func() {
 		Expect(k8sClient.Update(ctx, s)).To(Succeed())
 	})
 })
+
+// createToReadyCount reads the number of observations of the
+// create-to-Ready histogram from the metrics registry.
+func createToReadyCount() uint64 {
+	GinkgoHelper()
+	families, err := ctrlmetrics.Registry.Gather()
+	Expect(err).NotTo(HaveOccurred())
+	for _, f := range families {
+		if f.GetName() == "code_sandbox_create_to_ready_seconds" {
+			return f.GetMetric()[0].GetHistogram().GetSampleCount()
+		}
+	}
+	Fail("metric code_sandbox_create_to_ready_seconds is not registered")
+	return 0
+}
 
 func unstructuredFrom(obj map[string]any) *unstructured.Unstructured {
 	return &unstructured.Unstructured{Object: obj}
