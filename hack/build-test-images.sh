@@ -19,7 +19,12 @@ apt_install() {
   apt-get install -y --no-install-recommends "$@" >&2 || { apt-get update >&2 && apt-get install -y --no-install-recommends "$@" >&2; }
 }
 
-image_exists() { docker image inspect "$1" >/dev/null 2>&1; }
+# Bump when the images' content changes, so that cached images are rebuilt.
+IMAGES_REVISION=2
+
+image_exists() {
+  [[ "$(docker image inspect -f '{{ index .Config.Labels "code-sandbox-test.revision" }}' "$1" 2>/dev/null)" == "${IMAGES_REVISION}" ]]
+}
 
 build_busybox() {
   if image_exists "${BUSYBOX_IMAGE}"; then return; fi
@@ -31,16 +36,24 @@ build_busybox() {
   local ctx
   ctx=$(mktemp -d)
   mkdir -p "${ctx}/bin" "${ctx}/tmp" "${ctx}/etc"
+  # runc gives a tmpfs the mode of the directory it covers, so /tmp must be
+  # world-writable in the image for the sandbox user to use it.
+  chmod 1777 "${ctx}/tmp"
   cp /bin/busybox "${ctx}/bin/busybox"
   echo 'root:x:0:0:root:/root:/bin/sh' > "${ctx}/etc/passwd"
   echo 'nobody:x:65534:65534:nobody:/nonexistent:/bin/sh' >> "${ctx}/etc/passwd"
   printf 'root:x:0:\nnogroup:x:65534:\n' > "${ctx}/etc/group"
-  cat > "${ctx}/Dockerfile" <<'DOCKERFILE'
+  cat > "${ctx}/Dockerfile" <<DOCKERFILE
 FROM scratch
+LABEL code-sandbox-test.revision=${IMAGES_REVISION}
 COPY . /
 RUN ["/bin/busybox", "--install", "-s", "/bin"]
 CMD ["/bin/sh"]
 DOCKERFILE
+  cat > "${ctx}/.dockerignore" <<'IGNORE'
+Dockerfile
+.dockerignore
+IGNORE
   log "building ${BUSYBOX_IMAGE}"
   DOCKER_BUILDKIT=0 docker build -q -t "${BUSYBOX_IMAGE}" "${ctx}" >&2
   rm -rf "${ctx}"
@@ -69,7 +82,7 @@ build_python() {
     rm -rf "${root}"
   fi
   log "importing ${PYTHON_IMAGE}"
-  docker import -c 'CMD ["/bin/bash"]' -c 'ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin' "${tarball}" "${PYTHON_IMAGE}" >/dev/null
+  docker import -c "LABEL code-sandbox-test.revision=${IMAGES_REVISION}" -c 'CMD ["/bin/bash"]' -c 'ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin' "${tarball}" "${PYTHON_IMAGE}" >/dev/null
 }
 
 build_busybox

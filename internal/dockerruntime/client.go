@@ -68,6 +68,9 @@ type Client struct {
 
 	toolsMu    sync.Mutex
 	toolsReady bool
+	// toolsCreatedAt identifies the tools volume that was verified, so a
+	// volume removed and re-created since (empty) is noticed.
+	toolsCreatedAt string
 }
 
 // New connects lazily to Docker: it never fails because the daemon is down,
@@ -261,6 +264,12 @@ func (c *Client) Find(ctx context.Context, uid string) (Container, error) {
 		}
 		return Container{}, fmt.Errorf("sandbox %s: %w", uid, ErrNotFound)
 	case 1:
+		// The label is only an index: the container must also hold the
+		// deterministic name, which only a create for this UID can take.
+		if list[0].Name != ContainerName(uid) {
+			return Container{}, fmt.Errorf("%w: container %s (%s) carries sandbox UID %s but not the name %s; refusing to adopt it",
+				ErrMultipleContainers, shortID(list[0].ID), list[0].Name, uid, ContainerName(uid))
+		}
 		return c.Inspect(ctx, list[0].ID)
 	default:
 		ids := make([]string, 0, len(list))
@@ -309,9 +318,8 @@ func (c *Client) EnsureImage(ctx context.Context, ref string, policy PullPolicy)
 	}
 	if err != nil {
 		// Only a failure to reach the daemon itself means Docker is
-		// unavailable. The daemon's own pull errors often say "connection
-		// refused" about the registry, which classify's text matching
-		// would mistake for the daemon being down.
+		// unavailable. The daemon's own pull errors (a registry refusing
+		// the connection, even a 503) mean the image cannot be had.
 		var netErr net.Error
 		if client.IsErrConnectionFailed(err) || (errors.As(err, &netErr) && !errors.Is(err, context.DeadlineExceeded)) {
 			return classify(err, "pulling image "+ref)
@@ -345,9 +353,6 @@ func drainPull(rc io.ReadCloser) error {
 func (c *Client) ensureTools(ctx context.Context, imageRef string) error {
 	c.toolsMu.Lock()
 	defer c.toolsMu.Unlock()
-	if c.toolsReady {
-		return nil
-	}
 	elf, err := idleELF(runtime.GOARCH)
 	if err != nil {
 		return err
@@ -355,10 +360,25 @@ func (c *Client) ensureTools(ctx context.Context, imageRef string) error {
 	name := toolsVolumeName()
 	ctx, cancel := c.bounded(ctx)
 	defer cancel()
-	if _, err := c.docker.VolumeCreate(ctx, volume.CreateOptions{
+	if c.toolsReady {
+		// `docker volume prune` can remove the volume under a running
+		// manager; a sandbox's mount would then re-create it empty and the
+		// sandbox would die with "exec /.code-sandbox/idle failed". So check
+		// that it is still the volume we verified.
+		vol, err := c.docker.VolumeInspect(ctx, name)
+		if err == nil && vol.CreatedAt == c.toolsCreatedAt {
+			return nil
+		}
+		if err != nil && !cerrdefs.IsNotFound(err) {
+			return classify(err, "inspecting tools volume")
+		}
+		c.toolsReady = false
+	}
+	vol, err := c.docker.VolumeCreate(ctx, volume.CreateOptions{
 		Name:   name,
 		Labels: map[string]string{LabelManagedBy: ManagedByValue},
-	}); err != nil {
+	})
+	if err != nil {
 		return classify(err, "creating tools volume")
 	}
 	helper, err := c.docker.ContainerCreate(ctx,
@@ -376,7 +396,7 @@ func (c *Client) ensureTools(ctx context.Context, imageRef string) error {
 		_ = c.docker.ContainerRemove(rctx, helper.ID, container.RemoveOptions{Force: true})
 	}()
 	if stat, err := c.docker.ContainerStatPath(ctx, helper.ID, IdleProcessPath); err == nil && stat.Size == int64(len(elf)) {
-		c.toolsReady = true
+		c.toolsReady, c.toolsCreatedAt = true, vol.CreatedAt
 		return nil
 	}
 	var buf bytes.Buffer
@@ -393,7 +413,7 @@ func (c *Client) ensureTools(ctx context.Context, imageRef string) error {
 	if err := c.docker.CopyToContainer(ctx, helper.ID, toolsMountPath, &buf, container.CopyToContainerOptions{}); err != nil {
 		return classify(err, "filling tools volume")
 	}
-	c.toolsReady = true
+	c.toolsReady, c.toolsCreatedAt = true, vol.CreatedAt
 	return nil
 }
 
@@ -613,7 +633,8 @@ func (c *Client) Exec(ctx context.Context, id string, opts ExecOptions, stdout, 
 	select {
 	case <-ctx.Done():
 		attach.Close()
-		return ExecResult{Duration: time.Since(start)}, classify(ctx.Err(), "running exec in "+shortID(id))
+		// The caller's deadline or cancellation, not a Docker failure.
+		return ExecResult{Duration: time.Since(start)}, fmt.Errorf("running exec in %s: %w", shortID(id), ctx.Err())
 	case err := <-copyDone:
 		if err != nil {
 			return ExecResult{Duration: time.Since(start)}, classify(err, "reading exec output")
