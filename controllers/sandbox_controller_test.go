@@ -7,13 +7,17 @@ Licensed under the MIT License; see the LICENSE file.
 package controllers
 
 import (
+	"archive/tar"
+	"bytes"
 	"context"
 	"fmt"
+	"io"
 	"strings"
 	"sync"
 	"time"
 
 	"github.com/docker/docker/api/types/container"
+	"github.com/docker/docker/api/types/image"
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
 	eventsv1 "k8s.io/api/events/v1"
@@ -137,14 +141,29 @@ var _ = Describe("Sandbox controller", func() {
 	})
 
 	It("keeps an image without a shell or sleep running, with the default command", func() {
-		// The python image has sleep; busybox is FROM scratch with no
-		// coreutils. Both must stay up on the idle process.
+		// An image holding one data file: no shell, no sleep, no entrypoint.
+		emptyImage := "code-sandbox-test/empty:1"
+		var buf bytes.Buffer
+		tw := tar.NewWriter(&buf)
+		Expect(tw.WriteHeader(&tar.Header{Name: "README", Mode: 0o644, Size: 5})).To(Succeed())
+		_, err := tw.Write([]byte("empty"))
+		Expect(err).NotTo(HaveOccurred())
+		Expect(tw.Close()).To(Succeed())
+		rc, err := docker.ImageImport(ctx, image.ImportSource{Source: &buf, SourceName: "-"}, emptyImage, image.ImportOptions{})
+		Expect(err).NotTo(HaveOccurred())
+		_, _ = io.Copy(io.Discard, rc)
+		Expect(rc.Close()).To(Succeed())
+
 		node := testNodePrefix + "idle"
 		startManager(node, managerConfig{})
-		sbx := createSandbox(newSandbox(ns, "py", node, func(s *sandboxv1alpha1.Sandbox) { s.Spec.Image = pythonImage }))
+		sbx := createSandbox(newSandbox(ns, "empty", node, func(s *sandboxv1alpha1.Sandbox) {
+			s.Spec.Image = emptyImage
+			s.Spec.ImagePullPolicy = sandboxv1alpha1.PullNever
+		}))
 		sbx = waitReady(sbx)
 		Consistently(readyReason(client.ObjectKeyFromObject(sbx)), 2*time.Second).Should(Equal("True/Running"))
 		Expect([]string(inspect(sbx.Status.ContainerID).Config.Entrypoint)).To(Equal([]string{dockerruntime.IdleProcessPath}))
+		Expect(inspect(sbx.Status.ContainerID).State.Running).To(BeTrue())
 	})
 
 	It("fails closed when a second container claims the Sandbox's UID", func() {

@@ -1,0 +1,125 @@
+/*
+Copyright 2026 The code-sandbox-operator Authors.
+
+Licensed under the MIT License; see the LICENSE file.
+*/
+
+package controllers
+
+import (
+	"time"
+
+	. "github.com/onsi/ginkgo/v2"
+	. "github.com/onsi/gomega"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	clocktesting "k8s.io/utils/clock/testing"
+	"k8s.io/utils/ptr"
+
+	sandboxv1alpha1 "github.com/code-sandbox/code-sandbox-operator/api/v1alpha1"
+	"github.com/code-sandbox/code-sandbox-operator/internal/dockerruntime"
+)
+
+var _ = Describe("backoffTracker", func() {
+	It("doubles per failure up to the cap, counts down with the clock, and resets", func() {
+		clk := clocktesting.NewFakePassiveClock(time.Unix(1_000_000, 0))
+		b := newBackoffTracker(clk, time.Second, 10*time.Second)
+		uid := types.UID("u1")
+
+		Expect(b.remaining(uid)).To(BeZero(), "no failure yet, no wait")
+		Expect(b.next(uid)).To(Equal(time.Second))
+		Expect(b.next(uid)).To(Equal(2 * time.Second))
+		Expect(b.next(uid)).To(Equal(4 * time.Second))
+		Expect(b.next(uid)).To(Equal(8 * time.Second))
+		Expect(b.next(uid)).To(Equal(10*time.Second), "capped")
+		for range 100 {
+			Expect(b.next(uid)).To(Equal(10*time.Second), "no overflow after many failures")
+		}
+		Expect(b.remaining(uid)).To(Equal(10 * time.Second))
+		clk.SetTime(clk.Now().Add(4 * time.Second))
+		Expect(b.remaining(uid)).To(Equal(6 * time.Second))
+		clk.SetTime(clk.Now().Add(time.Minute))
+		Expect(b.remaining(uid)).To(BeZero())
+
+		Expect(b.next(types.UID("u2"))).To(Equal(time.Second), "per Sandbox")
+		b.reset(uid)
+		Expect(b.next(uid)).To(Equal(time.Second))
+	})
+})
+
+var _ = Describe("expiryTime", func() {
+	It("counts activeDeadlineSeconds from status.startTime", func() {
+		sbx := &sandboxv1alpha1.Sandbox{}
+		_, ok := expiryTime(sbx)
+		Expect(ok).To(BeFalse(), "no lifetime")
+
+		sbx.Spec.ActiveDeadlineSeconds = ptr.To[int64](90)
+		_, ok = expiryTime(sbx)
+		Expect(ok).To(BeFalse(), "not started yet")
+
+		start := metav1.NewTime(time.Unix(2_000_000, 0))
+		sbx.Status.StartTime = &start
+		at, ok := expiryTime(sbx)
+		Expect(ok).To(BeTrue())
+		Expect(at).To(Equal(start.Add(90 * time.Second)))
+	})
+})
+
+var _ = Describe("dockerSpecFor", func() {
+	It("translates the Sandbox spec into the runtime's spec", func() {
+		sbx := &sandboxv1alpha1.Sandbox{
+			ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "n", UID: "uid-1"},
+			Spec: sandboxv1alpha1.SandboxSpec{
+				Image:           "img:1",
+				ImagePullPolicy: sandboxv1alpha1.PullNever,
+				Command:         []string{"python3", "-c", "1"},
+				Env:             []sandboxv1alpha1.EnvVar{{Name: "A", Value: "b=c"}},
+				WorkingDir:      "/work",
+				User:            "1000:1000",
+				Resources: sandboxv1alpha1.SandboxResources{
+					CPU:    ptr.To(resource.MustParse("250m")),
+					Memory: ptr.To(resource.MustParse("64Mi")),
+					Pids:   ptr.To[int64](32),
+					Disk:   ptr.To(resource.MustParse("10Mi")),
+				},
+				Network: sandboxv1alpha1.SandboxNetwork{Mode: sandboxv1alpha1.NetworkEgress},
+				Runtime: sandboxv1alpha1.RuntimeGVisor,
+			},
+		}
+		spec, err := dockerSpecFor(sbx, Options{NodeName: "node-1", StopGracePeriod: 3 * time.Second})
+		Expect(err).NotTo(HaveOccurred())
+		Expect(spec.Owner).To(Equal(dockerruntime.Owner{UID: "uid-1", Namespace: "ns", Name: "n", Node: "node-1"}))
+		Expect(spec.Image).To(Equal("img:1"))
+		Expect(spec.PullPolicy).To(Equal(dockerruntime.PullNever))
+		Expect(spec.Command).To(Equal([]string{"python3", "-c", "1"}))
+		Expect(spec.Env).To(Equal([]string{"A=b=c"}))
+		Expect(spec.WorkingDir).To(Equal("/work"))
+		Expect(spec.User).To(Equal("1000:1000"))
+		Expect(spec.NanoCPUs).To(BeEquivalentTo(250_000_000))
+		Expect(spec.MemoryBytes).To(BeEquivalentTo(64 << 20))
+		Expect(spec.Pids).To(BeEquivalentTo(32))
+		Expect(spec.DiskBytes).To(BeEquivalentTo(10 << 20))
+		Expect(spec.Network).To(Equal(dockerruntime.NetworkEgress))
+		Expect(spec.Runtime).To(Equal(dockerruntime.RuntimeRunsc))
+		Expect(spec.StopGracePeriod).To(Equal(3 * time.Second))
+	})
+
+	It("leaves unset limits to the runtime's defaults and rejects unknown enums", func() {
+		sbx := &sandboxv1alpha1.Sandbox{ObjectMeta: metav1.ObjectMeta{UID: "u"}, Spec: sandboxv1alpha1.SandboxSpec{Image: "i"}}
+		spec, err := dockerSpecFor(sbx, Options{NodeName: "n"})
+		Expect(err).NotTo(HaveOccurred())
+		Expect(spec.NanoCPUs).To(BeZero())
+		Expect(spec.MemoryBytes).To(BeZero())
+		Expect(spec.Network).To(Equal(dockerruntime.NetworkNone))
+		Expect(spec.Runtime).To(Equal(dockerruntime.RuntimeRunc))
+
+		sbx.Spec.Runtime = "kata"
+		_, err = dockerSpecFor(sbx, Options{NodeName: "n"})
+		Expect(err).To(MatchError(ContainSubstring(`unknown runtime "kata"`)))
+		sbx.Spec.Runtime = ""
+		sbx.Spec.Network.Mode = "Host"
+		_, err = dockerSpecFor(sbx, Options{NodeName: "n"})
+		Expect(err).To(MatchError(ContainSubstring(`unknown network mode "Host"`)))
+	})
+})
