@@ -26,6 +26,8 @@ import (
 	sandboxv1alpha1 "github.com/code-sandbox/code-sandbox-operator/api/v1alpha1"
 )
 
+// eventGeneric asks for a reconcile of one Sandbox from outside the API
+// server: a Docker event, or a resync after the event stream reconnects.
 type eventGeneric = event.TypedGenericEvent[*sandboxv1alpha1.Sandbox]
 
 // claimTracker remembers the Sandboxes this manager has claimed but its cache
@@ -86,14 +88,24 @@ func (r *SandboxReconciler) claim(ctx context.Context, sbx *sandboxv1alpha1.Sand
 		// Leave it to a node with room. Recheck later in case this node frees
 		// up, with jitter so that full managers do not poll in lockstep.
 		retry := 5*time.Second + rand.N(5*time.Second)
-		if sbx.Spec.NodeName == r.opts.NodeName {
-			msg := fmt.Sprintf("node %s is running its maximum of %d sandboxes", r.opts.NodeName, r.opts.MaxSandboxes)
-			cond := meta.FindStatusCondition(sbx.Status.Conditions, string(sandboxv1alpha1.SandboxConditionReady))
-			if cond == nil || cond.Reason != sandboxv1alpha1.SandboxReasonNodeAtCapacity {
-				r.setReady(sbx, metav1.ConditionFalse, sandboxv1alpha1.SandboxReasonNodeAtCapacity, msg)
-				if err := r.client.Status().Update(ctx, sbx); err != nil && !apierrors.IsConflict(err) {
-					return false, ctrl.Result{}, fmt.Errorf("reporting capacity: %w", err)
-				}
+		cond := meta.FindStatusCondition(sbx.Status.Conditions, string(sandboxv1alpha1.SandboxConditionReady))
+		report := ""
+		switch {
+		case sbx.Spec.NodeName == r.opts.NodeName && (cond == nil || cond.Reason != sandboxv1alpha1.SandboxReasonNodeAtCapacity):
+			report = sandboxv1alpha1.SandboxReasonNodeAtCapacity
+			r.setReady(sbx, metav1.ConditionFalse, report,
+				fmt.Sprintf("node %s is running its maximum of %d sandboxes", r.opts.NodeName, r.opts.MaxSandboxes))
+		case sbx.Spec.NodeName == "" && cond == nil:
+			// Say once why nothing happens yet; another node may still claim
+			// it a moment later, which simply overwrites this.
+			report = sandboxv1alpha1.SandboxReasonPending
+			r.setReady(sbx, metav1.ConditionFalse, report,
+				fmt.Sprintf("waiting for a node with spare capacity (node %s is full)", r.opts.NodeName))
+		}
+		if report != "" {
+			// A conflict means someone else wrote first, likely a claim.
+			if err := r.client.Status().Update(ctx, sbx); err != nil && !apierrors.IsConflict(err) && !apierrors.IsNotFound(err) {
+				return false, ctrl.Result{}, fmt.Errorf("reporting %s: %w", report, err)
 			}
 		}
 		log.V(1).Info("node at capacity; leaving sandbox to others", "used", used)

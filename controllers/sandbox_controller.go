@@ -90,7 +90,7 @@ type SandboxReconciler struct {
 	claims  *claimTracker
 	backoff *backoffTracker
 	// dockerEvents carries Docker container events into the work queue.
-	dockerEvents chan eventForSandbox
+	dockerEvents chan eventGeneric
 }
 
 // +kubebuilder:rbac:groups=sandbox.code-sandbox.dev,resources=sandboxes,verbs=get;list;watch;update;patch
@@ -114,7 +114,7 @@ func NewSandboxReconciler(c client.Client, apiReader client.Reader, docker *dock
 		opts:         opts,
 		claims:       newClaimTracker(),
 		backoff:      newBackoffTracker(clk, opts.RetryBackoffBase, opts.RetryBackoffMax),
-		dockerEvents: make(chan eventForSandbox, 1024),
+		dockerEvents: make(chan eventGeneric, 1024),
 	}, nil
 }
 
@@ -453,9 +453,6 @@ func truncateMessage(msg string) string {
 	}
 	return msg
 }
-
-// eventForSandbox is a Docker event that concerns one Sandbox.
-type eventForSandbox = eventGeneric
 
 // SetupWithManager registers the controller, its field index, the Docker
 // event watcher and the orphan collector with the manager.

@@ -395,6 +395,20 @@ var _ = Describe("Sandbox controller", func() {
 		Eventually(readyReason(key), 60*time.Second, 100*time.Millisecond).Should(Equal("True/Running"))
 	})
 
+	It("reports an unbound Sandbox as Pending while the only node is full", func() {
+		node := testNodePrefix + "full-unbound"
+		startManager(node, managerConfig{maxSandboxes: 1})
+		first := waitReady(createSandbox(newSandbox(ns, "first", "")))
+		second := createSandbox(newSandbox(ns, "second", ""))
+		key := client.ObjectKeyFromObject(second)
+		Eventually(readyReason(key), 20*time.Second, 100*time.Millisecond).Should(Equal("False/Pending"))
+		Expect(getSandbox(key).Status.NodeName).To(BeEmpty(), "a full node must not claim it")
+
+		Expect(k8sClient.Delete(ctx, first)).To(Succeed())
+		Eventually(readyReason(key), 60*time.Second, 100*time.Millisecond).Should(Equal("True/Running"))
+		Expect(getSandbox(key).Status.NodeName).To(Equal(node))
+	})
+
 	It("expires a Sandbox after activeDeadlineSeconds", func() {
 		node := testNodePrefix + "expiry"
 		startManager(node, managerConfig{})

@@ -30,8 +30,9 @@ const (
 
 // Reasons for the Ready and Expired conditions.
 const (
-	// SandboxReasonPending: no manager has claimed the Sandbox yet, for
-	// example because every node is at capacity.
+	// SandboxReasonPending: no manager has claimed the Sandbox yet because
+	// the nodes that looked at it were at capacity. A Sandbox that no manager
+	// has seen at all has no Ready condition.
 	SandboxReasonPending = "Pending"
 
 	// SandboxReasonNodeAtCapacity: the Sandbox is pinned (spec.nodeName) to a

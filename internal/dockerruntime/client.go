@@ -66,10 +66,9 @@ type Client struct {
 	callTimeout time.Duration
 	pullTimeout time.Duration
 
-	toolsMu    sync.Mutex
-	toolsReady bool
-	// toolsCreatedAt identifies the tools volume that was verified, so a
-	// volume removed and re-created since (empty) is noticed.
+	toolsMu sync.Mutex
+	// toolsCreatedAt identifies the tools volume this client verified ("" if
+	// none yet), so a volume removed and re-created since (empty) is noticed.
 	toolsCreatedAt string
 }
 
@@ -360,7 +359,7 @@ func (c *Client) ensureTools(ctx context.Context, imageRef string) error {
 	name := toolsVolumeName()
 	ctx, cancel := c.bounded(ctx)
 	defer cancel()
-	if c.toolsReady {
+	if c.toolsCreatedAt != "" {
 		// `docker volume prune` can remove the volume under a running
 		// manager; a sandbox's mount would then re-create it empty and the
 		// sandbox would die with "exec /.code-sandbox/idle failed". So check
@@ -372,7 +371,7 @@ func (c *Client) ensureTools(ctx context.Context, imageRef string) error {
 		if err != nil && !cerrdefs.IsNotFound(err) {
 			return classify(err, "inspecting tools volume")
 		}
-		c.toolsReady = false
+		c.toolsCreatedAt = ""
 	}
 	vol, err := c.docker.VolumeCreate(ctx, volume.CreateOptions{
 		Name:   name,
@@ -396,7 +395,7 @@ func (c *Client) ensureTools(ctx context.Context, imageRef string) error {
 		_ = c.docker.ContainerRemove(rctx, helper.ID, container.RemoveOptions{Force: true})
 	}()
 	if stat, err := c.docker.ContainerStatPath(ctx, helper.ID, IdleProcessPath); err == nil && stat.Size == int64(len(elf)) {
-		c.toolsReady, c.toolsCreatedAt = true, vol.CreatedAt
+		c.toolsCreatedAt = vol.CreatedAt
 		return nil
 	}
 	var buf bytes.Buffer
@@ -413,7 +412,7 @@ func (c *Client) ensureTools(ctx context.Context, imageRef string) error {
 	if err := c.docker.CopyToContainer(ctx, helper.ID, toolsMountPath, &buf, container.CopyToContainerOptions{}); err != nil {
 		return classify(err, "filling tools volume")
 	}
-	c.toolsReady, c.toolsCreatedAt = true, vol.CreatedAt
+	c.toolsCreatedAt = vol.CreatedAt
 	return nil
 }
 
