@@ -12,6 +12,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"path/filepath"
 	"strings"
 	"sync"
 	"time"
@@ -460,6 +461,41 @@ var _ = Describe("Sandbox controller", func() {
 		down.stop()
 		startManager(node, managerConfig{})
 		Eventually(isGone(key), 30*time.Second, 100*time.Millisecond).Should(BeTrue())
+	})
+
+	It("survives the Docker Engine going away and coming back: resubscribes, resyncs, finishes deletes", func() {
+		node := testNodePrefix + "flaky-docker"
+		proxy := newDockerProxy(filepath.Join(GinkgoT().TempDir(), "docker.sock"), "/var/run/docker.sock")
+		startManager(node, managerConfig{dockerHost: "unix://" + proxy.path})
+		kept := waitReady(createSandbox(newSandbox(ns, "kept", node, func(s *sandboxv1alpha1.Sandbox) {
+			s.Spec.Command = []string{"sleep", "3600"}
+		})))
+		doomed := waitReady(createSandbox(newSandbox(ns, "doomed", node, func(s *sandboxv1alpha1.Sandbox) {
+			s.Spec.Command = []string{"sleep", "3600"}
+		})))
+
+		By("cutting the manager off from Docker, event stream included")
+		proxy.stop()
+		Expect(k8sClient.Delete(ctx, doomed)).To(Succeed())
+		Eventually(readyReason(client.ObjectKeyFromObject(doomed)), 30*time.Second, 100*time.Millisecond).Should(Equal("False/DockerUnavailable"))
+		Consistently(isGone(client.ObjectKeyFromObject(doomed)), 2*time.Second).Should(BeFalse(), "the finalizer holds while the container's fate is unknown")
+
+		By("removing a container while the manager cannot see the event")
+		Expect(docker.ContainerRemove(ctx, kept.Status.ContainerID, container.RemoveOptions{Force: true})).To(Succeed())
+
+		By("restoring Docker")
+		proxy.start()
+		Eventually(isGone(client.ObjectKeyFromObject(doomed)), 60*time.Second, 200*time.Millisecond).Should(BeTrue())
+		Expect(containersOf(doomed.UID)).To(BeEmpty())
+		// Only a resync after reconnecting can notice the missed destroy.
+		Eventually(func() string {
+			s := getSandbox(client.ObjectKeyFromObject(kept))
+			if c := meta.FindStatusCondition(s.Status.Conditions, "Ready"); c == nil || c.Reason != "Running" {
+				return ""
+			}
+			return s.Status.ContainerID
+		}, 60*time.Second, 200*time.Millisecond).ShouldNot(Or(BeEmpty(), Equal(kept.Status.ContainerID)))
+		Expect(containersOf(kept.UID)).To(HaveLen(1))
 	})
 
 	It("runs a Sandbox under gVisor when runsc is available", func() {
