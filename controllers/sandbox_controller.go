@@ -431,8 +431,10 @@ func expiryTime(sbx *sandboxv1alpha1.Sandbox) (time.Time, bool) {
 	return sbx.Status.StartTime.Add(time.Duration(*sbx.Spec.ActiveDeadlineSeconds) * time.Second), true
 }
 
+// ignoreConflict drops optimistic-concurrency conflicts: the newer object
+// triggers another reconcile anyway.
 func ignoreConflict(err error) error {
-	if apierrors.IsConflict(errors.Unwrap(err)) || apierrors.IsConflict(err) {
+	if apierrors.IsConflict(err) {
 		return nil
 	}
 	return err
