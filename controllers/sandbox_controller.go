@@ -205,7 +205,7 @@ func (r *SandboxReconciler) reconcile(ctx context.Context, sbx *sandboxv1alpha1.
 		if sbx.Status.ContainerID != "" {
 			// It existed and is gone: someone removed it behind our back.
 			r.setReady(sbx, metav1.ConditionFalse, sandboxv1alpha1.SandboxReasonContainerMissing,
-				fmt.Sprintf("container %s disappeared; recreating with backoff", shortID(sbx.Status.ContainerID)))
+				fmt.Sprintf("container %s disappeared; recreating with backoff", dockerruntime.ShortID(sbx.Status.ContainerID)))
 			sbx.Status.ContainerID = ""
 			delay := r.backoff.next(sbx.UID)
 			log.Info("container missing, recreating", "after", delay)
@@ -222,20 +222,10 @@ func (r *SandboxReconciler) reconcile(ctx context.Context, sbx *sandboxv1alpha1.
 	sbx.Status.ContainerID = ct.ID
 	switch ct.State.Status {
 	case "running":
-		r.backoff.reset(sbx.UID)
-		if sbx.Status.StartTime == nil {
-			start := metav1.NewTime(r.clock.Now())
-			sbx.Status.StartTime = &start
-			observeCreateToReady(r.clock.Since(sbx.CreationTimestamp.Time))
-			if expiry, ok := expiryTime(sbx); ok {
-				requeueAfter = expiry.Sub(r.clock.Now())
-			}
-		}
-		r.setReady(sbx, metav1.ConditionTrue, sandboxv1alpha1.SandboxReasonRunning, "container "+shortID(ct.ID)+" is running")
-		return ctrl.Result{RequeueAfter: requeueAfter}, nil
+		return r.markRunning(sbx, ct.ID, requeueAfter), nil
 	case "created":
 		// A manager died between create and start; adopt and start it.
-		log.Info("starting adopted container", "container", shortID(ct.ID))
+		log.Info("starting adopted container", "container", dockerruntime.ShortID(ct.ID))
 		if err := r.docker.Start(ctx, ct.ID); err != nil {
 			return r.dockerFailure(ctx, sbx, err)
 		}
@@ -276,19 +266,26 @@ func (r *SandboxReconciler) create(ctx context.Context, sbx *sandboxv1alpha1.San
 	// The start event will requeue us; checking state right away keeps the
 	// create-to-Ready path short.
 	if ct.State.Running {
-		r.backoff.reset(sbx.UID)
+		return r.markRunning(sbx, ct.ID, requeueAfter), nil
+	}
+	return ctrl.Result{RequeueAfter: 100 * time.Millisecond}, nil
+}
+
+// markRunning records a running container: Ready, and on the first start the
+// start time (from which the lifetime counts) and the create-to-Ready
+// latency. It returns when to look again: at expiry, if there is one.
+func (r *SandboxReconciler) markRunning(sbx *sandboxv1alpha1.Sandbox, containerID string, requeueAfter time.Duration) ctrl.Result {
+	r.backoff.reset(sbx.UID)
+	if sbx.Status.StartTime == nil {
 		start := metav1.NewTime(r.clock.Now())
-		if sbx.Status.StartTime == nil {
-			sbx.Status.StartTime = &start
-			observeCreateToReady(r.clock.Since(sbx.CreationTimestamp.Time))
-		}
-		r.setReady(sbx, metav1.ConditionTrue, sandboxv1alpha1.SandboxReasonRunning, "container "+shortID(ct.ID)+" is running")
+		sbx.Status.StartTime = &start
+		observeCreateToReady(r.clock.Since(sbx.CreationTimestamp.Time))
 		if expiry, ok := expiryTime(sbx); ok {
 			requeueAfter = expiry.Sub(r.clock.Now())
 		}
-		return ctrl.Result{RequeueAfter: requeueAfter}, nil
 	}
-	return ctrl.Result{RequeueAfter: 100 * time.Millisecond}, nil
+	r.setReady(sbx, metav1.ConditionTrue, sandboxv1alpha1.SandboxReasonRunning, "container "+dockerruntime.ShortID(containerID)+" is running")
+	return ctrl.Result{RequeueAfter: requeueAfter}
 }
 
 // dockerFailure turns a Docker error into the Ready condition and a retry.
@@ -438,13 +435,6 @@ func ignoreConflict(err error) error {
 		return nil
 	}
 	return err
-}
-
-func shortID(id string) string {
-	if len(id) > 12 {
-		return id[:12]
-	}
-	return id
 }
 
 // truncateMessage keeps condition messages within the API's 32 KiB limit.

@@ -138,7 +138,7 @@ func (r *SandboxReconciler) CollectOrphans(ctx context.Context) (int, error) {
 		ns, name := ct.Labels[dockerruntime.LabelNamespace], ct.Labels[dockerruntime.LabelName]
 		if uid == "" || ns == "" || name == "" {
 			// Without the full index we cannot prove it is an orphan.
-			log.Info("skipping container with incomplete labels", "container", shortID(ct.ID))
+			log.Info("skipping container with incomplete labels", "container", dockerruntime.ShortID(ct.ID))
 			continue
 		}
 		var sbx sandboxv1alpha1.Sandbox
@@ -151,7 +151,7 @@ func (r *SandboxReconciler) CollectOrphans(ctx context.Context) (int, error) {
 			errs = append(errs, err)
 			continue
 		}
-		log.Info("removing orphaned container", "container", shortID(ct.ID), "sandbox", ns+"/"+name, "uid", uid)
+		log.Info("removing orphaned container", "container", dockerruntime.ShortID(ct.ID), "sandbox", ns+"/"+name, "uid", uid)
 		if err := r.docker.Remove(ctx, ct.ID, r.opts.StopGracePeriod); err != nil {
 			errs = append(errs, err)
 			continue

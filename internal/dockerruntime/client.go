@@ -256,7 +256,7 @@ func (c *Client) Find(ctx context.Context, uid string) (Container, error) {
 		// would make every create fail; report that clearly.
 		squatter, err := c.Inspect(ctx, ContainerName(uid))
 		if err == nil && !squatter.Owned(uid) {
-			return Container{}, fmt.Errorf("%w: container %s holds name %s without our labels", ErrMultipleContainers, shortID(squatter.ID), ContainerName(uid))
+			return Container{}, fmt.Errorf("%w: container %s holds name %s without our labels", ErrMultipleContainers, ShortID(squatter.ID), ContainerName(uid))
 		}
 		if err != nil && !errors.Is(err, ErrNotFound) {
 			return Container{}, err
@@ -267,19 +267,20 @@ func (c *Client) Find(ctx context.Context, uid string) (Container, error) {
 		// deterministic name, which only a create for this UID can take.
 		if list[0].Name != ContainerName(uid) {
 			return Container{}, fmt.Errorf("%w: container %s (%s) carries sandbox UID %s but not the name %s; refusing to adopt it",
-				ErrMultipleContainers, shortID(list[0].ID), list[0].Name, uid, ContainerName(uid))
+				ErrMultipleContainers, ShortID(list[0].ID), list[0].Name, uid, ContainerName(uid))
 		}
 		return c.Inspect(ctx, list[0].ID)
 	default:
 		ids := make([]string, 0, len(list))
 		for _, ct := range list {
-			ids = append(ids, shortID(ct.ID))
+			ids = append(ids, ShortID(ct.ID))
 		}
 		return Container{}, fmt.Errorf("%w: %d containers carry sandbox UID %s: %s", ErrMultipleContainers, len(list), uid, strings.Join(ids, ", "))
 	}
 }
 
-func shortID(id string) string {
+// ShortID is the 12-character form of a container ID, for messages.
+func ShortID(id string) string {
 	if len(id) > 12 {
 		return id[:12]
 	}
@@ -449,7 +450,7 @@ func (c *Client) CreateAndStart(ctx context.Context, spec Spec) (Container, erro
 			return Container{}, ierr
 		}
 		if !existing.Owned(s.Owner.UID) {
-			return Container{}, fmt.Errorf("%w: container %s holds name %s without our labels", ErrMultipleContainers, shortID(existing.ID), name)
+			return Container{}, fmt.Errorf("%w: container %s holds name %s without our labels", ErrMultipleContainers, ShortID(existing.ID), name)
 		}
 		id = existing.ID
 		if existing.State.Status != string(container.StateCreated) {
@@ -479,7 +480,7 @@ func (c *Client) Start(ctx context.Context, id string) error {
 	if err != nil && strings.Contains(err.Error(), "unknown or invalid runtime") {
 		return fmt.Errorf("%w: %v", ErrRuntimeUnavailable, err)
 	}
-	return classify(err, "starting container "+shortID(id))
+	return classify(err, "starting container "+ShortID(id))
 }
 
 // Remove stops a container with a grace period (SIGTERM, then SIGKILL), then
@@ -494,7 +495,7 @@ func (c *Client) Remove(ctx context.Context, id string, grace time.Duration) err
 		cancel()
 		if err != nil && !cerrdefs.IsNotFound(err) && !cerrdefs.IsNotModified(err) {
 			if cerr := classify(err, ""); errors.Is(cerr, ErrUnavailable) {
-				return classify(err, "stopping container "+shortID(id))
+				return classify(err, "stopping container "+ShortID(id))
 			}
 			// Anything else (already stopping, say) is settled by the
 			// forced removal below.
@@ -504,7 +505,7 @@ func (c *Client) Remove(ctx context.Context, id string, grace time.Duration) err
 	err := c.docker.ContainerRemove(rctx, id, container.RemoveOptions{Force: true, RemoveVolumes: true})
 	cancel()
 	if err != nil && !cerrdefs.IsNotFound(err) && !strings.Contains(err.Error(), "is already in progress") {
-		return classify(err, "removing container "+shortID(id))
+		return classify(err, "removing container "+ShortID(id))
 	}
 	// Removal can be asynchronous ("removal in progress"); confirm.
 	deadline := time.Now().Add(c.callTimeout)
@@ -517,11 +518,11 @@ func (c *Client) Remove(ctx context.Context, id string, grace time.Duration) err
 			return err
 		}
 		if time.Now().After(deadline) {
-			return fmt.Errorf("container %s still exists after removal", shortID(id))
+			return fmt.Errorf("container %s still exists after removal", ShortID(id))
 		}
 		select {
 		case <-ctx.Done():
-			return classify(ctx.Err(), "waiting for removal of "+shortID(id))
+			return classify(ctx.Err(), "waiting for removal of "+ShortID(id))
 		case <-time.After(100 * time.Millisecond):
 		}
 	}
@@ -605,11 +606,11 @@ func (c *Client) Exec(ctx context.Context, id string, opts ExecOptions, stdout, 
 	})
 	cancel()
 	if err != nil {
-		return ExecResult{}, classify(err, "creating exec in "+shortID(id))
+		return ExecResult{}, classify(err, "creating exec in "+ShortID(id))
 	}
 	attach, err := c.docker.ContainerExecAttach(ctx, created.ID, container.ExecAttachOptions{})
 	if err != nil {
-		return ExecResult{}, classify(err, "attaching to exec in "+shortID(id))
+		return ExecResult{}, classify(err, "attaching to exec in "+ShortID(id))
 	}
 	defer attach.Close()
 	if opts.Stdin != nil {
@@ -633,7 +634,7 @@ func (c *Client) Exec(ctx context.Context, id string, opts ExecOptions, stdout, 
 	case <-ctx.Done():
 		attach.Close()
 		// The caller's deadline or cancellation, not a Docker failure.
-		return ExecResult{Duration: time.Since(start)}, fmt.Errorf("running exec in %s: %w", shortID(id), ctx.Err())
+		return ExecResult{Duration: time.Since(start)}, fmt.Errorf("running exec in %s: %w", ShortID(id), ctx.Err())
 	case err := <-copyDone:
 		if err != nil {
 			return ExecResult{Duration: time.Since(start)}, classify(err, "reading exec output")
@@ -664,11 +665,11 @@ func (c *Client) Logs(ctx context.Context, id string, opts LogsOptions, stdout, 
 	}
 	rc, err := c.docker.ContainerLogs(ctx, id, container.LogsOptions{ShowStdout: true, ShowStderr: true, Tail: tail, Follow: opts.Follow})
 	if err != nil {
-		return classify(err, "reading logs of "+shortID(id))
+		return classify(err, "reading logs of "+ShortID(id))
 	}
 	defer rc.Close()
 	if _, err := stdcopy.StdCopy(stdout, stderr, rc); err != nil && ctx.Err() == nil {
-		return classify(err, "reading logs of "+shortID(id))
+		return classify(err, "reading logs of "+ShortID(id))
 	}
 	return nil
 }

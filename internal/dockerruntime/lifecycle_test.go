@@ -47,7 +47,7 @@ func containersWithUIDLabel(ctx context.Context, uid string) []container.Summary
 func expectGone(ctx context.Context, id string) {
 	GinkgoHelper()
 	_, err := rt.Docker().ContainerInspect(ctx, id)
-	Expect(isNotFound(err)).To(BeTrue(), "container %s should be gone, inspect said %v", shortID(id), err)
+	Expect(isNotFound(err)).To(BeTrue(), "container %s should be gone, inspect said %v", ShortID(id), err)
 	_, err = rt.Inspect(ctx, id)
 	Expect(err).To(MatchError(ErrNotFound))
 }
@@ -106,7 +106,7 @@ var _ = Describe("Adoption and ownership", dockerLabel, func() {
 			_, err := rt.Find(ctx, uid)
 			Expect(err).To(MatchError(ErrMultipleContainers))
 			Expect(err.Error()).To(ContainSubstring("holds name " + ContainerName(uid) + " without our labels"))
-			Expect(err.Error()).To(ContainSubstring(shortID(squatter)))
+			Expect(err.Error()).To(ContainSubstring(ShortID(squatter)))
 
 			ct, err := rt.CreateAndStart(ctx, spec)
 			Expect(err).To(MatchError(ErrMultipleContainers))
@@ -154,8 +154,8 @@ var _ = Describe("Adoption and ownership", dockerLabel, func() {
 		Expect(err).To(MatchError(ErrMultipleContainers))
 		Expect(err).NotTo(MatchError(ErrNotFound))
 		Expect(err.Error()).To(ContainSubstring("2 containers carry sandbox UID " + uid))
-		Expect(err.Error()).To(ContainSubstring(shortID(a)))
-		Expect(err.Error()).To(ContainSubstring(shortID(b)))
+		Expect(err.Error()).To(ContainSubstring(ShortID(a)))
+		Expect(err.Error()).To(ContainSubstring(ShortID(b)))
 		Expect(ct.ID).To(BeEmpty())
 
 		// Adding our own container under the deterministic name makes three.
@@ -172,7 +172,7 @@ var _ = Describe("Adoption and ownership", dockerLabel, func() {
 		_, err := rt.Find(ctx, spec.Owner.UID)
 		Expect(err).To(MatchError(ErrMultipleContainers))
 		Expect(err.Error()).To(ContainSubstring("refusing to adopt"))
-		Expect(err.Error()).To(ContainSubstring(shortID(forged)))
+		Expect(err.Error()).To(ContainSubstring(ShortID(forged)))
 		_, err = rt.Inspect(ctx, forged)
 		Expect(err).NotTo(HaveOccurred(), "the forged container is left for an operator")
 	}, SpecTimeout(30*time.Second))

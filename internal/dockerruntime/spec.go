@@ -157,14 +157,13 @@ func (s Spec) validate() error {
 			return invalid("workingDir %q is under reserved %s", s.WorkingDir, prefix)
 		}
 	}
-	uid, gid, err := parseUser(s.User)
+	uid, _, err := parseUser(s.User)
 	if err != nil {
 		return invalid("%v", err)
 	}
 	if uid == 0 {
 		return invalid("user %q is root; sandboxes never run as root", s.User)
 	}
-	_ = gid
 	if s.NanoCPUs < 0 || s.MemoryBytes < 0 || s.Pids < 0 || s.DiskBytes < 0 {
 		return invalid("resource limits must not be negative")
 	}

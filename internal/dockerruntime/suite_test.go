@@ -107,7 +107,7 @@ func removeUIDContainers(uid string) {
 	}
 	for id := range ids {
 		if err := d.ContainerRemove(ctx, id, container.RemoveOptions{Force: true, RemoveVolumes: true}); err != nil && !cerrdefs.IsNotFound(err) {
-			GinkgoWriter.Printf("cleanup: removing %s: %v\n", shortID(id), err)
+			GinkgoWriter.Printf("cleanup: removing %s: %v\n", ShortID(id), err)
 		}
 	}
 }
@@ -143,7 +143,7 @@ func sweepTestContainers() {
 			continue
 		}
 		if thisRun {
-			GinkgoWriter.Printf("sweep: container %s (%s) was left behind\n", shortID(ct.ID), name)
+			GinkgoWriter.Printf("sweep: container %s (%s) was left behind\n", ShortID(ct.ID), name)
 		}
 		_ = d.ContainerRemove(ctx, ct.ID, container.RemoveOptions{Force: true, RemoveVolumes: true})
 	}
