@@ -57,12 +57,17 @@ type Options struct {
 	CallTimeout time.Duration
 	// PullTimeout bounds an image pull.
 	PullTimeout time.Duration
+	// ManagedBy is the LabelManagedBy value this client creates, lists and
+	// adopts; empty means ManagedByValue (the operator). Each owner sees
+	// only its own containers.
+	ManagedBy string
 }
 
 // Client wraps the Docker API client with bounded calls and this project's
 // ownership rules.
 type Client struct {
 	docker      *client.Client
+	managedBy   string
 	callTimeout time.Duration
 	pullTimeout time.Duration
 
@@ -89,7 +94,10 @@ func New(opts Options) (*Client, error) {
 	if opts.PullTimeout <= 0 {
 		opts.PullTimeout = 5 * time.Minute
 	}
-	return &Client{docker: docker, callTimeout: opts.CallTimeout, pullTimeout: opts.PullTimeout}, nil
+	if opts.ManagedBy == "" {
+		opts.ManagedBy = ManagedByValue
+	}
+	return &Client{docker: docker, managedBy: opts.ManagedBy, callTimeout: opts.CallTimeout, pullTimeout: opts.PullTimeout}, nil
 }
 
 // Docker exposes the underlying client for tests and benchmarks that need raw
@@ -168,9 +176,14 @@ type Container struct {
 	State  ContainerState
 }
 
-// Owned reports whether the container carries our labels for this UID.
-func (c Container) Owned(uid string) bool {
-	return c.Labels[LabelManagedBy] == ManagedByValue && c.Labels[LabelSandboxUID] == uid
+// Owned reports whether the container carries the operator's labels for
+// this UID.
+func (c Container) Owned(uid string) bool { return c.OwnedBy(ManagedByValue, uid) }
+
+// OwnedBy reports whether the container carries managedBy's labels for this
+// UID.
+func (c Container) OwnedBy(managedBy, uid string) bool {
+	return c.Labels[LabelManagedBy] == managedBy && c.Labels[LabelSandboxUID] == uid
 }
 
 func fromInspect(resp container.InspectResponse) Container {
@@ -212,7 +225,7 @@ type ListFilter struct {
 // ListManaged lists containers (running or not) that carry our managed-by
 // label. Containers without it are invisible to this package.
 func (c *Client) ListManaged(ctx context.Context, f ListFilter) ([]Container, error) {
-	args := filters.NewArgs(filters.Arg("label", LabelManagedBy+"="+ManagedByValue))
+	args := filters.NewArgs(filters.Arg("label", LabelManagedBy+"="+c.managedBy))
 	if f.UID != "" {
 		args.Add("label", LabelSandboxUID+"="+f.UID)
 	}
@@ -255,7 +268,7 @@ func (c *Client) Find(ctx context.Context, uid string) (Container, error) {
 		// The name could still be squatted by an unlabelled container, which
 		// would make every create fail; report that clearly.
 		squatter, err := c.Inspect(ctx, ContainerName(uid))
-		if err == nil && !squatter.Owned(uid) {
+		if err == nil && !squatter.OwnedBy(c.managedBy, uid) {
 			return Container{}, fmt.Errorf("%w: container %s holds name %s without our labels", ErrMultipleContainers, ShortID(squatter.ID), ContainerName(uid))
 		}
 		if err != nil && !errors.Is(err, ErrNotFound) {
@@ -423,6 +436,9 @@ func (c *Client) ensureTools(ctx context.Context, imageRef string) error {
 // closed. A container that cannot be started is removed again, so a failed
 // attempt leaves nothing behind.
 func (c *Client) CreateAndStart(ctx context.Context, spec Spec) (Container, error) {
+	if spec.Owner.ManagedBy == "" {
+		spec.Owner.ManagedBy = c.managedBy
+	}
 	cfg, hostCfg, err := BuildContainerConfig(spec)
 	if err != nil {
 		return Container{}, err
@@ -449,7 +465,7 @@ func (c *Client) CreateAndStart(ctx context.Context, spec Spec) (Container, erro
 		if ierr != nil {
 			return Container{}, ierr
 		}
-		if !existing.Owned(s.Owner.UID) {
+		if !existing.OwnedBy(s.Owner.ManagedBy, s.Owner.UID) {
 			return Container{}, fmt.Errorf("%w: container %s holds name %s without our labels", ErrMultipleContainers, ShortID(existing.ID), name)
 		}
 		id = existing.ID
@@ -542,7 +558,7 @@ type Event struct {
 func (c *Client) WatchEvents(ctx context.Context, node string, handle func(Event)) error {
 	args := filters.NewArgs(
 		filters.Arg("type", string(events.ContainerEventType)),
-		filters.Arg("label", LabelManagedBy+"="+ManagedByValue),
+		filters.Arg("label", LabelManagedBy+"="+c.managedBy),
 	)
 	if node != "" {
 		args.Add("label", LabelNode+"="+node)

@@ -13,6 +13,10 @@ const (
 
 	// ManagedByValue marks containers owned by the operator's managers.
 	ManagedByValue = "code-sandbox-operator"
+	// ManagedByMCP marks containers owned by the MCP server's Docker
+	// backend. The operator's orphan collector never sees them, and the MCP
+	// server never sees the operator's.
+	ManagedByMCP = "code-sandbox-mcp"
 
 	// ContainerNamePrefix prefixes the deterministic container name
 	// "<prefix><sandbox UID>".

@@ -54,6 +54,9 @@ const (
 // Owner identifies what a container belongs to. For the operator it is the
 // Sandbox; the UID is the ownership key.
 type Owner struct {
+	// ManagedBy is the value of LabelManagedBy; empty means the client's
+	// (ManagedByValue unless the client was built for another owner).
+	ManagedBy string
 	UID       string
 	Namespace string
 	Name      string
@@ -208,8 +211,12 @@ func parseUser(user string) (uid, gid uint32, err error) {
 
 // Labels returns the ownership labels for a container.
 func (o Owner) Labels() map[string]string {
+	managedBy := o.ManagedBy
+	if managedBy == "" {
+		managedBy = ManagedByValue
+	}
 	return map[string]string{
-		LabelManagedBy:  ManagedByValue,
+		LabelManagedBy:  managedBy,
 		LabelSandboxUID: o.UID,
 		LabelNamespace:  o.Namespace,
 		LabelName:       o.Name,

@@ -1,0 +1,60 @@
+// Package nodeapi is the manager's data plane: an HTTPS API on each node
+// that runs commands in, moves files into and out of, and reads the logs of
+// the Sandboxes on that node. It authenticates callers as kubelet does
+// (TokenReview, or a client certificate from the cluster's client CA) and
+// authorises every request with a SubjectAccessReview on the Sandbox's
+// subresource, so RBAC decides who may exec.
+package nodeapi
+
+import (
+	"github.com/code-sandbox/code-sandbox-operator/internal/execio"
+)
+
+// URL layout. Every path is below
+// /v1/namespaces/{namespace}/sandboxes/{name}/.
+const (
+	PathPrefix = "/v1/namespaces/"
+	// POST, body execio.Request (JSON); response application/x-ndjson Frames.
+	// RBAC: create sandboxes/exec.
+	SubresourceExec = "exec"
+	// PUT ?path=P: body application/x-tar extracts a tree into directory P;
+	// body application/octet-stream writes one file at P (?mode=0644).
+	// Response: execio.TransferStats (JSON). RBAC: create sandboxes/files.
+	// GET ?path=P: response application/x-tar of the file or tree at P, its
+	// entries named below P's base name. RBAC: get sandboxes/files.
+	SubresourceFiles = "files"
+	// GET ?tail=N&follow=true: the container's output, text/plain.
+	// RBAC: get sandboxes/log.
+	SubresourceLog = "log"
+	// GET ?tail=N&follow=true: the exec history, application/x-ndjson of
+	// history.Record. RBAC: get sandboxes/log.
+	SubresourceHistory = "history"
+
+	ContentTypeNDJSON = "application/x-ndjson"
+	ContentTypeTar    = "application/x-tar"
+	ContentTypeBinary = "application/octet-stream"
+
+	// TrailerTransferError carries an error that happened after a download
+	// began streaming (for example the size cap); a client must treat a
+	// download with this trailer set as failed.
+	TrailerTransferError = "Sandbox-Transfer-Error"
+)
+
+// Frame is one line of an exec response. Output frames carry Stream and
+// Data; the last frame carries Result, or Error when the command could not
+// be run to completion.
+type Frame struct {
+	// Stream is "stdout" or "stderr".
+	Stream string `json:"stream,omitempty"`
+	Data   []byte `json:"data,omitempty"`
+	// Result ends a successful exec (whatever the command's exit code).
+	Result *execio.Result `json:"result,omitempty"`
+	// Error ends an exec that failed (Docker unavailable mid-way, …).
+	Error string `json:"error,omitempty"`
+}
+
+// Stream names in frames.
+const (
+	StreamStdout = "stdout"
+	StreamStderr = "stderr"
+)
