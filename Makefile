@@ -45,9 +45,10 @@ fmt: ## Run go fmt.
 	$(GO) fmt ./...
 
 .PHONY: vet
-vet: ## Run go vet (including the e2e and benchmark build tags).
+vet: helper ## Run go vet (including the e2e and benchmark build tags).
 	$(GO) vet ./...
 	$(GO) vet -tags e2e ./test/...
+	$(GO) vet -tags mcp_e2e ./test/...
 
 .PHONY: verify
 verify: manifests generate fmt ## Regenerate everything and fail if the tree changed.
@@ -71,22 +72,41 @@ envtest: ## Provide envtest's kube-apiserver and etcd (cached per user).
 	@hack/setup-envtest.sh >/dev/null
 
 .PHONY: test
-test: manifests generate vet envtest test-images ## Run unit tests and the envtest suite against the real Docker Engine.
+test: manifests generate helper vet envtest test-images ## Run unit tests and the envtest suite against the real Docker Engine.
 	KUBEBUILDER_ASSETS="$$(hack/setup-envtest.sh)" $(GO) test ./... -count=1 -timeout 30m
 
 .PHONY: test-e2e
-test-e2e: build envtest test-images ## Run the end-to-end tests: real binaries against a local control plane.
+test-e2e: helper build envtest test-images ## Run the end-to-end tests: real binaries against a local control plane and Docker.
 	KUBEBUILDER_ASSETS="$$(hack/setup-envtest.sh)" $(GO) test -tags e2e ./test/e2e/... -count=1 -timeout 20m -v
+	$(MAKE) test-e2e-mcp
+
+.PHONY: test-e2e-mcp
+test-e2e-mcp: helper test-images ## Run the MCP server's end-to-end tests on the Docker backend (no cluster needed).
+	$(GO) test -tags mcp_e2e ./test/e2e/... -count=1 -timeout 20m
 
 .PHONY: bench
-bench: envtest test-images ## Run the benchmarks (Sandbox create-to-Ready against raw Docker).
+bench: helper envtest test-images ## Run the benchmarks (Sandbox create-to-Ready against raw Docker).
 	KUBEBUILDER_ASSETS="$$(hack/setup-envtest.sh)" $(GO) test ./test/bench/... -run '^$$' -bench . -benchtime 20x -count=1 -timeout 20m
 
 ##@ Build
 
 .PHONY: build
-build: manifests generate ## Build the manager binary to bin/manager.
+build: manifests generate helper ## Build bin/manager, bin/code-sandbox-mcp and bin/kubectl-sandbox.
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags "$(LDFLAGS)" -o bin/manager ./cmd/manager
+	CGO_ENABLED=0 $(GO) build -trimpath -ldflags "$(LDFLAGS)" -o bin/code-sandbox-mcp ./cmd/code-sandbox-mcp
+	CGO_ENABLED=0 $(GO) build -trimpath -ldflags "$(LDFLAGS)" -o bin/kubectl-sandbox ./cmd/kubectl-sandbox
+
+# The in-sandbox helper, embedded by internal/dockerruntime for every node
+# architecture. Only rebuilt when its sources change.
+HELPER_DIR := internal/dockerruntime/helperbin
+HELPER_BINS := $(HELPER_DIR)/code-sandbox-helper-linux-amd64 $(HELPER_DIR)/code-sandbox-helper-linux-arm64
+HELPER_SRCS := $(shell find cmd/code-sandbox-helper internal/sandboxhelper internal/execio -name '*.go' ! -name '*_test.go') go.mod
+
+.PHONY: helper
+helper: $(HELPER_BINS) ## Build the in-sandbox helper for linux/amd64 and linux/arm64.
+
+$(HELPER_DIR)/code-sandbox-helper-linux-%: $(HELPER_SRCS)
+	CGO_ENABLED=0 GOOS=linux GOARCH=$* $(GO) build -trimpath -ldflags "-s -w -buildid=" -o $@ ./cmd/code-sandbox-helper
 
 # IMG is the manager image that docker-build builds and deploy uses.
 IMG ?= code-sandbox-operator/manager:latest

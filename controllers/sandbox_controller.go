@@ -58,6 +58,21 @@ type Options struct {
 	RetryBackoffMax  time.Duration
 	// SkipNameValidation lets several managers run in one process (tests).
 	SkipNameValidation bool
+	// AgentEndpoint ("https://HOST:PORT") and AgentCertSHA256 (lowercase hex
+	// SHA-256 of the node API's serving certificate) are published in the
+	// status of every running Sandbox of this node, so that clients find the
+	// node API and can pin its certificate. Empty when the node API is off.
+	AgentEndpoint   string
+	AgentCertSHA256 string
+	// History, when set, loses a Sandbox's exec history once its container
+	// is gone for good.
+	History HistoryDeleter
+}
+
+// HistoryDeleter forgets the exec history of one Sandbox, keyed by its UID.
+// *history.Store implements it.
+type HistoryDeleter interface {
+	Delete(key string) error
 }
 
 func (o *Options) defaults() {
@@ -380,6 +395,8 @@ func (r *SandboxReconciler) finalize(ctx context.Context, sbx *sandboxv1alpha1.S
 		}
 		return ctrl.Result{}, err
 	}
+	// Before the finalizer goes, so that a crash in between retries it.
+	r.deleteHistory(ctx, sbx)
 	controllerutil.RemoveFinalizer(sbx, Finalizer)
 	if err := r.client.Update(ctx, sbx); err != nil && !apierrors.IsNotFound(err) {
 		return ctrl.Result{}, ignoreConflict(fmt.Errorf("removing finalizer: %w", err))
@@ -390,7 +407,30 @@ func (r *SandboxReconciler) finalize(ctx context.Context, sbx *sandboxv1alpha1.S
 	return ctrl.Result{}, nil
 }
 
+// deleteHistory drops the exec history of a Sandbox whose container is gone.
+// A failure is logged, not retried: a leftover history file must not keep a
+// Sandbox stuck in Terminating.
+func (r *SandboxReconciler) deleteHistory(ctx context.Context, sbx *sandboxv1alpha1.Sandbox) {
+	if r.opts.History == nil {
+		return
+	}
+	if err := r.opts.History.Delete(string(sbx.UID)); err != nil {
+		logf.FromContext(ctx).Error(err, "deleting exec history")
+	}
+}
+
+// setReady sets the Ready condition. It is also the one place that publishes
+// the node API endpoint: only a running Sandbox advertises it, and always
+// this manager's current values, so a manager restarted with a new
+// certificate corrects every Sandbox on its next resync.
 func (r *SandboxReconciler) setReady(sbx *sandboxv1alpha1.Sandbox, status metav1.ConditionStatus, reason, message string) {
+	if status == metav1.ConditionTrue {
+		sbx.Status.AgentEndpoint = r.opts.AgentEndpoint
+		sbx.Status.AgentCertSHA256 = r.opts.AgentCertSHA256
+	} else {
+		sbx.Status.AgentEndpoint = ""
+		sbx.Status.AgentCertSHA256 = ""
+	}
 	meta.SetStatusCondition(&sbx.Status.Conditions, metav1.Condition{
 		Type:               string(sandboxv1alpha1.SandboxConditionReady),
 		Status:             status,

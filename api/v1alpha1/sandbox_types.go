@@ -300,6 +300,22 @@ type SandboxStatus struct {
 	// ObservedGeneration is the spec generation the status describes.
 	// +optional
 	ObservedGeneration int64 `json:"observedGeneration,omitempty"`
+
+	// AgentEndpoint is the node API that runs commands in, moves files into
+	// and out of, and reads the logs of this Sandbox, as https://HOST:PORT.
+	// It is set while the Sandbox is Ready and its node serves the API, and
+	// cleared otherwise.
+	// +kubebuilder:validation:MaxLength=512
+	// +optional
+	AgentEndpoint string `json:"agentEndpoint,omitempty"`
+
+	// AgentCertSHA256 is the lowercase hex SHA-256 of the DER encoding of
+	// the node API's serving certificate. Clients pin it to authenticate the
+	// endpoint: only the managers' ServiceAccount may write a Sandbox's
+	// status, so this value is as trustworthy as the API server itself.
+	// +kubebuilder:validation:Pattern=`^([0-9a-f]{64})?$`
+	// +optional
+	AgentCertSHA256 string `json:"agentCertSHA256,omitempty"`
 }
 
 // +kubebuilder:object:root=true
@@ -309,6 +325,7 @@ type SandboxStatus struct {
 // +kubebuilder:printcolumn:name="Reason",type=string,JSONPath=`.status.conditions[?(@.type=="Ready")].reason`
 // +kubebuilder:printcolumn:name="Image",type=string,JSONPath=`.spec.image`
 // +kubebuilder:printcolumn:name="Node",type=string,JSONPath=`.status.nodeName`
+// +kubebuilder:printcolumn:name="Endpoint",type=string,JSONPath=`.status.agentEndpoint`,priority=1
 // +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
 
 // Sandbox is a disposable, hardened Docker container for running untrusted

@@ -14,12 +14,17 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"net"
 	"net/http"
 	"os"
+	"path/filepath"
+	"strconv"
 	"time"
 
+	"k8s.io/apimachinery/pkg/api/resource"
 	"k8s.io/apimachinery/pkg/runtime"
 	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
+	"k8s.io/client-go/kubernetes"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/utils/clock"
 	ctrl "sigs.k8s.io/controller-runtime"
@@ -30,6 +35,9 @@ import (
 	sandboxv1alpha1 "github.com/code-sandbox/code-sandbox-operator/api/v1alpha1"
 	"github.com/code-sandbox/code-sandbox-operator/controllers"
 	"github.com/code-sandbox/code-sandbox-operator/internal/dockerruntime"
+	"github.com/code-sandbox/code-sandbox-operator/internal/execio"
+	"github.com/code-sandbox/code-sandbox-operator/internal/history"
+	"github.com/code-sandbox/code-sandbox-operator/internal/nodeapi"
 	"github.com/code-sandbox/code-sandbox-operator/internal/version"
 )
 
@@ -60,6 +68,8 @@ func run() error {
 		metricsAddr      string
 		probeAddr        string
 		showVersion      bool
+		stateDir         string
+		nodeAPI          nodeAPIFlags
 	)
 	flag.StringVar(&nodeName, "node-name", os.Getenv("NODE_NAME"), "Name of the node this manager runs on (default $NODE_NAME). Required.")
 	flag.StringVar(&dockerHost, "docker-host", os.Getenv("DOCKER_HOST"), "Docker Engine endpoint (default $DOCKER_HOST, else unix:///var/run/docker.sock).")
@@ -72,6 +82,8 @@ func run() error {
 	flag.StringVar(&metricsAddr, "metrics-bind-address", ":8080", "Address of the Prometheus metrics endpoint; 0 disables it.")
 	flag.StringVar(&probeAddr, "health-probe-bind-address", ":8081", "Address of the /healthz and /readyz endpoints.")
 	flag.BoolVar(&showVersion, "version", false, "Print the version and exit.")
+	flag.StringVar(&stateDir, "state-dir", "/var/lib/code-sandbox-operator", "Directory for the manager's state on the node (exec history under history/).")
+	nodeAPI.bind(flag.CommandLine)
 	zapOpts := zap.Options{}
 	zapOpts.BindFlags(flag.CommandLine)
 	flag.Parse()
@@ -99,6 +111,10 @@ func run() error {
 	if err != nil {
 		return fmt.Errorf("loading kubeconfig: %w", err)
 	}
+	hist, err := history.New(filepath.Join(stateDir, "history"), 0)
+	if err != nil {
+		return fmt.Errorf("--state-dir %s: %w", stateDir, err)
+	}
 	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
 		Scheme:                 scheme,
 		Metrics:                metricsserver.Options{BindAddress: metricsAddr},
@@ -111,12 +127,55 @@ func run() error {
 		return fmt.Errorf("creating manager: %w", err)
 	}
 
+	// The node API listens before the controller starts, so that the
+	// endpoint every Running Sandbox advertises carries the real port.
+	api, err := nodeAPI.listen(nodeName)
+	if err != nil {
+		return err
+	}
+	if api.listener != nil {
+		cs, err := kubernetes.NewForConfig(cfg)
+		if err != nil {
+			return fmt.Errorf("creating clientset for the node API: %w", err)
+		}
+		auth, err := nodeapi.NewDelegatingAuth(cs, nodeapi.AuthOptions{ClientCAFile: nodeAPI.clientCAFile})
+		if err != nil {
+			return err
+		}
+		server, err := nodeapi.NewServer(nodeapi.Config{
+			NodeName:           nodeName,
+			Sandboxes:          mgr.GetClient(),
+			APIReader:          mgr.GetAPIReader(),
+			Runtime:            docker,
+			History:            hist,
+			Authenticator:      auth.Authenticator,
+			Authorizer:         auth.Authorizer,
+			ExecOutputLimit:    nodeAPI.execOutputLimit.Value(),
+			FileTransferLimit:  nodeAPI.fileTransferLimit.Value(),
+			MaxExecsPerSandbox: nodeAPI.maxExecsPerSandbox,
+			MaxExecs:           nodeAPI.maxExecs,
+		})
+		if err != nil {
+			return err
+		}
+		if err := mgr.Add(auth); err != nil {
+			return err
+		}
+		if err := mgr.Add(nodeapi.NewRunnable(api.listener, server, api.cert, auth.RequestsClientCerts())); err != nil {
+			return err
+		}
+		log.Info("node API", "endpoint", api.endpoint, "certSHA256", api.cert.SHA256, "listen", api.listener.Addr().String())
+	}
+
 	reconciler, err := controllers.NewSandboxReconciler(mgr.GetClient(), mgr.GetAPIReader(), docker,
 		mgr.GetEventRecorder("sandbox-manager-"+nodeName), clock.RealClock{}, controllers.Options{
 			NodeName:                nodeName,
 			MaxSandboxes:            maxSandboxes,
 			StopGracePeriod:         stopGrace,
 			MaxConcurrentReconciles: concurrency,
+			AgentEndpoint:           api.endpoint,
+			AgentCertSHA256:         api.cert.SHA256,
+			History:                 hist,
 		})
 	if err != nil {
 		return err
@@ -138,4 +197,100 @@ func run() error {
 
 	log.Info("starting manager", "version", version.Version, "node", nodeName, "docker", docker.Host(), "maxSandboxes", maxSandboxes)
 	return mgr.Start(ctrl.SetupSignalHandler())
+}
+
+// nodeAPIFlags configure the node API.
+type nodeAPIFlags struct {
+	bindAddress        string
+	certDir            string
+	advertiseAddress   string
+	clientCAFile       string
+	execOutputLimit    resource.Quantity
+	fileTransferLimit  resource.Quantity
+	maxExecsPerSandbox int
+	maxExecs           int
+}
+
+func (f *nodeAPIFlags) bind(fs *flag.FlagSet) {
+	advertise := os.Getenv("POD_IP")
+	f.execOutputLimit = *resource.NewQuantity(execio.DefaultOutputLimit, resource.BinarySI)
+	f.fileTransferLimit = *resource.NewQuantity(execio.DefaultUploadLimit, resource.BinarySI)
+	fs.StringVar(&f.bindAddress, "node-api-bind-address", ":9443", "Address of the node API (HTTPS: exec, files, logs); 0 disables it.")
+	fs.StringVar(&f.certDir, "node-api-cert-dir", "", "Directory with tls.crt and tls.key for the node API; empty generates a self-signed certificate at start.")
+	fs.StringVar(&f.advertiseAddress, "node-api-advertise-address", advertise, "Host or IP clients use to reach the node API, published in status.agentEndpoint (default $POD_IP, else the node name).")
+	fs.StringVar(&f.clientCAFile, "node-api-client-ca-file", "", "CA bundle; client certificates it signed authenticate as their CommonName (groups: Organizations), as kubelet's --client-ca-file.")
+	fs.Var(&quantityFlag{&f.execOutputLimit}, "exec-output-limit", "Largest output of one exec, per stream (stdout and stderr each); a request may ask for less.")
+	fs.Var(&quantityFlag{&f.fileTransferLimit}, "file-transfer-limit", "Largest file content of one upload or download.")
+	fs.IntVar(&f.maxExecsPerSandbox, "max-execs-per-sandbox", nodeapi.DefaultMaxExecsPerSandbox, "Concurrent execs and file transfers per Sandbox; more are refused with 429.")
+	fs.IntVar(&f.maxExecs, "max-execs", 0, "Concurrent execs and file transfers on this node; 0 means no node-wide limit.")
+}
+
+// nodeAPIListener is the bound node API: its listener (nil when disabled),
+// the certificate it serves and the endpoint Sandboxes advertise.
+type nodeAPIListener struct {
+	listener net.Listener
+	cert     nodeapi.ServingCert
+	endpoint string
+}
+
+func (f *nodeAPIFlags) listen(nodeName string) (nodeAPIListener, error) {
+	if f.bindAddress == "0" || f.bindAddress == "" {
+		return nodeAPIListener{}, nil
+	}
+	if f.execOutputLimit.Value() < 1 || f.execOutputLimit.Value() > execio.MaxOutputLimit {
+		return nodeAPIListener{}, fmt.Errorf("--exec-output-limit must be between 1 and %d bytes, got %s", execio.MaxOutputLimit, f.execOutputLimit.String())
+	}
+	if f.fileTransferLimit.Value() < 1 {
+		return nodeAPIListener{}, fmt.Errorf("--file-transfer-limit must be positive, got %s", f.fileTransferLimit.String())
+	}
+	if f.maxExecsPerSandbox < 1 {
+		return nodeAPIListener{}, fmt.Errorf("--max-execs-per-sandbox must be at least 1, got %d", f.maxExecsPerSandbox)
+	}
+	advertise := f.advertiseAddress
+	if advertise == "" {
+		advertise = nodeName
+	}
+	var (
+		cert nodeapi.ServingCert
+		err  error
+	)
+	if f.certDir != "" {
+		cert, err = nodeapi.LoadServingCert(f.certDir)
+	} else {
+		// A fresh key on every start: the pin in each Sandbox's status is
+		// updated on the resync that follows.
+		cert, err = nodeapi.GenerateServingCert(nodeapi.CertHosts(advertise, nodeName), 365*24*time.Hour)
+	}
+	if err != nil {
+		return nodeAPIListener{}, err
+	}
+	l, err := net.Listen("tcp", f.bindAddress)
+	if err != nil {
+		return nodeAPIListener{}, fmt.Errorf("--node-api-bind-address %s: %w", f.bindAddress, err)
+	}
+	port := l.Addr().(*net.TCPAddr).Port
+	return nodeAPIListener{
+		listener: l,
+		cert:     cert,
+		endpoint: "https://" + net.JoinHostPort(advertise, strconv.Itoa(port)),
+	}, nil
+}
+
+// quantityFlag reads sizes such as 1Mi or 100Mi.
+type quantityFlag struct{ q *resource.Quantity }
+
+func (f *quantityFlag) String() string {
+	if f.q == nil {
+		return ""
+	}
+	return f.q.String()
+}
+
+func (f *quantityFlag) Set(v string) error {
+	q, err := resource.ParseQuantity(v)
+	if err != nil {
+		return err
+	}
+	*f.q = q
+	return nil
 }

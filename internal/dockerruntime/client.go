@@ -16,9 +16,11 @@ import (
 	"runtime"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	cerrdefs "github.com/containerd/errdefs"
+	"github.com/docker/docker/api/types"
 	"github.com/docker/docker/api/types/container"
 	"github.com/docker/docker/api/types/events"
 	"github.com/docker/docker/api/types/filters"
@@ -68,6 +70,8 @@ type Options struct {
 type Client struct {
 	docker      *client.Client
 	managedBy   string
+	negotiated  atomic.Bool
+	negotiateMu sync.Mutex
 	callTimeout time.Duration
 	pullTimeout time.Duration
 
@@ -111,7 +115,31 @@ func (c *Client) Close() error { return c.docker.Close() }
 func (c *Client) Host() string { return c.docker.DaemonHost() }
 
 func (c *Client) bounded(ctx context.Context) (context.Context, context.CancelFunc) {
-	return context.WithTimeout(ctx, c.callTimeout)
+	ctx, cancel := context.WithTimeout(ctx, c.callTimeout)
+	c.negotiate(ctx)
+	return ctx, cancel
+}
+
+// negotiate settles the API version before concurrent use. The Docker
+// client negotiates lazily on its first request, but some of its methods
+// read the version without its lock, so concurrent first requests race.
+// Until a negotiation succeeds, each call retries it (the daemon may come
+// up later); afterwards this is one atomic load.
+func (c *Client) negotiate(ctx context.Context) {
+	if c.negotiated.Load() {
+		return
+	}
+	c.negotiateMu.Lock()
+	defer c.negotiateMu.Unlock()
+	if c.negotiated.Load() {
+		return
+	}
+	ping, err := c.docker.Ping(ctx)
+	if err != nil {
+		return
+	}
+	c.docker.NegotiateAPIVersionPing(ping)
+	c.negotiated.Store(true)
 }
 
 // classify maps transport failures to ErrUnavailable and Docker's typed
@@ -360,9 +388,10 @@ func drainPull(rc io.ReadCloser) error {
 	return nil
 }
 
-// ensureTools creates and fills the read-only tools volume once per process.
-// It uses a never-started container of the sandbox's own image as the copy
-// target, because Docker only copies into volumes through a container.
+// ensureTools creates and fills the read-only tools volume (idle process and
+// helper) once per process, and re-checks it on every create. It uses a
+// never-started container of the sandbox's own image as the copy target,
+// because Docker only copies into volumes through a container.
 func (c *Client) ensureTools(ctx context.Context, imageRef string) error {
 	c.toolsMu.Lock()
 	defer c.toolsMu.Unlock()
@@ -370,6 +399,14 @@ func (c *Client) ensureTools(ctx context.Context, imageRef string) error {
 	if err != nil {
 		return err
 	}
+	helper, err := helperBinary(runtime.GOARCH)
+	if err != nil {
+		return err
+	}
+	files := []struct {
+		name string
+		data []byte
+	}{{"idle", elf}, {"helper", helper}}
 	name := toolsVolumeName()
 	ctx, cancel := c.bounded(ctx)
 	defer cancel()
@@ -394,36 +431,45 @@ func (c *Client) ensureTools(ctx context.Context, imageRef string) error {
 	if err != nil {
 		return classify(err, "creating tools volume")
 	}
-	helper, err := c.docker.ContainerCreate(ctx,
+	filler, err := c.docker.ContainerCreate(ctx,
 		&container.Config{Image: imageRef, Entrypoint: []string{IdleProcessPath}, Labels: map[string]string{LabelManagedBy: ManagedByValue + "-tools"}},
 		&container.HostConfig{
 			NetworkMode: NetworkNone,
 			Mounts:      []mount.Mount{{Type: mount.TypeVolume, Source: name, Target: toolsMountPath, VolumeOptions: &mount.VolumeOptions{NoCopy: true}}},
 		}, nil, nil, "")
 	if err != nil {
-		return classify(err, "creating tools helper container")
+		return classify(err, "creating tools filler container")
 	}
 	defer func() {
 		rctx, rcancel := context.WithTimeout(context.WithoutCancel(ctx), c.callTimeout)
 		defer rcancel()
-		_ = c.docker.ContainerRemove(rctx, helper.ID, container.RemoveOptions{Force: true})
+		_ = c.docker.ContainerRemove(rctx, filler.ID, container.RemoveOptions{Force: true})
 	}()
-	if stat, err := c.docker.ContainerStatPath(ctx, helper.ID, IdleProcessPath); err == nil && stat.Size == int64(len(elf)) {
+	filled := true
+	for _, f := range files {
+		stat, err := c.docker.ContainerStatPath(ctx, filler.ID, toolsMountPath+"/"+f.name)
+		if err != nil || stat.Size != int64(len(f.data)) {
+			filled = false
+		}
+	}
+	if filled {
 		c.toolsCreatedAt = vol.CreatedAt
 		return nil
 	}
 	var buf bytes.Buffer
 	tw := tar.NewWriter(&buf)
-	if err := tw.WriteHeader(&tar.Header{Name: "idle", Mode: 0o555, Size: int64(len(elf)), Typeflag: tar.TypeReg}); err != nil {
-		return err
-	}
-	if _, err := tw.Write(elf); err != nil {
-		return err
+	for _, f := range files {
+		if err := tw.WriteHeader(&tar.Header{Name: f.name, Mode: 0o555, Size: int64(len(f.data)), Typeflag: tar.TypeReg}); err != nil {
+			return fmt.Errorf("packing %s for the tools volume: %w", f.name, err)
+		}
+		if _, err := tw.Write(f.data); err != nil {
+			return fmt.Errorf("packing %s for the tools volume: %w", f.name, err)
+		}
 	}
 	if err := tw.Close(); err != nil {
-		return err
+		return fmt.Errorf("packing the tools volume: %w", err)
 	}
-	if err := c.docker.CopyToContainer(ctx, helper.ID, toolsMountPath, &buf, container.CopyToContainerOptions{}); err != nil {
+	if err := c.docker.CopyToContainer(ctx, filler.ID, toolsMountPath, &buf, container.CopyToContainerOptions{}); err != nil {
 		return classify(err, "filling tools volume")
 	}
 	c.toolsCreatedAt = vol.CreatedAt
@@ -447,10 +493,8 @@ func (c *Client) CreateAndStart(ctx context.Context, spec Spec) (Container, erro
 	if err := c.EnsureImage(ctx, s.Image, s.PullPolicy); err != nil {
 		return Container{}, err
 	}
-	if len(s.Command) == 0 {
-		if err := c.ensureTools(ctx, s.Image); err != nil {
-			return Container{}, err
-		}
+	if err := c.ensureTools(ctx, s.Image); err != nil {
+		return Container{}, err
 	}
 	name := ContainerName(s.Owner.UID)
 	cctx, cancel := c.bounded(ctx)
@@ -566,6 +610,7 @@ func (c *Client) WatchEvents(ctx context.Context, node string, handle func(Event
 	for _, action := range []events.Action{events.ActionStart, events.ActionDie, events.ActionOOM, events.ActionDestroy, events.ActionCreate} {
 		args.Add("event", string(action))
 	}
+	c.negotiate(ctx)
 	msgs, errs := c.docker.Events(ctx, events.ListOptions{Filters: args})
 	for {
 		select {
@@ -605,12 +650,38 @@ type ExecResult struct {
 
 // Exec runs a command in a running sandbox as the sandbox's user and streams
 // its output to stdout and stderr as it arrives. The command is passed as
-// argv; nothing is interpreted by a shell on the host.
+// argv; nothing is interpreted by a shell on the host. Unlike RunCommand it
+// has no timeout of its own and cannot kill what it started: ending ctx only
+// stops waiting.
 func (c *Client) Exec(ctx context.Context, id string, opts ExecOptions, stdout, stderr io.Writer) (ExecResult, error) {
-	if len(opts.Cmd) == 0 {
-		return ExecResult{}, fmt.Errorf("%w: exec needs a command", ErrInvalidSpec)
-	}
 	start := time.Now()
+	execID, attach, err := c.startExec(ctx, id, opts)
+	if err != nil {
+		return ExecResult{}, err
+	}
+	defer attach.Close()
+	copyDone := make(chan error, 1)
+	go func() { copyDone <- copyExecOutput(attach.Reader, stdout, stderr) }()
+	select {
+	case <-ctx.Done():
+		attach.Close()
+		// The caller's deadline or cancellation, not a Docker failure.
+		return ExecResult{Duration: time.Since(start)}, fmt.Errorf("running exec in %s: %w", ShortID(id), ctx.Err())
+	case err := <-copyDone:
+		if err != nil {
+			return ExecResult{Duration: time.Since(start)}, classify(err, "reading exec output")
+		}
+	}
+	code, err := c.execExitCode(ctx, execID)
+	return ExecResult{ExitCode: code, Duration: time.Since(start)}, err
+}
+
+// startExec creates and attaches an exec, and starts feeding opts.Stdin (then
+// closing the exec's stdin) in the background.
+func (c *Client) startExec(ctx context.Context, id string, opts ExecOptions) (string, types.HijackedResponse, error) {
+	if len(opts.Cmd) == 0 {
+		return "", types.HijackedResponse{}, fmt.Errorf("%w: exec needs a command", ErrInvalidSpec)
+	}
 	cctx, cancel := c.bounded(ctx)
 	created, err := c.docker.ContainerExecCreate(cctx, id, container.ExecOptions{
 		Cmd:          opts.Cmd,
@@ -622,47 +693,54 @@ func (c *Client) Exec(ctx context.Context, id string, opts ExecOptions, stdout, 
 	})
 	cancel()
 	if err != nil {
-		return ExecResult{}, classify(err, "creating exec in "+ShortID(id))
+		return "", types.HijackedResponse{}, classify(err, "creating exec in "+ShortID(id))
 	}
 	attach, err := c.docker.ContainerExecAttach(ctx, created.ID, container.ExecAttachOptions{})
 	if err != nil {
-		return ExecResult{}, classify(err, "attaching to exec in "+ShortID(id))
+		return "", types.HijackedResponse{}, classify(err, "attaching to exec in "+ShortID(id))
 	}
-	defer attach.Close()
 	if opts.Stdin != nil {
 		go func() {
 			_, _ = io.Copy(attach.Conn, opts.Stdin)
 			_ = attach.CloseWrite()
 		}()
 	}
+	return created.ID, attach, nil
+}
+
+// copyExecOutput demultiplexes an exec's stream. stdcopy's buffer grows only
+// to the largest frame, and the daemon's frames are at most 32 KiB.
+func copyExecOutput(r io.Reader, stdout, stderr io.Writer) error {
 	if stdout == nil {
 		stdout = io.Discard
 	}
 	if stderr == nil {
 		stderr = io.Discard
 	}
-	copyDone := make(chan error, 1)
-	go func() {
-		_, err := stdcopy.StdCopy(stdout, stderr, attach.Reader)
-		copyDone <- err
-	}()
-	select {
-	case <-ctx.Done():
-		attach.Close()
-		// The caller's deadline or cancellation, not a Docker failure.
-		return ExecResult{Duration: time.Since(start)}, fmt.Errorf("running exec in %s: %w", ShortID(id), ctx.Err())
-	case err := <-copyDone:
+	_, err := stdcopy.StdCopy(stdout, stderr, r)
+	return err
+}
+
+// execExitCode reads an exec's exit code. The output stream can end a moment
+// before the daemon records the exit, so a still-running exec is polled
+// briefly.
+func (c *Client) execExitCode(ctx context.Context, execID string) (int, error) {
+	ctx, cancel := c.bounded(ctx)
+	defer cancel()
+	for {
+		inspect, err := c.docker.ContainerExecInspect(ctx, execID)
 		if err != nil {
-			return ExecResult{Duration: time.Since(start)}, classify(err, "reading exec output")
+			return 0, classify(err, "inspecting exec")
+		}
+		if !inspect.Running {
+			return inspect.ExitCode, nil
+		}
+		select {
+		case <-ctx.Done():
+			return 0, classify(ctx.Err(), "waiting for the exit code of exec "+ShortID(execID))
+		case <-time.After(10 * time.Millisecond):
 		}
 	}
-	ictx, cancel := c.bounded(ctx)
-	defer cancel()
-	inspect, err := c.docker.ContainerExecInspect(ictx, created.ID)
-	if err != nil {
-		return ExecResult{Duration: time.Since(start)}, classify(err, "inspecting exec")
-	}
-	return ExecResult{ExitCode: inspect.ExitCode, Duration: time.Since(start)}, nil
 }
 
 // LogsOptions select container output.
@@ -679,6 +757,7 @@ func (c *Client) Logs(ctx context.Context, id string, opts LogsOptions, stdout, 
 	if opts.Tail > 0 {
 		tail = fmt.Sprint(opts.Tail)
 	}
+	c.negotiate(ctx)
 	rc, err := c.docker.ContainerLogs(ctx, id, container.LogsOptions{ShowStdout: true, ShowStderr: true, Tail: tail, Follow: opts.Follow})
 	if err != nil {
 		return classify(err, "reading logs of "+ShortID(id))

@@ -2,9 +2,7 @@ package dockerruntime
 
 import (
 	"bytes"
-	"crypto/sha256"
 	"encoding/binary"
-	"encoding/hex"
 	"fmt"
 	"runtime"
 
@@ -12,9 +10,11 @@ import (
 )
 
 // A sandbox must stay up even when its image has no shell and no sleep, so
-// the manager supplies its own idle process. The root filesystem is read-only
-// and Docker cannot copy into a container's tmpfs, so the binary lives in a
-// small named volume that every sandbox mounts read-only.
+// the manager supplies its own idle process; and every command and file
+// transfer goes through the manager's helper (see HelperPath). The root
+// filesystem is read-only and Docker cannot copy into a container's tmpfs, so
+// both binaries live in a small named volume that every sandbox mounts
+// read-only.
 const (
 	toolsMountPath = "/.code-sandbox"
 	// IdleProcessPath is the sandbox's entrypoint when spec.command is empty.
@@ -90,16 +90,14 @@ func idleELF(goarch string) ([]byte, error) {
 	return b.Bytes(), nil
 }
 
-// toolsVolumeName names the volume after its content, so a manager upgrade
-// that changes the tools uses a fresh volume instead of rewriting files that
-// running sandboxes execute.
+// toolsVolumeName names the volume after its content (the idle process and
+// the helper), so a manager upgrade that changes the tools uses a fresh
+// volume instead of rewriting files that running sandboxes execute.
 func toolsVolumeName() string {
-	elf, err := idleELF(runtime.GOARCH)
-	if err != nil {
+	if _, err := idleELF(runtime.GOARCH); err != nil {
 		return "code-sandbox-tools-unsupported"
 	}
-	sum := sha256.Sum256(elf)
-	return "code-sandbox-tools-" + hex.EncodeToString(sum[:6])
+	return "code-sandbox-tools-" + toolsContentHash(runtime.GOARCH)
 }
 
 func toolsMount() mount.Mount {

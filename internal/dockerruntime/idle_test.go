@@ -102,9 +102,14 @@ var _ = Describe("idleELF", Label("unit"), func() {
 		Entry("empty", ""),
 	)
 
-	It("names the tools volume after its content", func() {
+	It("names the tools volume after its content, the helper included", func() {
 		name := toolsVolumeName()
 		Expect(name).To(MatchRegexp(`^code-sandbox-tools-[0-9a-f]{12}$`))
+		helper, err := helperBinary(runtime.GOARCH)
+		Expect(err).NotTo(HaveOccurred(), "run `make helper` first")
+		Expect(len(helper)).To(BeNumerically(">", 100<<10))
+		_, err = helperBinary("riscv64")
+		Expect(err).To(MatchError("the sandbox helper for linux/riscv64 is not embedded in this build; run `make helper`"))
 		Expect(toolsVolumeName()).To(Equal(name))
 		m := toolsMount()
 		Expect(m.ReadOnly).To(BeTrue())

@@ -10,6 +10,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"io"
 	"net"
 	"os"
 	"path/filepath"
@@ -17,6 +18,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/code-sandbox/code-sandbox-operator/internal/execio"
 	"github.com/docker/docker/api/types/container"
 	"github.com/docker/docker/api/types/filters"
 	. "github.com/onsi/ginkgo/v2"
@@ -345,6 +347,18 @@ var _ = Describe("Docker unavailable (F6)", Label("docker"), func() {
 			"Start":             func(ctx context.Context) error { return c.Start(ctx, "0123456789ab") },
 			"Exec": func(ctx context.Context) error {
 				_, err := c.Exec(ctx, "0123456789ab", ExecOptions{Cmd: []string{"true"}}, nil, nil)
+				return err
+			},
+			"RunCommand": func(ctx context.Context) error {
+				_, err := c.RunCommand(ctx, "0123456789ab", execio.Request{Command: []string{"true"}}, nil, nil)
+				return err
+			},
+			"CopyIn": func(ctx context.Context) error {
+				_, err := c.CopyIn(ctx, "0123456789ab", execio.Target{Root: "/app"}, strings.NewReader(""), execio.UploadLimits{})
+				return err
+			},
+			"CopyOut": func(ctx context.Context) error {
+				_, err := c.CopyOut(ctx, "0123456789ab", execio.Target{Root: "/app", Rel: "x"}, io.Discard, 0)
 				return err
 			},
 		}

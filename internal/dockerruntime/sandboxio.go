@@ -1,11 +1,31 @@
 package dockerruntime
 
 import (
+	"archive/tar"
+	"bytes"
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
+	"fmt"
 	"io"
+	"strconv"
+	"time"
 
 	"github.com/code-sandbox/code-sandbox-operator/internal/execio"
+)
+
+const (
+	// helperBackstopGrace is how long after a command's timeout the helper
+	// kills the tree by itself. It only matters when the manager is gone or
+	// cannot start the kill exec (a sandbox at its pids limit); normally
+	// the manager's kill comes first.
+	helperBackstopGrace = 3 * time.Second
+	// helperStderrMax bounds what is kept of a transfer helper's stderr.
+	helperStderrMax = 64 << 10
+	// downloadHeaderAllowance is the tar framing (headers, padding, long
+	// names) a download may carry on top of its maxBytes of file content.
+	downloadHeaderAllowance int64 = 16 << 20
 )
 
 // RunCommand runs req in the running sandbox container id, as the sandbox's
@@ -14,19 +34,276 @@ import (
 // marker. When the timeout fires, or ctx ends, the command's whole process
 // tree is killed; a timeout is reported in the Result, a cancellation as
 // ctx's error.
+//
+// The command's background children that outlive it (`server &`) are left
+// running once its output has drained (or 150 ms after it exited); they are
+// no longer killed by this call.
 func (c *Client) RunCommand(ctx context.Context, id string, req execio.Request, stdout, stderr io.Writer) (execio.Result, error) {
-	return execio.Result{}, errors.New("RunCommand: not implemented yet")
+	req, err := req.Normalize()
+	if err != nil {
+		return execio.Result{}, err
+	}
+	if stdout == nil {
+		stdout = io.Discard
+	}
+	if stderr == nil {
+		stderr = io.Discard
+	}
+	runID := newRunID()
+	timeout := req.Timeout()
+	backstop := int64((timeout + helperBackstopGrace + time.Second - 1) / time.Second)
+	argv := append([]string{HelperPath, "run", "--id=" + runID, "--backstop=" + strconv.FormatInt(backstop, 10), "--"}, req.Argv()...)
+	opts := ExecOptions{Cmd: argv, WorkingDir: req.WorkingDir, Env: req.Env}
+	if req.Stdin != nil {
+		opts.Stdin = bytes.NewReader(req.Stdin)
+	}
+	execID, attach, err := c.startExec(ctx, id, opts)
+	if err != nil {
+		return execio.Result{}, err
+	}
+	defer attach.Close()
+	start := time.Now()
+	outCap := execio.NewCapWriter(stdout, req.OutputLimitBytes, "stdout")
+	errCap := execio.NewCapWriter(stderr, req.OutputLimitBytes, "stderr")
+	copyDone := make(chan error, 1)
+	go func() { copyDone <- copyExecOutput(attach.Reader, outCap, errCap) }()
+
+	timer := time.NewTimer(timeout)
+	defer timer.Stop()
+	var (
+		res       execio.Result
+		cancelled error
+		copyErr   error
+		finished  bool
+	)
+	select {
+	case copyErr = <-copyDone:
+		// The helper ended, or the caller's writer or Docker failed; in the
+		// latter cases the tree may still run and is killed below.
+		finished = copyErr == nil
+	case <-timer.C:
+		res.TimedOut = true
+	case <-ctx.Done():
+		cancelled = ctx.Err()
+	}
+	if !finished {
+		// The caller may be gone; the kill must still happen.
+		killErr := c.killRun(context.WithoutCancel(ctx), id, runID)
+		if copyErr == nil {
+			select {
+			case copyErr = <-copyDone:
+			case <-time.After(helperBackstopGrace + c.callTimeout):
+				attach.Close()
+				<-copyDone
+				res.DurationMillis = time.Since(start).Milliseconds()
+				return res, fmt.Errorf("command %s in sandbox %s did not end after being killed (kill: %v)", runID, ShortID(id), killErr)
+			}
+		}
+	}
+	res.DurationMillis = time.Since(start).Milliseconds()
+	res.StdoutBytes, res.StdoutTruncated = outCap.Written(), outCap.Truncated()
+	res.StderrBytes, res.StderrTruncated = errCap.Written(), errCap.Truncated()
+	if cancelled != nil {
+		return res, fmt.Errorf("running command in sandbox %s: %w", ShortID(id), cancelled)
+	}
+	if copyErr != nil {
+		return res, classify(copyErr, "streaming command output from "+ShortID(id))
+	}
+	res.ExitCode, err = c.execExitCode(context.WithoutCancel(ctx), execID)
+	return res, err
+}
+
+// killRun kills the process tree of one RunCommand through a second exec:
+// Docker cannot kill an exec (moby#9098).
+func (c *Client) killRun(ctx context.Context, id, runID string) error {
+	ctx, cancel := c.bounded(ctx)
+	defer cancel()
+	stderr := &boundedBuffer{max: helperStderrMax}
+	res, err := c.Exec(ctx, id, ExecOptions{Cmd: []string{HelperPath, "kill", runID}}, io.Discard, stderr)
+	if err != nil {
+		return err
+	}
+	if res.ExitCode != 0 {
+		return helperFailure("killing "+runID, res.ExitCode, stderr.buf.Bytes())
+	}
+	return nil
+}
+
+func newRunID() string {
+	b := make([]byte, 12)
+	_, _ = rand.Read(b)
+	return "run-" + hex.EncodeToString(b)
 }
 
 // CopyIn extracts a tar stream into dest inside the sandbox. Only regular
 // files and directories are accepted; the helper opens every path beneath
 // dest.Root and never follows a symlink out of it.
+//
+// The archive is sanitised on the way (execio.SanitizeTar) and checked again
+// by the helper. Extraction is streamed, so an archive rejected part way
+// leaves the entries before the offending one extracted.
 func (c *Client) CopyIn(ctx context.Context, id string, dest execio.Target, archive io.Reader, limits execio.UploadLimits) (execio.TransferStats, error) {
-	return execio.TransferStats{}, errors.New("CopyIn: not implemented yet")
+	if err := execio.CheckTarget(dest); err != nil {
+		return execio.TransferStats{}, err
+	}
+	limits, err := limits.Normalize()
+	if err != nil {
+		return execio.TransferStats{}, err
+	}
+	type sanitized struct {
+		stats execio.TransferStats
+		err   error
+	}
+	pr, pw := io.Pipe()
+	done := make(chan sanitized, 1)
+	go func() {
+		stats, err := execio.SanitizeTar(archive, pw, limits)
+		pw.CloseWithError(err)
+		done <- sanitized{stats, err}
+	}()
+	stderr := &boundedBuffer{max: helperStderrMax}
+	res, execErr := c.Exec(ctx, id, ExecOptions{
+		Cmd: []string{HelperPath, "untar", "--root=" + dest.Root, "--dest=" + dest.Rel,
+			"--max-bytes=" + strconv.FormatInt(limits.MaxBytes, 10), "--max-entries=" + strconv.Itoa(limits.MaxEntries)},
+		Stdin: pr,
+	}, io.Discard, stderr)
+	// Unblock the sanitiser if the helper stopped reading early.
+	errHelperGone := errors.New("the sandbox helper stopped reading the upload")
+	pr.CloseWithError(errHelperGone)
+	s := <-done
+	where := fmt.Sprintf("uploading to %s in sandbox %s", joinTarget(dest), ShortID(id))
+	switch {
+	case s.err != nil && !errors.Is(s.err, errHelperGone):
+		// The sanitiser's verdict names the offending entry.
+		return s.stats, fmt.Errorf("%s: %w", where, s.err)
+	case execErr != nil:
+		return s.stats, execErr
+	case res.ExitCode != 0:
+		return s.stats, helperFailure(where, res.ExitCode, stderr.buf.Bytes())
+	}
+	return s.stats, nil
 }
 
 // CopyOut writes a tar of src (a file or a tree) to w, stopping with
-// execio.ErrTooLarge once maxBytes of file content have been sent.
+// execio.ErrTooLarge once maxBytes of file content have been sent (zero
+// means execio.DefaultDownloadLimit). The helper enforces the cap too; this
+// side recounts from the stream, and also bounds the tar framing, so a
+// helper tampered with from inside the sandbox cannot flood the caller.
 func (c *Client) CopyOut(ctx context.Context, id string, src execio.Target, w io.Writer, maxBytes int64) (execio.TransferStats, error) {
-	return execio.TransferStats{}, errors.New("CopyOut: not implemented yet")
+	if err := execio.CheckTarget(src); err != nil {
+		return execio.TransferStats{}, err
+	}
+	if maxBytes < 0 {
+		return execio.TransferStats{}, fmt.Errorf("%w: maxBytes %d is negative", execio.ErrInvalidRequest, maxBytes)
+	}
+	if maxBytes == 0 {
+		maxBytes = execio.DefaultDownloadLimit
+	}
+	type counted struct {
+		stats execio.TransferStats
+		err   error
+	}
+	pr, pw := io.Pipe()
+	done := make(chan counted, 1)
+	go func() {
+		stats, err := forwardTar(pr, w, maxBytes)
+		// Failing the pipe fails the exec's output copy, which closes the
+		// exec and so stops the helper (EPIPE).
+		pr.CloseWithError(err)
+		done <- counted{stats, err}
+	}()
+	stderr := &boundedBuffer{max: helperStderrMax}
+	res, execErr := c.Exec(ctx, id, ExecOptions{
+		Cmd: []string{HelperPath, "tar", "--root=" + src.Root, "--path=" + src.Rel, "--max-bytes=" + strconv.FormatInt(maxBytes, 10)},
+	}, pw, stderr)
+	pw.CloseWithError(execErr)
+	s := <-done
+	where := fmt.Sprintf("downloading %s from sandbox %s", joinTarget(src), ShortID(id))
+	switch {
+	case execErr == nil && res.ExitCode != 0:
+		return s.stats, helperFailure(where, res.ExitCode, stderr.buf.Bytes())
+	case s.err != nil:
+		if errors.Is(s.err, execio.ErrTooLarge) {
+			return s.stats, fmt.Errorf("%s: %w", where, s.err)
+		}
+		if execErr != nil {
+			return s.stats, execErr
+		}
+		return s.stats, fmt.Errorf("%s: %w", where, s.err)
+	case execErr != nil:
+		return s.stats, execErr
+	}
+	return s.stats, nil
+}
+
+// forwardTar copies a tar stream from r to w byte for byte while parsing it,
+// to count entries and enforce the content cap as the data passes.
+func forwardTar(r io.Reader, w io.Writer, maxBytes int64) (execio.TransferStats, error) {
+	var stats execio.TransferStats
+	out := &cappedWriter{w: w, limit: maxBytes + downloadHeaderAllowance}
+	tr := tar.NewReader(io.TeeReader(r, out))
+	for {
+		h, err := tr.Next()
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		if out.err != nil {
+			return stats, out.err
+		}
+		if err != nil {
+			return stats, fmt.Errorf("reading the sandbox helper's archive: %w", err)
+		}
+		switch h.Typeflag {
+		case tar.TypeDir:
+			stats.Dirs++
+		case tar.TypeReg:
+			if h.Size > maxBytes-stats.Bytes {
+				return stats, fmt.Errorf("%w: %q (%d bytes) takes the download past its %d-byte limit", execio.ErrTooLarge, h.Name, h.Size, maxBytes)
+			}
+			stats.Files++
+			stats.Bytes += h.Size
+		}
+		if _, err := io.Copy(io.Discard, tr); err != nil {
+			if out.err != nil {
+				return stats, out.err
+			}
+			return stats, fmt.Errorf("reading %q from the sandbox helper's archive: %w", h.Name, err)
+		}
+	}
+	// Whatever follows the end-of-archive marker belongs to the stream too.
+	if _, err := io.Copy(out, r); err != nil {
+		return stats, err
+	}
+	return stats, out.err
+}
+
+// cappedWriter fails with ErrTooLarge once more than limit bytes went
+// through, and remembers the first error (its own or the writer's).
+type cappedWriter struct {
+	w       io.Writer
+	limit   int64
+	written int64
+	err     error
+}
+
+func (c *cappedWriter) Write(p []byte) (int, error) {
+	if c.err != nil {
+		return 0, c.err
+	}
+	if c.written += int64(len(p)); c.written > c.limit {
+		c.err = fmt.Errorf("%w: the archive exceeds %d bytes including tar headers", execio.ErrTooLarge, c.limit)
+		return 0, c.err
+	}
+	if _, err := c.w.Write(p); err != nil {
+		c.err = fmt.Errorf("writing the download: %w", err)
+		return 0, c.err
+	}
+	return len(p), nil
+}
+
+func joinTarget(t execio.Target) string {
+	if t.Rel == "" {
+		return t.Root
+	}
+	return t.Root + "/" + t.Rel
 }

@@ -258,7 +258,9 @@ func BuildContainerConfig(spec Spec) (*container.Config, *container.HostConfig, 
 		Hostname:    "sandbox",
 		StopTimeout: &stopTimeout,
 	}
-	var mounts []mount.Mount
+	// The tools volume is always mounted: the helper in it runs every
+	// command and file transfer, whatever the entrypoint.
+	mounts := []mount.Mount{toolsMount()}
 	if len(s.Command) > 0 {
 		cfg.Entrypoint = s.Command[:1]
 		cfg.Cmd = s.Command[1:]
@@ -270,7 +272,6 @@ func BuildContainerConfig(spec Spec) (*container.Config, *container.HostConfig, 
 	} else {
 		cfg.Entrypoint = []string{IdleProcessPath}
 		cfg.Cmd = []string{}
-		mounts = append(mounts, toolsMount())
 	}
 
 	diskBytes := s.DiskBytes

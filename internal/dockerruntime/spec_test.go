@@ -165,7 +165,8 @@ var _ = Describe("BuildContainerConfig", Label("unit"), func() {
 			Expect(hc.Sysctls).To(BeEmpty())
 			Expect(hc.StorageOpt).To(BeEmpty())
 			Expect(hc.OomKillDisable).To(SatisfyAny(BeNil(), HaveValue(BeFalse())))
-			// The only mount is the read-only tools volume (idle process).
+			// The only mount is the read-only tools volume (idle process
+			// and helper).
 			Expect(hc.Mounts).To(HaveLen(1))
 			m := hc.Mounts[0]
 			Expect(m.Type).To(Equal(mount.TypeVolume))
@@ -229,7 +230,7 @@ var _ = Describe("BuildContainerConfig", Label("unit"), func() {
 
 		Expect([]string(cfg.Entrypoint)).To(Equal([]string{"python3"}))
 		Expect([]string(cfg.Cmd)).To(Equal([]string{"-c", "print(1)"}))
-		Expect(hc.Mounts).To(BeEmpty(), "no tools volume when a command is given")
+		Expect(hc.Mounts).To(Equal([]mount.Mount{toolsMount()}), "the tools volume (helper) is mounted whatever the command")
 		Expect(cfg.Env).To(Equal([]string{"FOO=bar", "HOME=/home/me", "EMPTY="}), "HOME is not overridden")
 		Expect(cfg.User).To(Equal("1000:2000"))
 		Expect(cfg.WorkingDir).To(Equal("/work/dir"))

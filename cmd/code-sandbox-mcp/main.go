@@ -1,0 +1,657 @@
+// Command code-sandbox-mcp is a Model Context Protocol server that gives AI
+// agents disposable, hardened code sandboxes. It is a drop-in replacement
+// for the code-sandbox-mcp tools (sandbox_initialize, copy_project,
+// write_file, sandbox_exec, copy_file, sandbox_stop and the
+// containers://{id}/logs resource) with more of them, and a security model:
+// see docs/mcp.md.
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/url"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/docker/go-units"
+	"github.com/mark3labs/mcp-go/server"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+
+	sandboxv1alpha1 "github.com/code-sandbox/code-sandbox-operator/api/v1alpha1"
+	"github.com/code-sandbox/code-sandbox-operator/internal/dockerruntime"
+	"github.com/code-sandbox/code-sandbox-operator/internal/mcpserver"
+	"github.com/code-sandbox/code-sandbox-operator/internal/mcpserver/dockerbackend"
+	"github.com/code-sandbox/code-sandbox-operator/internal/mcpserver/kubebackend"
+	"github.com/code-sandbox/code-sandbox-operator/internal/version"
+)
+
+// exitUsage is the exit code for bad flags or an unusable configuration.
+const exitUsage = 2
+
+// listFlag is a repeatable flag; each use may also carry a comma list.
+type listFlag []string
+
+func (l *listFlag) String() string { return strings.Join(*l, ",") }
+
+func (l *listFlag) Set(v string) error {
+	for _, s := range strings.Split(v, ",") {
+		if s = strings.TrimSpace(s); s != "" {
+			*l = append(*l, s)
+		}
+	}
+	return nil
+}
+
+// sizeFlag is a byte count written as "1MiB", "512k" or a plain number.
+type sizeFlag int64
+
+func (s *sizeFlag) String() string { return units.BytesSize(float64(*s)) }
+
+func (s *sizeFlag) Set(v string) error {
+	v = strings.TrimSpace(v)
+	if n, err := strconv.ParseInt(v, 10, 64); err == nil {
+		*s = sizeFlag(n)
+		return nil
+	}
+	n, err := units.RAMInBytes(strings.TrimSuffix(strings.TrimSuffix(v, "B"), "i"))
+	if err != nil {
+		return fmt.Errorf("%q is not a size such as 1MiB or 512k", v)
+	}
+	*s = sizeFlag(n)
+	return nil
+}
+
+type options struct {
+	backend      string
+	namespace    string
+	kubeconfig   string
+	nodeName     string
+	readyTimeout time.Duration
+	dockerHost   string
+
+	httpAddr       string
+	allowRemote    bool
+	auth           string
+	tokenFile      string
+	tokenAudiences listFlag
+	authServers    listFlag
+	publicURL      string
+	allowedHosts   listFlag
+	allowedOrigins listFlag
+	tlsCert        string
+	tlsKey         string
+	maxBody        sizeFlag
+
+	defaultImage  string
+	allowedImages listFlag
+	pullPolicy    string
+	runtime       string
+	allowEgress   bool
+	hostDirs      listFlag
+
+	commandTimeout time.Duration
+	maxTimeout     time.Duration
+	outputLimit    sizeFlag
+	maxSandboxes   int
+	idleTimeout    time.Duration
+	maxLifetime    time.Duration
+	maxCPU         float64
+	maxMemory      sizeFlag
+	maxRead        sizeFlag
+	maxFile        sizeFlag
+	maxUpload      sizeFlag
+	maxEntries     int
+	historyDir     string
+
+	logLevel    string
+	logFormat   string
+	showVersion bool
+}
+
+func newFlagSet(o *options) *flag.FlagSet {
+	fs := flag.NewFlagSet("code-sandbox-mcp", flag.ContinueOnError)
+	fs.StringVar(&o.backend, "backend", "docker", "where sandboxes run: docker (the local Docker Engine) or kubernetes")
+	fs.StringVar(&o.namespace, "namespace", "", "kubernetes backend: namespace for Sandbox resources (default: the kubeconfig context's, in a cluster the pod's, else \"default\")")
+	fs.StringVar(&o.kubeconfig, "kubeconfig", "", "kubeconfig for the kubernetes backend and --auth kubernetes (default: in-cluster; the kubernetes backend also tries $KUBECONFIG and ~/.kube/config)")
+	fs.StringVar(&o.nodeName, "node-name", "", "kubernetes backend: pin Sandboxes to this node (spec.nodeName; default: any manager with capacity)")
+	fs.DurationVar(&o.readyTimeout, "ready-timeout", kubebackend.DefaultReadyTimeout, "kubernetes backend: how long sandbox_initialize waits for a Sandbox to become Ready")
+	fs.StringVar(&o.dockerHost, "docker-host", "", "Docker endpoint (default: DOCKER_HOST or the local socket)")
+
+	fs.StringVar(&o.httpAddr, "http", "", "serve streamable HTTP on this address (for example 127.0.0.1:8080) instead of stdio")
+	fs.BoolVar(&o.allowRemote, "allow-remote", false, "allow --http to bind a non-loopback address (requires --auth token or kubernetes)")
+	fs.StringVar(&o.auth, "auth", "token", "HTTP authentication: token (--token-file), kubernetes (TokenReview) or none (loopback only)")
+	fs.StringVar(&o.tokenFile, "token-file", "", "file of \"TOKEN IDENTITY\" lines for --auth token; re-read when it changes")
+	fs.Var(&o.tokenAudiences, "token-audience", "--auth kubernetes: audiences a token must be valid for (repeatable)")
+	fs.Var(&o.authServers, "authorization-server", "OAuth authorization server issuer to advertise in the protected resource metadata (repeatable)")
+	fs.StringVar(&o.publicURL, "public-url", "", "the MCP endpoint's public URL (default http://ADDR/mcp)")
+	fs.Var(&o.allowedHosts, "allowed-hosts", "Host header values accepted (default: localhost, 127.0.0.1 and [::1] with the listening port, and the public URL's host)")
+	fs.Var(&o.allowedOrigins, "allowed-origins", "browser Origins accepted (default: none; requests without Origin are always accepted)")
+	fs.StringVar(&o.tlsCert, "tls-cert", "", "serve HTTPS with this certificate")
+	fs.StringVar(&o.tlsKey, "tls-key", "", "key for --tls-cert")
+	o.maxBody = sizeFlag(mcpserver.DefaultMaxBodyBytes)
+	fs.Var(&o.maxBody, "max-body-bytes", "largest HTTP request body")
+
+	fs.StringVar(&o.defaultImage, "default-image", mcpserver.DefaultImage, "image sandbox_initialize uses when none is given")
+	fs.Var(&o.allowedImages, "allowed-image", "image pattern (path.Match) sandboxes may use, for example python:* (repeatable; default: any)")
+	fs.StringVar(&o.pullPolicy, "pull-policy", string(dockerruntime.PullIfNotPresent), "image pull policy: IfNotPresent, Never or Always")
+	fs.StringVar(&o.runtime, "runtime", dockerruntime.RuntimeRunc, "OCI runtime: runc or runsc (gVisor)")
+	fs.BoolVar(&o.allowEgress, "allow-egress", false, "let sandbox_initialize ask for network \"egress\"")
+	fs.Var(&o.hostDirs, "allow-host-dir", "host directory copy_project, copy_file and copy_file_from_sandbox may use (repeatable; default: none)")
+
+	fs.DurationVar(&o.commandTimeout, "command-timeout", mcpserver.DefaultCommandTimeout, "default timeout of one command")
+	fs.DurationVar(&o.maxTimeout, "max-command-timeout", mcpserver.DefaultMaxTimeout, "largest timeout_seconds a call may ask for")
+	o.outputLimit = sizeFlag(mcpserver.DefaultOutputLimit)
+	fs.Var(&o.outputLimit, "output-limit", "cap on each of stdout and stderr per command")
+	fs.IntVar(&o.maxSandboxes, "max-sandboxes", dockerbackend.DefaultMaxSandboxes, "sandboxes one identity may have at once")
+	fs.DurationVar(&o.idleTimeout, "idle-timeout", dockerbackend.DefaultIdleTimeout, "remove a sandbox unused for this long")
+	fs.DurationVar(&o.maxLifetime, "max-lifetime", mcpserver.DefaultMaxLifetime, "longest a sandbox may live (and the default lifetime)")
+	fs.Float64Var(&o.maxCPU, "max-cpu", mcpserver.DefaultMaxCPU, "most CPUs a sandbox may ask for")
+	o.maxMemory = sizeFlag(mcpserver.DefaultMaxMemoryBytes)
+	fs.Var(&o.maxMemory, "max-memory", "most memory a sandbox may ask for")
+	o.maxRead = sizeFlag(mcpserver.DefaultMaxReadBytes)
+	fs.Var(&o.maxRead, "max-read-bytes", "largest file read_file returns")
+	o.maxFile = sizeFlag(mcpserver.DefaultMaxFileBytes)
+	fs.Var(&o.maxFile, "max-file-bytes", "largest file copy_file and copy_file_from_sandbox move")
+	o.maxUpload = sizeFlag(mcpserver.DefaultMaxUploadBytes)
+	fs.Var(&o.maxUpload, "max-upload-bytes", "largest total copy_project sends")
+	fs.IntVar(&o.maxEntries, "max-upload-entries", mcpserver.DefaultMaxUploadEntries, "most files and directories copy_project sends")
+	fs.StringVar(&o.historyDir, "history-dir", "", "keep exec history in files here (default: in memory)")
+
+	fs.StringVar(&o.logLevel, "log-level", "info", "log level: debug, info, warn or error (logs go to stderr)")
+	fs.StringVar(&o.logFormat, "log-format", "text", "log format: text or json")
+	fs.BoolVar(&o.showVersion, "version", false, "print the version and exit")
+	return fs
+}
+
+func main() {
+	os.Exit(run(os.Args[1:]))
+}
+
+func run(args []string) int {
+	// Whatever happens below, stdout is the protocol's alone.
+	log.SetOutput(os.Stderr)
+	if len(args) > 0 && (args[0] == "config" || args[0] == "print-config") {
+		return printConfig(args[1:], os.Stdout)
+	}
+	var o options
+	fs := newFlagSet(&o)
+	fs.SetOutput(os.Stderr)
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return 0
+		}
+		return exitUsage
+	}
+	if fs.NArg() > 0 {
+		fmt.Fprintf(os.Stderr, "unexpected arguments: %q (subcommands: config)\n", fs.Args())
+		return exitUsage
+	}
+	if o.showVersion {
+		fmt.Fprintln(os.Stdout, "code-sandbox-mcp", version.Version)
+		return 0
+	}
+	logger, err := newLogger(o.logLevel, o.logFormat)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return exitUsage
+	}
+	slog.SetDefault(logger)
+	if err := serve(o, logger); err != nil {
+		logger.Error("code-sandbox-mcp failed", "error", err)
+		var ue usageError
+		if errors.As(err, &ue) {
+			return exitUsage
+		}
+		return 1
+	}
+	return 0
+}
+
+// usageError is a configuration the server refuses to start with.
+type usageError struct{ error }
+
+func usagef(format string, args ...any) error { return usageError{fmt.Errorf(format, args...)} }
+
+func newLogger(level, format string) (*slog.Logger, error) {
+	var lv slog.Level
+	if err := lv.UnmarshalText([]byte(level)); err != nil {
+		return nil, fmt.Errorf("--log-level %q: %w", level, err)
+	}
+	hopts := &slog.HandlerOptions{Level: lv}
+	switch format {
+	case "text":
+		return slog.New(slog.NewTextHandler(os.Stderr, hopts)), nil
+	case "json":
+		return slog.New(slog.NewJSONHandler(os.Stderr, hopts)), nil
+	}
+	return nil, fmt.Errorf("--log-format %q: want text or json", format)
+}
+
+func serve(o options, logger *slog.Logger) error {
+	cfg, err := toolConfig(o)
+	if err != nil {
+		return err
+	}
+	var stdout *os.File
+	if o.httpAddr == "" {
+		// Claimed before anything else runs, so no later output can reach
+		// the protocol stream by accident.
+		if stdout, err = claimStdout(); err != nil {
+			return err
+		}
+	}
+	var kube *kubeSetup
+	switch o.backend {
+	case "docker":
+	case "kubernetes":
+		if kube, err = loadKube(o); err != nil {
+			return err
+		}
+	default:
+		return usagef("--backend %q: want docker or kubernetes", o.backend)
+	}
+	var hs *httpSetup
+	if o.httpAddr != "" {
+		// Listen and check authentication settings before touching the
+		// backend, so that a misconfiguration fails fast and leaves nothing
+		// behind.
+		if hs, err = setupHTTP(o, kube, logger); err != nil {
+			return err
+		}
+		defer hs.listener.Close()
+	}
+
+	var backend sandboxBackend
+	if kube != nil {
+		backend, err = newKubeBackend(o, kube, logger)
+	} else {
+		backend, err = newDockerBackend(o, logger)
+	}
+	if err != nil {
+		return err
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
+	backend.Start(ctx)
+	defer func() {
+		cctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+		defer cancel()
+		if err := backend.Close(cctx); err != nil {
+			logger.Error("removing this server's sandboxes at exit", "error", err)
+		}
+	}()
+	attrs := []any{"version", version.Version, "backend", o.backend, "instance", backend.InstanceID(),
+		"default_image", cfg.DefaultImage, "egress", cfg.AllowEgress, "host_dirs", cfg.HostRoots.Roots()}
+	if kube != nil {
+		attrs = append(attrs, "namespace", kube.namespace)
+	}
+	logger.Info("code-sandbox-mcp starting", attrs...)
+
+	mcpSrv, err := mcpserver.New(cfg, backend, logger)
+	if err != nil {
+		return usageError{err}
+	}
+	if hs == nil {
+		err := mcpserver.ServeStdio(ctx, mcpSrv, os.Stdin, stdout, logger)
+		stop()
+		logger.Info("stdio session ended; removing sandboxes")
+		return err
+	}
+	return hs.run(ctx, stop, mcpSrv, backend, logger)
+}
+
+func toolConfig(o options) (mcpserver.Config, error) {
+	roots, err := mcpserver.NewHostRoots(o.hostDirs)
+	if err != nil {
+		return mcpserver.Config{}, usageError{err}
+	}
+	cfg := mcpserver.Config{
+		Version:          version.Version,
+		DefaultImage:     o.defaultImage,
+		AllowedImages:    o.allowedImages,
+		AllowEgress:      o.allowEgress,
+		MaxNanoCPUs:      int64(o.maxCPU * 1e9),
+		MaxMemoryBytes:   int64(o.maxMemory),
+		MaxLifetime:      o.maxLifetime,
+		CommandTimeout:   o.commandTimeout,
+		MaxTimeout:       o.maxTimeout,
+		OutputLimit:      int64(o.outputLimit),
+		HostRoots:        roots,
+		MaxReadBytes:     int64(o.maxRead),
+		MaxFileBytes:     int64(o.maxFile),
+		MaxUploadBytes:   int64(o.maxUpload),
+		MaxUploadEntries: o.maxEntries,
+	}
+	if err := cfg.Validate(); err != nil {
+		return cfg, usageError{err}
+	}
+	return cfg, nil
+}
+
+// sandboxBackend is a backend with the lifecycle serve drives.
+type sandboxBackend interface {
+	mcpserver.Backend
+	Start(context.Context)
+	InstanceID() string
+}
+
+// kubeSetup is the kubernetes backend's cluster access.
+type kubeSetup struct {
+	config    *rest.Config
+	namespace string
+}
+
+// loadKube resolves --kubeconfig and --namespace with kubectl's rules:
+// --kubeconfig, else $KUBECONFIG, else ~/.kube/config, else the in-cluster
+// ServiceAccount; the namespace defaults to the context's (in a cluster,
+// the pod's), else "default".
+func loadKube(o options) (*kubeSetup, error) {
+	rules := clientcmd.NewDefaultClientConfigLoadingRules()
+	rules.ExplicitPath = o.kubeconfig
+	cc := clientcmd.NewNonInteractiveDeferredLoadingClientConfig(rules, &clientcmd.ConfigOverrides{})
+	cfg, err := cc.ClientConfig()
+	if err != nil {
+		return nil, usagef("--backend kubernetes: no usable kubeconfig (--kubeconfig, $KUBECONFIG, ~/.kube/config) and not in a cluster: %v", err)
+	}
+	ns := o.namespace
+	if ns == "" {
+		if ns, _, err = cc.Namespace(); err != nil {
+			return nil, usagef("--backend kubernetes: reading the kubeconfig's namespace: %v (pass --namespace)", err)
+		}
+	}
+	if ns == "" {
+		ns = "default"
+	}
+	// Every tool call costs a few API calls (access reviews, a Get); the
+	// client's default of 5 per second would make a busy server queue.
+	if cfg.QPS == 0 {
+		cfg.QPS, cfg.Burst = 50, 100
+	}
+	return &kubeSetup{config: cfg, namespace: ns}, nil
+}
+
+func newKubeBackend(o options, kube *kubeSetup, logger *slog.Logger) (*kubebackend.Backend, error) {
+	pull := sandboxv1alpha1.ImagePullPolicy(o.pullPolicy)
+	switch pull {
+	case sandboxv1alpha1.PullIfNotPresent, sandboxv1alpha1.PullNever, sandboxv1alpha1.PullAlways:
+	default:
+		return nil, usagef("--pull-policy %q: want IfNotPresent, Never or Always", o.pullPolicy)
+	}
+	var rt sandboxv1alpha1.RuntimeClass
+	switch o.runtime {
+	case dockerruntime.RuntimeRunc:
+		rt = sandboxv1alpha1.RuntimeRunc
+	case dockerruntime.RuntimeRunsc:
+		rt = sandboxv1alpha1.RuntimeGVisor
+	default:
+		return nil, usagef("--runtime %q: want runc or runsc", o.runtime)
+	}
+	if o.readyTimeout < time.Second {
+		return nil, usagef("--ready-timeout %s: want at least 1s", o.readyTimeout)
+	}
+	b, err := kubebackend.New(kubebackend.Options{
+		Config:       kube.config,
+		Namespace:    kube.namespace,
+		NodeName:     o.nodeName,
+		PullPolicy:   pull,
+		Runtime:      rt,
+		MaxSandboxes: o.maxSandboxes,
+		IdleTimeout:  o.idleTimeout,
+		ReadyTimeout: o.readyTimeout,
+		Logger:       logger,
+	})
+	if err != nil {
+		return nil, usageError{err}
+	}
+	return b, nil
+}
+
+func newDockerBackend(o options, logger *slog.Logger) (*dockerbackend.Backend, error) {
+	switch dockerruntime.PullPolicy(o.pullPolicy) {
+	case dockerruntime.PullIfNotPresent, dockerruntime.PullNever, dockerruntime.PullAlways:
+	default:
+		return nil, usagef("--pull-policy %q: want IfNotPresent, Never or Always", o.pullPolicy)
+	}
+	if o.runtime != dockerruntime.RuntimeRunc && o.runtime != dockerruntime.RuntimeRunsc {
+		return nil, usagef("--runtime %q: want runc or runsc", o.runtime)
+	}
+	client, err := dockerruntime.New(dockerruntime.Options{Host: o.dockerHost, ManagedBy: dockerruntime.ManagedByMCP})
+	if err != nil {
+		return nil, err
+	}
+	inst, err := dockerbackend.CurrentInstance()
+	if err != nil {
+		return nil, err
+	}
+	return dockerbackend.New(dockerbackend.Options{
+		Client:       client,
+		Instance:     inst,
+		PullPolicy:   dockerruntime.PullPolicy(o.pullPolicy),
+		Runtime:      o.runtime,
+		MaxSandboxes: o.maxSandboxes,
+		IdleTimeout:  o.idleTimeout,
+		HistoryDir:   o.historyDir,
+		Logger:       logger,
+	})
+}
+
+type httpSetup struct {
+	listener net.Listener
+	url      string
+	opts     mcpserver.HTTPOptions
+	tlsCert  string
+	tlsKey   string
+}
+
+func isLoopbackHost(host string) bool {
+	if strings.EqualFold(host, "localhost") {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
+}
+
+// setupHTTP checks the HTTP settings and listens. kube, when set, is the
+// kubernetes backend's cluster access, which --auth kubernetes then shares.
+func setupHTTP(o options, kube *kubeSetup, logger *slog.Logger) (*httpSetup, error) {
+	host, _, err := net.SplitHostPort(o.httpAddr)
+	if err != nil {
+		return nil, usagef("--http %q: want HOST:PORT, for example 127.0.0.1:8080: %v", o.httpAddr, err)
+	}
+	loopback := isLoopbackHost(host)
+	if !loopback && !o.allowRemote {
+		return nil, usagef("--http %q is not a loopback address; bind 127.0.0.1, or pass --allow-remote (with --auth token or kubernetes, preferably behind TLS)", o.httpAddr)
+	}
+	if (o.tlsCert == "") != (o.tlsKey == "") {
+		return nil, usagef("--tls-cert and --tls-key go together")
+	}
+	var auth mcpserver.Authenticator
+	switch o.auth {
+	case "none":
+		if !loopback {
+			return nil, usagef("--auth none is only allowed on a loopback address")
+		}
+		logger.Warn("!!! --auth none: ANY local process or user that can reach " + o.httpAddr + " can run code in sandboxes as the shared identity \"anonymous\". Use --auth token for anything but a single-user machine. !!!")
+		auth = mcpserver.AnonymousAuthenticator{}
+	case "token":
+		if o.tokenFile == "" {
+			return nil, usagef("--auth token needs --token-file FILE (lines \"TOKEN IDENTITY\"; tokens of at least %d characters)", mcpserver.MinTokenLength)
+		}
+		if auth, err = mcpserver.NewStaticTokens(o.tokenFile, logger); err != nil {
+			return nil, usageError{err}
+		}
+	case "kubernetes":
+		var rc *rest.Config
+		if kube != nil {
+			rc = kube.config
+		} else if rc, err = mcpserver.KubeRESTConfig(o.kubeconfig); err != nil {
+			return nil, usageError{err}
+		}
+		if auth, err = mcpserver.NewTokenReviewAuth(rc, o.tokenAudiences); err != nil {
+			return nil, err
+		}
+	default:
+		return nil, usagef("--auth %q: want token, kubernetes or none", o.auth)
+	}
+	if !loopback && o.tlsCert == "" {
+		logger.Warn("serving plain HTTP on a non-loopback address: bearer tokens cross the network in clear text; use --tls-cert/--tls-key or a TLS-terminating proxy")
+	}
+
+	ln, err := net.Listen("tcp", o.httpAddr)
+	if err != nil {
+		return nil, fmt.Errorf("listening on %s: %w", o.httpAddr, err)
+	}
+	_, port, _ := net.SplitHostPort(ln.Addr().String())
+	scheme := "http"
+	if o.tlsCert != "" {
+		scheme = "https"
+	}
+	urlHost := host
+	if ip := net.ParseIP(host); host == "" || (ip != nil && ip.IsUnspecified()) {
+		urlHost = "127.0.0.1"
+	}
+	resource := o.publicURL
+	if resource == "" {
+		resource = scheme + "://" + net.JoinHostPort(urlHost, port) + mcpserver.EndpointPath
+	}
+	pu, err := url.Parse(resource)
+	if err != nil || pu.Host == "" {
+		ln.Close()
+		return nil, usagef("--public-url %q is not an absolute URL", resource)
+	}
+	hosts := o.allowedHosts
+	if len(hosts) == 0 {
+		hosts = []string{net.JoinHostPort("localhost", port), net.JoinHostPort("127.0.0.1", port), net.JoinHostPort("::1", port), pu.Host}
+		if host != "" && !isLoopbackHost(host) {
+			hosts = append(hosts, net.JoinHostPort(host, port))
+		}
+	}
+	return &httpSetup{
+		listener: ln,
+		url:      resource,
+		opts: mcpserver.HTTPOptions{
+			ResourceURL:          resource,
+			AllowedHosts:         hosts,
+			AllowedOrigins:       o.allowedOrigins,
+			Auth:                 auth,
+			AuthorizationServers: o.authServers,
+			MaxBodyBytes:         int64(o.maxBody),
+			Logger:               logger,
+		},
+		tlsCert: o.tlsCert,
+		tlsKey:  o.tlsKey,
+	}, nil
+}
+
+// run serves until ctx ends, then shuts the HTTP server down.
+func (hs *httpSetup) run(ctx context.Context, stop context.CancelFunc, s *server.MCPServer, backend mcpserver.Backend, logger *slog.Logger) error {
+	hs.opts.Ready = backend.Ready
+	handler, err := mcpserver.NewHTTPServer(s, hs.opts)
+	if err != nil {
+		return usageError{err}
+	}
+	srv := &http.Server{
+		Handler:           handler,
+		ReadHeaderTimeout: 10 * time.Second,
+		IdleTimeout:       2 * time.Minute,
+		MaxHeaderBytes:    64 << 10,
+		ErrorLog:          slog.NewLogLogger(logger.Handler(), slog.LevelWarn),
+	}
+	served := make(chan error, 1)
+	go func() {
+		if hs.tlsCert != "" {
+			served <- srv.ServeTLS(hs.listener, hs.tlsCert, hs.tlsKey)
+			return
+		}
+		served <- srv.Serve(hs.listener)
+	}()
+	logger.Info("serving MCP over streamable HTTP", "url", hs.url, "addr", hs.listener.Addr().String(), "allowed_hosts", hs.opts.AllowedHosts)
+	select {
+	case err = <-served:
+		stop()
+	case <-ctx.Done():
+		logger.Info("shutting down")
+	}
+	sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	_ = handler.Shutdown(sctx)
+	_ = srv.Shutdown(sctx)
+	if errors.Is(err, http.ErrServerClosed) {
+		return nil
+	}
+	return err
+}
+
+// printConfig prints client configuration snippets: the stdio form with
+// this binary's absolute path (and any server flags given after
+// "config"), and the HTTP form.
+func printConfig(args []string, w io.Writer) int {
+	var o options
+	fs := newFlagSet(&o)
+	fs.SetOutput(os.Stderr)
+	if err := fs.Parse(args); err != nil {
+		return exitUsage
+	}
+	exe, err := os.Executable()
+	if err == nil {
+		exe, err = filepath.EvalSymlinks(exe)
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "cannot determine the binary's path:", err)
+		return 1
+	}
+	serverArgs := []string{}
+	fs.Visit(func(f *flag.Flag) {
+		if f.Name != "http" {
+			serverArgs = append(serverArgs, "--"+f.Name+"="+f.Value.String())
+		}
+	})
+	endpoint := o.publicURL
+	if endpoint == "" {
+		addr := o.httpAddr
+		if addr == "" {
+			addr = "127.0.0.1:8080"
+		}
+		endpoint = "http://" + addr + mcpserver.EndpointPath
+	}
+	out := map[string]any{
+		"stdio": map[string]any{
+			"mcpServers": map[string]any{
+				"code-sandbox": map[string]any{"command": exe, "args": serverArgs},
+			},
+		},
+		"http": map[string]any{
+			"mcpServers": map[string]any{
+				"code-sandbox": map[string]any{
+					"type":    "http",
+					"url":     endpoint,
+					"headers": map[string]string{"Authorization": "Bearer <token from --token-file>"},
+				},
+			},
+		},
+	}
+	// Explanations go to stderr so that stdout is one JSON document.
+	fmt.Fprintln(os.Stderr, `"stdio": for Claude Desktop (claude_desktop_config.json) and other clients that start the server themselves.`)
+	fmt.Fprintf(os.Stderr, "\"http\": for clients that speak streamable HTTP; start the server with --http %s --auth token --token-file FILE.\n", strings.TrimSuffix(strings.TrimPrefix(endpoint, "http://"), mcpserver.EndpointPath))
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	enc.SetEscapeHTML(false)
+	if err := enc.Encode(out); err != nil {
+		return 1
+	}
+	return 0
+}

@@ -1,0 +1,322 @@
+package mcpserver
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"path"
+	"regexp"
+	"sort"
+	"strings"
+	"time"
+	"unicode/utf8"
+
+	"github.com/docker/go-units"
+
+	"github.com/code-sandbox/code-sandbox-operator/internal/execio"
+)
+
+// errArgs marks an argument the caller got wrong; tools report it as is.
+var errArgs = errors.New("invalid arguments")
+
+func argError(format string, args ...any) error {
+	return fmt.Errorf("%w: %s", errArgs, fmt.Sprintf(format, args...))
+}
+
+// bindArgs decodes a tool's arguments strictly: unknown names and wrong
+// types are errors that name the argument, so a model can correct its call.
+func bindArgs(raw []byte, target any) error {
+	raw = bytes.TrimSpace(raw)
+	if len(raw) == 0 || string(raw) == "null" {
+		raw = []byte("{}")
+	}
+	dec := json.NewDecoder(bytes.NewReader(raw))
+	dec.DisallowUnknownFields()
+	err := dec.Decode(target)
+	if err == nil {
+		if _, extra := dec.Token(); extra != io.EOF {
+			return argError("arguments must be one JSON object")
+		}
+		return nil
+	}
+	var typeErr *json.UnmarshalTypeError
+	var syntaxErr *json.SyntaxError
+	switch {
+	case errors.As(err, &typeErr) && typeErr.Field == "":
+		return argError("arguments must be a JSON object, not %s", typeErr.Value)
+	case errors.As(err, &typeErr):
+		return argError("argument %q must be %s, not %s", typeErr.Field, jsonTypeName(typeErr.Type.Kind().String()), typeErr.Value)
+	case errors.As(err, &syntaxErr):
+		return argError("arguments are not valid JSON: %v", err)
+	case strings.HasPrefix(err.Error(), "json: unknown field "):
+		return argError("unknown argument %s", strings.TrimPrefix(err.Error(), "json: unknown field "))
+	}
+	return argError("%v", err)
+}
+
+func jsonTypeName(kind string) string {
+	switch kind {
+	case "string":
+		return "a string"
+	case "slice", "array":
+		return "an array"
+	case "map", "struct":
+		return "an object"
+	case "bool":
+		return "a boolean"
+	case "float64", "float32":
+		return "a number"
+	default:
+		return "an integer"
+	}
+}
+
+// idPattern is what a container_id may look like: the IDs backends hand
+// out are short and plain, so anything else is refused before it reaches
+// a backend (or a log line).
+var idPattern = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$`)
+
+func checkContainerID(id string) error {
+	if id == "" {
+		return argError(`"container_id" is required: pass the container_id that sandbox_initialize returned (list_sandboxes shows yours)`)
+	}
+	if !idPattern.MatchString(id) {
+		return argError("container_id %q is not a sandbox ID (letters, digits, '.', '_' or '-'; sandbox_initialize returns one)", truncate(id, 80))
+	}
+	return nil
+}
+
+// checkSandboxPath applies the syntax rules the backend applies again, so
+// that an obviously bad path fails before any work.
+func checkSandboxPath(name, p string, required bool) error {
+	switch {
+	case p == "" && required:
+		return argError("%q is required", name)
+	case strings.IndexByte(p, 0) >= 0:
+		return argError("%q contains a NUL byte", name)
+	case len(p) > execio.MaxPathLength:
+		return argError("%q is %d bytes long; the limit is %d", name, len(p), execio.MaxPathLength)
+	}
+	for _, comp := range strings.Split(p, "/") {
+		if comp == ".." {
+			return argError(`%q %q has a ".." component; use a path inside the sandbox's working directory, /tmp or /var/tmp`, name, truncate(p, 200))
+		}
+	}
+	return nil
+}
+
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	cut := n
+	for cut > 0 && !utf8.RuneStart(s[cut]) {
+		cut--
+	}
+	return s[:cut] + "…"
+}
+
+type initializeArgs struct {
+	Image           string   `json:"image"`
+	CPU             *float64 `json:"cpu"`
+	Memory          string   `json:"memory"`
+	Network         string   `json:"network"`
+	LifetimeSeconds *int64   `json:"lifetime_seconds"`
+}
+
+// createRequest validates sandbox_initialize's arguments against the
+// policy and turns them into a CreateRequest.
+func (a initializeArgs) createRequest(cfg Config) (CreateRequest, error) {
+	req := CreateRequest{Image: strings.TrimSpace(a.Image), Network: NetworkNone, Lifetime: cfg.MaxLifetime}
+	if req.Image == "" {
+		req.Image = cfg.DefaultImage
+	}
+	if len(req.Image) > 512 || strings.ContainsAny(req.Image, " \t\n\x00") {
+		return CreateRequest{}, argError("image %q is not an image reference", truncate(req.Image, 100))
+	}
+	if !imageAllowed(cfg.AllowedImages, req.Image) {
+		return CreateRequest{}, argError("image %q is not allowed by this server; allowed: %s", req.Image, strings.Join(cfg.AllowedImages, ", "))
+	}
+	if a.CPU != nil {
+		cpu := *a.CPU
+		maxCPU := float64(cfg.MaxNanoCPUs) / 1e9
+		if math.IsNaN(cpu) || cpu < 0.01 || cpu > maxCPU {
+			return CreateRequest{}, argError("cpu %v is out of range: 0.01 to %g cores", cpu, maxCPU)
+		}
+		req.NanoCPUs = int64(math.Round(cpu * 1e9))
+	}
+	if a.Memory != "" {
+		mem, err := parseMemory(a.Memory)
+		if err != nil {
+			return CreateRequest{}, err
+		}
+		if mem < 6<<20 || mem > cfg.MaxMemoryBytes {
+			return CreateRequest{}, argError("memory %q is out of range: 6Mi to %s", a.Memory, units.BytesSize(float64(cfg.MaxMemoryBytes)))
+		}
+		req.MemoryBytes = mem
+	}
+	switch a.Network {
+	case "", NetworkNone:
+	case NetworkEgress:
+		if !cfg.AllowEgress {
+			return CreateRequest{}, argError(`network "egress" is disabled on this server (it was started without --allow-egress); use "none"`)
+		}
+		req.Network = NetworkEgress
+	default:
+		return CreateRequest{}, argError(`network %q is not one of "none" or "egress"`, truncate(a.Network, 40))
+	}
+	if a.LifetimeSeconds != nil {
+		secs := *a.LifetimeSeconds
+		maxSecs := int64(cfg.MaxLifetime / time.Second)
+		if secs < 1 || secs > maxSecs {
+			return CreateRequest{}, argError("lifetime_seconds %d is out of range: 1 to %d", secs, maxSecs)
+		}
+		req.Lifetime = time.Duration(secs) * time.Second
+	}
+	return req, nil
+}
+
+func imageAllowed(patterns []string, image string) bool {
+	if len(patterns) == 0 {
+		return true
+	}
+	for _, p := range patterns {
+		if ok, _ := path.Match(p, image); ok {
+			return true
+		}
+	}
+	return false
+}
+
+// parseMemory accepts Docker's ("512m", "1g", "1.5GB") and Kubernetes'
+// ("512Mi", "1Gi") spellings, and plain bytes; both are binary multiples.
+func parseMemory(s string) (int64, error) {
+	v := strings.TrimSpace(s)
+	for _, suffix := range []string{"Ki", "Mi", "Gi", "Ti"} {
+		if strings.HasSuffix(v, suffix) {
+			v = strings.TrimSuffix(v, "i")
+			break
+		}
+	}
+	n, err := units.RAMInBytes(v)
+	if err != nil || n <= 0 {
+		return 0, argError(`memory %q is not a size such as "512Mi", "512m" or "1g"`, truncate(s, 40))
+	}
+	return n, nil
+}
+
+type execArgs struct {
+	ContainerID    string            `json:"container_id"`
+	Commands       []string          `json:"commands"`
+	TimeoutSeconds *int64            `json:"timeout_seconds"`
+	Workdir        string            `json:"workdir"`
+	Env            map[string]string `json:"env"`
+}
+
+// requests validates sandbox_exec's arguments and returns one request per
+// command, in order.
+func (a execArgs) requests(cfg Config) ([]execio.Request, error) {
+	if err := checkContainerID(a.ContainerID); err != nil {
+		return nil, err
+	}
+	if len(a.Commands) == 0 {
+		return nil, argError(`"commands" is required: a non-empty array of shell command lines, for example ["python3 -V"]`)
+	}
+	if len(a.Commands) > MaxCommandsPerExec {
+		return nil, argError("%d commands in one call; the limit is %d", len(a.Commands), MaxCommandsPerExec)
+	}
+	timeout := cfg.CommandTimeout
+	if a.TimeoutSeconds != nil {
+		secs := *a.TimeoutSeconds
+		maxSecs := int64(cfg.MaxTimeout / time.Second)
+		if secs < 1 || secs > maxSecs {
+			return nil, argError("timeout_seconds %d is out of range: 1 to %d", secs, maxSecs)
+		}
+		timeout = time.Duration(secs) * time.Second
+	}
+	if a.Workdir != "" {
+		if err := checkSandboxPath("workdir", a.Workdir, false); err != nil {
+			return nil, err
+		}
+		if !path.IsAbs(a.Workdir) {
+			return nil, argError("workdir %q must be an absolute path in the sandbox, for example /app", truncate(a.Workdir, 100))
+		}
+	}
+	env := make([]string, 0, len(a.Env))
+	for k, v := range a.Env {
+		env = append(env, k+"="+v)
+	}
+	sort.Strings(env)
+	reqs := make([]execio.Request, 0, len(a.Commands))
+	for i, c := range a.Commands {
+		if strings.TrimSpace(c) == "" {
+			return nil, argError("commands[%d] is empty", i)
+		}
+		if len(c) > MaxCommandLength {
+			return nil, argError("commands[%d] is %d bytes long; the limit is %d", i, len(c), MaxCommandLength)
+		}
+		req, err := execio.Request{
+			Shell:            c,
+			WorkingDir:       a.Workdir,
+			Env:              env,
+			TimeoutSeconds:   int64(timeout / time.Second),
+			OutputLimitBytes: cfg.OutputLimit,
+		}.Normalize()
+		if err != nil {
+			return nil, argError("commands[%d]: %v", i, err)
+		}
+		reqs = append(reqs, req)
+	}
+	return reqs, nil
+}
+
+type containerArgs struct {
+	ContainerID string `json:"container_id"`
+}
+
+type copyProjectArgs struct {
+	ContainerID string `json:"container_id"`
+	LocalSrcDir string `json:"local_src_dir"`
+	DestDir     string `json:"dest_dir"`
+}
+
+type copyFileArgs struct {
+	ContainerID  string `json:"container_id"`
+	LocalSrcFile string `json:"local_src_file"`
+	DestPath     string `json:"dest_path"`
+}
+
+type writeFileArgs struct {
+	ContainerID  string  `json:"container_id"`
+	FileName     string  `json:"file_name"`
+	FileContents *string `json:"file_contents"`
+	DestDir      string  `json:"dest_dir"`
+}
+
+type copyFromSandboxArgs struct {
+	ContainerID      string `json:"container_id"`
+	ContainerSrcPath string `json:"container_src_path"`
+	LocalDestPath    string `json:"local_dest_path"`
+}
+
+type readFileArgs struct {
+	ContainerID string `json:"container_id"`
+	Path        string `json:"path"`
+}
+
+// sandboxFilePath splits a sandbox file path into the directory to upload
+// into and the entry name, refusing paths that name no file.
+func sandboxFilePath(name, p string) (dir, base string, err error) {
+	if err := checkSandboxPath(name, p, true); err != nil {
+		return "", "", err
+	}
+	clean := path.Clean(p)
+	base = path.Base(clean)
+	if strings.HasSuffix(p, "/") || base == "." || base == "/" {
+		return "", "", argError("%q %q must name a file, not a directory", name, truncate(p, 200))
+	}
+	return path.Dir(clean), base, nil
+}

@@ -1,0 +1,153 @@
+// Package mcpserver is the Model Context Protocol server that gives agents
+// disposable, hardened sandboxes: the tools (sandbox_initialize,
+// sandbox_exec, file transfer…), the logs resource, the stdio and streamable
+// HTTP transports and their security (authentication, Origin and Host
+// checks, identity-bound sessions). Where sandboxes live is a Backend's
+// business: the Docker backend (package dockerbackend) runs them on the
+// local Docker Engine; a Kubernetes backend runs them as Sandbox resources.
+package mcpserver
+
+import (
+	"context"
+	"errors"
+	"io"
+	"time"
+
+	"github.com/code-sandbox/code-sandbox-operator/internal/execio"
+	"github.com/code-sandbox/code-sandbox-operator/internal/history"
+)
+
+// Caller is the authenticated identity a request acts for. Every Backend
+// call takes one, and a Backend shows a caller only the sandboxes that
+// caller created: anything else is ErrNotFound, never "forbidden", so that
+// sandbox IDs do not leak across identities.
+type Caller struct {
+	// ID is the stable identity: "local" over stdio, the token's identity
+	// over HTTP (for Kubernetes, "kube:<username>").
+	ID string
+	// Username, UID, Groups and Extra are the Kubernetes user info when
+	// the authenticator is a TokenReview; Username is empty otherwise. A
+	// Kubernetes backend asks SubjectAccessReviews for exactly this user,
+	// so RBAC decides what the caller may do.
+	Username string
+	UID      string
+	Groups   []string
+	Extra    map[string][]string
+	// Session is the MCP session the request arrived on, for logs; empty
+	// when the transport has none.
+	Session string
+}
+
+// Network modes a caller may ask for.
+const (
+	NetworkNone   = "none"
+	NetworkEgress = "egress"
+)
+
+// CreateRequest describes a new sandbox. Zero values mean the backend's
+// defaults.
+type CreateRequest struct {
+	Image string
+	// NanoCPUs is CPU in billionths of a core.
+	NanoCPUs    int64
+	MemoryBytes int64
+	// Network is NetworkNone or NetworkEgress.
+	Network string
+	// Lifetime bounds how long the sandbox may exist.
+	Lifetime time.Duration
+}
+
+// Sandbox is what a caller may know about one of its sandboxes.
+type Sandbox struct {
+	// ID is the handle tools call container_id.
+	ID          string    `json:"container_id"`
+	Image       string    `json:"image"`
+	Status      string    `json:"status"`
+	Network     string    `json:"network"`
+	WorkingDir  string    `json:"working_dir"`
+	NanoCPUs    int64     `json:"nano_cpus"`
+	MemoryBytes int64     `json:"memory_bytes"`
+	CreatedAt   time.Time `json:"created_at"`
+	LastUsedAt  time.Time `json:"last_used_at"`
+	ExpiresAt   time.Time `json:"expires_at"`
+}
+
+// OutputFunc receives a command's output while it runs. stream is
+// "stdout" or "stderr". It is called from the backend's copy goroutines,
+// possibly concurrently for the two streams, and must not keep p.
+type OutputFunc func(stream string, p []byte)
+
+// LogsOptions bound a Logs call.
+type LogsOptions struct {
+	// TailLines is how many lines of container output to return; 0 means
+	// all (still capped by MaxBytes).
+	TailLines int
+	// MaxBytes caps the container output returned; the start is dropped.
+	MaxBytes int64
+	// HistoryRecords is how many exec records to return; 0 means all kept.
+	HistoryRecords int
+}
+
+// Logs is a sandbox's own output and the commands run in it.
+type Logs struct {
+	Output    string
+	Truncated bool
+	History   []history.Record
+}
+
+// Backend runs sandboxes. Implementations must be safe for concurrent use,
+// enforce ownership (a sandbox is visible only to the Caller.ID that
+// created it) and their own quotas, and map failures onto the errors below
+// (wrapped, with a message a user can act on).
+type Backend interface {
+	// Create starts a sandbox and returns once commands can run in it.
+	Create(ctx context.Context, caller Caller, req CreateRequest) (Sandbox, error)
+	// Get returns one of the caller's sandboxes.
+	Get(ctx context.Context, caller Caller, id string) (Sandbox, error)
+	// List returns the caller's sandboxes.
+	List(ctx context.Context, caller Caller) ([]Sandbox, error)
+	// Exec runs one command and streams its output to out while it runs.
+	// req is validated and defaulted by the backend (execio.Request
+	// Normalize). A timeout is reported in the Result with the process
+	// tree killed; a cancelled ctx is an error.
+	Exec(ctx context.Context, caller Caller, id string, req execio.Request, out OutputFunc) (execio.Result, error)
+	// Upload extracts an uncompressed tar stream into directory destDir
+	// (absolute, or relative to the sandbox's working directory).
+	Upload(ctx context.Context, caller Caller, id, destDir string, archive io.Reader, limits execio.UploadLimits) (execio.TransferStats, error)
+	// Download writes a tar of the file or tree at src to w, its entries
+	// named below src's base name, failing with execio.ErrTooLarge past
+	// maxBytes of content.
+	Download(ctx context.Context, caller Caller, id, src string, w io.Writer, maxBytes int64) (execio.TransferStats, error)
+	// Logs returns the sandbox's output and exec history.
+	Logs(ctx context.Context, caller Caller, id string, opts LogsOptions) (Logs, error)
+	// Stop stops the sandbox (SIGTERM, a grace period, SIGKILL) and removes
+	// it with its volumes.
+	Stop(ctx context.Context, caller Caller, id string) error
+	// Ready reports whether the backend can serve (for /readyz).
+	Ready(ctx context.Context) error
+	// Close removes every sandbox this server instance created and releases
+	// the backend's resources.
+	Close(ctx context.Context) error
+}
+
+// Errors a Backend wraps so that tools can explain what to do. Anything
+// else is reported as an internal failure with its text.
+var (
+	// ErrNotFound: no such sandbox for this caller (never existed, belongs
+	// to someone else, or already removed).
+	ErrNotFound = errors.New("sandbox not found")
+	// ErrQuota: the caller has too many sandboxes.
+	ErrQuota = errors.New("sandbox quota exceeded")
+	// ErrInvalid: the request is malformed or not allowed by the server's
+	// policy (image not allowed, egress disabled…).
+	ErrInvalid = errors.New("invalid request")
+	// ErrImageNotFound: the image is absent and may not or could not be
+	// pulled.
+	ErrImageNotFound = errors.New("image not available")
+	// ErrUnavailable: the backend's infrastructure (Docker Engine, API
+	// server) does not answer; retrying later may work.
+	ErrUnavailable = errors.New("sandbox backend unavailable")
+	// ErrNotRunning: the sandbox exists but is not running (it exited,
+	// was OOM-killed, or is being removed).
+	ErrNotRunning = errors.New("sandbox not running")
+)

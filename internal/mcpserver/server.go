@@ -1,0 +1,154 @@
+package mcpserver
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"runtime/debug"
+	"strings"
+	"time"
+
+	"github.com/mark3labs/mcp-go/mcp"
+	"github.com/mark3labs/mcp-go/server"
+
+	"github.com/code-sandbox/code-sandbox-operator/internal/execio"
+)
+
+// ServerName is the implementation name announced to clients.
+const ServerName = "code-sandbox-mcp"
+
+const instructions = `Runs code in disposable, hardened sandboxes (no network unless allowed, no capabilities, read-only root filesystem, non-root user, bounded CPU, memory, processes and disk).
+Call sandbox_initialize first; it returns a container_id that every other tool takes. Write files with write_file (or copy_project/copy_file from allowed host directories), run shell commands with sandbox_exec, read results with read_file, and call sandbox_stop when done. Writable paths: the working directory (default /app), /tmp and /var/tmp. Idle sandboxes are removed automatically.`
+
+// deps is what every tool handler closes over.
+type deps struct {
+	cfg     Config
+	backend Backend
+	log     *slog.Logger
+}
+
+// New builds the MCP server with every tool and the logs resource. The
+// transports (ServeStdio, HTTPHandler) put the caller's identity in the
+// context; a request without one is refused.
+func New(cfg Config, backend Backend, logger *slog.Logger) (*server.MCPServer, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	d := &deps{cfg: cfg.withDefaults(), backend: backend, log: logger}
+	version := cfg.Version
+	if version == "" {
+		version = "dev"
+	}
+	s := server.NewMCPServer(ServerName, version,
+		server.WithToolCapabilities(false),
+		server.WithResourceCapabilities(false, false),
+		server.WithLogging(),
+		server.WithInstructions(instructions),
+	)
+	for _, ctor := range []func(*deps) (mcp.Tool, server.ToolHandlerFunc){
+		sandboxInitializeTool,
+		copyProjectTool,
+		writeFileTool,
+		sandboxExecTool,
+		copyFileTool,
+		copyFileFromSandboxTool,
+		readFileTool,
+		listSandboxesTool,
+		sandboxStopTool,
+	} {
+		tool, handler := ctor(d)
+		s.AddTool(tool, d.wrap(tool.Name, handler))
+	}
+	tmpl, handler := logsResource(d)
+	s.AddResourceTemplate(tmpl, handler)
+	return s, nil
+}
+
+// wrap makes every handler fail closed without an identity, turns panics
+// into tool errors (one bad call must not take the server and everyone's
+// sandboxes down), and logs each call to stderr.
+func (d *deps) wrap(name string, h server.ToolHandlerFunc) server.ToolHandlerFunc {
+	return func(ctx context.Context, req mcp.CallToolRequest) (res *mcp.CallToolResult, err error) {
+		caller, ok := CallerFrom(ctx)
+		if !ok {
+			return mcp.NewToolResultError("unauthenticated request: no caller identity"), nil
+		}
+		if s := server.ClientSessionFromContext(ctx); s != nil && caller.Session == "" {
+			caller.Session = s.SessionID()
+		}
+		ctx = WithCaller(ctx, caller)
+		start := time.Now()
+		defer func() {
+			if p := recover(); p != nil {
+				d.log.Error("tool panicked", "tool", name, "panic", p, "stack", string(debug.Stack()))
+				res, err = mcp.NewToolResultError(fmt.Sprintf("internal error in %s; the server logged the details", name)), nil
+			}
+			attrs := []any{"tool", name, "caller", IdentityHash(caller.ID), "duration", time.Since(start).Round(time.Millisecond)}
+			if res != nil && res.IsError {
+				attrs = append(attrs, "error", firstText(res))
+			}
+			d.log.Info("tool call", attrs...)
+		}()
+		return h(ctx, req)
+	}
+}
+
+func firstText(res *mcp.CallToolResult) string {
+	for _, c := range res.Content {
+		if t, ok := c.(mcp.TextContent); ok {
+			return truncate(t.Text, 300)
+		}
+	}
+	return ""
+}
+
+// toolError turns an error into a tool result that tells the caller what
+// went wrong and what to do about it.
+func (d *deps) toolError(containerID string, err error) *mcp.CallToolResult {
+	msg := err.Error()
+	switch {
+	case errors.Is(err, errArgs):
+		msg = "Invalid arguments: " + strings.TrimPrefix(msg, errArgs.Error()+": ")
+	case errors.Is(err, ErrNotFound):
+		msg = fmt.Sprintf("Sandbox %q not found: it does not exist, belongs to another client, or was removed (stopped, idle too long, or past its lifetime). Call list_sandboxes to see yours, or sandbox_initialize to create a new one.", containerID)
+	case errors.Is(err, ErrQuota):
+		msg += ". Stop a sandbox you no longer need with sandbox_stop (list_sandboxes shows them)."
+	case errors.Is(err, ErrImageNotFound):
+		msg += ". This server does not pull missing images by itself unless its pull policy allows it: pull or build the image on the host (for example `docker pull IMAGE`), or use an image that is present."
+	case errors.Is(err, ErrUnavailable):
+		msg += ". The sandbox backend is not reachable (is the Docker Engine running?); retry in a moment."
+	case errors.Is(err, ErrNotRunning):
+		msg += ". The sandbox is no longer running (it may have run out of memory); stop it with sandbox_stop and create a new one."
+	case errors.Is(err, execio.ErrTooLarge):
+		msg += ". Move less data at once, or split it."
+	case errors.Is(err, execio.ErrInvalidPath), errors.Is(err, execio.ErrPathNotFound),
+		errors.Is(err, execio.ErrInvalidRequest), errors.Is(err, execio.ErrUnsupportedEntry), errors.Is(err, ErrInvalid):
+	case errors.Is(err, context.Canceled):
+		msg = "The request was cancelled."
+	case errors.Is(err, context.DeadlineExceeded):
+		msg = "The request took too long and was abandoned: " + msg
+	default:
+		d.log.Warn("tool failed", "container_id", containerID, "error", err)
+		msg = "Internal error: " + msg
+	}
+	return mcp.NewToolResultError(msg)
+}
+
+// result is a successful tool result with both forms: text for models and
+// clients that read only text, structured content for those that parse.
+func result(structured any, text string) *mcp.CallToolResult {
+	return mcp.NewToolResultStructured(structured, text)
+}
+
+func boolPtr(b bool) *bool { return &b }
+
+func annotations(title string, readOnly, destructive, idempotent, openWorld bool) mcp.ToolOption {
+	return mcp.WithToolAnnotation(mcp.ToolAnnotation{
+		Title:           title,
+		ReadOnlyHint:    boolPtr(readOnly),
+		DestructiveHint: boolPtr(destructive),
+		IdempotentHint:  boolPtr(idempotent),
+		OpenWorldHint:   boolPtr(openWorld),
+	})
+}

@@ -1,0 +1,194 @@
+/*
+Copyright 2026 The code-sandbox-operator Authors.
+
+Licensed under the MIT License; see the LICENSE file.
+*/
+
+package nodeapi
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"path"
+	"sync"
+	"time"
+
+	logf "sigs.k8s.io/controller-runtime/pkg/log"
+
+	sandboxv1alpha1 "github.com/code-sandbox/code-sandbox-operator/api/v1alpha1"
+	"github.com/code-sandbox/code-sandbox-operator/internal/dockerruntime"
+	"github.com/code-sandbox/code-sandbox-operator/internal/execio"
+	"github.com/code-sandbox/code-sandbox-operator/internal/history"
+)
+
+// maxExecBody bounds an exec request: the largest stdin, base64-encoded in
+// JSON (4/3), plus room for the command and environment.
+const maxExecBody = execio.MaxStdin/3*4 + 4<<20
+
+// serveExec runs one command and streams its output as NDJSON frames.
+func (s *Server) serveExec(w http.ResponseWriter, r *http.Request, sbx *sandboxv1alpha1.Sandbox, ct dockerruntime.Container) {
+	ctx := r.Context()
+	log := logf.FromContext(ctx)
+
+	if r.ContentLength > maxExecBody {
+		writeError(w, tooLarge("exec request is %d bytes, more than the %d allowed", r.ContentLength, maxExecBody))
+		return
+	}
+	var req execio.Request
+	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, maxExecBody))
+	if err := dec.Decode(&req); err != nil {
+		var maxBytes *http.MaxBytesError
+		if errors.As(err, &maxBytes) {
+			writeError(w, tooLarge("exec request exceeds %d bytes", maxExecBody))
+			return
+		}
+		writeError(w, badRequest("exec request is not a JSON execio.Request: %v", err))
+		return
+	}
+	// Relative working directories are relative to the Sandbox's own, as
+	// file paths are.
+	switch {
+	case req.WorkingDir == "":
+		req.WorkingDir = workingDir(sbx)
+	case !path.IsAbs(req.WorkingDir):
+		req.WorkingDir = path.Join(workingDir(sbx), req.WorkingDir)
+	}
+	// The request may ask for a smaller cap, never a larger one than the
+	// node allows.
+	if req.OutputLimitBytes <= 0 || req.OutputLimitBytes > s.cfg.ExecOutputLimit {
+		req.OutputLimitBytes = s.cfg.ExecOutputLimit
+	}
+	req, err := req.Normalize()
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	release, lerr := s.limits.acquire(sbx.UID)
+	if lerr != nil {
+		writeError(w, lerr)
+		return
+	}
+	defer release()
+
+	// The caller leaving (or a failed write to it) cancels the command, and
+	// the runtime then kills its whole process tree.
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	fw := &frameWriter{rc: http.NewResponseController(w), enc: json.NewEncoder(w), cancel: cancel}
+
+	h := w.Header()
+	h.Set("Content-Type", ContentTypeNDJSON)
+	h.Set("X-Content-Type-Options", "nosniff")
+	// Proxies such as nginx would otherwise buffer the stream.
+	h.Set("X-Accel-Buffering", "no")
+	w.WriteHeader(http.StatusOK)
+	// Headers out now, so that the client knows the command started even
+	// if it prints nothing for a while.
+	_ = fw.rc.Flush()
+
+	rec := history.Record{
+		ID:         newExecID(),
+		Command:    req.Command,
+		Shell:      req.Shell,
+		WorkingDir: req.WorkingDir,
+		StartedAt:  time.Now().UTC(),
+		Caller:     callerName(ctx),
+	}
+	log.V(1).Info("exec starting", "exec", rec.ID, "argv", req.Argv())
+	res, runErr := s.cfg.Runtime.RunCommand(ctx, ct.ID, req, fw.stream(StreamStdout), fw.stream(StreamStderr))
+
+	rec.DurationMillis = res.DurationMillis
+	if rec.DurationMillis == 0 {
+		rec.DurationMillis = time.Since(rec.StartedAt).Milliseconds()
+	}
+	rec.ExitCode, rec.TimedOut, rec.Truncated = res.ExitCode, res.TimedOut, res.Truncated()
+	var final Frame
+	if runErr != nil {
+		rec.ExitCode = -1
+		if r.Context().Err() != nil {
+			rec.Error = "the caller disconnected; the command was killed"
+		} else if fw.failed() != nil {
+			rec.Error = fmt.Sprintf("writing output to the caller failed (%v); the command was killed", fw.failed())
+		} else {
+			rec.Error = runErr.Error()
+		}
+		final.Error = rec.Error
+	} else {
+		final.Result = &res
+	}
+	if err := s.cfg.History.Append(string(sbx.UID), rec); err != nil {
+		log.Error(err, "recording exec history", "exec", rec.ID)
+	}
+	log.Info("exec finished", "exec", rec.ID, "exitCode", rec.ExitCode, "durationMillis", rec.DurationMillis,
+		"timedOut", rec.TimedOut, "truncated", rec.Truncated, "error", rec.Error)
+	_ = fw.write(final)
+}
+
+// frameWriter writes NDJSON frames and flushes each, so output reaches the
+// caller as the command produces it. stdout and stderr arrive from two
+// goroutines; the mutex keeps frames whole.
+type frameWriter struct {
+	mu     sync.Mutex
+	rc     *http.ResponseController
+	enc    *json.Encoder
+	cancel context.CancelFunc
+	err    error
+}
+
+func (fw *frameWriter) write(f Frame) error {
+	fw.mu.Lock()
+	defer fw.mu.Unlock()
+	if fw.err != nil {
+		return fw.err
+	}
+	err := fw.enc.Encode(&f)
+	if err == nil {
+		err = fw.rc.Flush()
+	}
+	if err != nil {
+		// Nobody reads the output any more: stop the command rather than
+		// let it run for no one.
+		fw.err = fmt.Errorf("writing exec output: %w", err)
+		fw.cancel()
+	}
+	return fw.err
+}
+
+func (fw *frameWriter) failed() error {
+	fw.mu.Lock()
+	defer fw.mu.Unlock()
+	return fw.err
+}
+
+// stream is an io.Writer that turns each write into one output frame.
+func (fw *frameWriter) stream(name string) streamWriter { return streamWriter{fw: fw, name: name} }
+
+type streamWriter struct {
+	fw   *frameWriter
+	name string
+}
+
+func (s streamWriter) Write(p []byte) (int, error) {
+	if len(p) == 0 {
+		return 0, nil
+	}
+	// Encode copies p (as base64) before returning, so the caller may reuse
+	// its buffer.
+	if err := s.fw.write(Frame{Stream: s.name, Data: p}); err != nil {
+		return 0, err
+	}
+	return len(p), nil
+}
+
+// newExecID names one exec in the history: random, so IDs stay unique
+// across manager restarts.
+func newExecID() string {
+	var b [8]byte
+	_, _ = rand.Read(b[:])
+	return hex.EncodeToString(b[:])
+}

@@ -1,0 +1,713 @@
+/*
+Copyright 2026 The code-sandbox-operator Authors.
+
+Licensed under the MIT License; see the LICENSE file.
+*/
+
+package nodeapi_test
+
+import (
+	"archive/tar"
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"runtime"
+	"strings"
+	"sync"
+	"time"
+
+	. "github.com/onsi/ginkgo/v2"
+	. "github.com/onsi/gomega"
+	authenticationv1 "k8s.io/api/authentication/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	sandboxv1alpha1 "github.com/code-sandbox/code-sandbox-operator/api/v1alpha1"
+	"github.com/code-sandbox/code-sandbox-operator/internal/dockerruntime"
+	"github.com/code-sandbox/code-sandbox-operator/internal/execio"
+	"github.com/code-sandbox/code-sandbox-operator/internal/history"
+	"github.com/code-sandbox/code-sandbox-operator/internal/nodeapi"
+)
+
+var _ = Describe("Node API", Ordered, ContinueOnFailure, func() {
+	var (
+		ns, otherNS string
+		sbx         *sandboxv1alpha1.Sandbox
+		// execToken may exec in ns (sandbox-exec-role).
+		execToken string
+		// logToken may only read logs in ns.
+		logToken string
+		// strangerToken has no binding at all.
+		strangerToken string
+		// otherNSToken is bound to the exec role in otherNS only.
+		otherNSToken string
+		// impersonatorToken may impersonate users; noImpersonateToken has
+		// the exec role but may not impersonate.
+		impersonatorToken, noImpersonateToken string
+	)
+
+	BeforeAll(func() {
+		ns, otherNS = newNamespace(), newNamespace()
+		execToken = serviceAccountToken(ns, "runner")
+		bind(ns, "sandbox-exec-role", saSubject(ns, "runner"))
+		logToken = serviceAccountToken(ns, "log-reader")
+		bind(ns, "sandbox-log-only", saSubject(ns, "log-reader"))
+		strangerToken = serviceAccountToken(ns, "stranger")
+		otherNSToken = serviceAccountToken(otherNS, "runner")
+		bind(otherNS, "sandbox-exec-role", saSubject(otherNS, "runner"))
+		impersonatorToken = serviceAccountToken(ns, "mcp")
+		Expect(k8sClient.Create(context.Background(), &rbacv1.ClusterRoleBinding{
+			ObjectMeta: metav1.ObjectMeta{GenerateName: "mcp-impersonates-"},
+			RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: "impersonate-users"},
+			Subjects:   []rbacv1.Subject{saSubject(ns, "mcp")},
+		})).To(Succeed())
+		noImpersonateToken = serviceAccountToken(ns, "no-impersonate")
+		bind(ns, "sandbox-exec-role", saSubject(ns, "no-impersonate"))
+		// alice may exec in ns; bob may not.
+		bind(ns, "sandbox-exec-role", userSubject("alice"))
+		bind(ns, "sandbox-exec-role", userSubject("carol"))
+
+		sbx = waitReady(createSandbox(ns, uniqueName("main")))
+	})
+
+	echo := execio.Request{Command: []string{"echo", "hi"}}
+
+	It("publishes the endpoint and certificate pin in the status of a Running Sandbox", func() {
+		Expect(sbx.Status.AgentEndpoint).To(Equal(api.endpoint))
+		Expect(sbx.Status.AgentCertSHA256).To(Equal(api.cert.SHA256))
+		Expect(sbx.Status.AgentCertSHA256).To(MatchRegexp(`^[0-9a-f]{64}$`))
+	})
+
+	Context("authentication and authorisation", func() {
+		It("runs a command for a caller with the exec role", func() {
+			res := api.exec(ns, sbx.Name, execToken, echo)
+			Expect(res.status).To(Equal(http.StatusOK), res.stdout.String())
+			Expect(res.stdout.String()).To(Equal("hi\n"))
+			Expect(res.result).NotTo(BeNil())
+			Expect(res.result.ExitCode).To(Equal(0))
+		})
+
+		It("answers 401 without a token or with a bad one, and runs nothing", func() {
+			before := historyLen(sbx)
+			for _, token := range []string{"", "garbage", execToken + "x"} {
+				resp := api.do(request{method: http.MethodPost, namespace: ns, name: sbx.Name, subresource: "exec", token: token,
+					body: strings.NewReader(`{"command":["touch","/app/pwned"]}`)})
+				Expect(resp.StatusCode).To(Equal(http.StatusUnauthorized), "token %q", token)
+				st := statusOf(resp)
+				Expect(st.Reason).To(Equal(metav1.StatusReasonUnauthorized))
+			}
+			Expect(historyLen(sbx)).To(Equal(before))
+			res := api.exec(ns, sbx.Name, execToken, execio.Request{Command: []string{"ls", "/app/pwned"}})
+			Expect(res.result.ExitCode).NotTo(Equal(0))
+		})
+
+		DescribeTable("answers 403 when RBAC does not allow it",
+			func(token func() string, namespace func() string, subresource, method string) {
+				resp := api.do(request{method: method, namespace: namespace(), name: sbx.Name, subresource: subresource, token: token(),
+					query: "path=x", body: strings.NewReader(`{"command":["touch","/app/pwned"]}`)})
+				Expect(resp.StatusCode).To(Equal(http.StatusForbidden))
+				st := statusOf(resp)
+				Expect(st.Reason).To(Equal(metav1.StatusReasonForbidden))
+				Expect(st.Message).To(ContainSubstring("sandboxes/" + subresource))
+			},
+			Entry("a ServiceAccount without a binding", func() string { return strangerToken }, func() string { return ns }, "exec", http.MethodPost),
+			Entry("a log reader trying exec", func() string { return logToken }, func() string { return ns }, "exec", http.MethodPost),
+			Entry("a log reader trying an upload", func() string { return logToken }, func() string { return ns }, "files", http.MethodPut),
+			Entry("a runner of another namespace", func() string { return otherNSToken }, func() string { return ns }, "exec", http.MethodPost),
+		)
+
+		It("lets a log reader read logs and history", func() {
+			resp := api.do(request{method: http.MethodGet, namespace: ns, name: sbx.Name, subresource: "history", token: logToken})
+			Expect(resp.StatusCode).To(Equal(http.StatusOK))
+			resp.Body.Close()
+			resp = api.do(request{method: http.MethodGet, namespace: ns, name: sbx.Name, subresource: "log", token: logToken})
+			Expect(resp.StatusCode).To(Equal(http.StatusOK))
+			resp.Body.Close()
+		})
+
+		It("answers 403 for the same name in a namespace the caller is not bound in", func() {
+			other := waitReady(createSandbox(otherNS, sbx.Name))
+			Expect(api.exec(otherNS, other.Name, execToken, echo).status).To(Equal(http.StatusForbidden))
+			Expect(api.exec(otherNS, other.Name, otherNSToken, echo).status).To(Equal(http.StatusOK))
+		})
+
+		It("refuses impersonation to a caller without the impersonate permission", func() {
+			resp := api.do(request{method: http.MethodPost, namespace: ns, name: sbx.Name, subresource: "exec", token: noImpersonateToken,
+				header: http.Header{"Impersonate-User": {"alice"}, "Accept": {nodeapi.ContentTypeNDJSON}}, body: strings.NewReader(`{"command":["true"]}`)})
+			Expect(resp.StatusCode).To(Equal(http.StatusForbidden))
+			st := statusOf(resp)
+			Expect(st.Message).To(ContainSubstring("impersonate"))
+		})
+
+		It("acts as the impersonated user, with that user's RBAC", func() {
+			impersonate := func(user string) int {
+				resp := api.do(request{method: http.MethodPost, namespace: ns, name: sbx.Name, subresource: "exec", token: impersonatorToken,
+					header: http.Header{authenticationv1.ImpersonateUserHeader: {user}}, body: strings.NewReader(`{"command":["echo","as-` + user + `"]}`)})
+				defer resp.Body.Close()
+				_, _ = io.Copy(io.Discard, resp.Body)
+				return resp.StatusCode
+			}
+			Expect(impersonate("alice")).To(Equal(http.StatusOK))
+			recs, err := hist.Tail(string(sbx.UID), 1)
+			Expect(err).NotTo(HaveOccurred())
+			Expect(recs).To(HaveLen(1))
+			Expect(recs[0].Caller).To(Equal("alice"))
+			Expect(recs[0].Command).To(Equal([]string{"echo", "as-alice"}))
+			// bob has no binding: impersonating him gives his rights.
+			Expect(impersonate("bob")).To(Equal(http.StatusForbidden))
+			// The impersonator itself has no exec role.
+			resp := api.do(request{method: http.MethodPost, namespace: ns, name: sbx.Name, subresource: "exec", token: impersonatorToken,
+				body: strings.NewReader(`{"command":["true"]}`)})
+			Expect(resp.StatusCode).To(Equal(http.StatusForbidden))
+			resp.Body.Close()
+		})
+
+		It("accepts client certificates signed by the client CA and refuses others", func() {
+			client := pinnedClient(api.cert.SHA256, clientCA.clientCert("carol"))
+			ts := *api
+			ts.client = client
+			res := ts.exec(ns, sbx.Name, "", echo)
+			Expect(res.status).To(Equal(http.StatusOK))
+			Expect(res.stdout.String()).To(Equal("hi\n"))
+
+			ts.client = pinnedClient(api.cert.SHA256, newTestCA("rogue").clientCert("carol"))
+			Expect(ts.exec(ns, sbx.Name, "", echo).status).To(Equal(http.StatusUnauthorized))
+			ts.client = pinnedClient(api.cert.SHA256, clientCA.clientCert("mallory"))
+			Expect(ts.exec(ns, sbx.Name, "", echo).status).To(Equal(http.StatusForbidden))
+		})
+
+		It("fails the TLS handshake for a client pinning another certificate", func() {
+			ts := *api
+			ts.client = pinnedClient(strings.Repeat("0", 64), nil)
+			_, err := ts.try(request{method: http.MethodPost, namespace: ns, name: sbx.Name, subresource: "exec", token: execToken,
+				body: strings.NewReader(`{"command":["true"]}`)})
+			Expect(err).To(MatchError(ContainSubstring("does not match the pinned")))
+		})
+	})
+
+	Context("which Sandboxes it serves", func() {
+		It("answers 404 for a missing Sandbox", func() {
+			res := api.exec(ns, "does-not-exist", execToken, echo)
+			Expect(res.status).To(Equal(http.StatusNotFound))
+			Expect(res.stdout.String()).To(ContainSubstring("not found"))
+		})
+
+		It("answers 404 for a Sandbox on another node, even one claiming our container", func() {
+			other := createSandbox(ns, uniqueName("elsewhere"), func(s *sandboxv1alpha1.Sandbox) { s.Spec.NodeName = "" + testNodePrefix + "nobody" })
+			setStatus(other, testNodePrefix+"nobody", sbx.Status.ContainerID)
+			res := api.exec(ns, other.Name, execToken, echo)
+			Expect(res.status).To(Equal(http.StatusNotFound))
+			Expect(res.stdout.String()).To(ContainSubstring("runs on node " + testNodePrefix + "nobody"))
+		})
+
+		It("answers 409 with the reason for a Sandbox that is not Ready, and runs nothing", func() {
+			broken := createSandbox(ns, uniqueName("broken"), func(s *sandboxv1alpha1.Sandbox) {
+				s.Spec.Image = "code-sandbox-test/does-not-exist:1"
+				s.Spec.ImagePullPolicy = sandboxv1alpha1.PullNever
+			})
+			Eventually(readyReason(broken), 30*time.Second).Should(Equal("False/ImageNotFound"))
+			res := api.exec(ns, broken.Name, execToken, echo)
+			Expect(res.status).To(Equal(http.StatusConflict))
+			Expect(res.stdout.String()).To(ContainSubstring("ImageNotFound"))
+		})
+
+		It("refuses a container that is not the Sandbox's own, whatever status.containerID says", func() {
+			// A server for a node without a manager, so that nothing fixes
+			// the forged status behind the test's back.
+			ghostNode := testNodePrefix + "ghost"
+			ghost := newTestServer(serverOptions{node: ghostNode, runtime: docker, reader: k8sClient}).start()
+			forged := createSandbox(ns, uniqueName("forged"), func(s *sandboxv1alpha1.Sandbox) { s.Spec.NodeName = ghostNode })
+			setStatus(forged, ghostNode, sbx.Status.ContainerID)
+			before := historyLen(sbx)
+			res := ghost.exec(ns, forged.Name, execToken, execio.Request{Command: []string{"touch", "/app/forged"}})
+			Expect(res.status).To(Equal(http.StatusConflict))
+			Expect(res.stdout.String()).To(ContainSubstring("not the sandbox's own container"))
+			Expect(historyLen(sbx)).To(Equal(before))
+		})
+
+		It("answers 503 quickly when Docker is unavailable, and the manager keeps serving", func() {
+			dead, err := dockerruntime.New(dockerruntime.Options{Host: "unix:///nonexistent/docker.sock", CallTimeout: 2 * time.Second})
+			Expect(err).NotTo(HaveOccurred())
+			defer dead.Close()
+			down := newTestServer(serverOptions{node: nodeName, runtime: dead, reader: k8sClient}).start()
+			start := time.Now()
+			resp := down.do(request{method: http.MethodPost, namespace: ns, name: sbx.Name, subresource: "exec", token: execToken,
+				body: strings.NewReader(`{"command":["true"]}`)})
+			Expect(time.Since(start)).To(BeNumerically("<", 3*time.Second))
+			Expect(resp.StatusCode).To(Equal(http.StatusServiceUnavailable))
+			Expect(resp.Header.Get("Retry-After")).NotTo(BeEmpty())
+			st := statusOf(resp)
+			Expect(st.Message).To(ContainSubstring("Docker Engine is unavailable"))
+			for _, sub := range []string{"log", "files"} {
+				resp := down.do(request{method: http.MethodGet, namespace: ns, name: sbx.Name, subresource: sub, token: execToken, query: "path=."})
+				Expect(resp.StatusCode).To(Equal(http.StatusServiceUnavailable), sub)
+				resp.Body.Close()
+			}
+			Expect(api.exec(ns, sbx.Name, execToken, echo).status).To(Equal(http.StatusOK))
+		})
+
+		It("refuses more concurrent commands than the per-Sandbox limit with 429", func() {
+			limited := newTestServer(serverOptions{node: nodeName, runtime: docker, reader: k8sClient, maxExecsPerSandbox: 1}).start()
+			body, _ := json.Marshal(execio.Request{Shell: "echo started; sleep 2"})
+			resp := limited.do(request{method: http.MethodPost, namespace: ns, name: sbx.Name, subresource: "exec", token: execToken, body: bytes.NewReader(body)})
+			Expect(resp.StatusCode).To(Equal(http.StatusOK))
+			defer resp.Body.Close()
+			frames := make(chan nodeapi.Frame, 10)
+			go func() {
+				defer GinkgoRecover()
+				defer close(frames)
+				readFrames(resp.Body, func(f nodeapi.Frame) { frames <- f })
+			}()
+			Eventually(frames, 5*time.Second).Should(Receive(HaveField("Stream", nodeapi.StreamStdout)))
+			// The first command holds the only slot until it ends.
+			busy := limited.do(request{method: http.MethodPost, namespace: ns, name: sbx.Name, subresource: "exec", token: execToken, body: strings.NewReader(`{"command":["true"]}`)})
+			Expect(busy.StatusCode).To(Equal(http.StatusTooManyRequests))
+			Expect(busy.Header.Get("Retry-After")).To(Equal("1"))
+			Expect(statusOf(busy).Message).To(ContainSubstring("limit"))
+			Eventually(frames, 5*time.Second).Should(Receive(HaveField("Result.ExitCode", 0)))
+			Expect(limited.exec(ns, sbx.Name, execToken, echo).status).To(Equal(http.StatusOK))
+		})
+
+		It("answers 400 for invalid requests, naming the problem", func() {
+			res := api.exec(ns, sbx.Name, execToken, execio.Request{Command: []string{"echo"}, Shell: "echo"})
+			Expect(res.status).To(Equal(http.StatusBadRequest))
+			Expect(res.stdout.String()).To(ContainSubstring("exactly one of command and shell"))
+			res = api.exec(ns, sbx.Name, execToken, execio.Request{Command: []string{"true"}, WorkingDir: "/proc/self/fd/7"})
+			Expect(res.status).To(Equal(http.StatusBadRequest))
+			resp := api.do(request{method: http.MethodPost, namespace: ns, name: sbx.Name, subresource: "exec", token: execToken, body: strings.NewReader("{not json")})
+			Expect(resp.StatusCode).To(Equal(http.StatusBadRequest))
+			resp.Body.Close()
+			resp = api.do(request{method: http.MethodGet, namespace: ns, name: sbx.Name, subresource: "exec", token: execToken})
+			Expect(resp.StatusCode).To(Equal(http.StatusMethodNotAllowed))
+			resp.Body.Close()
+		})
+	})
+
+	Context("exec", func() {
+		It("streams output as it arrives, in order, and reports the exit code", func() {
+			res := api.exec(ns, sbx.Name, execToken, execio.Request{Shell: "echo one; sleep 1.5; echo two >&2; echo three; exit 3"})
+			Expect(res.status).To(Equal(http.StatusOK))
+			Expect(res.stdout.String()).To(Equal("one\nthree\n"))
+			Expect(res.stderr.String()).To(Equal("two\n"))
+			Expect(res.result.ExitCode).To(Equal(3))
+			Expect(res.result.TimedOut).To(BeFalse())
+			// The first line came before the command slept.
+			Expect(res.firstFrame).To(BeNumerically("<", time.Second))
+			Expect(res.total).To(BeNumerically(">", 1500*time.Millisecond))
+		})
+
+		It("kills the whole tree on timeout and says so", func() {
+			res := api.exec(ns, sbx.Name, execToken, execio.Request{Shell: "sleep 1000 & sleep 1000", TimeoutSeconds: 1})
+			Expect(res.status).To(Equal(http.StatusOK))
+			Expect(res.result).NotTo(BeNil(), "error frame: %s", res.errorFrame)
+			Expect(res.result.TimedOut).To(BeTrue())
+			Expect(res.total).To(BeNumerically("<", 6*time.Second))
+			recs, err := hist.Tail(string(sbx.UID), 1)
+			Expect(err).NotTo(HaveOccurred())
+			Expect(recs[0].Shell).To(Equal("sleep 1000 & sleep 1000"))
+			Expect(recs[0].TimedOut).To(BeTrue())
+			Eventually(sleepers(ns, sbx.Name, execToken), 5*time.Second).Should(Equal("0"))
+		})
+
+		It("caps a 100 MiB flood at the output limit with bounded memory", func() {
+			runtime.GC()
+			var before runtime.MemStats
+			runtime.ReadMemStats(&before)
+			var peak uint64
+			stop := make(chan struct{})
+			sampled := make(chan struct{})
+			go func() {
+				defer close(sampled)
+				for {
+					var m runtime.MemStats
+					runtime.ReadMemStats(&m)
+					peak = max(peak, m.HeapInuse)
+					select {
+					case <-stop:
+						return
+					case <-time.After(20 * time.Millisecond):
+					}
+				}
+			}()
+			res := api.exec(ns, sbx.Name, execToken, execio.Request{Shell: "head -c 104857600 /dev/zero"})
+			close(stop)
+			<-sampled
+			Expect(res.status).To(Equal(http.StatusOK))
+			Expect(res.result.StdoutTruncated).To(BeTrue())
+			Expect(res.result.StdoutBytes).To(BeNumerically("==", 100<<20))
+			Expect(int64(res.stdout.Len())).To(BeNumerically("<=", execio.DefaultOutputLimit+4096))
+			Expect(res.stdout.String()).To(ContainSubstring("truncated"))
+			growth := int64(peak) - int64(before.HeapInuse)
+			GinkgoWriter.Printf("heap in use grew by %d KiB during the flood\n", growth>>10)
+			// The test itself keeps the capped 1 MiB of output.
+			Expect(growth).To(BeNumerically("<", 8<<20))
+		})
+
+		It("runs 50 commands at once", func() {
+			var wg sync.WaitGroup
+			results := make([]*execResult, 50)
+			for i := range results {
+				wg.Add(1)
+				go func() {
+					defer GinkgoRecover()
+					defer wg.Done()
+					results[i] = api.exec(ns, sbx.Name, execToken, execio.Request{Command: []string{"echo", fmt.Sprint(i)}})
+				}()
+			}
+			wg.Wait()
+			for i, res := range results {
+				Expect(res.status).To(Equal(http.StatusOK), "exec %d: %s", i, res.stdout.String())
+				Expect(res.stdout.String()).To(Equal(fmt.Sprintf("%d\n", i)))
+				Expect(res.result.ExitCode).To(Equal(0))
+			}
+		})
+
+		It("stops the command when the caller disconnects", func() {
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			body, _ := json.Marshal(execio.Request{Shell: "echo started; sleep 1000"})
+			resp := api.do(request{ctx: ctx, method: http.MethodPost, namespace: ns, name: sbx.Name, subresource: "exec", token: execToken, body: bytes.NewReader(body)})
+			Expect(resp.StatusCode).To(Equal(http.StatusOK))
+			line := make([]byte, 4096)
+			n, err := resp.Body.Read(line)
+			Expect(err).NotTo(HaveOccurred())
+			Expect(string(line[:n])).To(ContainSubstring(`"stream":"stdout"`))
+			Expect(sleepers(ns, sbx.Name, execToken)()).To(Equal("1"))
+			cancel()
+			resp.Body.Close()
+			Eventually(sleepers(ns, sbx.Name, execToken), 10*time.Second, 200*time.Millisecond).Should(Equal("0"))
+			Eventually(func() string {
+				recs, _ := hist.Tail(string(sbx.UID), 10)
+				for _, r := range recs {
+					if r.Shell == "echo started; sleep 1000" {
+						return r.Error
+					}
+				}
+				return ""
+			}, 10*time.Second).Should(ContainSubstring("disconnected"))
+		})
+	})
+
+	Context("files", func() {
+		put := func(path, contentType string, body []byte, extra string) *http.Response {
+			q := "path=" + url.QueryEscape(path)
+			if extra != "" {
+				q += "&" + extra
+			}
+			return api.do(request{method: http.MethodPut, namespace: ns, name: sbx.Name, subresource: "files", token: execToken, query: q,
+				header: http.Header{"Content-Type": {contentType}}, body: bytes.NewReader(body)})
+		}
+		get := func(path string) *http.Response {
+			return api.do(request{method: http.MethodGet, namespace: ns, name: sbx.Name, subresource: "files", token: execToken, query: "path=" + url.QueryEscape(path)})
+		}
+
+		It("round-trips a tar tree byte for byte", func() {
+			files := map[string][]byte{"a.txt": []byte("hello\n"), "sub/b.bin": randomBytes(300 << 10), "sub/deeper/c": {}, "sub/deeper/d.bin": randomBytes(4 << 20)}
+			var buf bytes.Buffer
+			tw := tar.NewWriter(&buf)
+			Expect(tw.WriteHeader(&tar.Header{Typeflag: tar.TypeDir, Name: "sub/", Mode: 0o755})).To(Succeed())
+			Expect(tw.WriteHeader(&tar.Header{Typeflag: tar.TypeDir, Name: "sub/deeper/", Mode: 0o755})).To(Succeed())
+			for name, data := range files {
+				Expect(tw.WriteHeader(&tar.Header{Typeflag: tar.TypeReg, Name: name, Mode: 0o640, Size: int64(len(data))})).To(Succeed())
+				_, err := tw.Write(data)
+				Expect(err).NotTo(HaveOccurred())
+			}
+			Expect(tw.Close()).To(Succeed())
+			resp := put("tree", nodeapi.ContentTypeTar, buf.Bytes(), "")
+			Expect(resp.StatusCode).To(Equal(http.StatusOK), lazyBody(resp))
+			var stats execio.TransferStats
+			Expect(json.NewDecoder(resp.Body).Decode(&stats)).To(Succeed())
+			resp.Body.Close()
+			Expect(stats.Files).To(Equal(len(files)))
+
+			resp = get("/app/tree")
+			Expect(resp.StatusCode).To(Equal(http.StatusOK))
+			Expect(resp.Header.Get("Content-Type")).To(Equal(nodeapi.ContentTypeTar))
+			got := untar(resp.Body)
+			resp.Body.Close()
+			Expect(resp.Trailer.Get(nodeapi.TrailerTransferError)).To(BeEmpty())
+			for name, data := range files {
+				Expect(got).To(HaveKey("tree/"+name), "entries: %v", keys(got))
+				Expect(bytes.Equal(got["tree/"+name], data)).To(BeTrue(), "content of %s differs", name)
+			}
+		})
+
+		It("writes a single file with its mode and reads it back", func() {
+			data := randomBytes(123457)
+			resp := put("single/dir/file.bin", nodeapi.ContentTypeBinary, data, "mode=0600")
+			Expect(resp.StatusCode).To(Equal(http.StatusOK), lazyBody(resp))
+			resp.Body.Close()
+			res := api.exec(ns, sbx.Name, execToken, execio.Request{Command: []string{"stat", "-c", "%a %s", "/app/single/dir/file.bin"}})
+			Expect(res.stdout.String()).To(Equal(fmt.Sprintf("600 %d\n", len(data))))
+			resp = get("single/dir/file.bin")
+			Expect(resp.StatusCode).To(Equal(http.StatusOK))
+			got := untar(resp.Body)
+			resp.Body.Close()
+			Expect(got).To(HaveKey("file.bin"))
+			Expect(bytes.Equal(got["file.bin"], data)).To(BeTrue())
+		})
+
+		DescribeTable("refuses paths outside the sandbox's directories with 400",
+			func(path string) {
+				resp := get(path)
+				Expect(resp.StatusCode).To(Equal(http.StatusBadRequest), path)
+				Expect(statusOf(resp).Message).To(ContainSubstring("invalid path"))
+				resp = put(path, nodeapi.ContentTypeBinary, []byte("x"), "")
+				Expect(resp.StatusCode).To(Equal(http.StatusBadRequest), path)
+				resp.Body.Close()
+			},
+			Entry("parent escape", "../etc/passwd"),
+			Entry("absolute outside", "/etc/passwd"),
+			Entry("nested escape", "a/../../x"),
+			Entry("empty", ""),
+			Entry("NUL", "a\x00b"),
+		)
+
+		It("never follows a symlink out of the sandbox's directories", func() {
+			res := api.exec(ns, sbx.Name, execToken, execio.Request{Shell: "ln -s / /app/out && ln -s /etc /app/etc-link && echo ok"})
+			Expect(res.stdout.String()).To(Equal("ok\n"))
+			for _, p := range []string{"out/etc/passwd", "etc-link/passwd"} {
+				resp := get(p)
+				body := readAll(resp)
+				Expect(resp.StatusCode).To(Equal(http.StatusBadRequest), "GET %s answered %d: %q", p, resp.StatusCode, body)
+				Expect(body).NotTo(ContainSubstring("root:x:0:0"))
+			}
+			// The link itself may be downloaded, as a link: never its target.
+			resp := get("etc-link")
+			Expect(resp.StatusCode).To(Equal(http.StatusOK))
+			tr := tar.NewReader(resp.Body)
+			h, err := tr.Next()
+			Expect(err).NotTo(HaveOccurred())
+			Expect(h.Typeflag).To(Equal(byte(tar.TypeSymlink)))
+			_, err = tr.Next()
+			Expect(err).To(Equal(io.EOF))
+			resp.Body.Close()
+			for _, p := range []string{"out/tmp/escaped", "etc-link/escaped"} {
+				resp := put(p, nodeapi.ContentTypeBinary, []byte("x"), "")
+				Expect(resp.StatusCode).To(BeNumerically(">=", 400), "PUT %s", p)
+				resp.Body.Close()
+			}
+			res = api.exec(ns, sbx.Name, execToken, execio.Request{Shell: "ls /tmp/escaped /etc/escaped 2>&1 | grep -c 'No such file'"})
+			Expect(res.stdout.String()).To(Equal("2\n"))
+		})
+
+		It("refuses uploads and downloads beyond the transfer limit with 413", func() {
+			resp := put("too-big", nodeapi.ContentTypeBinary, make([]byte, testTransferLimit+1), "")
+			Expect(resp.StatusCode).To(Equal(http.StatusRequestEntityTooLarge))
+			resp.Body.Close()
+			res := api.exec(ns, sbx.Name, execToken, execio.Request{Shell: fmt.Sprintf("head -c %d /dev/zero > /app/big && echo ok", testTransferLimit+(1<<20))})
+			Expect(res.stdout.String()).To(Equal("ok\n"))
+			resp = get("big")
+			if resp.StatusCode == http.StatusOK {
+				_, _ = io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
+				Expect(resp.Trailer.Get(nodeapi.TrailerTransferError)).To(ContainSubstring("too large"))
+			} else {
+				Expect(resp.StatusCode).To(Equal(http.StatusRequestEntityTooLarge))
+				resp.Body.Close()
+			}
+		})
+
+		It("answers 404 for a path that does not exist", func() {
+			resp := get("no/such/file")
+			Expect(resp.StatusCode).To(Equal(http.StatusNotFound), lazyBody(resp))
+		})
+	})
+
+	Context("logs and history", func() {
+		It("tails and follows the container's output", func() {
+			talker := waitReady(createSandbox(ns, uniqueName("talker"), func(s *sandboxv1alpha1.Sandbox) {
+				s.Spec.Command = []string{"sh", "-c", `echo first; i=0; while true; do i=$((i+1)); echo "tick $i"; sleep 0.2; done`}
+			}))
+			Eventually(func() string {
+				resp := api.do(request{method: http.MethodGet, namespace: ns, name: talker.Name, subresource: "log", token: logToken})
+				return readAll(resp)
+			}, 10*time.Second).Should(ContainSubstring("tick 3"))
+			resp := api.do(request{method: http.MethodGet, namespace: ns, name: talker.Name, subresource: "log", token: logToken, query: "tail=1"})
+			Expect(strings.Count(readAll(resp), "\n")).To(Equal(1))
+
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			resp = api.do(request{ctx: ctx, method: http.MethodGet, namespace: ns, name: talker.Name, subresource: "log", token: logToken, query: "tail=1&follow=true"})
+			Expect(resp.StatusCode).To(Equal(http.StatusOK))
+			var seen bytes.Buffer
+			buf := make([]byte, 1024)
+			Eventually(func() int {
+				n, _ := resp.Body.Read(buf)
+				seen.Write(buf[:n])
+				return strings.Count(seen.String(), "tick")
+			}, 10*time.Second).Should(BeNumerically(">=", 4))
+			cancel()
+			resp.Body.Close()
+		})
+
+		It("tails and follows the exec history", func() {
+			h := waitReady(createSandbox(ns, uniqueName("hist")))
+			for i := range 3 {
+				Expect(api.exec(ns, h.Name, execToken, execio.Request{Command: []string{"echo", fmt.Sprint(i)}}).status).To(Equal(http.StatusOK))
+			}
+			resp := api.do(request{method: http.MethodGet, namespace: ns, name: h.Name, subresource: "history", token: logToken, query: "tail=2"})
+			Expect(resp.Header.Get("Content-Type")).To(Equal(nodeapi.ContentTypeNDJSON))
+			recs := decodeRecords(resp.Body)
+			resp.Body.Close()
+			Expect(recs).To(HaveLen(2))
+			Expect(recs[0].Command).To(Equal([]string{"echo", "1"}))
+			Expect(recs[1].Command).To(Equal([]string{"echo", "2"}))
+			Expect(recs[1].Caller).To(Equal("system:serviceaccount:" + ns + ":runner"))
+			Expect(recs[1].ExitCode).To(Equal(0))
+
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			resp = api.do(request{ctx: ctx, method: http.MethodGet, namespace: ns, name: h.Name, subresource: "history", token: logToken, query: "tail=1&follow=true"})
+			Expect(resp.StatusCode).To(Equal(http.StatusOK))
+			lines := make(chan history.Record, 10)
+			go func() {
+				defer GinkgoRecover()
+				dec := json.NewDecoder(resp.Body)
+				for {
+					var r history.Record
+					if dec.Decode(&r) != nil {
+						return
+					}
+					lines <- r
+				}
+			}()
+			Eventually(lines, 5*time.Second).Should(Receive(WithTransform(func(r history.Record) []string { return r.Command }, Equal([]string{"echo", "2"}))))
+			Expect(api.exec(ns, h.Name, execToken, execio.Request{Command: []string{"false"}}).status).To(Equal(http.StatusOK))
+			var next history.Record
+			Eventually(lines, 5*time.Second).Should(Receive(&next))
+			Expect(next.Command).To(Equal([]string{"false"}))
+			Expect(next.ExitCode).To(Equal(1))
+			cancel()
+			resp.Body.Close()
+		})
+
+		It("deletes the history when the Sandbox is deleted", func() {
+			h := waitReady(createSandbox(ns, uniqueName("gone")))
+			Expect(api.exec(ns, h.Name, execToken, echo).status).To(Equal(http.StatusOK))
+			Expect(hist.Tail(string(h.UID), 0)).To(HaveLen(1))
+			Expect(k8sClient.Delete(context.Background(), h)).To(Succeed())
+			Eventually(func() bool {
+				err := k8sClient.Get(context.Background(), client.ObjectKeyFromObject(h), &sandboxv1alpha1.Sandbox{})
+				return client.IgnoreNotFound(err) == nil && err != nil
+			}, 30*time.Second).Should(BeTrue())
+			Expect(hist.Tail(string(h.UID), 0)).To(BeEmpty())
+		})
+	})
+
+	It("clears the endpoint when the Sandbox stops running", func() {
+		h := waitReady(createSandbox(ns, uniqueName("exits"), func(s *sandboxv1alpha1.Sandbox) {
+			s.Spec.Command = []string{"sh", "-c", "sleep 2; exit 4"}
+		}))
+		Expect(h.Status.AgentEndpoint).To(Equal(api.endpoint))
+		Eventually(readyReason(h), 30*time.Second).Should(Equal("False/ContainerExited"))
+		latest := getSandbox(h)
+		Expect(latest.Status.AgentEndpoint).To(BeEmpty())
+		Expect(latest.Status.AgentCertSHA256).To(BeEmpty())
+		// Logs of the dead container stay readable; exec is refused.
+		Expect(api.exec(ns, h.Name, execToken, echo).status).To(Equal(http.StatusConflict))
+		resp := api.do(request{method: http.MethodGet, namespace: ns, name: h.Name, subresource: "log", token: execToken})
+		Expect(resp.StatusCode).To(Equal(http.StatusOK))
+		resp.Body.Close()
+	})
+})
+
+// setStatus forges a Sandbox's status as if nodeName ran it with
+// containerID, Ready.
+func setStatus(sbx *sandboxv1alpha1.Sandbox, node, containerID string) {
+	GinkgoHelper()
+	Eventually(func() error {
+		latest := getSandbox(sbx)
+		latest.Status.NodeName = node
+		latest.Status.ContainerID = containerID
+		meta.SetStatusCondition(&latest.Status.Conditions, metav1.Condition{
+			Type: string(sandboxv1alpha1.SandboxConditionReady), Status: metav1.ConditionTrue,
+			Reason: sandboxv1alpha1.SandboxReasonRunning, Message: "forged by the test",
+		})
+		return k8sClient.Status().Update(context.Background(), latest)
+	}, 10*time.Second).Should(Succeed())
+	// The servers read through their caches or the API directly; wait
+	// until the API shows it.
+	Eventually(func() string { return getSandbox(sbx).Status.NodeName }).Should(Equal(node))
+}
+
+// sleepers counts `sleep 1000` processes in the sandbox.
+func sleepers(ns, name, token string) func() string {
+	return func() string {
+		res := api.exec(ns, name, token, execio.Request{Shell: "ps -o args | grep -c '^[s]leep 1000'"})
+		return strings.TrimSpace(res.stdout.String())
+	}
+}
+
+func historyLen(sbx *sandboxv1alpha1.Sandbox) int {
+	GinkgoHelper()
+	recs, err := hist.Tail(string(sbx.UID), 0)
+	Expect(err).NotTo(HaveOccurred())
+	return len(recs)
+}
+
+func randomBytes(n int) []byte {
+	b := make([]byte, n)
+	_, _ = rand.Read(b)
+	return b
+}
+
+// lazyBody describes a failed expectation with the response body, read only
+// when the expectation fails.
+func lazyBody(resp *http.Response) func() string {
+	return func() string { return readAll(resp) }
+}
+
+func readAll(resp *http.Response) string {
+	defer resp.Body.Close()
+	data, _ := io.ReadAll(resp.Body)
+	return string(data)
+}
+
+func untar(r io.Reader) map[string][]byte {
+	GinkgoHelper()
+	out := map[string][]byte{}
+	tr := tar.NewReader(r)
+	for {
+		h, err := tr.Next()
+		if errors.Is(err, io.EOF) {
+			return out
+		}
+		Expect(err).NotTo(HaveOccurred())
+		if h.Typeflag == tar.TypeReg {
+			data, err := io.ReadAll(tr)
+			Expect(err).NotTo(HaveOccurred())
+			out[strings.TrimPrefix(h.Name, "./")] = data
+		}
+	}
+}
+
+func keys(m map[string][]byte) []string {
+	out := make([]string, 0, len(m))
+	for k := range m {
+		out = append(out, k)
+	}
+	return out
+}
+
+func decodeRecords(r io.Reader) []history.Record {
+	GinkgoHelper()
+	var recs []history.Record
+	dec := json.NewDecoder(r)
+	for {
+		var rec history.Record
+		if err := dec.Decode(&rec); err != nil {
+			Expect(err).To(Equal(io.EOF))
+			return recs
+		}
+		recs = append(recs, rec)
+	}
+}

@@ -1,0 +1,434 @@
+/*
+Copyright 2026 The code-sandbox-operator Authors.
+
+Licensed under the MIT License; see the LICENSE file.
+*/
+
+package nodeapi
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/go-logr/logr"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/validation"
+	"k8s.io/apiserver/pkg/authentication/authenticator"
+	"k8s.io/apiserver/pkg/authorization/authorizer"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	logf "sigs.k8s.io/controller-runtime/pkg/log"
+
+	sandboxv1alpha1 "github.com/code-sandbox/code-sandbox-operator/api/v1alpha1"
+	"github.com/code-sandbox/code-sandbox-operator/internal/dockerruntime"
+	"github.com/code-sandbox/code-sandbox-operator/internal/execio"
+	"github.com/code-sandbox/code-sandbox-operator/internal/history"
+)
+
+// Runtime is what the node API needs from the node's Docker Engine.
+// *dockerruntime.Client implements it.
+type Runtime interface {
+	Inspect(ctx context.Context, idOrName string) (dockerruntime.Container, error)
+	RunCommand(ctx context.Context, id string, req execio.Request, stdout, stderr io.Writer) (execio.Result, error)
+	CopyIn(ctx context.Context, id string, dest execio.Target, archive io.Reader, limits execio.UploadLimits) (execio.TransferStats, error)
+	CopyOut(ctx context.Context, id string, src execio.Target, w io.Writer, maxBytes int64) (execio.TransferStats, error)
+	Logs(ctx context.Context, id string, opts dockerruntime.LogsOptions, stdout, stderr io.Writer) error
+}
+
+// HistoryStore keeps the exec history of each Sandbox, keyed by its UID.
+// *history.Store implements it.
+type HistoryStore interface {
+	Append(key string, r history.Record) error
+	Tail(key string, n int) ([]history.Record, error)
+	Follow(ctx context.Context, key string, tail int, fn func(history.Record) error) error
+}
+
+// Defaults of Config.
+const (
+	DefaultMaxExecsPerSandbox = 64
+	DefaultDockerCheckTimeout = 10 * time.Second
+	// defaultWorkingDir is the CRD's default for spec.workingDir, for a
+	// Sandbox read before defaulting (it never is from the API server).
+	defaultWorkingDir = "/app"
+)
+
+// Config configures a Server.
+type Config struct {
+	// NodeName is this node. The API refuses Sandboxes bound elsewhere.
+	NodeName string
+	// Sandboxes reads Sandboxes; normally the manager's cached client.
+	Sandboxes client.Reader
+	// APIReader is asked when Sandboxes does not know a Sandbox (a cache
+	// that has not caught up yet). Optional.
+	APIReader client.Reader
+	// Runtime reaches the node's Docker Engine.
+	Runtime Runtime
+	// ManagedBy is the managed-by label value of our containers; empty
+	// means dockerruntime.ManagedByValue.
+	ManagedBy string
+	// History records every exec and serves the history subresource.
+	History HistoryStore
+	// Authenticator and Authorizer decide who may do what; see
+	// NewDelegatingAuth. Both are required: the API has no anonymous mode.
+	Authenticator authenticator.Request
+	Authorizer    authorizer.Authorizer
+
+	// ExecOutputLimit is the largest per-stream output cap of one exec; a
+	// request may ask for less. Zero means execio.DefaultOutputLimit.
+	ExecOutputLimit int64
+	// FileTransferLimit caps the file contents of one upload or download.
+	// Zero means execio.DefaultUploadLimit.
+	FileTransferLimit int64
+	// MaxExecsPerSandbox bounds concurrent execs and file transfers in one
+	// Sandbox; more get 429. Zero means DefaultMaxExecsPerSandbox.
+	MaxExecsPerSandbox int
+	// MaxExecs bounds them across the node; zero means no node-wide bound.
+	MaxExecs int
+	// DockerCheckTimeout bounds the container check before each request, so
+	// that a hung Docker Engine yields a quick 503.
+	DockerCheckTimeout time.Duration
+	// Logger is the server's logger; empty means logf.Log.WithName("nodeapi").
+	Logger logr.Logger
+}
+
+// Server is the node API's HTTP handler. Serve it over TLS with NewRunnable.
+type Server struct {
+	cfg     Config
+	log     logr.Logger
+	handler http.Handler
+	limits  *limiter
+
+	// verified remembers containers proven to be a Sandbox's own and
+	// running, keyed by container ID, so that a busy agent does not pay a
+	// Docker inspect per command. A container's labels and name never
+	// change; whether it still runs is also in the Sandbox's Ready
+	// condition, and a command in a container that stopped since fails
+	// with an error frame.
+	verifiedMu sync.Mutex
+	verified   map[string]verifiedContainer
+}
+
+// ownershipTTL is how long a verified container is trusted without a new
+// inspect. It also bounds how long a Docker outage can answer 200 with an
+// error frame rather than a quick 503.
+const ownershipTTL = 5 * time.Second
+
+type verifiedContainer struct {
+	uid string
+	ct  dockerruntime.Container
+	at  time.Time
+}
+
+// NewServer validates cfg and builds the handler.
+func NewServer(cfg Config) (*Server, error) {
+	switch {
+	case cfg.NodeName == "":
+		return nil, errors.New("node API: a node name is required")
+	case cfg.Sandboxes == nil:
+		return nil, errors.New("node API: a Sandbox reader is required")
+	case cfg.Runtime == nil:
+		return nil, errors.New("node API: a runtime is required")
+	case cfg.History == nil:
+		return nil, errors.New("node API: a history store is required")
+	case cfg.Authenticator == nil || cfg.Authorizer == nil:
+		return nil, errors.New("node API: an authenticator and an authorizer are required")
+	}
+	if cfg.ManagedBy == "" {
+		cfg.ManagedBy = dockerruntime.ManagedByValue
+	}
+	if cfg.ExecOutputLimit <= 0 {
+		cfg.ExecOutputLimit = execio.DefaultOutputLimit
+	}
+	cfg.ExecOutputLimit = min(cfg.ExecOutputLimit, execio.MaxOutputLimit)
+	if cfg.FileTransferLimit <= 0 {
+		cfg.FileTransferLimit = execio.DefaultUploadLimit
+	}
+	if cfg.MaxExecsPerSandbox <= 0 {
+		cfg.MaxExecsPerSandbox = DefaultMaxExecsPerSandbox
+	}
+	if cfg.DockerCheckTimeout <= 0 {
+		cfg.DockerCheckTimeout = DefaultDockerCheckTimeout
+	}
+	log := cfg.Logger
+	if log.GetSink() == nil {
+		log = logf.Log.WithName("nodeapi")
+	}
+	s := &Server{
+		cfg:      cfg,
+		log:      log,
+		limits:   &limiter{perSandbox: map[types.UID]int{}, maxPer: cfg.MaxExecsPerSandbox, maxTotal: cfg.MaxExecs},
+		verified: map[string]verifiedContainer{},
+	}
+	// Order as in kube-apiserver: authenticate, impersonate, then authorise
+	// (in serve, once the route is known).
+	s.handler = s.authenticate(withImpersonation(http.HandlerFunc(s.serve), cfg.Authorizer))
+	return s, nil
+}
+
+// ServeHTTP answers one request.
+func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	w.Header().Set("Cache-Control", "no-store")
+	// Routing first: a malformed URL is answered without a TokenReview.
+	rt, err := parseRoute(r)
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	r = r.WithContext(context.WithValue(r.Context(), routeKey{}, rt))
+	s.handler.ServeHTTP(w, r)
+}
+
+type routeKey struct{}
+
+// route is a parsed request: which Sandbox, which subresource, and the RBAC
+// verb it needs.
+type route struct {
+	namespace, name string
+	subresource     string
+	// rbacSubresource is the subresource RBAC checks; history is
+	// authorised as log.
+	rbacSubresource string
+	verb            string
+	path            string
+}
+
+// parseRoute reads /v1/namespaces/{ns}/sandboxes/{name}/{subresource}.
+func parseRoute(r *http.Request) (route, *apiError) {
+	rest, ok := strings.CutPrefix(r.URL.Path, PathPrefix)
+	parts := strings.Split(rest, "/")
+	if !ok || len(parts) != 4 || parts[1] != "sandboxes" {
+		return route{}, notFound("no such endpoint %q; the node API serves %s{namespace}/sandboxes/{name}/{exec|files|log|history}", r.URL.Path, PathPrefix)
+	}
+	rt := route{namespace: parts[0], name: parts[2], subresource: parts[3], path: r.URL.Path}
+	if errs := validation.IsDNS1123Label(rt.namespace); len(errs) > 0 {
+		return route{}, badRequest("invalid namespace %q: %s", rt.namespace, strings.Join(errs, "; "))
+	}
+	if errs := validation.IsDNS1123Subdomain(rt.name); len(errs) > 0 {
+		return route{}, badRequest("invalid sandbox name %q: %s", rt.name, strings.Join(errs, "; "))
+	}
+	method := func(allowed ...string) *apiError {
+		for _, m := range allowed {
+			if r.Method == m {
+				return nil
+			}
+		}
+		return newError(http.StatusMethodNotAllowed, metav1.StatusReasonMethodNotAllowed,
+			"%s is not allowed on sandboxes/%s; use %s", r.Method, rt.subresource, strings.Join(allowed, " or "))
+	}
+	var err *apiError
+	switch rt.subresource {
+	case SubresourceExec:
+		err = method(http.MethodPost)
+		rt.rbacSubresource, rt.verb = SubresourceExec, "create"
+	case SubresourceFiles:
+		err = method(http.MethodPut, http.MethodGet)
+		rt.rbacSubresource, rt.verb = SubresourceFiles, "get"
+		if r.Method == http.MethodPut {
+			rt.verb = "create"
+		}
+	case SubresourceLog, SubresourceHistory:
+		err = method(http.MethodGet)
+		rt.rbacSubresource, rt.verb = SubresourceLog, "get"
+	default:
+		return route{}, notFound("no such subresource %q; the node API serves exec, files, log and history", rt.subresource)
+	}
+	if err != nil {
+		return route{}, err
+	}
+	return rt, nil
+}
+
+// serve runs after authentication and impersonation.
+func (s *Server) serve(w http.ResponseWriter, r *http.Request) {
+	rt := r.Context().Value(routeKey{}).(route)
+	ctx := logf.IntoContext(r.Context(), s.log.WithValues(
+		"namespace", rt.namespace, "sandbox", rt.name, "subresource", rt.subresource, "user", callerName(r.Context())))
+	r = r.WithContext(ctx)
+	if err := s.authorize(ctx, rt); err != nil {
+		writeError(w, err)
+		return
+	}
+	// Reading history touches no container, and logs only read one, so
+	// both also serve a Sandbox that is not Ready (to show why it died).
+	// exec and files act on the container and need a Ready Sandbox.
+	needReady := rt.subresource == SubresourceExec || rt.subresource == SubresourceFiles
+	sbx, err := s.sandbox(ctx, rt, needReady)
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	if rt.subresource == SubresourceHistory {
+		s.serveHistory(w, r, sbx)
+		return
+	}
+	ct, err := s.container(ctx, sbx, needReady)
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	switch rt.subresource {
+	case SubresourceExec:
+		s.serveExec(w, r, sbx, ct)
+	case SubresourceFiles:
+		if r.Method == http.MethodPut {
+			s.serveUpload(w, r, sbx, ct)
+		} else {
+			s.serveDownload(w, r, sbx, ct)
+		}
+	case SubresourceLog:
+		s.serveLog(w, r, ct)
+	}
+}
+
+// sandbox looks the Sandbox up and checks that this node serves it.
+func (s *Server) sandbox(ctx context.Context, rt route, needReady bool) (*sandboxv1alpha1.Sandbox, error) {
+	key := types.NamespacedName{Namespace: rt.namespace, Name: rt.name}
+	sbx := &sandboxv1alpha1.Sandbox{}
+	err := s.cfg.Sandboxes.Get(ctx, key, sbx)
+	if apierrors.IsNotFound(err) && s.cfg.APIReader != nil {
+		err = s.cfg.APIReader.Get(ctx, key, sbx)
+	}
+	switch {
+	case apierrors.IsNotFound(err):
+		return nil, notFound("sandbox %s not found", key)
+	case err != nil:
+		return nil, fmt.Errorf("reading sandbox %s: %w", key, err)
+	}
+	if sbx.Status.NodeName != s.cfg.NodeName {
+		where := "is not bound to any node yet"
+		if sbx.Status.NodeName != "" {
+			where = "runs on node " + sbx.Status.NodeName
+		}
+		return nil, notFound("sandbox %s is not on node %s: it %s; use its status.agentEndpoint", key, s.cfg.NodeName, where)
+	}
+	if !needReady {
+		return sbx, nil
+	}
+	if !sbx.DeletionTimestamp.IsZero() {
+		return nil, conflict("sandbox %s is being deleted", key)
+	}
+	cond := meta.FindStatusCondition(sbx.Status.Conditions, string(sandboxv1alpha1.SandboxConditionReady))
+	if cond == nil || cond.Status != metav1.ConditionTrue {
+		why := "it has no Ready condition yet"
+		if cond != nil {
+			why = fmt.Sprintf("Ready is %s, reason %s: %s", cond.Status, cond.Reason, cond.Message)
+		}
+		return nil, conflict("sandbox %s is not Ready (%s)", key, why)
+	}
+	return sbx, nil
+}
+
+// container inspects the Sandbox's container and proves it is ours: our
+// managed-by label, this Sandbox's UID, this node, and the deterministic
+// name that only a create for this UID can take. The API never acts on any
+// other container, whatever status.containerID says.
+func (s *Server) container(ctx context.Context, sbx *sandboxv1alpha1.Sandbox, needRunning bool) (dockerruntime.Container, error) {
+	key := client.ObjectKeyFromObject(sbx)
+	if sbx.Status.ContainerID == "" {
+		return dockerruntime.Container{}, conflict("sandbox %s has no container", key)
+	}
+	if needRunning {
+		if ct, ok := s.recentlyVerified(sbx.Status.ContainerID, string(sbx.UID)); ok {
+			return ct, nil
+		}
+	}
+	ictx, cancel := context.WithTimeout(ctx, s.cfg.DockerCheckTimeout)
+	defer cancel()
+	ct, err := s.cfg.Runtime.Inspect(ictx, sbx.Status.ContainerID)
+	switch {
+	case errors.Is(err, dockerruntime.ErrNotFound):
+		return ct, conflict("sandbox %s: its container %s is gone; the manager is recreating it",
+			key, dockerruntime.ShortID(sbx.Status.ContainerID))
+	case err != nil:
+		return ct, err
+	}
+	uid := string(sbx.UID)
+	if !ct.OwnedBy(s.cfg.ManagedBy, uid) || ct.Labels[dockerruntime.LabelNode] != s.cfg.NodeName || ct.Name != dockerruntime.ContainerName(uid) {
+		logf.FromContext(ctx).Info("refusing a container that is not this sandbox's",
+			"container", dockerruntime.ShortID(ct.ID), "name", ct.Name, "labels", ct.Labels)
+		return ct, conflict("sandbox %s: container %s is not the sandbox's own container; refusing to touch it",
+			key, dockerruntime.ShortID(ct.ID))
+	}
+	if needRunning && !ct.State.Running {
+		return ct, conflict("sandbox %s: its container %s is %s, not running", key, dockerruntime.ShortID(ct.ID), ct.State.Status)
+	}
+	if needRunning {
+		s.rememberVerified(sbx.Status.ContainerID, uid, ct)
+	}
+	return ct, nil
+}
+
+func (s *Server) recentlyVerified(id, uid string) (dockerruntime.Container, bool) {
+	s.verifiedMu.Lock()
+	defer s.verifiedMu.Unlock()
+	v, ok := s.verified[id]
+	if !ok || v.uid != uid || time.Since(v.at) > ownershipTTL {
+		return dockerruntime.Container{}, false
+	}
+	return v.ct, true
+}
+
+func (s *Server) rememberVerified(id, uid string, ct dockerruntime.Container) {
+	s.verifiedMu.Lock()
+	defer s.verifiedMu.Unlock()
+	now := time.Now()
+	if len(s.verified) >= 1024 {
+		for k, v := range s.verified {
+			if now.Sub(v.at) > ownershipTTL {
+				delete(s.verified, k)
+			}
+		}
+	}
+	s.verified[id] = verifiedContainer{uid: uid, ct: ct, at: now}
+}
+
+// limiter bounds concurrent execs and transfers per Sandbox and per node.
+type limiter struct {
+	mu         sync.Mutex
+	perSandbox map[types.UID]int
+	total      int
+	maxPer     int
+	maxTotal   int
+}
+
+// acquire takes a slot or says why not; release gives it back.
+func (l *limiter) acquire(uid types.UID) (release func(), err *apiError) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.perSandbox[uid] >= l.maxPer {
+		return nil, tooManyRequests("this sandbox already runs %d commands or transfers, its limit; retry when one ends", l.maxPer)
+	}
+	if l.maxTotal > 0 && l.total >= l.maxTotal {
+		return nil, tooManyRequests("this node already runs %d commands or transfers, its limit; retry later", l.maxTotal)
+	}
+	l.perSandbox[uid]++
+	l.total++
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			l.mu.Lock()
+			defer l.mu.Unlock()
+			l.total--
+			if l.perSandbox[uid]--; l.perSandbox[uid] <= 0 {
+				delete(l.perSandbox, uid)
+			}
+		})
+	}, nil
+}
+
+// workingDir is the Sandbox's working directory, against which relative
+// paths resolve.
+func workingDir(sbx *sandboxv1alpha1.Sandbox) string {
+	if sbx.Spec.WorkingDir != "" {
+		return sbx.Spec.WorkingDir
+	}
+	return defaultWorkingDir
+}

@@ -1,0 +1,229 @@
+package sandboxclient
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+// Errors for failures that have no HTTP status. They are always wrapped
+// with a message that names the sandbox and the node endpoint.
+var (
+	// ErrCertificateMismatch: the node API presented a certificate whose
+	// SHA-256 is not the Sandbox's status.agentCertSHA256. Nothing was sent
+	// to that server beyond the TLS handshake.
+	ErrCertificateMismatch = errors.New("node API certificate does not match the Sandbox's status.agentCertSHA256")
+	// ErrNoPin: the Sandbox's status has no agentCertSHA256 and no
+	// Options.CABundle was given, so the node API cannot be authenticated
+	// and the caller's credentials are not sent to it.
+	ErrNoPin = errors.New("the Sandbox's status has no agentCertSHA256 and no CA bundle was configured")
+	// ErrInvalidEndpoint: status.agentEndpoint is not an https://HOST:PORT
+	// URL.
+	ErrInvalidEndpoint = errors.New("invalid node API endpoint")
+)
+
+// APIError is a refusal by the API server (while resolving the Sandbox) or
+// by the node API, decoded from its metav1.Status.
+type APIError struct {
+	Namespace, Name string
+	// Code is the HTTP status code (401, 403, 404, 409, 413, 429, 503…).
+	Code int32
+	// Reason is the Status reason, e.g. Forbidden or NotFound.
+	Reason metav1.StatusReason
+	// Message is the server's explanation.
+	Message string
+	// Source says who refused: "kube-apiserver", "node API", or "client"
+	// when the client decided without an answer from either (the node is
+	// unreachable, the Sandbox has no endpoint, a name is invalid); Code
+	// then says which kind of failure it is.
+	Source string
+
+	// err is the underlying transport error for a node API that could not
+	// be reached (Code 503 without a server response).
+	err error
+}
+
+func (e *APIError) Error() string {
+	msg := e.Message
+	if msg == "" {
+		msg = strings.ToLower(http.StatusText(int(e.Code)))
+	}
+	if e.Source == sourceClient {
+		// Decided locally: no server answered with this code.
+		return fmt.Sprintf("sandbox %s/%s: %s", e.Namespace, e.Name, msg)
+	}
+	return fmt.Sprintf("sandbox %s/%s: %s (%s, HTTP %d)", e.Namespace, e.Name, msg, e.Source, e.Code)
+}
+
+func (e *APIError) Unwrap() error { return e.err }
+
+// NotReadyError says the Sandbox exists but cannot run commands: its Ready
+// condition is not True (or it is being deleted). Reason and Message are the
+// Ready condition's.
+type NotReadyError struct {
+	Namespace, Name string
+	Reason, Message string
+}
+
+func (e *NotReadyError) Error() string {
+	switch {
+	case e.Reason == "" && e.Message == "":
+		return fmt.Sprintf("sandbox %s/%s is not ready: no manager has reported on it yet", e.Namespace, e.Name)
+	case e.Message == "":
+		return fmt.Sprintf("sandbox %s/%s is not ready: %s", e.Namespace, e.Name, e.Reason)
+	default:
+		return fmt.Sprintf("sandbox %s/%s is not ready: %s: %s", e.Namespace, e.Name, e.Reason, e.Message)
+	}
+}
+
+// ExecError is a command that the node API started but could not run to
+// completion (Docker went away mid-way, …): the exec stream ended with an
+// error frame instead of a result.
+type ExecError struct {
+	Namespace, Name string
+	Message         string
+}
+
+func (e *ExecError) Error() string {
+	return fmt.Sprintf("sandbox %s/%s: exec failed: %s", e.Namespace, e.Name, e.Message)
+}
+
+// TransferError is a download that failed after it began streaming; the
+// node API reports it in the Sandbox-Transfer-Error trailer. Whatever the
+// writer received is incomplete.
+type TransferError struct {
+	Namespace, Name, Path string
+	Message               string
+}
+
+func (e *TransferError) Error() string {
+	return fmt.Sprintf("sandbox %s/%s: download of %s failed part-way: %s", e.Namespace, e.Name, e.Path, e.Message)
+}
+
+func apiCode(err error) int32 {
+	var ae *APIError
+	if errors.As(err, &ae) {
+		return ae.Code
+	}
+	return 0
+}
+
+// IsUnauthorized: the credentials were missing, invalid or expired (401).
+func IsUnauthorized(err error) bool { return apiCode(err) == http.StatusUnauthorized }
+
+// IsForbidden: the caller may not do this to the Sandbox (403).
+func IsForbidden(err error) bool { return apiCode(err) == http.StatusForbidden }
+
+// IsNotFound: the Sandbox, or the path inside it, does not exist (404).
+func IsNotFound(err error) bool { return apiCode(err) == http.StatusNotFound }
+
+// IsBadRequest: the request was malformed, e.g. an invalid path or an empty
+// command (400).
+func IsBadRequest(err error) bool { return apiCode(err) == http.StatusBadRequest }
+
+// IsConflict: the node API refused because of the Sandbox's state (409):
+// it is not Ready, being deleted, or its container is gone or stopped. Such
+// errors are also IsNotReady.
+func IsConflict(err error) bool { return apiCode(err) == http.StatusConflict }
+
+// IsTooLarge: an upload, a download or the stdin exceeded its cap (413), or
+// a download was cut off by its cap.
+func IsTooLarge(err error) bool {
+	if apiCode(err) == http.StatusRequestEntityTooLarge {
+		return true
+	}
+	var te *TransferError
+	return errors.As(err, &te) && strings.Contains(strings.ToLower(te.Message), "too large")
+}
+
+// IsTooManyRequests: the node API is rate-limiting the caller (429).
+func IsTooManyRequests(err error) bool { return apiCode(err) == http.StatusTooManyRequests }
+
+// IsUnavailable: the node API or its Docker Engine is down, or the Sandbox
+// has no node API endpoint yet (503). Worth retrying later.
+func IsUnavailable(err error) bool { return apiCode(err) == http.StatusServiceUnavailable }
+
+// IsNotReady: the Sandbox exists but cannot take commands or files, either
+// as its status says (*NotReadyError) or as the node API found it (409: not
+// Ready, being deleted, container gone or stopped).
+func IsNotReady(err error) bool {
+	var nr *NotReadyError
+	if errors.As(err, &nr) {
+		return true
+	}
+	var ae *APIError
+	return errors.As(err, &ae) && ae.Source == sourceNodeAPI && ae.Code == http.StatusConflict
+}
+
+const (
+	sourceAPIServer = "kube-apiserver"
+	sourceNodeAPI   = "node API"
+	sourceClient    = "client"
+)
+
+// maxErrorBody bounds how much of an error response is read: a Status is
+// small, and a misbehaving server must not make the client buffer much.
+const maxErrorBody = 64 << 10
+
+// decodeErrorResponse turns a non-2xx node API response into an *APIError,
+// using the metav1.Status body when there is one and the status line
+// otherwise.
+func decodeErrorResponse(ns, name string, resp *http.Response) error {
+	body, _ := io.ReadAll(io.LimitReader(resp.Body, maxErrorBody))
+	ae := &APIError{Namespace: ns, Name: name, Code: int32(resp.StatusCode), Source: sourceNodeAPI}
+	var st metav1.Status
+	if err := json.Unmarshal(body, &st); err == nil && (st.Kind == "Status" || st.Message != "" || st.Reason != "") {
+		ae.Reason = st.Reason
+		ae.Message = st.Message
+		if st.Code != 0 && st.Code != ae.Code {
+			// The HTTP status is what proxies and retries act on; the body's
+			// code is only informative.
+			ae.Message = fmt.Sprintf("%s (status code %d)", ae.Message, st.Code)
+		}
+	} else {
+		ae.Message = strings.TrimSpace(string(body))
+	}
+	if ae.Reason == "" {
+		ae.Reason = reasonForCode(resp.StatusCode)
+	}
+	return ae
+}
+
+func reasonForCode(code int) metav1.StatusReason {
+	switch code {
+	case http.StatusBadRequest:
+		return metav1.StatusReasonBadRequest
+	case http.StatusUnauthorized:
+		return metav1.StatusReasonUnauthorized
+	case http.StatusForbidden:
+		return metav1.StatusReasonForbidden
+	case http.StatusNotFound:
+		return metav1.StatusReasonNotFound
+	case http.StatusConflict:
+		return metav1.StatusReasonConflict
+	case http.StatusRequestEntityTooLarge:
+		return metav1.StatusReasonRequestEntityTooLarge
+	case http.StatusTooManyRequests:
+		return metav1.StatusReasonTooManyRequests
+	case http.StatusServiceUnavailable:
+		return metav1.StatusReasonServiceUnavailable
+	}
+	return metav1.StatusReasonUnknown
+}
+
+// apiServerError converts an error from reading the Sandbox so that the same
+// predicates work for the API server's refusals as for the node API's.
+func apiServerError(ns, name string, err error) error {
+	var st apierrors.APIStatus
+	if errors.As(err, &st) {
+		s := st.Status()
+		return &APIError{Namespace: ns, Name: name, Code: s.Code, Reason: s.Reason, Message: s.Message, Source: sourceAPIServer, err: err}
+	}
+	return fmt.Errorf("sandbox %s/%s: reading the Sandbox from the API server: %w", ns, name, err)
+}

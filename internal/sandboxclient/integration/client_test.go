@@ -1,0 +1,374 @@
+package integration_test
+
+import (
+	"archive/tar"
+	"bytes"
+	"context"
+	"crypto/rand"
+	"errors"
+	"io"
+	"strings"
+	"sync"
+	"time"
+
+	. "github.com/onsi/ginkgo/v2"
+	. "github.com/onsi/gomega"
+	"k8s.io/client-go/rest"
+	"sigs.k8s.io/controller-runtime/pkg/envtest"
+
+	sandboxv1alpha1 "github.com/code-sandbox/code-sandbox-operator/api/v1alpha1"
+	"github.com/code-sandbox/code-sandbox-operator/internal/execio"
+	"github.com/code-sandbox/code-sandbox-operator/internal/history"
+	"github.com/code-sandbox/code-sandbox-operator/internal/sandboxclient"
+)
+
+func newClient(c *rest.Config) *sandboxclient.Client {
+	GinkgoHelper()
+	cl, err := sandboxclient.New(c, sandboxclient.Options{})
+	Expect(err).NotTo(HaveOccurred())
+	DeferCleanup(cl.Close)
+	return cl
+}
+
+// timedWriter records when the first byte arrived.
+type timedWriter struct {
+	mu    sync.Mutex
+	buf   bytes.Buffer
+	first time.Time
+}
+
+func (w *timedWriter) Write(p []byte) (int, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.first.IsZero() {
+		w.first = time.Now()
+	}
+	return w.buf.Write(p)
+}
+
+func shell(line string) execio.Request { return execio.Request{Shell: line} }
+
+// tree is a set of files and their contents, for round trips.
+type tree map[string][]byte
+
+func tarOfTree(t tree, dirs ...string) *bytes.Buffer {
+	GinkgoHelper()
+	var buf bytes.Buffer
+	tw := tar.NewWriter(&buf)
+	for _, d := range dirs {
+		Expect(tw.WriteHeader(&tar.Header{Typeflag: tar.TypeDir, Name: d + "/", Mode: 0o755})).To(Succeed())
+	}
+	for name, data := range t {
+		Expect(tw.WriteHeader(&tar.Header{Typeflag: tar.TypeReg, Name: name, Mode: 0o644, Size: int64(len(data))})).To(Succeed())
+		_, err := tw.Write(data)
+		Expect(err).NotTo(HaveOccurred())
+	}
+	Expect(tw.Close()).To(Succeed())
+	return &buf
+}
+
+// readTree reads a download: regular files by name (below the top
+// directory), with their modes.
+func readTree(r io.Reader) (tree, map[string]int64) {
+	GinkgoHelper()
+	files, modes := tree{}, map[string]int64{}
+	tr := tar.NewReader(r)
+	for {
+		hdr, err := tr.Next()
+		if errors.Is(err, io.EOF) {
+			return files, modes
+		}
+		Expect(err).NotTo(HaveOccurred())
+		if hdr.Typeflag != tar.TypeReg {
+			continue
+		}
+		data, err := io.ReadAll(tr)
+		Expect(err).NotTo(HaveOccurred())
+		files[hdr.Name] = data
+		modes[hdr.Name] = hdr.Mode
+	}
+}
+
+var _ = Describe("sandboxclient against the real node API", Ordered, Label("integration"), func() {
+	var (
+		ns    string
+		sbx   *sandboxv1alpha1.Sandbox
+		admin *sandboxclient.Client
+		ctx   context.Context
+	)
+
+	BeforeAll(func() {
+		ns = newNamespace()
+		sbx = createSandbox(ns, "box")
+		waitReady(sbx)
+		// envtest's admin: a client certificate, accepted by the node API
+		// through its client CA.
+		admin = newClient(cfg)
+	})
+
+	BeforeEach(func() {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(context.Background(), 2*time.Minute)
+		DeferCleanup(cancel)
+	})
+
+	Describe("Exec", func() {
+		It("returns stdout, stderr and the exit code", func() {
+			var stdout, stderr bytes.Buffer
+			res, err := admin.Exec(ctx, ns, "box", shell("echo out; echo err >&2; exit 3"), &stdout, &stderr)
+			Expect(err).NotTo(HaveOccurred())
+			Expect(res.ExitCode).To(Equal(3))
+			Expect(stdout.String()).To(Equal("out\n"))
+			Expect(stderr.String()).To(Equal("err\n"))
+		})
+
+		It("streams output as the command produces it", func() {
+			out := &timedWriter{}
+			start := time.Now()
+			res, err := admin.Exec(ctx, ns, "box", shell("echo first; sleep 2; echo second"), out, nil)
+			Expect(err).NotTo(HaveOccurred())
+			Expect(res.ExitCode).To(BeZero())
+			Expect(out.buf.String()).To(Equal("first\nsecond\n"))
+			Expect(time.Since(start)).To(BeNumerically(">=", 2*time.Second))
+			Expect(out.first.Sub(start)).To(BeNumerically("<", 1500*time.Millisecond), "the first line arrived only at the end")
+		})
+
+		It("passes argv, stdin, environment and working directory", func() {
+			var stdout bytes.Buffer
+			res, err := admin.Exec(ctx, ns, "box", execio.Request{
+				Command: []string{"sh", "-c", `printf '%s|%s|' "$GREETING" "$(pwd)"; cat`, "; rm -rf /"},
+				Env:     []string{"GREETING=hi there"}, WorkingDir: "/tmp", Stdin: []byte("from stdin"),
+			}, &stdout, nil)
+			Expect(err).NotTo(HaveOccurred())
+			Expect(res.ExitCode).To(BeZero())
+			Expect(stdout.String()).To(Equal("hi there|/tmp|from stdin"))
+		})
+
+		It("reports a timeout", func() {
+			res, err := admin.Exec(ctx, ns, "box", execio.Request{Command: []string{"sleep", "30"}, TimeoutSeconds: 1}, nil, nil)
+			Expect(err).NotTo(HaveOccurred())
+			Expect(res.TimedOut).To(BeTrue())
+			Expect(res.Duration()).To(BeNumerically("<", 10*time.Second))
+		})
+
+		It("reports truncated output", func() {
+			var stdout bytes.Buffer
+			res, err := admin.Exec(ctx, ns, "box", execio.Request{Shell: "head -c 100000 /dev/zero", OutputLimitBytes: 1000}, &stdout, nil)
+			Expect(err).NotTo(HaveOccurred())
+			Expect(res.StdoutTruncated).To(BeTrue())
+			Expect(res.StdoutBytes).To(BeEquivalentTo(100000))
+			Expect(stdout.Len()).To(BeNumerically("<", 2000))
+		})
+
+		It("refuses an invalid request as a bad request naming the sandbox", func() {
+			_, err := admin.Exec(ctx, ns, "box", execio.Request{}, nil, nil)
+			Expect(sandboxclient.IsBadRequest(err)).To(BeTrue(), "%v", err)
+			Expect(err.Error()).To(ContainSubstring("sandbox " + ns + "/box"))
+		})
+	})
+
+	Describe("file transfer", func() {
+		It("round-trips a tree byte for byte", func() {
+			big := make([]byte, 3<<20+17)
+			_, _ = rand.Read(big)
+			files := tree{
+				"big.bin":        big,
+				"empty":          {},
+				"sub/deep/a.txt": []byte("A\x00B\r\n"),
+				"sub/b.txt":      []byte(strings.Repeat("b", 10000)),
+			}
+			stats, err := admin.Upload(ctx, ns, "box", "/app/tree", tarOfTree(files, "sub", "sub/deep"))
+			Expect(err).NotTo(HaveOccurred())
+			Expect(stats.Files).To(Equal(4))
+			Expect(stats.Bytes).To(BeEquivalentTo(len(big) + 1 + 4 + 10000))
+
+			var archive bytes.Buffer
+			Expect(admin.Download(ctx, ns, "box", "/app/tree", &archive)).To(Succeed())
+			got, _ := readTree(&archive)
+			want := tree{}
+			for name, data := range files {
+				want["tree/"+name] = data
+			}
+			Expect(got).To(HaveLen(len(want)))
+			for name, data := range want {
+				Expect(got).To(HaveKey(name))
+				Expect(bytes.Equal(got[name], data)).To(BeTrue(), "%s differs after the round trip", name)
+			}
+		})
+
+		It("uploads a single file with its mode, creating parents, and downloads it", func() {
+			_, err := admin.UploadFile(ctx, ns, "box", "/tmp/bin/run.sh", 0o750, strings.NewReader("#!/bin/sh\necho ran\n"))
+			Expect(err).NotTo(HaveOccurred())
+			var stdout bytes.Buffer
+			res, err := admin.Exec(ctx, ns, "box", shell("stat -c %a /tmp/bin/run.sh && /tmp/bin/run.sh"), &stdout, nil)
+			Expect(err).NotTo(HaveOccurred())
+			Expect(res.ExitCode).To(BeZero())
+			Expect(stdout.String()).To(Equal("750\nran\n"))
+
+			var archive bytes.Buffer
+			Expect(admin.Download(ctx, ns, "box", "/tmp/bin/run.sh", &archive)).To(Succeed())
+			got, modes := readTree(&archive)
+			Expect(got).To(Equal(tree{"run.sh": []byte("#!/bin/sh\necho ran\n")}))
+			Expect(modes["run.sh"]).To(BeEquivalentTo(0o750))
+		})
+
+		It("uploads relative to the working directory", func() {
+			_, err := admin.UploadFile(ctx, ns, "box", "rel.txt", 0o644, strings.NewReader("relative"))
+			Expect(err).NotTo(HaveOccurred())
+			var stdout bytes.Buffer
+			_, err = admin.Exec(ctx, ns, "box", shell("cat /app/rel.txt"), &stdout, nil)
+			Expect(err).NotTo(HaveOccurred())
+			Expect(stdout.String()).To(Equal("relative"))
+		})
+
+		It("reports a missing path as not found", func() {
+			err := admin.Download(ctx, ns, "box", "/app/does-not-exist", io.Discard)
+			Expect(sandboxclient.IsNotFound(err)).To(BeTrue(), "%v", err)
+		})
+
+		It("refuses paths outside the sandbox's writable roots", func() {
+			_, err := admin.UploadFile(ctx, ns, "box", "/etc/passwd", 0o644, strings.NewReader("x"))
+			Expect(sandboxclient.IsBadRequest(err)).To(BeTrue(), "%v", err)
+		})
+	})
+
+	Describe("logs and history", func() {
+		It("reads the container's output", func() {
+			logged := createSandbox(ns, "logged", func(s *sandboxv1alpha1.Sandbox) {
+				s.Spec.Command = []string{"sh", "-c", "echo line-1; echo line-2; exec sleep 3600"}
+			})
+			waitReady(logged)
+			Eventually(func() string {
+				var out bytes.Buffer
+				_ = admin.Logs(ctx, ns, "logged", sandboxclient.LogOptions{}, &out)
+				return out.String()
+			}, 10*time.Second).Should(Equal("line-1\nline-2\n"))
+			var out bytes.Buffer
+			Expect(admin.Logs(ctx, ns, "logged", sandboxclient.LogOptions{Tail: 1}, &out)).To(Succeed())
+			Expect(out.String()).To(Equal("line-2\n"))
+		})
+
+		It("lists the commands run, and follows new ones", func() {
+			_, err := admin.Exec(ctx, ns, "box", execio.Request{Command: []string{"sh", "-c", "exit 7"}}, nil, nil)
+			Expect(err).NotTo(HaveOccurred())
+			var recs []history.Record
+			Expect(admin.History(ctx, ns, "box", sandboxclient.LogOptions{Tail: 1}, func(r history.Record) error {
+				recs = append(recs, r)
+				return nil
+			})).To(Succeed())
+			Expect(recs).To(HaveLen(1))
+			Expect(recs[0].Command).To(Equal([]string{"sh", "-c", "exit 7"}))
+			Expect(recs[0].ExitCode).To(Equal(7))
+
+			fctx, cancel := context.WithCancel(ctx)
+			defer cancel()
+			followed := make(chan history.Record, 10)
+			done := make(chan error, 1)
+			go func() {
+				done <- admin.History(fctx, ns, "box", sandboxclient.LogOptions{Tail: 1, Follow: true}, func(r history.Record) error {
+					followed <- r
+					return nil
+				})
+			}()
+			Eventually(followed, 10*time.Second).Should(Receive(HaveField("ExitCode", 7)))
+			_, err = admin.Exec(ctx, ns, "box", shell("echo followed"), nil, nil)
+			Expect(err).NotTo(HaveOccurred())
+			Eventually(followed, 10*time.Second).Should(Receive(HaveField("Shell", "echo followed")))
+			cancel()
+			Eventually(done, 10*time.Second).Should(Receive(MatchError(context.Canceled)))
+		})
+	})
+
+	Describe("credentials", func() {
+		It("works with a ServiceAccount token bound to the exec ClusterRole", func() {
+			runner := serviceAccountConfig(ns, "runner")
+			bind(ns, execRole, saSubject(ns, "runner"))
+			var stdout bytes.Buffer
+			Eventually(func() error {
+				stdout.Reset()
+				_, err := newClient(runner).Exec(ctx, ns, "box", shell("echo as-runner"), &stdout, nil)
+				return err
+			}, 10*time.Second, 500*time.Millisecond).Should(Succeed())
+			Expect(stdout.String()).To(Equal("as-runner\n"))
+
+			var recs []history.Record
+			Expect(admin.History(ctx, ns, "box", sandboxclient.LogOptions{Tail: 1}, func(r history.Record) error {
+				recs = append(recs, r)
+				return nil
+			})).To(Succeed())
+			Expect(recs[0].Caller).To(Equal("system:serviceaccount:" + ns + ":runner"))
+		})
+
+		It("refuses a ServiceAccount without a binding, at the API server", func() {
+			_, err := newClient(serviceAccountConfig(ns, "outsider")).Exec(ctx, ns, "box", shell("true"), nil, nil)
+			Expect(sandboxclient.IsForbidden(err)).To(BeTrue(), "%v", err)
+			Expect(err.Error()).To(ContainSubstring("sandbox " + ns + "/box"))
+		})
+
+		It("refuses a ServiceAccount that may read Sandboxes but not exec, at the node API", func() {
+			reader := serviceAccountConfig(ns, "reader")
+			bind(ns, "sandbox-reader", saSubject(ns, "reader"))
+			var err error
+			Eventually(func() bool {
+				_, err = newClient(reader).Exec(ctx, ns, "box", shell("true"), nil, nil)
+				var ae *sandboxclient.APIError
+				return errors.As(err, &ae) && ae.Source == "node API"
+			}, 10*time.Second, 500*time.Millisecond).Should(BeTrue(), "%v", err)
+			Expect(sandboxclient.IsForbidden(err)).To(BeTrue(), "%v", err)
+			Expect(err.Error()).To(ContainSubstring("sandboxes/exec"))
+		})
+
+		It("acts as the user named in rest.Config.Impersonate", func() {
+			mcp := serviceAccountConfig(ns, "mcp-server")
+			bindCluster("impersonator", saSubject(ns, "mcp-server"))
+			bind(ns, execRole, userSubject("alice"))
+
+			asAlice := rest.CopyConfig(mcp)
+			asAlice.Impersonate = rest.ImpersonationConfig{UserName: "alice", Groups: []string{"system:authenticated"}}
+			Eventually(func() error {
+				_, err := newClient(asAlice).Exec(ctx, ns, "box", shell("echo as-alice"), nil, nil)
+				return err
+			}, 10*time.Second, 500*time.Millisecond).Should(Succeed())
+			var recs []history.Record
+			Expect(admin.History(ctx, ns, "box", sandboxclient.LogOptions{Tail: 1}, func(r history.Record) error {
+				recs = append(recs, r)
+				return nil
+			})).To(Succeed())
+			Expect(recs[0].Caller).To(Equal("alice"))
+
+			asMallory := rest.CopyConfig(mcp)
+			asMallory.Impersonate = rest.ImpersonationConfig{UserName: "mallory"}
+			_, err := newClient(asMallory).Exec(ctx, ns, "box", shell("true"), nil, nil)
+			Expect(sandboxclient.IsForbidden(err)).To(BeTrue(), "%v", err)
+		})
+
+		It("authenticates with a client certificate", func() {
+			user, err := testEnv.AddUser(envtest.User{Name: "carol"}, cfg)
+			Expect(err).NotTo(HaveOccurred())
+			bind(ns, execRole, userSubject("carol"))
+			var stdout bytes.Buffer
+			Eventually(func() error {
+				stdout.Reset()
+				_, err := newClient(user.Config()).Exec(ctx, ns, "box", shell("echo as-carol"), &stdout, nil)
+				return err
+			}, 10*time.Second, 500*time.Millisecond).Should(Succeed())
+			Expect(stdout.String()).To(Equal("as-carol\n"))
+		})
+	})
+
+	It("explains a Sandbox that is not Ready", func() {
+		broken := createSandbox(ns, "broken", func(s *sandboxv1alpha1.Sandbox) {
+			s.Spec.Image = "code-sandbox-test/does-not-exist:1"
+			s.Spec.ImagePullPolicy = sandboxv1alpha1.PullNever
+		})
+		Eventually(readyState(broken), 60*time.Second).Should(Equal("False/ImageNotFound"))
+		_, err := admin.Exec(ctx, ns, "broken", shell("true"), nil, nil)
+		Expect(sandboxclient.IsNotReady(err)).To(BeTrue(), "%v", err)
+		Expect(err.Error()).To(HavePrefix("sandbox " + ns + "/broken is not ready: ImageNotFound: "))
+	})
+
+	It("reports a Sandbox that does not exist", func() {
+		_, err := admin.Exec(ctx, ns, "nope", shell("true"), nil, nil)
+		Expect(sandboxclient.IsNotFound(err)).To(BeTrue(), "%v", err)
+	})
+})

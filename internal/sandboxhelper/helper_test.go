@@ -1,0 +1,310 @@
+/*
+Copyright 2026 The code-sandbox-operator Authors.
+
+Licensed under the MIT License; see the LICENSE file.
+*/
+
+package sandboxhelper
+
+import (
+	"archive/tar"
+	"bytes"
+	"errors"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/code-sandbox/code-sandbox-operator/internal/execio"
+	. "github.com/onsi/ginkgo/v2"
+	. "github.com/onsi/gomega"
+)
+
+var unit = Label("unit")
+
+// call runs Main in-process and returns its exit code, stdout and stderr.
+func call(stdin []byte, args ...string) (int, []byte, string) {
+	var stdout, stderr bytes.Buffer
+	code := Main(args, bytes.NewReader(stdin), &stdout, &stderr)
+	return code, stdout.Bytes(), stderr.String()
+}
+
+func tarOf(entries ...*tar.Header) []byte {
+	GinkgoHelper()
+	var buf bytes.Buffer
+	tw := tar.NewWriter(&buf)
+	for _, h := range entries {
+		Expect(tw.WriteHeader(h)).To(Succeed())
+		_, err := tw.Write(bytes.Repeat([]byte("x"), int(h.Size)))
+		Expect(err).NotTo(HaveOccurred())
+	}
+	Expect(tw.Close()).To(Succeed())
+	return buf.Bytes()
+}
+
+func names(data []byte) []string {
+	GinkgoHelper()
+	var out []string
+	tr := tar.NewReader(bytes.NewReader(data))
+	for {
+		h, err := tr.Next()
+		if errors.Is(err, io.EOF) {
+			return out
+		}
+		Expect(err).NotTo(HaveOccurred())
+		s := h.Name
+		if h.Typeflag == tar.TypeSymlink {
+			s += " -> " + h.Linkname
+		}
+		out = append(out, s)
+	}
+}
+
+var _ = Describe("The error protocol", unit, func() {
+	It("round-trips an error line and maps kinds to execio's errors", func() {
+		for kind, want := range map[string]error{
+			KindNotFound: execio.ErrPathNotFound, KindInvalidPath: execio.ErrInvalidPath,
+			KindTooLarge: execio.ErrTooLarge, KindUnsupportedEntry: execio.ErrUnsupportedEntry,
+		} {
+			var stderr bytes.Buffer
+			code := report(&stderr, &Error{Kind: kind, Message: "m \"quoted\"\nline"})
+			Expect(stderr.String()).To(HavePrefix(ErrorPrefix))
+			Expect(strings.Count(stderr.String(), "\n")).To(Equal(1), "one line")
+			he, ok := ParseError(append([]byte("noise\n"), stderr.Bytes()...))
+			Expect(ok).To(BeTrue())
+			Expect(he.Kind).To(Equal(kind))
+			Expect(he.Message).To(Equal("m \"quoted\"\nline"))
+			Expect(he).To(MatchError(want))
+			Expect(code).To(Equal(he.ExitCode()))
+		}
+		_, ok := ParseError([]byte("plain failure"))
+		Expect(ok).To(BeFalse())
+		_, ok = ParseError([]byte(ErrorPrefix + "{not json"))
+		Expect(ok).To(BeFalse())
+	})
+
+	It("classifies errors from execio, the file system and os.Root", func() {
+		Expect(classify(os.ErrNotExist).Kind).To(Equal(KindNotFound))
+		Expect(classify(errors.New("openat x: path escapes from parent")).Kind).To(Equal(KindInvalidPath))
+		Expect(classify(execio.ErrTooLarge).Kind).To(Equal(KindTooLarge))
+		Expect(classify(errors.New("boom")).Kind).To(Equal(KindOther))
+		Expect(classify(errors.New("boom")).ExitCode()).To(Equal(ExitOther))
+	})
+})
+
+var _ = Describe("Argument parsing", unit, func() {
+	It("parses run", func() {
+		opts, err := parseRun([]string{"--id=abc-1", "--backstop=7", "--", "sh", "-c", "--id=x"})
+		Expect(err).NotTo(HaveOccurred())
+		Expect(opts).To(Equal(runOptions{id: "abc-1", backstop: 7, argv: []string{"sh", "-c", "--id=x"}}))
+		for _, bad := range [][]string{
+			{"--", "x"}, {"--id=a b", "--", "x"}, {"--id=a"}, {"--id=a", "--"}, {"--id=a", "--backstop=-1", "--", "x"}, {"--id=a", "--nope", "--", "x"},
+		} {
+			_, err := parseRun(bad)
+			Expect(err).To(HaveOccurred(), "%q", bad)
+		}
+	})
+
+	It("parses the transfer flags and refuses unknown ones", func() {
+		f, err := parseFlags([]string{"--root=/app", "--dest=", "--max-bytes=5", "--max-entries=3"}, "untar")
+		Expect(err).NotTo(HaveOccurred())
+		Expect(f).To(Equal(transferFlags{root: "/app", rel: "", maxBytes: 5, maxEntries: 3}))
+		_, err = parseFlags([]string{"--root=/app", "--path=x", "--max-entries=3"}, "tar")
+		Expect(err).To(HaveOccurred())
+		_, err = parseFlags([]string{"--root=/app"}, "tar")
+		Expect(err).To(HaveOccurred())
+		code, _, stderr := call(nil, "bogus")
+		Expect(code).To(Equal(ExitUsage))
+		Expect(stderr).To(ContainSubstring("usage:"))
+		code, _, _ = call(nil, "kill", "bad id")
+		Expect(code).To(Equal(ExitUsage))
+	})
+})
+
+var _ = Describe("untar and tar", unit, func() {
+	var root, outside string
+
+	BeforeEach(func() {
+		base := GinkgoT().TempDir()
+		root = filepath.Join(base, "root")
+		outside = filepath.Join(base, "outside")
+		Expect(os.Mkdir(root, 0o755)).To(Succeed())
+		Expect(os.Mkdir(outside, 0o755)).To(Succeed())
+		Expect(os.WriteFile(filepath.Join(outside, "victim"), []byte("victim"), 0o644)).To(Succeed())
+	})
+
+	It("extracts dirs and files with masked modes and tars them back", func() {
+		in := tarOf(
+			&tar.Header{Name: "d/", Typeflag: tar.TypeDir, Mode: 0o555},
+			&tar.Header{Name: "d/f", Typeflag: tar.TypeReg, Mode: 0o4755, Size: 3},
+			&tar.Header{Name: "e/g/h", Typeflag: tar.TypeReg, Mode: 0o600, Size: 0},
+		)
+		code, _, stderr := call(in, "untar", "--root="+root, "--dest=up/x")
+		Expect(code).To(BeZero(), stderr)
+		info, err := os.Stat(filepath.Join(root, "up/x/d/f"))
+		Expect(err).NotTo(HaveOccurred())
+		Expect(info.Mode()).To(Equal(os.FileMode(0o755)), "setuid dropped, umask ignored")
+		info, err = os.Stat(filepath.Join(root, "up/x/d"))
+		Expect(err).NotTo(HaveOccurred())
+		Expect(info.Mode().Perm()).To(Equal(os.FileMode(0o555)), "a read-only dir still received its file")
+
+		code, out, stderr := call(nil, "tar", "--root="+root, "--path=up")
+		Expect(code).To(BeZero(), stderr)
+		Expect(names(out)).To(Equal([]string{"up/", "up/x/", "up/x/d/", "up/x/d/f", "up/x/e/", "up/x/e/g/", "up/x/e/g/h"}))
+		code, out, _ = call(nil, "tar", "--root="+root, "--path=")
+		Expect(code).To(BeZero())
+		Expect(names(out)[0]).To(Equal("root/"), "the root itself is named after its base name")
+	})
+
+	It("never follows a planted symlink out of the root (A9, A11)", func() {
+		Expect(os.Symlink(outside, filepath.Join(root, "out"))).To(Succeed())
+		Expect(os.Symlink(filepath.Join(outside, "victim"), filepath.Join(root, "link"))).To(Succeed())
+		file := func(name string) []byte {
+			return tarOf(&tar.Header{Name: name, Typeflag: tar.TypeReg, Mode: 0o644, Size: 4})
+		}
+
+		code, _, stderr := call(file("x"), "untar", "--root="+root, "--dest=out")
+		Expect(code).To(Equal(ExitInvalidPath), stderr)
+		code, _, stderr = call(file("out/x"), "untar", "--root="+root, "--dest=")
+		Expect(code).To(Equal(ExitInvalidPath), stderr)
+		code, _, stderr = call(nil, "tar", "--root="+root, "--path=out/victim")
+		Expect(code).To(Equal(ExitInvalidPath), stderr)
+		Expect(filepath.Join(outside, "x")).NotTo(BeAnExistingFile())
+
+		// Writing over a symlink replaces it; the target is untouched.
+		code, _, stderr = call(file("link"), "untar", "--root="+root, "--dest=")
+		Expect(code).To(BeZero(), stderr)
+		Expect(os.ReadFile(filepath.Join(outside, "victim"))).To(Equal([]byte("victim")))
+		info, err := os.Lstat(filepath.Join(root, "link"))
+		Expect(err).NotTo(HaveOccurred())
+		Expect(info.Mode().IsRegular()).To(BeTrue())
+
+		// Symlinks are archived as links.
+		code, out, _ := call(nil, "tar", "--root="+root, "--path=out")
+		Expect(code).To(BeZero())
+		Expect(names(out)).To(Equal([]string{"out -> " + outside}))
+	})
+
+	It("refuses bad entries, over-cap archives and missing paths", func() {
+		code, _, _ := call(tarOf(&tar.Header{Name: "l", Typeflag: tar.TypeSymlink, Linkname: "/"}), "untar", "--root="+root, "--dest=")
+		Expect(code).To(Equal(ExitUnsupportedEntry))
+		code, _, _ = call(tarOf(&tar.Header{Name: "../x", Typeflag: tar.TypeReg}), "untar", "--root="+root, "--dest=")
+		Expect(code).To(Equal(ExitInvalidPath))
+		code, _, _ = call(tarOf(&tar.Header{Name: "a", Typeflag: tar.TypeReg, Size: 10}), "untar", "--root="+root, "--dest=", "--max-bytes=5")
+		Expect(code).To(Equal(ExitTooLarge))
+		code, _, _ = call(tarOf(&tar.Header{Name: "a", Typeflag: tar.TypeReg}, &tar.Header{Name: "b", Typeflag: tar.TypeReg}), "untar", "--root="+root, "--dest=", "--max-entries=1")
+		Expect(code).To(Equal(ExitTooLarge))
+		code, _, _ = call(nil, "untar", "--root="+root, "--dest=../x")
+		Expect(code).To(Equal(ExitInvalidPath))
+		code, _, _ = call(nil, "untar", "--root=relative", "--dest=")
+		Expect(code).To(Equal(ExitInvalidPath))
+
+		Expect(os.WriteFile(filepath.Join(root, "big"), make([]byte, 100), 0o644)).To(Succeed())
+		code, _, _ = call(nil, "tar", "--root="+root, "--path=big", "--max-bytes=99")
+		Expect(code).To(Equal(ExitTooLarge))
+		code, _, stderr := call(nil, "tar", "--root="+root, "--path=missing")
+		Expect(code).To(Equal(ExitNotFound))
+		Expect(stderr).To(ContainSubstring("missing"))
+	})
+
+	It("skips fifos inside a tree without blocking and refuses one at the top", func() {
+		Expect(os.Mkdir(filepath.Join(root, "s"), 0o755)).To(Succeed())
+		Expect(syscall.Mkfifo(filepath.Join(root, "s", "fifo"), 0o644)).To(Succeed())
+		Expect(os.WriteFile(filepath.Join(root, "s", "f"), []byte("x"), 0o644)).To(Succeed())
+		code, out, _ := call(nil, "tar", "--root="+root, "--path=s")
+		Expect(code).To(BeZero())
+		Expect(names(out)).To(Equal([]string{"s/", "s/f"}))
+		code, _, _ = call(nil, "tar", "--root="+root, "--path=s/fifo")
+		Expect(code).To(Equal(ExitUnsupportedEntry))
+	})
+})
+
+var _ = Describe("run and kill (a built helper)", unit, Ordered, func() {
+	var helper string
+
+	BeforeAll(func() {
+		if runtime.GOOS != "linux" {
+			Skip("run and kill are Linux-only")
+		}
+		// kill recognises runs by the binary's name, as in a sandbox.
+		helper = filepath.Join(GinkgoT().TempDir(), "helper")
+		build := exec.Command("go", "build", "-o", helper, "github.com/code-sandbox/code-sandbox-operator/cmd/code-sandbox-helper")
+		build.Env = append(os.Environ(), "CGO_ENABLED=0")
+		out, err := build.CombinedOutput()
+		Expect(err).NotTo(HaveOccurred(), string(out))
+	})
+
+	helperCmd := func(args ...string) (int, string, string) {
+		cmd := exec.Command(helper, args...)
+		var stdout, stderr bytes.Buffer
+		cmd.Stdout, cmd.Stderr = &stdout, &stderr
+		err := cmd.Run()
+		var exitErr *exec.ExitError
+		if errors.As(err, &exitErr) {
+			return exitErr.ExitCode(), stdout.String(), stderr.String()
+		}
+		Expect(err).NotTo(HaveOccurred())
+		return 0, stdout.String(), stderr.String()
+	}
+
+	// alive reports whether any process's command line contains s.
+	alive := func(s string) bool {
+		entries, _ := os.ReadDir("/proc")
+		for _, e := range entries {
+			cmdline, err := os.ReadFile("/proc/" + e.Name() + "/cmdline")
+			if err == nil && strings.Contains(strings.ReplaceAll(string(cmdline), "\x00", " "), s) {
+				pid, _ := strconv.Atoi(e.Name())
+				if e, ok := readStat(pid); ok && e.state != 'Z' {
+					return true
+				}
+			}
+		}
+		return false
+	}
+
+	It("propagates exit codes, signals and exec failures, and marks the environment", func() {
+		code, stdout, stderr := helperCmd("run", "--id=t1", "--", "sh", "-c", `echo "$`+RunIDEnv+`"; echo err >&2; exit 3`)
+		Expect(code).To(Equal(3))
+		Expect(stdout).To(Equal("t1\n"))
+		Expect(stderr).To(Equal("err\n"))
+		code, _, _ = helperCmd("run", "--id=t1", "--", "sh", "-c", "kill -9 $$")
+		Expect(code).To(Equal(137))
+		code, _, stderr = helperCmd("run", "--id=t1", "--", "/no/such/program")
+		Expect(code).To(Equal(ExitCommandNotFound))
+		Expect(stderr).To(ContainSubstring(ErrorPrefix))
+	})
+
+	It("kills a tree with setsid and double-fork escapees at the backstop", func() {
+		tag := "sleep 3" + randomDigits()
+		start := time.Now()
+		code, _, _ := helperCmd("run", "--id=t2", "--backstop=1", "--", "sh", "-c", tag+"1 & setsid sh -c '"+tag+"2' & (sh -c '"+tag+"3 &' &); "+tag+"4")
+		Expect(code).To(Equal(ExitKilled))
+		Expect(time.Since(start)).To(BeNumerically("<", 3*time.Second))
+		Expect(alive(tag)).To(BeFalse())
+	})
+
+	It("kills a run by ID and is idempotent", func() {
+		tag := "sleep 4" + randomDigits()
+		cmd := exec.Command(helper, "run", "--id=t3", "--", "sh", "-c", tag+"1 & setsid sh -c '"+tag+"2' & "+tag+"3")
+		Expect(cmd.Start()).To(Succeed())
+		Eventually(func() bool { return alive(tag + "2") }).WithTimeout(5 * time.Second).Should(BeTrue())
+		code, _, stderr := helperCmd("kill", "t3")
+		Expect(code).To(BeZero(), stderr)
+		err := cmd.Wait()
+		var exitErr *exec.ExitError
+		Expect(errors.As(err, &exitErr)).To(BeTrue())
+		Expect(exitErr.ExitCode()).To(Equal(ExitKilled))
+		Expect(alive(tag)).To(BeFalse())
+		code, _, _ = helperCmd("kill", "t3")
+		Expect(code).To(BeZero(), "nothing left to kill is fine")
+	})
+})
+
+func randomDigits() string {
+	return strings.TrimLeft(time.Now().Format(".000000"), ".")
+}

@@ -1,0 +1,17 @@
+//go:build !linux
+
+package sandboxhelper
+
+import (
+	"errors"
+	"io"
+)
+
+// The helper runs only inside Linux containers; on other systems the
+// package still compiles (the manager parses its errors everywhere).
+
+var errLinuxOnly = errors.New("code-sandbox-helper runs commands only on Linux")
+
+func run(_ runOptions, _, stderr io.Writer) int { return report(stderr, errLinuxOnly) }
+
+func kill(string) error { return errLinuxOnly }

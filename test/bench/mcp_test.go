@@ -1,0 +1,216 @@
+/*
+Copyright 2026 The code-sandbox-operator Authors.
+
+Licensed under the MIT License; see the LICENSE file.
+*/
+
+package bench
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/docker/docker/api/types/container"
+	dockerclient "github.com/docker/docker/client"
+	"github.com/docker/docker/pkg/stdcopy"
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+
+	"github.com/code-sandbox/code-sandbox-operator/internal/dockerruntime"
+)
+
+const (
+	// mcpGoalRatio: sandbox_initialize + first sandbox_exec p50 over raw
+	// Docker create+start+exec p50.
+	mcpGoalRatio = 1.5
+	// mcpGoalExecOverhead: sandbox_exec p50 minus raw exec p50.
+	mcpGoalExecOverhead = 15 * time.Millisecond
+	// mcpRawManagedBy labels the raw baseline's containers, so that neither
+	// the operator nor the MCP server ever sees them.
+	mcpRawManagedBy = "code-sandbox-bench-raw"
+)
+
+// BenchmarkMCP measures the MCP server end to end through an independent
+// client (the go-sdk over stdio against the built binary) against raw
+// Docker doing the same work on the same hardened container spec, in the
+// same run: sandbox_initialize + sandbox_exec(["echo hi"]) against
+// ContainerCreate + ContainerStart + one exec, and a second sandbox_exec
+// against a second raw exec. Cleanup (sandbox_stop, ContainerRemove) is
+// outside the measurement. The goals are reported, never asserted.
+func BenchmarkMCP(b *testing.B) {
+	image := os.Getenv("BUSYBOX_IMAGE")
+	if image == "" {
+		image = "code-sandbox-test/busybox:1"
+	}
+	raw, err := dockerclient.NewClientWithOpts(dockerclient.FromEnv, dockerclient.WithAPIVersionNegotiation())
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer raw.Close()
+	ctx := context.Background()
+	if _, err := raw.Ping(ctx); err != nil {
+		b.Skipf("Docker Engine not reachable (%v); run `make bench`, which starts it", err)
+	}
+	if _, err := raw.ImageInspect(ctx, image); err != nil {
+		b.Fatalf("test image %s: %v (run `make test-images`)", image, err)
+	}
+
+	dir := b.TempDir()
+	bin := filepath.Join(dir, "code-sandbox-mcp")
+	build := exec.Command("go", "build", "-o", bin, "./cmd/code-sandbox-mcp")
+	build.Dir = "../.."
+	if out, err := build.CombinedOutput(); err != nil {
+		b.Fatalf("building code-sandbox-mcp: %v\n%s", err, out)
+	}
+	cmd := exec.Command(bin, "--default-image", image, "--log-level", "warn", "--max-sandboxes", "4")
+	cmd.Stderr = os.Stderr
+	client := mcp.NewClient(&mcp.Implementation{Name: "bench", Version: "1"}, nil)
+	sess, err := client.Connect(ctx, &mcp.CommandTransport{Command: cmd}, nil)
+	if err != nil {
+		b.Fatalf("starting code-sandbox-mcp: %v", err)
+	}
+	defer sess.Close()
+
+	callTool := func(name string, args map[string]any) (map[string]any, error) {
+		res, err := sess.CallTool(ctx, &mcp.CallToolParams{Name: name, Arguments: args})
+		if err != nil {
+			return nil, err
+		}
+		if res.IsError {
+			var t strings.Builder
+			for _, c := range res.Content {
+				if tc, ok := c.(*mcp.TextContent); ok {
+					t.WriteString(tc.Text)
+				}
+			}
+			return nil, fmt.Errorf("%s: %s", name, t.String())
+		}
+		m, _ := res.StructuredContent.(map[string]any)
+		return m, nil
+	}
+	mcpSample := func() (initExec, execAlone time.Duration) {
+		t0 := time.Now()
+		out, err := callTool("sandbox_initialize", nil)
+		if err != nil {
+			b.Fatal(err)
+		}
+		id := out["container_id"].(string)
+		if _, err := callTool("sandbox_exec", map[string]any{"container_id": id, "commands": []string{"echo hi"}}); err != nil {
+			b.Fatal(err)
+		}
+		initExec = time.Since(t0)
+		t1 := time.Now()
+		if _, err := callTool("sandbox_exec", map[string]any{"container_id": id, "commands": []string{"echo hi"}}); err != nil {
+			b.Fatal(err)
+		}
+		execAlone = time.Since(t1)
+		if _, err := callTool("sandbox_stop", map[string]any{"container_id": id}); err != nil {
+			b.Fatal(err)
+		}
+		return initExec, execAlone
+	}
+	rawSample := func() (createExec, execAlone time.Duration) {
+		uid := fmt.Sprintf("mcpraw%s%d", runID, seq.Add(1))
+		cfg, hostCfg, err := dockerruntime.BuildContainerConfig(dockerruntime.Spec{
+			Owner:   dockerruntime.Owner{ManagedBy: mcpRawManagedBy, UID: uid, Node: rawNode},
+			Image:   image,
+			Command: []string{"sleep", "86400"},
+		})
+		if err != nil {
+			b.Fatal(err)
+		}
+		t0 := time.Now()
+		created, err := raw.ContainerCreate(ctx, cfg, hostCfg, nil, nil, dockerruntime.ContainerName(uid))
+		if err != nil {
+			b.Fatal(err)
+		}
+		defer func() {
+			_ = raw.ContainerRemove(ctx, created.ID, container.RemoveOptions{Force: true, RemoveVolumes: true})
+		}()
+		if err := raw.ContainerStart(ctx, created.ID, container.StartOptions{}); err != nil {
+			b.Fatal(err)
+		}
+		if err := rawExec(ctx, raw, created.ID); err != nil {
+			b.Fatal(err)
+		}
+		createExec = time.Since(t0)
+		t1 := time.Now()
+		if err := rawExec(ctx, raw, created.ID); err != nil {
+			b.Fatal(err)
+		}
+		return createExec, time.Since(t1)
+	}
+
+	// Warm up both paths (tools volume, helper, connections).
+	mcpSample()
+	rawSample()
+	b.ResetTimer()
+	b.StopTimer()
+	var mInit, mExec, rInit, rExec []time.Duration
+	for i := 0; i < b.N; i++ {
+		// Alternate the order so drifting machine noise lands on both.
+		if i%2 == 0 {
+			a, e := mcpSample()
+			mInit, mExec = append(mInit, a), append(mExec, e)
+			a, e = rawSample()
+			rInit, rExec = append(rInit, a), append(rExec, e)
+		} else {
+			a, e := rawSample()
+			rInit, rExec = append(rInit, a), append(rExec, e)
+			a, e = mcpSample()
+			mInit, mExec = append(mInit, a), append(mExec, e)
+		}
+	}
+	mi, ri := percentile(mInit, 50), percentile(rInit, 50)
+	me, re := percentile(mExec, 50), percentile(rExec, 50)
+	ratio := float64(mi) / float64(ri)
+	overhead := me - re
+	b.ReportMetric(ms(mi), "mcp-init+exec-p50-ms")
+	b.ReportMetric(ms(ri), "raw-create+start+exec-p50-ms")
+	b.ReportMetric(ratio, "init-p50-ratio")
+	b.ReportMetric(ms(me), "mcp-exec-p50-ms")
+	b.ReportMetric(ms(re), "raw-exec-p50-ms")
+	b.ReportMetric(ms(overhead), "exec-overhead-p50-ms")
+	verdict := func(ok bool) string {
+		if ok {
+			return "meets"
+		}
+		return "MISSES"
+	}
+	b.Logf("sandbox_initialize+sandbox_exec p50 %.1fms vs raw create+start+exec p50 %.1fms: ratio %.2f (goal <= %.1f; %s it) [n=%d, p90 %.1f vs %.1fms]",
+		ms(mi), ms(ri), ratio, mcpGoalRatio, verdict(ratio <= mcpGoalRatio), b.N, ms(percentile(mInit, 90)), ms(percentile(rInit, 90)))
+	b.Logf("sandbox_exec p50 %.1fms vs raw exec p50 %.1fms: +%.1fms (goal <= +%.0fms; %s it) [p90 %.1f vs %.1fms]",
+		ms(me), ms(re), ms(overhead), ms(mcpGoalExecOverhead), verdict(overhead <= mcpGoalExecOverhead), ms(percentile(mExec, 90)), ms(percentile(rExec, 90)))
+}
+
+// rawExec runs `sh -c "echo hi"` the way a bare Docker client would.
+func rawExec(ctx context.Context, raw *dockerclient.Client, id string) error {
+	created, err := raw.ContainerExecCreate(ctx, id, container.ExecOptions{Cmd: []string{"sh", "-c", "echo hi"}, AttachStdout: true, AttachStderr: true})
+	if err != nil {
+		return err
+	}
+	att, err := raw.ContainerExecAttach(ctx, created.ID, container.ExecAttachOptions{})
+	if err != nil {
+		return err
+	}
+	defer att.Close()
+	var out bytes.Buffer
+	if _, err := stdcopy.StdCopy(&out, io.Discard, att.Reader); err != nil {
+		return err
+	}
+	insp, err := raw.ContainerExecInspect(ctx, created.ID)
+	if err != nil {
+		return err
+	}
+	if insp.ExitCode != 0 || out.String() != "hi\n" {
+		return fmt.Errorf("raw exec: exit %d, output %q", insp.ExitCode, out.String())
+	}
+	return nil
+}

@@ -1,0 +1,458 @@
+//go:build e2e
+
+/*
+Copyright 2026 The code-sandbox-operator Authors.
+
+Licensed under the MIT License; see the LICENSE file.
+*/
+
+package e2e
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"net/http"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+	. "github.com/onsi/ginkgo/v2"
+	. "github.com/onsi/gomega"
+)
+
+// code-sandbox-mcp with --backend kubernetes, built from the tree, against
+// the suite's control plane and a manager of its own that serves the node
+// API on loopback; driven by the go-sdk MCP client over stdio and over HTTP
+// with ServiceAccount tokens (--auth kubernetes).
+var _ = Describe("code-sandbox-mcp --backend kubernetes", Ordered, func() {
+	const (
+		// kmcpNode has its own manager, for the same reasons as the kubectl
+		// plugin's: the suite's manager advertises a node API address that
+		// does not resolve here. The MCP server pins its Sandboxes to it.
+		kmcpNode      = "e2e-mcp-node"
+		kmcpNamespace = "mcp-kube-e2e"
+		kmcpManagedBy = "app.kubernetes.io/managed-by=code-sandbox-mcp"
+	)
+	var (
+		kmcpBin string
+		agent   *managerProcess
+	)
+
+	removeKmcpNodeContainers := func(ctx context.Context) error {
+		out, err := docker(ctx, "ps", "-aq", "--filter", "label="+nodeLabel+"="+kmcpNode)
+		if err != nil || strings.TrimSpace(out) == "" {
+			return err
+		}
+		_, err = docker(ctx, append([]string{"rm", "-f", "-v"}, strings.Fields(out)...)...)
+		return err
+	}
+
+	BeforeAll(func(ctx SpecContext) {
+		By("building code-sandbox-mcp")
+		kmcpBin = filepath.Join(workDir, "code-sandbox-mcp")
+		_, err := run(ctx, repoRoot, "go", "build", "-o", kmcpBin, "./cmd/code-sandbox-mcp")
+		Expect(err).NotTo(HaveOccurred())
+
+		Expect(removeKmcpNodeContainers(ctx)).To(Succeed())
+		DeferCleanup(func(ctx SpecContext) {
+			Expect(removeKmcpNodeContainers(ctx)).To(Succeed())
+		}, NodeTimeout(time.Minute))
+
+		By("starting a manager that serves the node API on loopback")
+		agent, err = startManager(filepath.Join(workDir, "manager"),
+			"--kubeconfig", kubeconfig,
+			"--node-name", kmcpNode,
+			"--metrics-bind-address", "0",
+			"--health-probe-bind-address", "127.0.0.1:0",
+			"--state-dir", filepath.Join(workDir, "mcp-node-state"),
+			"--node-api-bind-address", "127.0.0.1:0",
+			"--node-api-advertise-address", "127.0.0.1",
+			// The MCP server acts as the kubeconfig's user, a client
+			// certificate signed by envtest's client CA.
+			"--node-api-client-ca-file", filepath.Join(testEnv.ControlPlane.APIServer.CertDir, "client-cert-auth-ca.crt"),
+		)
+		Expect(err).NotTo(HaveOccurred())
+		DeferCleanup(func() error { return agent.stop(15 * time.Second) })
+
+		_, err = kubectl(ctx, "create", "namespace", kmcpNamespace)
+		Expect(err).NotTo(HaveOccurred())
+		DeferCleanup(func(ctx SpecContext) {
+			wait := "--wait=" + fmt.Sprint(agent.exitErr() == nil)
+			_, _ = kubectl(ctx, "delete", "namespace", kmcpNamespace, "--ignore-not-found", wait, "--timeout=60s")
+		}, NodeTimeout(90*time.Second))
+
+		By("granting ServiceAccounts the shipped exec role and Sandbox lifecycle rights")
+		_, err = kubectl(ctx, "apply", "-f", filepath.Join(repoRoot, "config", "rbac", "sandbox_exec_role.yaml"))
+		Expect(err).NotTo(HaveOccurred())
+		_, err = kubectl(ctx, "create", "role", "sandbox-lifecycle", "-n", kmcpNamespace,
+			"--verb=create,delete,get,list,watch", "--resource=sandboxes.sandbox.code-sandbox.dev")
+		Expect(err).NotTo(HaveOccurred())
+		for _, sa := range []string{"agent-a", "agent-b", "agent-noexec"} {
+			_, err = kubectl(ctx, "create", "serviceaccount", sa, "-n", kmcpNamespace)
+			Expect(err).NotTo(HaveOccurred())
+			_, err = kubectl(ctx, "create", "rolebinding", sa+"-lifecycle", "-n", kmcpNamespace,
+				"--role=sandbox-lifecycle", "--serviceaccount="+kmcpNamespace+":"+sa)
+			Expect(err).NotTo(HaveOccurred())
+		}
+		for _, sa := range []string{"agent-a", "agent-b"} {
+			_, err = kubectl(ctx, "create", "rolebinding", sa+"-exec", "-n", kmcpNamespace,
+				"--clusterrole=sandbox-exec-role", "--serviceaccount="+kmcpNamespace+":"+sa)
+			Expect(err).NotTo(HaveOccurred())
+		}
+	}, NodeTimeout(5*time.Minute))
+
+	JustBeforeEach(func() {
+		Expect(agent.exitErr()).NotTo(HaveOccurred(), "the MCP node's manager exited")
+	})
+
+	serverArgs := func(extra ...string) []string {
+		return append([]string{
+			"--backend", "kubernetes", "--namespace", kmcpNamespace, "--kubeconfig", kubeconfig,
+			"--node-name", kmcpNode, "--default-image", sampleImage, "--pull-policy", "Never",
+			"--ready-timeout", "90s", "--log-level", "debug",
+		}, extra...)
+	}
+
+	// sandboxExists reads the Sandbox through the API server.
+	sandboxExists := func(ctx context.Context, name string) (bool, error) {
+		out, err := kubectl(ctx, "get", "sandboxes", "-n", kmcpNamespace, "--ignore-not-found", "-o", "name", name)
+		return strings.TrimSpace(out) != "", err
+	}
+	mcpSandboxes := func(ctx context.Context) (string, error) {
+		return kubectl(ctx, "get", "sandboxes", "-n", kmcpNamespace, "-l", kmcpManagedBy, "-o", "name")
+	}
+
+	Describe("over stdio", Ordered, func() {
+		var (
+			sess   *mcp.ClientSession
+			stderr *kmcpLog
+			mu     sync.Mutex
+			notes  []*mcp.LoggingMessageParams
+			id     string
+		)
+
+		BeforeAll(func(ctx SpecContext) {
+			cmd := exec.Command(kmcpBin, serverArgs()...)
+			stderr = &kmcpLog{}
+			cmd.Stderr = stderr
+			cmd.SysProcAttr = managerProcAttr()
+			client := mcp.NewClient(&mcp.Implementation{Name: "e2e", Version: "1"}, &mcp.ClientOptions{
+				LoggingMessageHandler: func(_ context.Context, r *mcp.LoggingMessageRequest) {
+					mu.Lock()
+					notes = append(notes, r.Params)
+					mu.Unlock()
+				},
+			})
+			var err error
+			sess, err = client.Connect(ctx, &mcp.CommandTransport{Command: cmd, TerminateDuration: time.Minute}, nil)
+			Expect(err).NotTo(HaveOccurred(), "stderr:\n%s", stderr)
+			DeferCleanup(func() { _ = sess.Close() })
+		})
+
+		It("creates a Ready Sandbox labelled for its owner", func(ctx SpecContext) {
+			id = kmcpInit(ctx, sess, nil)
+			Expect(id).To(HavePrefix("mcp-"))
+			out, err := kubectl(ctx, "get", "sandbox", id, "-n", kmcpNamespace, "-o",
+				`jsonpath={.status.conditions[?(@.type=="Ready")].status} {.metadata.labels.app\.kubernetes\.io/managed-by} {.metadata.labels.sandbox\.code-sandbox\.dev/mcp-owner} {.spec.nodeName}`)
+			Expect(err).NotTo(HaveOccurred())
+			Expect(out).To(Equal("True code-sandbox-mcp local " + kmcpNode))
+		}, NodeTimeout(2*time.Minute))
+
+		It("runs commands through the node API and streams their output", func(ctx SpecContext) {
+			Expect(sess.SetLoggingLevel(ctx, &mcp.SetLoggingLevelParams{Level: "info"})).To(Succeed())
+			res := kmcpCall(ctx, sess, "sandbox_exec", map[string]any{"container_id": id, "commands": []string{
+				"echo out; echo err >&2", "python3 -c 'print(6*7)'", "id -u",
+			}})
+			Expect(res.IsError).To(BeFalse(), kmcpText(res))
+			results := kmcpStructured(res)["results"].([]any)
+			Expect(results).To(HaveLen(3))
+			Expect(results[0]).To(And(HaveKeyWithValue("stdout", "out\n"), HaveKeyWithValue("stderr", "err\n")))
+			Expect(results[1]).To(HaveKeyWithValue("stdout", "42\n"))
+			Expect(results[2]).To(HaveKeyWithValue("stdout", "65534\n"))
+			Eventually(func() []*mcp.LoggingMessageParams {
+				mu.Lock()
+				defer mu.Unlock()
+				return notes
+			}).Should(ContainElement(HaveField("Data", HaveKeyWithValue("text", "42\n"))))
+
+			res = kmcpCall(ctx, sess, "sandbox_exec", map[string]any{"container_id": id, "commands": []string{"exit 3", "echo never"}})
+			Expect(res.IsError).To(BeTrue())
+			Expect(kmcpText(res)).To(ContainSubstring("exit code 3"))
+		}, NodeTimeout(2*time.Minute))
+
+		It("writes and reads files, and shows output and history in the logs resource", func(ctx SpecContext) {
+			res := kmcpCall(ctx, sess, "write_file", map[string]any{"container_id": id, "file_name": "main.py", "file_contents": "print('from a file')\n", "dest_dir": "/app/src"})
+			Expect(res.IsError).To(BeFalse(), kmcpText(res))
+			res = kmcpCall(ctx, sess, "sandbox_exec", map[string]any{"container_id": id, "commands": []string{"python3 /app/src/main.py"}})
+			Expect(res.IsError).To(BeFalse(), kmcpText(res))
+			Expect(kmcpText(res)).To(ContainSubstring("from a file"))
+
+			res = kmcpCall(ctx, sess, "read_file", map[string]any{"container_id": id, "path": "src/main.py"})
+			Expect(res.IsError).To(BeFalse(), kmcpText(res))
+			Expect(kmcpStructured(res)).To(HaveKeyWithValue("content", "print('from a file')\n"))
+			res = kmcpCall(ctx, sess, "read_file", map[string]any{"container_id": id, "path": "/app/nope.txt"})
+			Expect(res.IsError).To(BeTrue())
+			Expect(kmcpText(res)).To(ContainSubstring("not found"))
+
+			logs, err := sess.ReadResource(ctx, &mcp.ReadResourceParams{URI: "containers://" + id + "/logs"})
+			Expect(err).NotTo(HaveOccurred())
+			Expect(logs.Contents).To(HaveLen(1))
+			Expect(logs.Contents[0].Text).To(And(ContainSubstring("== exec history =="), ContainSubstring("python3 /app/src/main.py"), ContainSubstring("exit=3")))
+		}, NodeTimeout(2*time.Minute))
+
+		It("lists the sandbox and deletes the Sandbox on sandbox_stop", func(ctx SpecContext) {
+			res := kmcpCall(ctx, sess, "list_sandboxes", nil)
+			Expect(res.IsError).To(BeFalse(), kmcpText(res))
+			Expect(kmcpText(res)).To(And(ContainSubstring(id), ContainSubstring("status=running")))
+
+			res = kmcpCall(ctx, sess, "sandbox_stop", map[string]any{"container_id": id})
+			Expect(res.IsError).To(BeFalse(), kmcpText(res))
+			Expect(sandboxExists(ctx, id)).To(BeFalse(), "sandbox_stop returned before the Sandbox was gone")
+
+			res = kmcpCall(ctx, sess, "sandbox_exec", map[string]any{"container_id": id, "commands": []string{"true"}})
+			Expect(res.IsError).To(BeTrue())
+			Expect(kmcpText(res)).To(ContainSubstring("not found"))
+		}, NodeTimeout(2*time.Minute))
+
+		It("reports a failed start with its reason and deletes the Sandbox", func(ctx SpecContext) {
+			res := kmcpCall(ctx, sess, "sandbox_initialize", map[string]any{"image": "code-sandbox-test/does-not-exist:1"})
+			Expect(res.IsError).To(BeTrue())
+			Expect(kmcpText(res)).To(ContainSubstring("ImageNotFound"))
+			Eventually(mcpSandboxes).WithContext(ctx).WithTimeout(time.Minute).Should(BeEmpty())
+		}, NodeTimeout(2*time.Minute))
+
+		It("deletes its Sandboxes when the session ends", func(ctx SpecContext) {
+			other := kmcpInit(ctx, sess, nil)
+			Expect(sandboxExists(ctx, other)).To(BeTrue())
+			Expect(sess.Close()).To(Succeed())
+			Eventually(func() (bool, error) { return sandboxExists(ctx, other) }).WithTimeout(time.Minute).Should(BeFalse())
+		}, NodeTimeout(3*time.Minute))
+	})
+
+	Describe("over HTTP with --auth kubernetes", Ordered, func() {
+		var (
+			url    string
+			stderr *kmcpLog
+			tokens = map[string]string{}
+		)
+
+		BeforeAll(func(ctx SpecContext) {
+			for _, sa := range []string{"agent-a", "agent-b", "agent-noexec"} {
+				out, err := kubectl(ctx, "create", "token", sa, "-n", kmcpNamespace, "--duration=1h")
+				Expect(err).NotTo(HaveOccurred())
+				tokens[sa] = strings.TrimSpace(out)
+			}
+			cmd := exec.Command(kmcpBin, serverArgs("--http", "127.0.0.1:0", "--auth", "kubernetes")...)
+			stderr = &kmcpLog{}
+			cmd.Stderr = stderr
+			cmd.SysProcAttr = managerProcAttr()
+			Expect(cmd.Start()).To(Succeed())
+			waited := make(chan error, 1)
+			go func() { waited <- cmd.Wait() }()
+			DeferCleanup(func(ctx SpecContext) {
+				_ = cmd.Process.Signal(syscall.SIGTERM)
+				Eventually(waited).WithTimeout(time.Minute).Should(Receive())
+				// Close deleted what the server created.
+				Expect(mcpSandboxes(ctx)).To(BeEmpty())
+			}, NodeTimeout(2*time.Minute))
+			urlRE := regexp.MustCompile(`msg="serving MCP over streamable HTTP" url=(\S+)`)
+			Eventually(func() string {
+				if m := urlRE.FindStringSubmatch(stderr.String()); m != nil {
+					return m[1]
+				}
+				return ""
+			}).WithTimeout(30*time.Second).ShouldNot(BeEmpty(), "server did not start:\n%s", stderr)
+			url = urlRE.FindStringSubmatch(stderr.String())[1]
+		})
+
+		connect := func(ctx context.Context, sa string, opts *mcp.ClientOptions) *mcp.ClientSession {
+			client := mcp.NewClient(&mcp.Implementation{Name: "e2e-" + sa, Version: "1"}, opts)
+			hc := &http.Client{Transport: kmcpBearer{token: tokens[sa], base: http.DefaultTransport}}
+			sess, err := client.Connect(ctx, &mcp.StreamableClientTransport{Endpoint: url, HTTPClient: hc, MaxRetries: -1}, nil)
+			Expect(err).NotTo(HaveOccurred())
+			DeferCleanup(func() { _ = sess.Close() })
+			return sess
+		}
+
+		It("refuses a token the API server does not accept", func(ctx SpecContext) {
+			client := mcp.NewClient(&mcp.Implementation{Name: "e2e", Version: "1"}, nil)
+			hc := &http.Client{Transport: kmcpBearer{token: "not-a-kubernetes-token-at-all", base: http.DefaultTransport}}
+			_, err := client.Connect(ctx, &mcp.StreamableClientTransport{Endpoint: url, HTTPClient: hc, MaxRetries: -1}, nil)
+			Expect(err).To(HaveOccurred())
+		})
+
+		It("lets a permitted ServiceAccount use a sandbox end to end", func(ctx SpecContext) {
+			var (
+				mu       sync.Mutex
+				progress []string
+			)
+			sess := connect(ctx, "agent-a", &mcp.ClientOptions{
+				ProgressNotificationHandler: func(_ context.Context, r *mcp.ProgressNotificationClientRequest) {
+					mu.Lock()
+					progress = append(progress, r.Params.Message)
+					mu.Unlock()
+				},
+			})
+			id := kmcpInit(ctx, sess, nil)
+			out, err := kubectl(ctx, "get", "sandbox", id, "-n", kmcpNamespace, "-o", `jsonpath={.metadata.annotations.sandbox\.code-sandbox\.dev/mcp-identity}`)
+			Expect(err).NotTo(HaveOccurred())
+			Expect(out).To(Equal("kube:system:serviceaccount:" + kmcpNamespace + ":agent-a"))
+
+			done := make(chan *mcp.CallToolResult, 1)
+			go func() {
+				defer GinkgoRecover()
+				res, err := sess.CallTool(ctx, &mcp.CallToolParams{
+					Name:      "sandbox_exec",
+					Arguments: map[string]any{"container_id": id, "commands": []string{"echo first; sleep 3; echo second"}},
+					Meta:      mcp.Meta{"progressToken": "tok-k"},
+				})
+				Expect(err).NotTo(HaveOccurred())
+				done <- res
+			}()
+			Eventually(func() string {
+				mu.Lock()
+				defer mu.Unlock()
+				return strings.Join(progress, "")
+			}).WithTimeout(2500 * time.Millisecond).Should(ContainSubstring("first"))
+			Consistently(done).WithTimeout(300 * time.Millisecond).ShouldNot(Receive())
+			var res *mcp.CallToolResult
+			Eventually(done).WithTimeout(30 * time.Second).Should(Receive(&res))
+			Expect(res.IsError).To(BeFalse(), kmcpText(res))
+			Expect(kmcpText(res)).To(ContainSubstring("second"))
+
+			res = kmcpCall(ctx, sess, "write_file", map[string]any{"container_id": id, "file_name": "note.txt", "file_contents": "a note\n"})
+			Expect(res.IsError).To(BeFalse(), kmcpText(res))
+			res = kmcpCall(ctx, sess, "read_file", map[string]any{"container_id": id, "path": "/app/note.txt"})
+			Expect(res.IsError).To(BeFalse(), kmcpText(res))
+			Expect(kmcpStructured(res)).To(HaveKeyWithValue("content", "a note\n"))
+
+			logs, err := sess.ReadResource(ctx, &mcp.ReadResourceParams{URI: "containers://" + id + "/logs"})
+			Expect(err).NotTo(HaveOccurred())
+			Expect(logs.Contents[0].Text).To(ContainSubstring("echo first; sleep 3; echo second"))
+
+			res = kmcpCall(ctx, sess, "sandbox_stop", map[string]any{"container_id": id})
+			Expect(res.IsError).To(BeFalse(), kmcpText(res))
+			Expect(sandboxExists(ctx, id)).To(BeFalse())
+		}, NodeTimeout(3*time.Minute))
+
+		It("tells a ServiceAccount without exec rights which permission it lacks", func(ctx SpecContext) {
+			sess := connect(ctx, "agent-noexec", nil)
+			id := kmcpInit(ctx, sess, nil)
+			res := kmcpCall(ctx, sess, "sandbox_exec", map[string]any{"container_id": id, "commands": []string{"echo hi"}})
+			Expect(res.IsError).To(BeTrue())
+			Expect(kmcpText(res)).To(ContainSubstring(fmt.Sprintf(
+				`user "system:serviceaccount:%s:agent-noexec" may not create sandboxes/exec (sandbox %s) in namespace %q`, kmcpNamespace, id, kmcpNamespace)))
+			res = kmcpCall(ctx, sess, "read_file", map[string]any{"container_id": id, "path": "x"})
+			Expect(res.IsError).To(BeTrue())
+			Expect(kmcpText(res)).To(ContainSubstring("may not get sandboxes/files"))
+			res = kmcpCall(ctx, sess, "sandbox_stop", map[string]any{"container_id": id})
+			Expect(res.IsError).To(BeFalse(), kmcpText(res))
+		}, NodeTimeout(3*time.Minute))
+
+		It("hides one ServiceAccount's sandboxes from another", func(ctx SpecContext) {
+			a := connect(ctx, "agent-a", nil)
+			b := connect(ctx, "agent-b", nil)
+			id := kmcpInit(ctx, a, nil)
+
+			res := kmcpCall(ctx, b, "list_sandboxes", nil)
+			Expect(res.IsError).To(BeFalse(), kmcpText(res))
+			Expect(kmcpText(res)).NotTo(ContainSubstring(id))
+			for _, tc := range []struct {
+				tool string
+				args map[string]any
+			}{
+				{"sandbox_exec", map[string]any{"container_id": id, "commands": []string{"true"}}},
+				{"read_file", map[string]any{"container_id": id, "path": "x"}},
+				{"sandbox_stop", map[string]any{"container_id": id}},
+			} {
+				res := kmcpCall(ctx, b, tc.tool, tc.args)
+				Expect(res.IsError).To(BeTrue(), tc.tool)
+				Expect(kmcpText(res)).To(ContainSubstring("not found"), tc.tool)
+			}
+			_, err := b.ReadResource(ctx, &mcp.ReadResourceParams{URI: "containers://" + id + "/logs"})
+			Expect(err).To(HaveOccurred())
+			Expect(sandboxExists(ctx, id)).To(BeTrue())
+
+			res = kmcpCall(ctx, a, "list_sandboxes", nil)
+			Expect(kmcpText(res)).To(ContainSubstring(id))
+			res = kmcpCall(ctx, a, "sandbox_stop", map[string]any{"container_id": id})
+			Expect(res.IsError).To(BeFalse(), kmcpText(res))
+		}, NodeTimeout(3*time.Minute))
+	})
+})
+
+// kmcpLog collects a server's stderr for assertions while it runs.
+type kmcpLog struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (l *kmcpLog) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	_, _ = GinkgoWriter.Write(p)
+	return l.buf.Write(p)
+}
+
+func (l *kmcpLog) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.buf.String()
+}
+
+// kmcpBearer adds an Authorization header to every request.
+type kmcpBearer struct {
+	token string
+	base  http.RoundTripper
+}
+
+func (b kmcpBearer) RoundTrip(r *http.Request) (*http.Response, error) {
+	r = r.Clone(r.Context())
+	r.Header.Set("Authorization", "Bearer "+b.token)
+	return b.base.RoundTrip(r)
+}
+
+// kmcpCall invokes a tool; a protocol error fails the spec, since every
+// tool must answer with a tool result.
+func kmcpCall(ctx context.Context, s *mcp.ClientSession, name string, args map[string]any) *mcp.CallToolResult {
+	GinkgoHelper()
+	res, err := s.CallTool(ctx, &mcp.CallToolParams{Name: name, Arguments: args})
+	Expect(err).NotTo(HaveOccurred(), "calling %s", name)
+	return res
+}
+
+func kmcpText(res *mcp.CallToolResult) string {
+	var b strings.Builder
+	for _, c := range res.Content {
+		if t, ok := c.(*mcp.TextContent); ok {
+			b.WriteString(t.Text)
+		}
+	}
+	return b.String()
+}
+
+func kmcpStructured(res *mcp.CallToolResult) map[string]any {
+	GinkgoHelper()
+	m, ok := res.StructuredContent.(map[string]any)
+	Expect(ok).To(BeTrue(), "structured content is %T: %s", res.StructuredContent, kmcpText(res))
+	return m
+}
+
+// kmcpInit creates a sandbox and returns its ID.
+func kmcpInit(ctx context.Context, s *mcp.ClientSession, args map[string]any) string {
+	GinkgoHelper()
+	if args == nil {
+		args = map[string]any{}
+	}
+	res := kmcpCall(ctx, s, "sandbox_initialize", args)
+	Expect(res.IsError).To(BeFalse(), kmcpText(res))
+	id, _ := kmcpStructured(res)["container_id"].(string)
+	Expect(id).NotTo(BeEmpty())
+	return id
+}
