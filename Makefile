@@ -116,8 +116,11 @@ docker-build: build docker-up ## Build the manager image (FROM scratch, offline)
 	docker build -t $(IMG) .
 
 .PHONY: run
-run: manifests generate ## Run the manager against the local control plane (make dev-up first).
-	$(GO) run ./cmd/manager --kubeconfig bin/dev/kubeconfig --node-name $${NODE_NAME:-n1}
+run: build ## Run the manager for node $$NODE_NAME (default n1) against the local control plane (make dev-up first).
+	bin/manager --kubeconfig bin/dev/kubeconfig --node-name $${NODE_NAME:-n1} \
+		--node-api-bind-address 127.0.0.1:9443 --node-api-advertise-address 127.0.0.1 \
+		--node-api-client-ca-file bin/dev/client-ca.crt --state-dir bin/dev/state \
+		--metrics-bind-address 0 --health-probe-bind-address 127.0.0.1:8081
 
 ##@ Local control plane
 

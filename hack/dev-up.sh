@@ -49,9 +49,10 @@ api_answers() {
 print_next_steps() {
   cat >&2 <<EOF
 dev-up: the control plane is up. Next:
-  bin/manager --kubeconfig ${KUBECONFIG_PATH} --node-name n1
+  make run        # the manager for node n1, its node API on 127.0.0.1:9443
   kubectl --kubeconfig ${KUBECONFIG_PATH} apply -f config/samples/
   kubectl --kubeconfig ${KUBECONFIG_PATH} get sandboxes
+  bin/kubectl-sandbox --kubeconfig ${KUBECONFIG_PATH} exec sandbox-sample -- python3 -c 'print(6*7)'
 Stop it with: make dev-down
 EOF
 }

@@ -114,6 +114,17 @@ func run(kubeconfigPath, crdDir string, startTimeout time.Duration) (retErr erro
 		return err
 	}
 
+	// The managers' node APIs accept the same client certificates as the
+	// API server (as kubelet does), so the dev admin's kubeconfig works with
+	// kubectl-sandbox too.
+	clientCA, err := os.ReadFile(filepath.Join(env.ControlPlane.APIServer.CertDir, "client-cert-auth-ca.crt"))
+	if err != nil {
+		return fmt.Errorf("reading the API server's client CA: %w", err)
+	}
+	clientCAPath := filepath.Join(filepath.Dir(kubeconfigPath), "client-ca.crt")
+	if err := writeFileAtomic(clientCAPath, clientCA, 0o644); err != nil {
+		return fmt.Errorf("writing the client CA: %w", err)
+	}
 	if err := writeFileAtomic(kubeconfigPath, kubeconfig, 0o600); err != nil {
 		return fmt.Errorf("writing the kubeconfig: %w", err)
 	}
