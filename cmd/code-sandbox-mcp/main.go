@@ -95,6 +95,7 @@ type options struct {
 	tlsCert        string
 	tlsKey         string
 	maxBody        sizeFlag
+	rateLimit      float64
 
 	defaultImage  string
 	allowedImages listFlag
@@ -144,6 +145,7 @@ func newFlagSet(o *options) *flag.FlagSet {
 	fs.StringVar(&o.tlsKey, "tls-key", "", "key for --tls-cert")
 	o.maxBody = sizeFlag(mcpserver.DefaultMaxBodyBytes)
 	fs.Var(&o.maxBody, "max-body-bytes", "largest HTTP request body")
+	fs.Float64Var(&o.rateLimit, "rate-limit", 100, "HTTP requests per second per identity, with bursts of twice that (429 beyond); 0 disables")
 
 	fs.StringVar(&o.defaultImage, "default-image", mcpserver.DefaultImage, "image sandbox_initialize uses when none is given")
 	fs.Var(&o.allowedImages, "allowed-image", "image pattern (path.Match) sandboxes may use, for example python:* (repeatable; default: any)")
@@ -550,6 +552,7 @@ func setupHTTP(o options, kube *kubeSetup, logger *slog.Logger) (*httpSetup, err
 			Auth:                 auth,
 			AuthorizationServers: o.authServers,
 			MaxBodyBytes:         int64(o.maxBody),
+			RequestsPerSecond:    o.rateLimit,
 			Logger:               logger,
 		},
 		tlsCert: o.tlsCert,

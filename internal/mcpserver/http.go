@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/mark3labs/mcp-go/server"
+	"golang.org/x/time/rate"
 )
 
 // DefaultMaxBodyBytes caps an HTTP request body. write_file's contents
@@ -50,6 +51,10 @@ type HTTPOptions struct {
 	MaxBodyBytes int64
 	// SessionIdleTTL forgets sessions unused for this long.
 	SessionIdleTTL time.Duration
+	// RequestsPerSecond limits each identity's requests (429 beyond it,
+	// with Retry-After); Burst is the bucket size. Zero disables the limit.
+	RequestsPerSecond float64
+	Burst             int
 	// Ready reports readiness for /readyz.
 	Ready  func(context.Context) error
 	Logger *slog.Logger
@@ -63,6 +68,14 @@ type HTTPServer struct {
 	sessions *sessionStore
 	handler  http.Handler
 	metaPath string
+
+	limitersMu sync.Mutex
+	limiters   map[string]*identityLimiter
+}
+
+type identityLimiter struct {
+	limiter  *rate.Limiter
+	lastSeen time.Time
 }
 
 // NewHTTPServer wires s behind authentication, Host and Origin checks, a
@@ -84,7 +97,10 @@ func NewHTTPServer(s *server.MCPServer, opts HTTPOptions) (*HTTPServer, error) {
 	if opts.Logger == nil {
 		opts.Logger = slog.Default()
 	}
-	h := &HTTPServer{opts: opts, sessions: newSessionStore(opts.SessionIdleTTL)}
+	if opts.Burst <= 0 {
+		opts.Burst = max(1, int(2*opts.RequestsPerSecond))
+	}
+	h := &HTTPServer{opts: opts, sessions: newSessionStore(opts.SessionIdleTTL), limiters: map[string]*identityLimiter{}}
 	h.mcp = server.NewStreamableHTTPServer(s,
 		server.WithEndpointPath(EndpointPath),
 		server.WithSessionIdManagerResolver(h.sessions),
@@ -114,7 +130,7 @@ func NewHTTPServer(s *server.MCPServer, opts HTTPOptions) (*HTTPServer, error) {
 	if h.metaPath != server.WellKnownProtectedResourcePath {
 		mux.Handle(h.metaPath, metaHandler)
 	}
-	mux.Handle(EndpointPath, h.rejectQueryTokens(h.limitBody(h.authenticate(h.bindSession(h.mcp)))))
+	mux.Handle(EndpointPath, h.rejectQueryTokens(h.limitBody(h.authenticate(h.rateLimit(h.bindSession(h.mcp))))))
 	h.handler = h.checkHostAndOrigin(mux)
 	return h, nil
 }
@@ -273,6 +289,46 @@ func (h *HTTPServer) authenticate(next http.Handler) http.Handler {
 		caller.Session = r.Header.Get(sessionHeader)
 		next.ServeHTTP(w, r.WithContext(WithCaller(r.Context(), caller)))
 	})
+}
+
+// rateLimit gives each identity a token bucket, so that one agent in a loop
+// cannot starve the others or the Docker Engine behind them.
+func (h *HTTPServer) rateLimit(next http.Handler) http.Handler {
+	if h.opts.RequestsPerSecond <= 0 {
+		return next
+	}
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		caller, _ := CallerFrom(r.Context())
+		if !h.allow(caller.ID, time.Now()) {
+			h.opts.Logger.Info("rate limited", "caller", caller.ID, "remote", r.RemoteAddr)
+			w.Header().Set("Retry-After", "1")
+			http.Error(w, fmt.Sprintf("Too Many Requests: more than %g requests per second from this identity", h.opts.RequestsPerSecond), http.StatusTooManyRequests)
+			return
+		}
+		next.ServeHTTP(w, r)
+	})
+}
+
+// identityLimiterIdle is how long an identity's bucket is kept unused.
+const identityLimiterIdle = 10 * time.Minute
+
+func (h *HTTPServer) allow(identity string, now time.Time) bool {
+	h.limitersMu.Lock()
+	defer h.limitersMu.Unlock()
+	l, ok := h.limiters[identity]
+	if !ok {
+		if len(h.limiters) >= 10000 {
+			for id, old := range h.limiters {
+				if now.Sub(old.lastSeen) > identityLimiterIdle {
+					delete(h.limiters, id)
+				}
+			}
+		}
+		l = &identityLimiter{limiter: rate.NewLimiter(rate.Limit(h.opts.RequestsPerSecond), h.opts.Burst)}
+		h.limiters[identity] = l
+	}
+	l.lastSeen = now
+	return l.limiter.AllowN(now, 1)
 }
 
 // bindSession refuses a session ID that belongs to another identity with

@@ -226,3 +226,51 @@ func TestHTTPMiddleware(t *testing.T) {
 		t.Errorf("healthz: %d", w.Code)
 	}
 }
+
+func TestRateLimitPerIdentity(t *testing.T) {
+	s, err := New(Config{}, nil, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := filepath.Join(t.TempDir(), "tokens")
+	_ = os.WriteFile(f, []byte("aaaaaaaaaaaaaaaaaaaa alice\nbbbbbbbbbbbbbbbbbbbb bob\n"), 0o600)
+	auth, err := NewStaticTokens(f, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h, err := NewHTTPServer(s, HTTPOptions{
+		ResourceURL:       "http://127.0.0.1:8080/mcp",
+		AllowedHosts:      []string{"127.0.0.1:8080"},
+		Auth:              auth,
+		RequestsPerSecond: 0.001, // no refill within the test
+		Burst:             3,
+		Logger:            slog.New(slog.DiscardHandler),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	do := func(token string) *httptest.ResponseRecorder {
+		r := httptest.NewRequest(http.MethodPost, "/mcp", strings.NewReader(`{"jsonrpc":"2.0","id":1,"method":"ping"}`))
+		r.Host = "127.0.0.1:8080"
+		r.Header.Set("Content-Type", "application/json")
+		r.Header.Set("Authorization", "Bearer "+token)
+		w := httptest.NewRecorder()
+		h.ServeHTTP(w, r)
+		return w
+	}
+	for i := range 3 {
+		if w := do("aaaaaaaaaaaaaaaaaaaa"); w.Code == http.StatusTooManyRequests {
+			t.Fatalf("request %d within the burst was limited", i+1)
+		}
+	}
+	w := do("aaaaaaaaaaaaaaaaaaaa")
+	if w.Code != http.StatusTooManyRequests || w.Header().Get("Retry-After") == "" {
+		t.Fatalf("request beyond the burst: %d, Retry-After %q; want 429 with Retry-After", w.Code, w.Header().Get("Retry-After"))
+	}
+	if !strings.Contains(w.Body.String(), "per second") {
+		t.Errorf("429 body does not say why: %q", w.Body.String())
+	}
+	if w := do("bbbbbbbbbbbbbbbbbbbb"); w.Code == http.StatusTooManyRequests {
+		t.Fatal("another identity was limited by alice's requests")
+	}
+}

@@ -124,6 +124,31 @@ var _ = Describe("code-sandbox-mcp over streamable HTTP", Ordered, func() {
 		Expect(rawPost(ctx, srv.url, tokenA, hdr, list).StatusCode).To(Equal(http.StatusNotFound))
 	})
 
+	It("answers a request flood from one identity with 429", func(ctx SpecContext) {
+		tokens := writeTokenFile(tokenA+" alice", tokenB+" bob")
+		limited := startHTTP("--auth", "token", "--token-file", tokens, "--rate-limit", "2")
+		DeferCleanup(func() { limited.stop() })
+		codes := map[int]int{}
+		for range 20 {
+			resp := rawPost(ctx, limited.url, tokenA, nil, initBody)
+			codes[resp.StatusCode]++
+			if resp.StatusCode == http.StatusTooManyRequests {
+				Expect(resp.Header.Get("Retry-After")).NotTo(BeEmpty())
+			}
+		}
+		Expect(codes[http.StatusTooManyRequests]).To(BeNumerically(">=", 10), "status codes: %v", codes)
+		Expect(rawPost(ctx, limited.url, tokenB, nil, initBody).StatusCode).To(Equal(http.StatusOK), "bob is not limited by alice's flood")
+	})
+
+	It("refuses an unsupported MCP-Protocol-Version with 400", func(ctx SpecContext) {
+		resp := rawPost(ctx, srv.url, tokenA, nil, initBody)
+		Expect(resp.StatusCode).To(Equal(http.StatusOK))
+		sid := resp.Header.Get("Mcp-Session-Id")
+		list := []byte(`{"jsonrpc":"2.0","id":2,"method":"tools/list"}`)
+		hdr := map[string]string{"Mcp-Session-Id": sid, "MCP-Protocol-Version": "1999-01-01"}
+		Expect(rawPost(ctx, srv.url, tokenA, hdr, list).StatusCode).To(Equal(http.StatusBadRequest))
+	})
+
 	It("keeps one identity's sandboxes invisible to another", func(ctx SpecContext) {
 		alice, err := connectHTTP(ctx, srv.url, tokenA, nil, nil)
 		Expect(err).NotTo(HaveOccurred())

@@ -82,10 +82,12 @@ var _ = Describe("code-sandbox-mcp --backend kubernetes", Ordered, func() {
 
 		_, err = kubectl(ctx, "create", "namespace", kmcpNamespace)
 		Expect(err).NotTo(HaveOccurred())
+		// No wait: envtest runs no namespace controller, so the namespace
+		// would never finish terminating; the specs delete their Sandboxes
+		// themselves and check that none is left.
 		DeferCleanup(func(ctx SpecContext) {
-			wait := "--wait=" + fmt.Sprint(agent.exitErr() == nil)
-			_, _ = kubectl(ctx, "delete", "namespace", kmcpNamespace, "--ignore-not-found", wait, "--timeout=60s")
-		}, NodeTimeout(90*time.Second))
+			_, _ = kubectl(ctx, "delete", "namespace", kmcpNamespace, "--ignore-not-found", "--wait=false")
+		}, NodeTimeout(time.Minute))
 
 		By("granting ServiceAccounts the shipped exec role and Sandbox lifecycle rights")
 		_, err = kubectl(ctx, "apply", "-f", filepath.Join(repoRoot, "config", "rbac", "sandbox_exec_role.yaml"))
@@ -166,9 +168,15 @@ var _ = Describe("code-sandbox-mcp --backend kubernetes", Ordered, func() {
 
 		It("runs commands through the node API and streams their output", func(ctx SpecContext) {
 			Expect(sess.SetLoggingLevel(ctx, &mcp.SetLoggingLevelParams{Level: "info"})).To(Succeed())
-			res := kmcpCall(ctx, sess, "sandbox_exec", map[string]any{"container_id": id, "commands": []string{
-				"echo out; echo err >&2", "python3 -c 'print(6*7)'", "id -u",
-			}})
+			res, err := sess.CallTool(ctx, &mcp.CallToolParams{
+				Name: "sandbox_exec",
+				Arguments: map[string]any{"container_id": id, "commands": []string{
+					"echo out; echo err >&2", "python3 -c 'print(6*7)'", "id -u",
+				}},
+				// Protocol 2026-07-28 asks for log messages per request.
+				Meta: mcp.Meta{"io.modelcontextprotocol/logLevel": "info"},
+			})
+			Expect(err).NotTo(HaveOccurred())
 			Expect(res.IsError).To(BeFalse(), kmcpText(res))
 			results := kmcpStructured(res)["results"].([]any)
 			Expect(results).To(HaveLen(3))
@@ -198,7 +206,8 @@ var _ = Describe("code-sandbox-mcp --backend kubernetes", Ordered, func() {
 			Expect(kmcpStructured(res)).To(HaveKeyWithValue("content", "print('from a file')\n"))
 			res = kmcpCall(ctx, sess, "read_file", map[string]any{"container_id": id, "path": "/app/nope.txt"})
 			Expect(res.IsError).To(BeTrue())
-			Expect(kmcpText(res)).To(ContainSubstring("not found"))
+			Expect(kmcpText(res)).To(And(ContainSubstring("path not found"), ContainSubstring("nope.txt")))
+			Expect(kmcpText(res)).NotTo(ContainSubstring("belongs to another client"), "a missing file was reported as a missing sandbox")
 
 			logs, err := sess.ReadResource(ctx, &mcp.ReadResourceParams{URI: "containers://" + id + "/logs"})
 			Expect(err).NotTo(HaveOccurred())

@@ -129,7 +129,8 @@ func TestClientError(t *testing.T) {
 		kind error
 	}{
 		{"sandbox gone", opExec, &sandboxclient.APIError{Code: 404, Message: "not found", Source: "kube-apiserver"}, mcpserver.ErrNotFound},
-		{"path missing", opFiles, node(404, "path not found: /app/nope"), execio.ErrPathNotFound},
+		{"path missing", opFiles, node(404, "downloading /app/nope from sandbox 0123: open nope: no such file or directory"), execio.ErrPathNotFound},
+		{"sandbox gone from node", opFiles, node(404, "sandbox ns/mcp-x not found"), mcpserver.ErrNotFound},
 		{"not ready", opExec, &sandboxclient.NotReadyError{Namespace: "ns", Name: "mcp-x", Reason: "OOMKilled", Message: "memory"}, mcpserver.ErrNotRunning},
 		{"conflict", opExec, node(http.StatusConflict, "container gone"), mcpserver.ErrNotRunning},
 		{"docker down", opExec, node(503, "docker"), mcpserver.ErrUnavailable},

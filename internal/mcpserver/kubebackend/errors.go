@@ -158,8 +158,8 @@ func clientError(op nodeOp, err error) error {
 		return err
 	}
 	switch {
-	case ae.Code == http.StatusNotFound && op == opFiles && strings.Contains(ae.Message, execio.ErrPathNotFound.Error()):
-		return &messageError{kind: execio.ErrPathNotFound, msg: ae.Message}
+	case ae.Code == http.StatusNotFound && op == opFiles && pathMissing(ae):
+		return &messageError{kind: execio.ErrPathNotFound, msg: execio.ErrPathNotFound.Error() + ": " + ae.Message}
 	case ae.Code == http.StatusNotFound:
 		return fmt.Errorf("%w: %w", mcpserver.ErrNotFound, err)
 	case sandboxclient.IsNotReady(err):
@@ -172,4 +172,15 @@ func clientError(op nodeOp, err error) error {
 		return fmt.Errorf("the MCP server's own credentials were refused (check its RBAC: sandboxes/exec, sandboxes/files, sandboxes/log): %w", err)
 	}
 	return err
+}
+
+// pathMissing tells a node API 404 about a path inside the Sandbox from one
+// about the Sandbox itself ("sandbox NS/NAME not found", "… is not on
+// node …") or the endpoint ("no such …"). The client found the Sandbox
+// through the API server just before, so on a file transfer it is almost
+// always the path.
+func pathMissing(ae *sandboxclient.APIError) bool {
+	return ae.Source == "node API" &&
+		!strings.HasPrefix(ae.Message, "sandbox "+ae.Namespace+"/") &&
+		!strings.HasPrefix(ae.Message, "no such ")
 }
