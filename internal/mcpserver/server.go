@@ -115,9 +115,9 @@ func (d *deps) toolError(containerID string, err error) *mcp.CallToolResult {
 	case errors.Is(err, ErrQuota):
 		msg += ". Stop a sandbox you no longer need with sandbox_stop (list_sandboxes shows them)."
 	case errors.Is(err, ErrImageNotFound):
-		msg += ". This server does not pull missing images by itself unless its pull policy allows it: pull or build the image on the host (for example `docker pull IMAGE`), or use an image that is present."
+		msg += ". Use an image that is present where sandboxes run, or have it made available there (with the Docker backend, `docker pull IMAGE` or build it on the host, unless the server's pull policy pulls it; on Kubernetes, the nodes must have it or be able to pull it)."
 	case errors.Is(err, ErrUnavailable):
-		msg += ". The sandbox backend is not reachable (is the Docker Engine running?); retry in a moment."
+		msg += ". The sandbox backend (the Docker Engine, or the Kubernetes API and the sandbox's node) is not reachable right now; retry in a moment."
 	case errors.Is(err, ErrNotRunning):
 		msg += ". The sandbox is no longer running (it may have run out of memory); stop it with sandbox_stop and create a new one."
 	case errors.Is(err, execio.ErrTooLarge):

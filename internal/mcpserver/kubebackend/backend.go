@@ -819,4 +819,26 @@ func (b *Backend) reap(now time.Time) {
 		b.deleteQuietly(v.name, v.why)
 		b.forget(v.name)
 	}
+	b.sweepExpired()
+}
+
+// sweepExpired deletes MCP Sandboxes in the namespace that have expired,
+// whichever server instance created them: their containers are gone, and
+// without this the objects of a crashed server would stay forever.
+func (b *Backend) sweepExpired() {
+	ctx, cancel := context.WithTimeout(context.Background(), apiTimeout)
+	defer cancel()
+	var list sandboxv1alpha1.SandboxList
+	if err := b.kube.List(ctx, &list, client.InNamespace(b.ns), client.MatchingLabels{LabelManagedBy: ManagedBy}); err != nil {
+		b.log.Warn("listing sandboxes for the expiry sweep", "error", err)
+		return
+	}
+	for i := range list.Items {
+		sbx := &list.Items[i]
+		if sbx.DeletionTimestamp == nil && meta.IsStatusConditionTrue(sbx.Status.Conditions, string(sandboxv1alpha1.SandboxConditionExpired)) {
+			b.log.Info("deleting expired sandbox", "sandbox", sbx.Name, "instance", sbx.Labels[LabelInstance])
+			b.deleteQuietly(sbx.Name, "expired")
+			b.forget(sbx.Name)
+		}
+	}
 }

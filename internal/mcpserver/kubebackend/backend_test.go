@@ -340,3 +340,27 @@ func TestForwardTarCapsContent(t *testing.T) {
 		t.Errorf("past the cap: %v", err)
 	}
 }
+
+func TestSweepDeletesOnlyExpiredMCPSandboxes(t *testing.T) {
+	expired := mcpSandbox("mcp-old", "kube:carol")
+	expired.Labels[LabelInstance] = "mcp-crashed-instance"
+	expired.Status.Conditions = []metav1.Condition{{Type: string(sandboxv1alpha1.SandboxConditionExpired), Status: metav1.ConditionTrue, Reason: "Expired"}}
+	live := mcpSandbox("mcp-live", "kube:carol")
+	foreign := &sandboxv1alpha1.Sandbox{
+		ObjectMeta: metav1.ObjectMeta{Name: "not-ours", Namespace: expired.Namespace},
+		Status:     sandboxv1alpha1.SandboxStatus{Conditions: expired.Status.Conditions},
+	}
+	b := testBackend(t, &recordingReviewer{allow: func(*authzv1.ResourceAttributes) bool { return true }}, expired, live, foreign)
+	b.sweepExpired()
+	var list sandboxv1alpha1.SandboxList
+	if err := b.kube.List(context.Background(), &list); err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for _, s := range list.Items {
+		names = append(names, s.Name)
+	}
+	if strings.Join(names, ",") != "mcp-live,not-ours" {
+		t.Errorf("after the sweep: %v; want the expired MCP sandbox gone and the others kept", names)
+	}
+}
