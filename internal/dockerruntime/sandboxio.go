@@ -1,7 +1,6 @@
 package dockerruntime
 
 import (
-	"archive/tar"
 	"bytes"
 	"context"
 	"crypto/rand"
@@ -23,9 +22,6 @@ const (
 	helperBackstopGrace = 3 * time.Second
 	// helperStderrMax bounds what is kept of a transfer helper's stderr.
 	helperStderrMax = 64 << 10
-	// downloadHeaderAllowance is the tar framing (headers, padding, long
-	// names) a download may carry on top of its maxBytes of file content.
-	downloadHeaderAllowance int64 = 16 << 20
 )
 
 // RunCommand runs req in the running sandbox container id, as the sandbox's
@@ -206,7 +202,7 @@ func (c *Client) CopyOut(ctx context.Context, id string, src execio.Target, w io
 	pr, pw := io.Pipe()
 	done := make(chan counted, 1)
 	go func() {
-		stats, err := forwardTar(pr, w, maxBytes)
+		stats, err := execio.ForwardTar(pr, w, maxBytes)
 		// Failing the pipe fails the exec's output copy, which closes the
 		// exec and so stops the helper (EPIPE).
 		pr.CloseWithError(err)
@@ -234,71 +230,6 @@ func (c *Client) CopyOut(ctx context.Context, id string, src execio.Target, w io
 		return s.stats, execErr
 	}
 	return s.stats, nil
-}
-
-// forwardTar copies a tar stream from r to w byte for byte while parsing it,
-// to count entries and enforce the content cap as the data passes.
-func forwardTar(r io.Reader, w io.Writer, maxBytes int64) (execio.TransferStats, error) {
-	var stats execio.TransferStats
-	out := &cappedWriter{w: w, limit: maxBytes + downloadHeaderAllowance}
-	tr := tar.NewReader(io.TeeReader(r, out))
-	for {
-		h, err := tr.Next()
-		if errors.Is(err, io.EOF) {
-			break
-		}
-		if out.err != nil {
-			return stats, out.err
-		}
-		if err != nil {
-			return stats, fmt.Errorf("reading the sandbox helper's archive: %w", err)
-		}
-		switch h.Typeflag {
-		case tar.TypeDir:
-			stats.Dirs++
-		case tar.TypeReg:
-			if h.Size > maxBytes-stats.Bytes {
-				return stats, fmt.Errorf("%w: %q (%d bytes) takes the download past its %d-byte limit", execio.ErrTooLarge, h.Name, h.Size, maxBytes)
-			}
-			stats.Files++
-			stats.Bytes += h.Size
-		}
-		if _, err := io.Copy(io.Discard, tr); err != nil {
-			if out.err != nil {
-				return stats, out.err
-			}
-			return stats, fmt.Errorf("reading %q from the sandbox helper's archive: %w", h.Name, err)
-		}
-	}
-	// Whatever follows the end-of-archive marker belongs to the stream too.
-	if _, err := io.Copy(out, r); err != nil {
-		return stats, err
-	}
-	return stats, out.err
-}
-
-// cappedWriter fails with ErrTooLarge once more than limit bytes went
-// through, and remembers the first error (its own or the writer's).
-type cappedWriter struct {
-	w       io.Writer
-	limit   int64
-	written int64
-	err     error
-}
-
-func (c *cappedWriter) Write(p []byte) (int, error) {
-	if c.err != nil {
-		return 0, c.err
-	}
-	if c.written += int64(len(p)); c.written > c.limit {
-		c.err = fmt.Errorf("%w: the archive exceeds %d bytes including tar headers", execio.ErrTooLarge, c.limit)
-		return 0, c.err
-	}
-	if _, err := c.w.Write(p); err != nil {
-		c.err = fmt.Errorf("writing the download: %w", err)
-		return 0, c.err
-	}
-	return len(p), nil
 }
 
 func joinTarget(t execio.Target) string {

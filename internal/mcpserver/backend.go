@@ -77,6 +77,22 @@ type Sandbox struct {
 // possibly concurrently for the two streams, and must not keep p.
 type OutputFunc func(stream string, p []byte)
 
+// Writer adapts f to the io.Writer that runtimes and clients stream one
+// stream's output to. A nil f discards.
+func (f OutputFunc) Writer(stream string) io.Writer { return outputWriter{stream, f} }
+
+type outputWriter struct {
+	stream string
+	out    OutputFunc
+}
+
+func (w outputWriter) Write(p []byte) (int, error) {
+	if w.out != nil {
+		w.out(w.stream, p)
+	}
+	return len(p), nil
+}
+
 // LogsOptions bound a Logs call.
 type LogsOptions struct {
 	// TailLines is how many lines of container output to return; 0 means

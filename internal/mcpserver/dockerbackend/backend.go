@@ -384,18 +384,6 @@ func (b *Backend) busy(e *entry) func() {
 	}
 }
 
-type funcWriter struct {
-	stream string
-	out    mcpserver.OutputFunc
-}
-
-func (w funcWriter) Write(p []byte) (int, error) {
-	if w.out != nil {
-		w.out(w.stream, p)
-	}
-	return len(p), nil
-}
-
 // Exec implements mcpserver.Backend.
 func (b *Backend) Exec(ctx context.Context, caller mcpserver.Caller, id string, req execio.Request, out mcpserver.OutputFunc) (execio.Result, error) {
 	req, err := req.Normalize()
@@ -408,7 +396,7 @@ func (b *Backend) Exec(ctx context.Context, caller mcpserver.Caller, id string, 
 	}
 	defer b.busy(e)()
 	started := time.Now()
-	res, err := b.docker.RunCommand(ctx, e.dockerID, req, funcWriter{"stdout", out}, funcWriter{"stderr", out})
+	res, err := b.docker.RunCommand(ctx, e.dockerID, req, out.Writer("stdout"), out.Writer("stderr"))
 	rec := history.Record{
 		ID: newUID()[:16], Command: req.Command, Shell: req.Shell, WorkingDir: req.WorkingDir, StartedAt: started,
 		DurationMillis: res.DurationMillis, ExitCode: res.ExitCode, TimedOut: res.TimedOut, Truncated: res.Truncated(),

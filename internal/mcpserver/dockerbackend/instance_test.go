@@ -4,54 +4,51 @@ package dockerbackend
 
 import (
 	"os"
-	"testing"
+
+	. "github.com/onsi/ginkgo/v2"
+	. "github.com/onsi/gomega"
 )
 
-func TestInstanceRoundTrip(t *testing.T) {
-	in := Instance{Host: "host:with:colons", Boot: "abc", PID: 42, Start: 99}
-	out, ok := ParseInstance(in.String())
-	if !ok || out != in {
-		t.Fatalf("round trip: %+v %v", out, ok)
-	}
-	for _, bad := range []string{"", "n1", "mcp:", "mcp:h:b:x:1", "mcp:h:b:0:1", "code-sandbox:h:b:1:1"} {
-		if _, ok := ParseInstance(bad); ok {
-			t.Errorf("ParseInstance(%q) accepted", bad)
-		}
-	}
-}
+var _ = Describe("Instance", Label("unit"), func() {
+	It("round-trips through its string form", func() {
+		in := Instance{Host: "host:with:colons", Boot: "abc", PID: 42, Start: 99}
+		out, ok := ParseInstance(in.String())
+		Expect(ok).To(BeTrue(), "round trip: %+v", out)
+		Expect(out).To(Equal(in), "round trip")
+	})
 
-func TestLiveness(t *testing.T) {
-	self, err := CurrentInstance()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if got := self.Check(self); got != Alive {
-		t.Errorf("self: %v", got)
-	}
-	other := self
-	other.Host = "elsewhere"
-	if got := self.Check(other); got != Unknown {
-		t.Errorf("other host: %v", got)
-	}
-	other = self
-	other.Boot = "previous-boot"
-	if got := self.Check(other); got != Unknown {
-		t.Errorf("other boot: %v", got)
-	}
-	// The parent is alive; with another start time it is a reused PID.
-	parent := self
-	parent.PID = os.Getppid()
-	parent.Start, _ = processStart(parent.PID)
-	if got := self.Check(parent); got != Alive {
-		t.Errorf("parent: %v", got)
-	}
-	parent.Start++
-	if got := self.Check(parent); got != Dead {
-		t.Errorf("reused PID: %v", got)
-	}
-	gone := self
-	gone.PID = 1 << 30
-	if got := self.Check(gone); got != Dead {
-		t.Errorf("missing PID: %v", got)
-	}
-}
+	DescribeTable("ParseInstance refuses what is not an MCP instance",
+		func(bad string) {
+			_, ok := ParseInstance(bad)
+			Expect(ok).To(BeFalse(), "ParseInstance(%q) accepted", bad)
+		},
+		Entry("empty", ""),
+		Entry("a node name", "n1"),
+		Entry("a bare prefix", "mcp:"),
+		Entry("a non-numeric PID", "mcp:h:b:x:1"),
+		Entry("PID zero", "mcp:h:b:0:1"),
+		Entry("another prefix", "code-sandbox:h:b:1:1"),
+	)
+
+	It("tells live, dead and unknown instances apart", func() {
+		self, err := CurrentInstance()
+		Expect(err).NotTo(HaveOccurred())
+		Expect(self.Check(self)).To(Equal(Alive), "self")
+		other := self
+		other.Host = "elsewhere"
+		Expect(self.Check(other)).To(Equal(Unknown), "other host")
+		other = self
+		other.Boot = "previous-boot"
+		Expect(self.Check(other)).To(Equal(Unknown), "other boot")
+		// The parent is alive; with another start time it is a reused PID.
+		parent := self
+		parent.PID = os.Getppid()
+		parent.Start, _ = processStart(parent.PID)
+		Expect(self.Check(parent)).To(Equal(Alive), "parent")
+		parent.Start++
+		Expect(self.Check(parent)).To(Equal(Dead), "reused PID")
+		gone := self
+		gone.PID = 1 << 30
+		Expect(self.Check(gone)).To(Equal(Dead), "missing PID")
+	})
+})

@@ -573,7 +573,7 @@ func (b *Backend) Exec(ctx context.Context, caller mcpserver.Caller, id string, 
 		return execio.Result{}, err
 	}
 	defer b.busy(id)()
-	res, err := b.nodes.Exec(ctx, b.ns, id, req, outputWriter{"stdout", out}, outputWriter{"stderr", out})
+	res, err := b.nodes.Exec(ctx, b.ns, id, req, out.Writer("stdout"), out.Writer("stderr"))
 	return res, clientError(opExec, err)
 }
 
@@ -629,7 +629,7 @@ func (b *Backend) Download(ctx context.Context, caller mcpserver.Caller, id, src
 		pw.CloseWithError(err)
 		downloaded <- err
 	}()
-	stats, ferr := forwardTar(pr, w, maxBytes)
+	stats, ferr := execio.ForwardTar(pr, w, maxBytes)
 	if ferr != nil {
 		cancel()
 	}

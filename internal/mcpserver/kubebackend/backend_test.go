@@ -1,8 +1,6 @@
 package kubebackend
 
 import (
-	"archive/tar"
-	"bytes"
 	"context"
 	"errors"
 	"io"
@@ -10,9 +8,10 @@ import (
 	"net/http"
 	"strings"
 	"sync"
-	"testing"
 	"time"
 
+	. "github.com/onsi/ginkgo/v2"
+	. "github.com/onsi/gomega"
 	authzv1 "k8s.io/api/authorization/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -37,117 +36,97 @@ func withReady(status metav1.ConditionStatus, reason, message string) *sandboxv1
 	}
 }
 
-func TestStartStatus(t *testing.T) {
-	for _, tc := range []struct {
-		name  string
-		sbx   *sandboxv1alpha1.Sandbox
-		state startState
-		kind  error
-		text  []string
-	}{
-		{"no condition yet", &sandboxv1alpha1.Sandbox{ObjectMeta: metav1.ObjectMeta{Name: "mcp-abc"}}, starting, nil, []string{"no manager"}},
-		{"ready", withReady(metav1.ConditionTrue, "Running", "container abc is running"), started, nil, nil},
-		{"pending", withReady(metav1.ConditionFalse, "Pending", "nodes at capacity"), starting, nil, []string{"Pending", "nodes at capacity"}},
-		{"provisioning", withReady(metav1.ConditionFalse, "Provisioning", "pulling"), starting, nil, []string{"Provisioning"}},
-		{"node at capacity", withReady(metav1.ConditionFalse, "NodeAtCapacity", "full"), starting, nil, []string{"NodeAtCapacity"}},
-		{"docker unavailable", withReady(metav1.ConditionFalse, "DockerUnavailable", "no answer"), starting, nil, []string{"DockerUnavailable"}},
-		{"image not found", withReady(metav1.ConditionFalse, "ImageNotFound", "no such image: nope:1"), failed, mcpserver.ErrImageNotFound, []string{"ImageNotFound", "no such image: nope:1", "mcp-abc"}},
-		{"runtime unavailable", withReady(metav1.ConditionFalse, "RuntimeUnavailable", "runsc"), failed, mcpserver.ErrUnavailable, []string{"RuntimeUnavailable"}},
-		{"create failed", withReady(metav1.ConditionFalse, "CreateFailed", "docker said no"), failed, mcpserver.ErrInvalid, []string{"CreateFailed", "docker said no"}},
-		{"exited", withReady(metav1.ConditionFalse, "ContainerExited", "exit code 1"), failed, mcpserver.ErrInvalid, []string{"ContainerExited"}},
-		{"oom", withReady(metav1.ConditionFalse, "OOMKilled", "memory"), failed, mcpserver.ErrInvalid, []string{"OOMKilled"}},
-		{"multiple", withReady(metav1.ConditionFalse, "MultipleContainers", "two"), failed, mcpserver.ErrInvalid, []string{"MultipleContainers"}},
-		{"expired", withReady(metav1.ConditionFalse, "Expired", "deadline"), failed, mcpserver.ErrInvalid, []string{"Expired"}},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			state, err := startStatus(tc.sbx)
-			if state != tc.state {
-				t.Fatalf("state = %v, want %v (err %v)", state, tc.state, err)
+var _ = Describe("startStatus", Label("unit"), func() {
+	DescribeTable("maps the Ready condition to a start state and error",
+		func(sbx *sandboxv1alpha1.Sandbox, wantState startState, kind error, text []string) {
+			state, err := startStatus(sbx)
+			Expect(state).To(Equal(wantState), "state (err %v)", err)
+			if kind != nil {
+				Expect(err).To(MatchError(kind), "error %v is not %v", err, kind)
 			}
-			if tc.kind != nil && !errors.Is(err, tc.kind) {
-				t.Errorf("error %v is not %v", err, tc.kind)
+			for _, s := range text {
+				Expect(err).To(MatchError(ContainSubstring(s)), "error %v does not mention %q", err, s)
 			}
-			for _, s := range tc.text {
-				if err == nil || !strings.Contains(err.Error(), s) {
-					t.Errorf("error %v does not mention %q", err, s)
-				}
-			}
-		})
-	}
+		},
+		Entry("no condition yet", &sandboxv1alpha1.Sandbox{ObjectMeta: metav1.ObjectMeta{Name: "mcp-abc"}}, starting, nil, []string{"no manager"}),
+		Entry("ready", withReady(metav1.ConditionTrue, "Running", "container abc is running"), started, nil, nil),
+		Entry("pending", withReady(metav1.ConditionFalse, "Pending", "nodes at capacity"), starting, nil, []string{"Pending", "nodes at capacity"}),
+		Entry("provisioning", withReady(metav1.ConditionFalse, "Provisioning", "pulling"), starting, nil, []string{"Provisioning"}),
+		Entry("node at capacity", withReady(metav1.ConditionFalse, "NodeAtCapacity", "full"), starting, nil, []string{"NodeAtCapacity"}),
+		Entry("docker unavailable", withReady(metav1.ConditionFalse, "DockerUnavailable", "no answer"), starting, nil, []string{"DockerUnavailable"}),
+		Entry("image not found", withReady(metav1.ConditionFalse, "ImageNotFound", "no such image: nope:1"), failed, mcpserver.ErrImageNotFound, []string{"ImageNotFound", "no such image: nope:1", "mcp-abc"}),
+		Entry("runtime unavailable", withReady(metav1.ConditionFalse, "RuntimeUnavailable", "runsc"), failed, mcpserver.ErrUnavailable, []string{"RuntimeUnavailable"}),
+		Entry("create failed", withReady(metav1.ConditionFalse, "CreateFailed", "docker said no"), failed, mcpserver.ErrInvalid, []string{"CreateFailed", "docker said no"}),
+		Entry("exited", withReady(metav1.ConditionFalse, "ContainerExited", "exit code 1"), failed, mcpserver.ErrInvalid, []string{"ContainerExited"}),
+		Entry("oom", withReady(metav1.ConditionFalse, "OOMKilled", "memory"), failed, mcpserver.ErrInvalid, []string{"OOMKilled"}),
+		Entry("multiple", withReady(metav1.ConditionFalse, "MultipleContainers", "two"), failed, mcpserver.ErrInvalid, []string{"MultipleContainers"}),
+		Entry("expired", withReady(metav1.ConditionFalse, "Expired", "deadline"), failed, mcpserver.ErrInvalid, []string{"Expired"}),
+	)
 
-	noEndpoint := withReady(metav1.ConditionTrue, "Running", "")
-	noEndpoint.Status.AgentEndpoint = ""
-	if state, err := startStatus(noEndpoint); state != starting || !strings.Contains(err.Error(), "node API") {
-		t.Errorf("Ready without endpoint: %v, %v; want starting, waiting for the node API", state, err)
-	}
-	deleting := withReady(metav1.ConditionFalse, "Provisioning", "")
-	deleting.DeletionTimestamp = &metav1.Time{Time: time.Now()}
-	if state, _ := startStatus(deleting); state != failed {
-		t.Errorf("a Sandbox being deleted is %v, want failed", state)
-	}
-}
+	It("keeps waiting for the node API when Ready has no endpoint", func() {
+		noEndpoint := withReady(metav1.ConditionTrue, "Running", "")
+		noEndpoint.Status.AgentEndpoint = ""
+		state, err := startStatus(noEndpoint)
+		Expect(state).To(Equal(starting), "Ready without endpoint: want starting, waiting for the node API (err %v)", err)
+		Expect(err).To(MatchError(ContainSubstring("node API")), "Ready without endpoint: want starting, waiting for the node API")
+	})
+
+	It("fails a Sandbox being deleted", func() {
+		deleting := withReady(metav1.ConditionFalse, "Provisioning", "")
+		deleting.DeletionTimestamp = &metav1.Time{Time: time.Now()}
+		state, _ := startStatus(deleting)
+		Expect(state).To(Equal(failed), "a Sandbox being deleted is %v, want failed", state)
+	})
+})
 
 var gr = schema.GroupResource{Group: "sandbox.code-sandbox.dev", Resource: "sandboxes"}
 
-func TestAPIError(t *testing.T) {
-	for _, tc := range []struct {
-		name string
-		err  error
-		kind error
-		text string
-	}{
-		{"rbac", apierrors.NewForbidden(gr, "", errors.New(`User "x" cannot create resource "sandboxes"`)), mcpserver.ErrInvalid, `cannot create resource "sandboxes"`},
-		{"quota webhook", apierrors.NewForbidden(gr, "", errors.New("sandbox quota exceeded: 3 of 3 in team-a")), mcpserver.ErrQuota, "3 of 3 in team-a"},
-		{"validation", apierrors.NewInvalid(schema.GroupKind{Group: gr.Group, Kind: "Sandbox"}, "mcp-x", nil), mcpserver.ErrInvalid, "mcp-x"},
-		{"not found", apierrors.NewNotFound(gr, "mcp-x"), mcpserver.ErrNotFound, "mcp-x"},
-		{"unavailable", apierrors.NewServiceUnavailable("down"), mcpserver.ErrUnavailable, "down"},
-		{"no answer", errors.New("dial tcp 127.0.0.1:6443: connect: connection refused"), mcpserver.ErrUnavailable, "connection refused"},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			err := apiError("creating the sandbox", tc.err)
-			if !errors.Is(err, tc.kind) {
-				t.Errorf("%v is not %v", err, tc.kind)
-			}
-			if !strings.Contains(err.Error(), tc.text) {
-				t.Errorf("%q does not carry %q", err, tc.text)
-			}
-		})
-	}
-	if err := apiError("x", context.Canceled); !errors.Is(err, context.Canceled) {
-		t.Errorf("cancellation became %v", err)
-	}
-}
+var _ = Describe("apiError", Label("unit"), func() {
+	DescribeTable("classifies API server errors and keeps their message",
+		func(in, kind error, text string) {
+			err := apiError("creating the sandbox", in)
+			Expect(err).To(MatchError(kind), "%v is not %v", err, kind)
+			Expect(err.Error()).To(ContainSubstring(text), "%q does not carry %q", err, text)
+		},
+		Entry("rbac", apierrors.NewForbidden(gr, "", errors.New(`User "x" cannot create resource "sandboxes"`)), mcpserver.ErrInvalid, `cannot create resource "sandboxes"`),
+		Entry("quota webhook", apierrors.NewForbidden(gr, "", errors.New("sandbox quota exceeded: 3 of 3 in team-a")), mcpserver.ErrQuota, "3 of 3 in team-a"),
+		Entry("validation", apierrors.NewInvalid(schema.GroupKind{Group: gr.Group, Kind: "Sandbox"}, "mcp-x", nil), mcpserver.ErrInvalid, "mcp-x"),
+		Entry("not found", apierrors.NewNotFound(gr, "mcp-x"), mcpserver.ErrNotFound, "mcp-x"),
+		Entry("unavailable", apierrors.NewServiceUnavailable("down"), mcpserver.ErrUnavailable, "down"),
+		Entry("no answer", errors.New("dial tcp 127.0.0.1:6443: connect: connection refused"), mcpserver.ErrUnavailable, "connection refused"),
+	)
 
-func TestClientError(t *testing.T) {
+	It("keeps cancellation", func() {
+		err := apiError("x", context.Canceled)
+		Expect(err).To(MatchError(context.Canceled), "cancellation became %v", err)
+	})
+})
+
+var _ = Describe("clientError", Label("unit"), func() {
 	node := func(code int32, msg string) error {
 		return &sandboxclient.APIError{Namespace: "ns", Name: "mcp-x", Code: code, Message: msg, Source: "node API"}
 	}
-	for _, tc := range []struct {
-		name string
-		op   nodeOp
-		err  error
-		kind error
-	}{
-		{"sandbox gone", opExec, &sandboxclient.APIError{Code: 404, Message: "not found", Source: "kube-apiserver"}, mcpserver.ErrNotFound},
-		{"path missing", opFiles, node(404, "downloading /app/nope from sandbox 0123: open nope: no such file or directory"), execio.ErrPathNotFound},
-		{"sandbox gone from node", opFiles, node(404, "sandbox ns/mcp-x not found"), mcpserver.ErrNotFound},
-		{"not ready", opExec, &sandboxclient.NotReadyError{Namespace: "ns", Name: "mcp-x", Reason: "OOMKilled", Message: "memory"}, mcpserver.ErrNotRunning},
-		{"conflict", opExec, node(http.StatusConflict, "container gone"), mcpserver.ErrNotRunning},
-		{"docker down", opExec, node(503, "docker"), mcpserver.ErrUnavailable},
-		{"busy", opExec, node(429, "too many"), mcpserver.ErrUnavailable},
-		{"too large", opFiles, node(413, "too large"), execio.ErrTooLarge},
-		{"bad path", opFiles, node(400, "invalid path: ../x"), mcpserver.ErrInvalid},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			if err := clientError(tc.op, tc.err); !errors.Is(err, tc.kind) {
-				t.Errorf("%v is not %v", err, tc.kind)
-			}
-		})
-	}
-	if err := clientError(opExec, &sandboxclient.NotReadyError{Name: "mcp-x", Reason: "OOMKilled", Message: "killed"}); !strings.Contains(err.Error(), "OOMKilled") {
-		t.Errorf("not-ready error %q lost its reason", err)
-	}
-}
+	DescribeTable("classifies node API and client errors",
+		func(op nodeOp, in, kind error) {
+			err := clientError(op, in)
+			Expect(err).To(MatchError(kind), "%v is not %v", err, kind)
+		},
+		Entry("sandbox gone", opExec, &sandboxclient.APIError{Code: 404, Message: "not found", Source: "kube-apiserver"}, mcpserver.ErrNotFound),
+		Entry("path missing", opFiles, node(404, "downloading /app/nope from sandbox 0123: open nope: no such file or directory"), execio.ErrPathNotFound),
+		Entry("sandbox gone from node", opFiles, node(404, "sandbox ns/mcp-x not found"), mcpserver.ErrNotFound),
+		Entry("not ready", opExec, &sandboxclient.NotReadyError{Namespace: "ns", Name: "mcp-x", Reason: "OOMKilled", Message: "memory"}, mcpserver.ErrNotRunning),
+		Entry("conflict", opExec, node(http.StatusConflict, "container gone"), mcpserver.ErrNotRunning),
+		Entry("docker down", opExec, node(503, "docker"), mcpserver.ErrUnavailable),
+		Entry("busy", opExec, node(429, "too many"), mcpserver.ErrUnavailable),
+		Entry("too large", opFiles, node(413, "too large"), execio.ErrTooLarge),
+		Entry("bad path", opFiles, node(400, "invalid path: ../x"), mcpserver.ErrInvalid),
+	)
+
+	It("keeps the reason of a not-ready error", func() {
+		err := clientError(opExec, &sandboxclient.NotReadyError{Name: "mcp-x", Reason: "OOMKilled", Message: "killed"})
+		Expect(err.Error()).To(ContainSubstring("OOMKilled"), "not-ready error %q lost its reason", err)
+	})
+})
 
 // recordingReviewer answers SubjectAccessReviews from allow and records
 // them.
@@ -175,12 +154,10 @@ func (r *recordingReviewer) last() *authzv1.SubjectAccessReview {
 	return r.reviews[len(r.reviews)-1]
 }
 
-func testBackend(t *testing.T, rev AccessReviewer, objs ...*sandboxv1alpha1.Sandbox) *Backend {
-	t.Helper()
+func testBackend(rev AccessReviewer, objs ...*sandboxv1alpha1.Sandbox) *Backend {
+	GinkgoHelper()
 	scheme := runtime.NewScheme()
-	if err := sandboxv1alpha1.AddToScheme(scheme); err != nil {
-		t.Fatal(err)
-	}
+	Expect(sandboxv1alpha1.AddToScheme(scheme)).To(Succeed())
 	fb := fake.NewClientBuilder().WithScheme(scheme)
 	for _, o := range objs {
 		fb = fb.WithObjects(o)
@@ -204,68 +181,70 @@ var alice = mcpserver.Caller{
 
 // Every operation asks RBAC for the permission the node API or the API
 // server would check, for the caller, before it touches anything.
-func TestEachOperationIsReviewed(t *testing.T) {
-	rev := &recordingReviewer{allow: func(*authzv1.ResourceAttributes) bool { return false }}
-	b := testBackend(t, rev)
-	ctx := context.Background()
-	for _, tc := range []struct {
-		op          string
-		call        func() error
-		verb, sub   string
-		named, deny string
-	}{
-		{"create", func() error { _, err := b.Create(ctx, alice, mcpserver.CreateRequest{Image: "python:3"}); return err }, "create", "", "", "may not create sandboxes in namespace"},
-		{"get", func() error { _, err := b.Get(ctx, alice, "mcp-1"); return err }, "get", "", "mcp-1", "may not get sandboxes"},
-		{"list", func() error { _, err := b.List(ctx, alice); return err }, "list", "", "", "may not list sandboxes"},
-		{"stop", func() error { return b.Stop(ctx, alice, "mcp-1") }, "delete", "", "mcp-1", "may not delete sandboxes"},
-		{"exec", func() error {
+var _ = Describe("access reviews", Label("unit"), func() {
+	DescribeTable("each operation is reviewed for the caller",
+		func(call func(b *Backend, ctx context.Context) error, verb, sub, named, deny string) {
+			rev := &recordingReviewer{allow: func(*authzv1.ResourceAttributes) bool { return false }}
+			b := testBackend(rev)
+			err := call(b, context.Background())
+			Expect(err).To(MatchError(mcpserver.ErrInvalid), "want a denial naming the user, %q and the namespace", deny)
+			Expect(err.Error()).To(ContainSubstring(deny), "want a denial naming the user, %q and the namespace", deny)
+			Expect(err.Error()).To(ContainSubstring(alice.Username), "want a denial naming the user, %q and the namespace", deny)
+			Expect(err.Error()).To(ContainSubstring(`"team-a"`), "want a denial naming the user, %q and the namespace", deny)
+			sar := rev.last()
+			Expect(sar).NotTo(BeNil(), "no review was made")
+			ra := sar.Spec.ResourceAttributes
+			Expect(ra).NotTo(BeNil(), "review without resource attributes")
+			Expect(ra.Verb).To(Equal(verb), "review attributes = %+v", ra)
+			Expect(ra.Subresource).To(Equal(sub), "review attributes = %+v", ra)
+			Expect(ra.Name).To(Equal(named), "review attributes = %+v", ra)
+			Expect(ra.Namespace).To(Equal("team-a"), "review attributes = %+v", ra)
+			Expect(ra.Group).To(Equal("sandbox.code-sandbox.dev"), "review attributes = %+v", ra)
+			Expect(ra.Resource).To(Equal("sandboxes"), "review attributes = %+v", ra)
+			Expect(sar.Spec.User).To(Equal(alice.Username), "review subject = %+v", sar.Spec)
+			Expect(sar.Spec.UID).To(Equal("u-1"), "review subject = %+v", sar.Spec)
+			Expect(sar.Spec.Groups).To(HaveLen(2), "review subject = %+v", sar.Spec)
+			Expect(sar.Spec.Extra["authentication.kubernetes.io/pod-name"][0]).To(Equal("p"), "review subject = %+v", sar.Spec)
+		},
+		Entry("create", func(b *Backend, ctx context.Context) error {
+			_, err := b.Create(ctx, alice, mcpserver.CreateRequest{Image: "python:3"})
+			return err
+		}, "create", "", "", "may not create sandboxes in namespace"),
+		Entry("get", func(b *Backend, ctx context.Context) error { _, err := b.Get(ctx, alice, "mcp-1"); return err }, "get", "", "mcp-1", "may not get sandboxes"),
+		Entry("list", func(b *Backend, ctx context.Context) error { _, err := b.List(ctx, alice); return err }, "list", "", "", "may not list sandboxes"),
+		Entry("stop", func(b *Backend, ctx context.Context) error { return b.Stop(ctx, alice, "mcp-1") }, "delete", "", "mcp-1", "may not delete sandboxes"),
+		Entry("exec", func(b *Backend, ctx context.Context) error {
 			_, err := b.Exec(ctx, alice, "mcp-1", execio.Request{Shell: "true"}, nil)
 			return err
-		}, "create", "exec", "mcp-1", "may not create sandboxes/exec"},
-		{"upload", func() error {
+		}, "create", "exec", "mcp-1", "may not create sandboxes/exec"),
+		Entry("upload", func(b *Backend, ctx context.Context) error {
 			_, err := b.Upload(ctx, alice, "mcp-1", "/app", strings.NewReader(""), execio.UploadLimits{})
 			return err
-		}, "create", "files", "mcp-1", "may not create sandboxes/files"},
-		{"download", func() error { _, err := b.Download(ctx, alice, "mcp-1", "/app/x", io.Discard, 10); return err }, "get", "files", "mcp-1", "may not get sandboxes/files"},
-		{"logs", func() error { _, err := b.Logs(ctx, alice, "mcp-1", mcpserver.LogsOptions{}); return err }, "get", "log", "mcp-1", "may not get sandboxes/log"},
-	} {
-		t.Run(tc.op, func(t *testing.T) {
-			err := tc.call()
-			if !errors.Is(err, mcpserver.ErrInvalid) || !strings.Contains(err.Error(), tc.deny) || !strings.Contains(err.Error(), alice.Username) || !strings.Contains(err.Error(), `"team-a"`) {
-				t.Fatalf("error = %v; want a denial naming the user, %q and the namespace", err, tc.deny)
-			}
-			sar := rev.last()
-			ra := sar.Spec.ResourceAttributes
-			if ra.Verb != tc.verb || ra.Subresource != tc.sub || ra.Name != tc.named || ra.Namespace != "team-a" ||
-				ra.Group != "sandbox.code-sandbox.dev" || ra.Resource != "sandboxes" {
-				t.Errorf("review attributes = %+v", ra)
-			}
-			if sar.Spec.User != alice.Username || sar.Spec.UID != "u-1" || len(sar.Spec.Groups) != 2 || sar.Spec.Extra["authentication.kubernetes.io/pod-name"][0] != "p" {
-				t.Errorf("review subject = %+v", sar.Spec)
-			}
-		})
-	}
-}
+		}, "create", "files", "mcp-1", "may not create sandboxes/files"),
+		Entry("download", func(b *Backend, ctx context.Context) error {
+			_, err := b.Download(ctx, alice, "mcp-1", "/app/x", io.Discard, 10)
+			return err
+		}, "get", "files", "mcp-1", "may not get sandboxes/files"),
+		Entry("logs", func(b *Backend, ctx context.Context) error {
+			_, err := b.Logs(ctx, alice, "mcp-1", mcpserver.LogsOptions{})
+			return err
+		}, "get", "log", "mcp-1", "may not get sandboxes/log"),
+	)
 
-func TestReviewsAreCachedAndSkippedForOtherIdentities(t *testing.T) {
-	rev := &recordingReviewer{allow: func(*authzv1.ResourceAttributes) bool { return true }}
-	b := testBackend(t, rev)
-	ctx := context.Background()
-	for range 3 {
-		if _, err := b.List(ctx, alice); err != nil {
-			t.Fatal(err)
+	It("are cached and skipped for other identities", func() {
+		rev := &recordingReviewer{allow: func(*authzv1.ResourceAttributes) bool { return true }}
+		b := testBackend(rev)
+		ctx := context.Background()
+		for range 3 {
+			_, err := b.List(ctx, alice)
+			Expect(err).NotTo(HaveOccurred())
 		}
-	}
-	if n := len(rev.reviews); n != 1 {
-		t.Errorf("%d reviews for three lists; want one (cached)", n)
-	}
-	if _, err := b.List(ctx, mcpserver.Caller{ID: mcpserver.LocalIdentity}); err != nil {
-		t.Fatal(err)
-	}
-	if n := len(rev.reviews); n != 1 {
-		t.Errorf("a non-Kubernetes caller was reviewed")
-	}
-}
+		Expect(rev.reviews).To(HaveLen(1), "reviews for three lists; want one (cached)")
+		_, err := b.List(ctx, mcpserver.Caller{ID: mcpserver.LocalIdentity})
+		Expect(err).NotTo(HaveOccurred())
+		Expect(rev.reviews).To(HaveLen(1), "a non-Kubernetes caller was reviewed")
+	})
+})
 
 func mcpSandbox(name, ownerID string) *sandboxv1alpha1.Sandbox {
 	return &sandboxv1alpha1.Sandbox{
@@ -276,91 +255,63 @@ func mcpSandbox(name, ownerID string) *sandboxv1alpha1.Sandbox {
 	}
 }
 
-func TestOwnership(t *testing.T) {
-	rev := &recordingReviewer{allow: func(*authzv1.ResourceAttributes) bool { return true }}
-	bob := mcpserver.Caller{ID: "kube:bob", Username: "bob"}
-	b := testBackend(t, rev, mcpSandbox("mcp-a1", alice.ID), mcpSandbox("mcp-b1", bob.ID))
-	ctx := context.Background()
-	if _, err := b.Get(ctx, alice, "mcp-a1"); err != nil {
-		t.Errorf("alice cannot get her sandbox: %v", err)
-	}
-	if _, err := b.Get(ctx, alice, "mcp-b1"); !errors.Is(err, mcpserver.ErrNotFound) {
-		t.Errorf("alice got bob's sandbox: %v", err)
-	}
-	if err := b.Stop(ctx, alice, "mcp-b1"); !errors.Is(err, mcpserver.ErrNotFound) {
-		t.Errorf("alice stopped bob's sandbox: %v", err)
-	}
-	list, err := b.List(ctx, bob)
-	if err != nil || len(list) != 1 || list[0].ID != "mcp-b1" {
-		t.Errorf("bob's list = %+v, %v", list, err)
-	}
-	// Quota: MaxSandboxes is 2 and bob has one.
-	b.opts.MaxSandboxes = 1
-	if _, err := b.Create(ctx, bob, mcpserver.CreateRequest{Image: "python:3"}); !errors.Is(err, mcpserver.ErrQuota) {
-		t.Errorf("create past the quota: %v", err)
-	}
-}
-
-func TestSandboxSpec(t *testing.T) {
-	b := testBackend(t, &recordingReviewer{allow: func(*authzv1.ResourceAttributes) bool { return true }})
-	b.opts.NodeName = "n1"
-	sbx := b.sandboxSpec(alice, "mcp-x", mcpserver.CreateRequest{
-		Image: "python:3", NanoCPUs: 1_500_000_000, MemoryBytes: 256 << 20, Network: mcpserver.NetworkEgress, Lifetime: 90 * time.Second,
+var _ = Describe("Backend", Label("unit"), func() {
+	It("lets callers see and stop only their own sandboxes, within the quota", func() {
+		rev := &recordingReviewer{allow: func(*authzv1.ResourceAttributes) bool { return true }}
+		bob := mcpserver.Caller{ID: "kube:bob", Username: "bob"}
+		b := testBackend(rev, mcpSandbox("mcp-a1", alice.ID), mcpSandbox("mcp-b1", bob.ID))
+		ctx := context.Background()
+		_, err := b.Get(ctx, alice, "mcp-a1")
+		Expect(err).NotTo(HaveOccurred(), "alice cannot get her sandbox")
+		_, err = b.Get(ctx, alice, "mcp-b1")
+		Expect(err).To(MatchError(mcpserver.ErrNotFound), "alice got bob's sandbox")
+		err = b.Stop(ctx, alice, "mcp-b1")
+		Expect(err).To(MatchError(mcpserver.ErrNotFound), "alice stopped bob's sandbox")
+		list, err := b.List(ctx, bob)
+		Expect(err).NotTo(HaveOccurred(), "bob's list = %+v", list)
+		Expect(list).To(HaveLen(1), "bob's list = %+v", list)
+		Expect(list[0].ID).To(Equal("mcp-b1"), "bob's list = %+v", list)
+		// Quota: MaxSandboxes is 2 and bob has one.
+		b.opts.MaxSandboxes = 1
+		_, err = b.Create(ctx, bob, mcpserver.CreateRequest{Image: "python:3"})
+		Expect(err).To(MatchError(mcpserver.ErrQuota), "create past the quota")
 	})
-	switch {
-	case sbx.Spec.Resources.CPU.String() != "1500m", sbx.Spec.Resources.Memory.String() != "256Mi":
-		t.Errorf("resources = %v, %v", sbx.Spec.Resources.CPU, sbx.Spec.Resources.Memory)
-	case sbx.Spec.Network.Mode != sandboxv1alpha1.NetworkEgress:
-		t.Errorf("network = %q", sbx.Spec.Network.Mode)
-	case *sbx.Spec.ActiveDeadlineSeconds != 90:
-		t.Errorf("activeDeadlineSeconds = %d", *sbx.Spec.ActiveDeadlineSeconds)
-	case sbx.Spec.NodeName != "n1":
-		t.Errorf("nodeName = %q", sbx.Spec.NodeName)
-	case sbx.Labels[LabelOwner] != mcpserver.IdentityHash(alice.ID), sbx.Labels[LabelInstance] != "mcp-test", sbx.Labels[LabelManagedBy] != ManagedBy:
-		t.Errorf("labels = %v", sbx.Labels)
-	case sbx.Annotations[AnnotationIdentity] != alice.ID:
-		t.Errorf("annotations = %v", sbx.Annotations)
-	}
-}
 
-func TestForwardTarCapsContent(t *testing.T) {
-	var archive bytes.Buffer
-	tw := tar.NewWriter(&archive)
-	for _, name := range []string{"a", "b"} {
-		_ = tw.WriteHeader(&tar.Header{Name: name, Typeflag: tar.TypeReg, Size: 10, Mode: 0o644})
-		_, _ = tw.Write(bytes.Repeat([]byte("x"), 10))
-	}
-	_ = tw.Close()
-	var out bytes.Buffer
-	stats, err := forwardTar(bytes.NewReader(archive.Bytes()), &out, 20)
-	if err != nil || stats.Files != 2 || stats.Bytes != 20 || !bytes.Equal(out.Bytes(), archive.Bytes()) {
-		t.Fatalf("within the cap: %+v, %v (copied %d of %d bytes)", stats, err, out.Len(), archive.Len())
-	}
-	if _, err := forwardTar(bytes.NewReader(archive.Bytes()), io.Discard, 15); !errors.Is(err, execio.ErrTooLarge) {
-		t.Errorf("past the cap: %v", err)
-	}
-}
+	It("builds the Sandbox spec from the request", func() {
+		b := testBackend(&recordingReviewer{allow: func(*authzv1.ResourceAttributes) bool { return true }})
+		b.opts.NodeName = "n1"
+		sbx := b.sandboxSpec(alice, "mcp-x", mcpserver.CreateRequest{
+			Image: "python:3", NanoCPUs: 1_500_000_000, MemoryBytes: 256 << 20, Network: mcpserver.NetworkEgress, Lifetime: 90 * time.Second,
+		})
+		Expect(sbx.Spec.Resources.CPU.String()).To(Equal("1500m"), "resources")
+		Expect(sbx.Spec.Resources.Memory.String()).To(Equal("256Mi"), "resources")
+		Expect(sbx.Spec.Network.Mode).To(Equal(sandboxv1alpha1.NetworkEgress), "network")
+		Expect(sbx.Spec.ActiveDeadlineSeconds).NotTo(BeNil(), "activeDeadlineSeconds")
+		Expect(*sbx.Spec.ActiveDeadlineSeconds).To(Equal(int64(90)), "activeDeadlineSeconds")
+		Expect(sbx.Spec.NodeName).To(Equal("n1"), "nodeName")
+		Expect(sbx.Labels[LabelOwner]).To(Equal(mcpserver.IdentityHash(alice.ID)), "labels = %v", sbx.Labels)
+		Expect(sbx.Labels[LabelInstance]).To(Equal("mcp-test"), "labels = %v", sbx.Labels)
+		Expect(sbx.Labels[LabelManagedBy]).To(Equal(ManagedBy), "labels = %v", sbx.Labels)
+		Expect(sbx.Annotations[AnnotationIdentity]).To(Equal(alice.ID), "annotations = %v", sbx.Annotations)
+	})
 
-func TestSweepDeletesOnlyExpiredMCPSandboxes(t *testing.T) {
-	expired := mcpSandbox("mcp-old", "kube:carol")
-	expired.Labels[LabelInstance] = "mcp-crashed-instance"
-	expired.Status.Conditions = []metav1.Condition{{Type: string(sandboxv1alpha1.SandboxConditionExpired), Status: metav1.ConditionTrue, Reason: "Expired"}}
-	live := mcpSandbox("mcp-live", "kube:carol")
-	foreign := &sandboxv1alpha1.Sandbox{
-		ObjectMeta: metav1.ObjectMeta{Name: "not-ours", Namespace: expired.Namespace},
-		Status:     sandboxv1alpha1.SandboxStatus{Conditions: expired.Status.Conditions},
-	}
-	b := testBackend(t, &recordingReviewer{allow: func(*authzv1.ResourceAttributes) bool { return true }}, expired, live, foreign)
-	b.sweepExpired()
-	var list sandboxv1alpha1.SandboxList
-	if err := b.kube.List(context.Background(), &list); err != nil {
-		t.Fatal(err)
-	}
-	var names []string
-	for _, s := range list.Items {
-		names = append(names, s.Name)
-	}
-	if strings.Join(names, ",") != "mcp-live,not-ours" {
-		t.Errorf("after the sweep: %v; want the expired MCP sandbox gone and the others kept", names)
-	}
-}
+	It("sweeps only expired MCP sandboxes", func() {
+		expired := mcpSandbox("mcp-old", "kube:carol")
+		expired.Labels[LabelInstance] = "mcp-crashed-instance"
+		expired.Status.Conditions = []metav1.Condition{{Type: string(sandboxv1alpha1.SandboxConditionExpired), Status: metav1.ConditionTrue, Reason: "Expired"}}
+		live := mcpSandbox("mcp-live", "kube:carol")
+		foreign := &sandboxv1alpha1.Sandbox{
+			ObjectMeta: metav1.ObjectMeta{Name: "not-ours", Namespace: expired.Namespace},
+			Status:     sandboxv1alpha1.SandboxStatus{Conditions: expired.Status.Conditions},
+		}
+		b := testBackend(&recordingReviewer{allow: func(*authzv1.ResourceAttributes) bool { return true }}, expired, live, foreign)
+		b.sweepExpired()
+		var list sandboxv1alpha1.SandboxList
+		Expect(b.kube.List(context.Background(), &list)).To(Succeed())
+		var names []string
+		for _, s := range list.Items {
+			names = append(names, s.Name)
+		}
+		Expect(strings.Join(names, ",")).To(Equal("mcp-live,not-ours"), "after the sweep; want the expired MCP sandbox gone and the others kept")
+	})
+})
