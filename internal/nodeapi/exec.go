@@ -18,6 +18,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/code-sandbox/code-sandbox-operator/internal/nodeapi/wire"
+
 	logf "sigs.k8s.io/controller-runtime/pkg/log"
 
 	sandboxv1alpha1 "github.com/code-sandbox/code-sandbox-operator/api/v1alpha1"
@@ -82,7 +84,7 @@ func (s *Server) serveExec(w http.ResponseWriter, r *http.Request, sbx *sandboxv
 	fw := &frameWriter{rc: http.NewResponseController(w), enc: json.NewEncoder(w), cancel: cancel}
 
 	h := w.Header()
-	h.Set("Content-Type", ContentTypeNDJSON)
+	h.Set("Content-Type", wire.ContentTypeNDJSON)
 	h.Set("X-Content-Type-Options", "nosniff")
 	// Proxies such as nginx would otherwise buffer the stream.
 	h.Set("X-Accel-Buffering", "no")
@@ -100,14 +102,14 @@ func (s *Server) serveExec(w http.ResponseWriter, r *http.Request, sbx *sandboxv
 		Caller:     callerName(ctx),
 	}
 	log.V(1).Info("exec starting", "exec", rec.ID, "argv", req.Argv())
-	res, runErr := s.cfg.Runtime.RunCommand(ctx, ct.ID, req, fw.stream(StreamStdout), fw.stream(StreamStderr))
+	res, runErr := s.cfg.Runtime.RunCommand(ctx, ct.ID, req, fw.stream(wire.StreamStdout), fw.stream(wire.StreamStderr))
 
 	rec.DurationMillis = res.DurationMillis
 	if rec.DurationMillis == 0 {
 		rec.DurationMillis = time.Since(rec.StartedAt).Milliseconds()
 	}
 	rec.ExitCode, rec.TimedOut, rec.Truncated = res.ExitCode, res.TimedOut, res.Truncated()
-	var final Frame
+	var final wire.Frame
 	if runErr != nil {
 		rec.ExitCode = -1
 		if r.Context().Err() != nil {
@@ -140,7 +142,7 @@ type frameWriter struct {
 	err    error
 }
 
-func (fw *frameWriter) write(f Frame) error {
+func (fw *frameWriter) write(f wire.Frame) error {
 	fw.mu.Lock()
 	defer fw.mu.Unlock()
 	if fw.err != nil {
@@ -179,7 +181,7 @@ func (s streamWriter) Write(p []byte) (int, error) {
 	}
 	// Encode copies p (as base64) before returning, so the caller may reuse
 	// its buffer.
-	if err := s.fw.write(Frame{Stream: s.name, Data: p}); err != nil {
+	if err := s.fw.write(wire.Frame{Stream: s.name, Data: p}); err != nil {
 		return 0, err
 	}
 	return len(p), nil

@@ -14,6 +14,8 @@ import (
 	"net/http"
 	"strconv"
 
+	"github.com/code-sandbox/code-sandbox-operator/internal/nodeapi/wire"
+
 	logf "sigs.k8s.io/controller-runtime/pkg/log"
 
 	sandboxv1alpha1 "github.com/code-sandbox/code-sandbox-operator/api/v1alpha1"
@@ -34,7 +36,7 @@ func (s *Server) serveUpload(w http.ResponseWriter, r *http.Request, sbx *sandbo
 		writeError(w, err)
 		return
 	}
-	mediaType := ContentTypeBinary
+	mediaType := wire.ContentTypeBinary
 	if v := r.Header.Get("Content-Type"); v != "" {
 		if mediaType, _, err = mime.ParseMediaType(v); err != nil {
 			writeError(w, newError(http.StatusUnsupportedMediaType, "UnsupportedMediaType", "bad Content-Type %q: %v", v, err))
@@ -45,9 +47,9 @@ func (s *Server) serveUpload(w http.ResponseWriter, r *http.Request, sbx *sandbo
 
 	var archive io.Reader
 	switch mediaType {
-	case ContentTypeTar:
+	case wire.ContentTypeTar:
 		if q.Has("mode") {
-			writeError(w, badRequest("mode applies to single-file uploads (%s), not to archives, whose entries carry their own", ContentTypeBinary))
+			writeError(w, badRequest("mode applies to single-file uploads (%s), not to archives, whose entries carry their own", wire.ContentTypeBinary))
 			return
 		}
 		maxBody := limits.MaxBytes + int64(limits.MaxEntries)*tarOverheadPerEntry
@@ -56,7 +58,7 @@ func (s *Server) serveUpload(w http.ResponseWriter, r *http.Request, sbx *sandbo
 			return
 		}
 		archive = http.MaxBytesReader(w, r.Body, maxBody)
-	case ContentTypeBinary:
+	case wire.ContentTypeBinary:
 		if target.Rel == "" {
 			writeError(w, badRequest("path %q names the directory %s; a single-file upload needs a file path", q.Get("path"), target.Root))
 			return
@@ -100,7 +102,7 @@ func (s *Server) serveUpload(w http.ResponseWriter, r *http.Request, sbx *sandbo
 		archive = pr
 	default:
 		writeError(w, newError(http.StatusUnsupportedMediaType, "UnsupportedMediaType",
-			"Content-Type %q is not supported; send %s (a tree) or %s (one file)", mediaType, ContentTypeTar, ContentTypeBinary))
+			"Content-Type %q is not supported; send %s (a tree) or %s (one file)", mediaType, wire.ContentTypeTar, wire.ContentTypeBinary))
 		return
 	}
 
@@ -124,7 +126,7 @@ func (s *Server) serveUpload(w http.ResponseWriter, r *http.Request, sbx *sandbo
 
 // serveDownload streams a tar of a file or tree. An error before the first
 // byte is a normal error answer; one after it (say, the size cap) can only
-// be reported in the TrailerTransferError trailer.
+// be reported in the wire.TrailerTransferError trailer.
 func (s *Server) serveDownload(w http.ResponseWriter, r *http.Request, sbx *sandboxv1alpha1.Sandbox, ct dockerruntime.Container) {
 	ctx := r.Context()
 	src, err := execio.ResolvePath(workingDir(sbx), r.URL.Query().Get("path"))
@@ -139,8 +141,8 @@ func (s *Server) serveDownload(w http.ResponseWriter, r *http.Request, sbx *sand
 	}
 	defer release()
 
-	w.Header().Set("Trailer", TrailerTransferError)
-	lw := &lazyWriter{w: w, contentType: ContentTypeTar}
+	w.Header().Set("Trailer", wire.TrailerTransferError)
+	lw := &lazyWriter{w: w, contentType: wire.ContentTypeTar}
 	stats, err := s.cfg.Runtime.CopyOut(ctx, ct.ID, src, lw, s.cfg.FileTransferLimit)
 	log := logf.FromContext(ctx)
 	if err != nil {
@@ -149,7 +151,7 @@ func (s *Server) serveDownload(w http.ResponseWriter, r *http.Request, sbx *sand
 			writeError(w, err)
 			return
 		}
-		w.Header().Set(TrailerTransferError, classify(err).message)
+		w.Header().Set(wire.TrailerTransferError, classify(err).message)
 		return
 	}
 	if !lw.started {

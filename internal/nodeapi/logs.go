@@ -12,6 +12,8 @@ import (
 	"strconv"
 	"sync"
 
+	"github.com/code-sandbox/code-sandbox-operator/internal/nodeapi/wire"
+
 	logf "sigs.k8s.io/controller-runtime/pkg/log"
 
 	sandboxv1alpha1 "github.com/code-sandbox/code-sandbox-operator/api/v1alpha1"
@@ -87,7 +89,7 @@ func (s *Server) serveHistory(w http.ResponseWriter, r *http.Request, sbx *sandb
 			writeError(w, err)
 			return
 		}
-		w.Header().Set("Content-Type", ContentTypeNDJSON)
+		w.Header().Set("Content-Type", wire.ContentTypeNDJSON)
 		enc := json.NewEncoder(w)
 		for i := range recs {
 			if err := enc.Encode(&recs[i]); err != nil {
@@ -96,7 +98,7 @@ func (s *Server) serveHistory(w http.ResponseWriter, r *http.Request, sbx *sandb
 		}
 		return
 	}
-	lw := &lazyWriter{w: w, contentType: ContentTypeNDJSON, flush: true}
+	lw := &lazyWriter{w: w, contentType: wire.ContentTypeNDJSON, flush: true}
 	// The headers go out at once, so a follower knows it is connected.
 	lw.start()
 	_ = http.NewResponseController(w).Flush()

@@ -22,6 +22,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/code-sandbox/code-sandbox-operator/internal/nodeapi/wire"
+
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
 	authenticationv1 "k8s.io/api/authentication/v1"
@@ -34,7 +36,6 @@ import (
 	"github.com/code-sandbox/code-sandbox-operator/internal/dockerruntime"
 	"github.com/code-sandbox/code-sandbox-operator/internal/execio"
 	"github.com/code-sandbox/code-sandbox-operator/internal/history"
-	"github.com/code-sandbox/code-sandbox-operator/internal/nodeapi"
 )
 
 var _ = Describe("Node API", Ordered, ContinueOnFailure, func() {
@@ -141,7 +142,7 @@ var _ = Describe("Node API", Ordered, ContinueOnFailure, func() {
 
 		It("refuses impersonation to a caller without the impersonate permission", func() {
 			resp := api.do(request{method: http.MethodPost, namespace: ns, name: sbx.Name, subresource: "exec", token: noImpersonateToken,
-				header: http.Header{"Impersonate-User": {"alice"}, "Accept": {nodeapi.ContentTypeNDJSON}}, body: strings.NewReader(`{"command":["true"]}`)})
+				header: http.Header{"Impersonate-User": {"alice"}, "Accept": {wire.ContentTypeNDJSON}}, body: strings.NewReader(`{"command":["true"]}`)})
 			Expect(resp.StatusCode).To(Equal(http.StatusForbidden))
 			st := statusOf(resp)
 			Expect(st.Message).To(ContainSubstring("impersonate"))
@@ -260,13 +261,13 @@ var _ = Describe("Node API", Ordered, ContinueOnFailure, func() {
 			resp := limited.do(request{method: http.MethodPost, namespace: ns, name: sbx.Name, subresource: "exec", token: execToken, body: bytes.NewReader(body)})
 			Expect(resp.StatusCode).To(Equal(http.StatusOK))
 			defer resp.Body.Close()
-			frames := make(chan nodeapi.Frame, 10)
+			frames := make(chan wire.Frame, 10)
 			go func() {
 				defer GinkgoRecover()
 				defer close(frames)
-				readFrames(resp.Body, func(f nodeapi.Frame) { frames <- f })
+				readFrames(resp.Body, func(f wire.Frame) { frames <- f })
 			}()
-			Eventually(frames, 5*time.Second).Should(Receive(HaveField("Stream", nodeapi.StreamStdout)))
+			Eventually(frames, 5*time.Second).Should(Receive(HaveField("Stream", wire.StreamStdout)))
 			// The first command holds the only slot until it ends.
 			busy := limited.do(request{method: http.MethodPost, namespace: ns, name: sbx.Name, subresource: "exec", token: execToken, body: strings.NewReader(`{"command":["true"]}`)})
 			Expect(busy.StatusCode).To(Equal(http.StatusTooManyRequests))
@@ -421,7 +422,7 @@ var _ = Describe("Node API", Ordered, ContinueOnFailure, func() {
 				Expect(err).NotTo(HaveOccurred())
 			}
 			Expect(tw.Close()).To(Succeed())
-			resp := put("tree", nodeapi.ContentTypeTar, buf.Bytes(), "")
+			resp := put("tree", wire.ContentTypeTar, buf.Bytes(), "")
 			Expect(resp.StatusCode).To(Equal(http.StatusOK), lazyBody(resp))
 			var stats execio.TransferStats
 			Expect(json.NewDecoder(resp.Body).Decode(&stats)).To(Succeed())
@@ -430,10 +431,10 @@ var _ = Describe("Node API", Ordered, ContinueOnFailure, func() {
 
 			resp = get("/app/tree")
 			Expect(resp.StatusCode).To(Equal(http.StatusOK))
-			Expect(resp.Header.Get("Content-Type")).To(Equal(nodeapi.ContentTypeTar))
+			Expect(resp.Header.Get("Content-Type")).To(Equal(wire.ContentTypeTar))
 			got := untar(resp.Body)
 			resp.Body.Close()
-			Expect(resp.Trailer.Get(nodeapi.TrailerTransferError)).To(BeEmpty())
+			Expect(resp.Trailer.Get(wire.TrailerTransferError)).To(BeEmpty())
 			for name, data := range files {
 				Expect(got).To(HaveKey("tree/"+name), "entries: %v", keys(got))
 				Expect(bytes.Equal(got["tree/"+name], data)).To(BeTrue(), "content of %s differs", name)
@@ -442,7 +443,7 @@ var _ = Describe("Node API", Ordered, ContinueOnFailure, func() {
 
 		It("writes a single file with its mode and reads it back", func() {
 			data := randomBytes(123457)
-			resp := put("single/dir/file.bin", nodeapi.ContentTypeBinary, data, "mode=0600")
+			resp := put("single/dir/file.bin", wire.ContentTypeBinary, data, "mode=0600")
 			Expect(resp.StatusCode).To(Equal(http.StatusOK), lazyBody(resp))
 			resp.Body.Close()
 			res := api.exec(ns, sbx.Name, execToken, execio.Request{Command: []string{"stat", "-c", "%a %s", "/app/single/dir/file.bin"}})
@@ -460,7 +461,7 @@ var _ = Describe("Node API", Ordered, ContinueOnFailure, func() {
 				resp := get(path)
 				Expect(resp.StatusCode).To(Equal(http.StatusBadRequest), path)
 				Expect(statusOf(resp).Message).To(ContainSubstring("invalid path"))
-				resp = put(path, nodeapi.ContentTypeBinary, []byte("x"), "")
+				resp = put(path, wire.ContentTypeBinary, []byte("x"), "")
 				Expect(resp.StatusCode).To(Equal(http.StatusBadRequest), path)
 				resp.Body.Close()
 			},
@@ -491,7 +492,7 @@ var _ = Describe("Node API", Ordered, ContinueOnFailure, func() {
 			Expect(err).To(Equal(io.EOF))
 			resp.Body.Close()
 			for _, p := range []string{"out/tmp/escaped", "etc-link/escaped"} {
-				resp := put(p, nodeapi.ContentTypeBinary, []byte("x"), "")
+				resp := put(p, wire.ContentTypeBinary, []byte("x"), "")
 				Expect(resp.StatusCode).To(BeNumerically(">=", 400), "PUT %s", p)
 				resp.Body.Close()
 			}
@@ -500,7 +501,7 @@ var _ = Describe("Node API", Ordered, ContinueOnFailure, func() {
 		})
 
 		It("refuses uploads and downloads beyond the transfer limit with 413", func() {
-			resp := put("too-big", nodeapi.ContentTypeBinary, make([]byte, testTransferLimit+1), "")
+			resp := put("too-big", wire.ContentTypeBinary, make([]byte, testTransferLimit+1), "")
 			Expect(resp.StatusCode).To(Equal(http.StatusRequestEntityTooLarge))
 			resp.Body.Close()
 			res := api.exec(ns, sbx.Name, execToken, execio.Request{Shell: fmt.Sprintf("head -c %d /dev/zero > /app/big && echo ok", testTransferLimit+(1<<20))})
@@ -509,7 +510,7 @@ var _ = Describe("Node API", Ordered, ContinueOnFailure, func() {
 			if resp.StatusCode == http.StatusOK {
 				_, _ = io.Copy(io.Discard, resp.Body)
 				resp.Body.Close()
-				Expect(resp.Trailer.Get(nodeapi.TrailerTransferError)).To(ContainSubstring("too large"))
+				Expect(resp.Trailer.Get(wire.TrailerTransferError)).To(ContainSubstring("too large"))
 			} else {
 				Expect(resp.StatusCode).To(Equal(http.StatusRequestEntityTooLarge))
 				resp.Body.Close()
@@ -555,7 +556,7 @@ var _ = Describe("Node API", Ordered, ContinueOnFailure, func() {
 				Expect(api.exec(ns, h.Name, execToken, execio.Request{Command: []string{"echo", fmt.Sprint(i)}}).status).To(Equal(http.StatusOK))
 			}
 			resp := api.do(request{method: http.MethodGet, namespace: ns, name: h.Name, subresource: "history", token: logToken, query: "tail=2"})
-			Expect(resp.Header.Get("Content-Type")).To(Equal(nodeapi.ContentTypeNDJSON))
+			Expect(resp.Header.Get("Content-Type")).To(Equal(wire.ContentTypeNDJSON))
 			recs := decodeRecords(resp.Body)
 			resp.Body.Close()
 			Expect(recs).To(HaveLen(2))

@@ -16,6 +16,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/code-sandbox/code-sandbox-operator/internal/nodeapi/wire"
+
 	"github.com/go-logr/logr"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
@@ -202,10 +204,10 @@ type route struct {
 
 // parseRoute reads /v1/namespaces/{ns}/sandboxes/{name}/{subresource}.
 func parseRoute(r *http.Request) (route, *apiError) {
-	rest, ok := strings.CutPrefix(r.URL.Path, PathPrefix)
+	rest, ok := strings.CutPrefix(r.URL.Path, wire.PathPrefix)
 	parts := strings.Split(rest, "/")
 	if !ok || len(parts) != 4 || parts[1] != "sandboxes" {
-		return route{}, notFound("no such endpoint %q; the node API serves %s{namespace}/sandboxes/{name}/{exec|files|log|history}", r.URL.Path, PathPrefix)
+		return route{}, notFound("no such endpoint %q; the node API serves %s{namespace}/sandboxes/{name}/{exec|files|log|history}", r.URL.Path, wire.PathPrefix)
 	}
 	rt := route{namespace: parts[0], name: parts[2], subresource: parts[3], path: r.URL.Path}
 	if errs := validation.IsDNS1123Label(rt.namespace); len(errs) > 0 {
@@ -225,18 +227,18 @@ func parseRoute(r *http.Request) (route, *apiError) {
 	}
 	var err *apiError
 	switch rt.subresource {
-	case SubresourceExec:
+	case wire.SubresourceExec:
 		err = method(http.MethodPost)
-		rt.rbacSubresource, rt.verb = SubresourceExec, "create"
-	case SubresourceFiles:
+		rt.rbacSubresource, rt.verb = wire.SubresourceExec, "create"
+	case wire.SubresourceFiles:
 		err = method(http.MethodPut, http.MethodGet)
-		rt.rbacSubresource, rt.verb = SubresourceFiles, "get"
+		rt.rbacSubresource, rt.verb = wire.SubresourceFiles, "get"
 		if r.Method == http.MethodPut {
 			rt.verb = "create"
 		}
-	case SubresourceLog, SubresourceHistory:
+	case wire.SubresourceLog, wire.SubresourceHistory:
 		err = method(http.MethodGet)
-		rt.rbacSubresource, rt.verb = SubresourceLog, "get"
+		rt.rbacSubresource, rt.verb = wire.SubresourceLog, "get"
 	default:
 		return route{}, notFound("no such subresource %q; the node API serves exec, files, log and history", rt.subresource)
 	}
@@ -259,13 +261,13 @@ func (s *Server) serve(w http.ResponseWriter, r *http.Request) {
 	// Reading history touches no container, and logs only read one, so
 	// both also serve a Sandbox that is not Ready (to show why it died).
 	// exec and files act on the container and need a Ready Sandbox.
-	needReady := rt.subresource == SubresourceExec || rt.subresource == SubresourceFiles
+	needReady := rt.subresource == wire.SubresourceExec || rt.subresource == wire.SubresourceFiles
 	sbx, err := s.sandbox(ctx, rt, needReady)
 	if err != nil {
 		writeError(w, err)
 		return
 	}
-	if rt.subresource == SubresourceHistory {
+	if rt.subresource == wire.SubresourceHistory {
 		s.serveHistory(w, r, sbx)
 		return
 	}
@@ -275,15 +277,15 @@ func (s *Server) serve(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	switch rt.subresource {
-	case SubresourceExec:
+	case wire.SubresourceExec:
 		s.serveExec(w, r, sbx, ct)
-	case SubresourceFiles:
+	case wire.SubresourceFiles:
 		if r.Method == http.MethodPut {
 			s.serveUpload(w, r, sbx, ct)
 		} else {
 			s.serveDownload(w, r, sbx, ct)
 		}
-	case SubresourceLog:
+	case wire.SubresourceLog:
 		s.serveLog(w, r, ct)
 	}
 }

@@ -29,6 +29,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/code-sandbox/code-sandbox-operator/internal/nodeapi/wire"
+
 	"github.com/docker/docker/api/types/container"
 	"github.com/docker/docker/api/types/filters"
 	dockerclient "github.com/docker/docker/client"
@@ -370,23 +372,23 @@ func (ts *testServer) exec(ns, name, token string, req execio.Request) *execResu
 	body, err := json.Marshal(req)
 	Expect(err).NotTo(HaveOccurred())
 	start := time.Now()
-	resp := ts.do(request{method: http.MethodPost, namespace: ns, name: name, subresource: nodeapi.SubresourceExec, token: token, body: bytes.NewReader(body)})
+	resp := ts.do(request{method: http.MethodPost, namespace: ns, name: name, subresource: wire.SubresourceExec, token: token, body: bytes.NewReader(body)})
 	defer resp.Body.Close()
 	out := &execResult{status: resp.StatusCode}
 	if resp.StatusCode != http.StatusOK {
 		_, _ = io.Copy(&out.stdout, resp.Body)
 		return out
 	}
-	Expect(resp.Header.Get("Content-Type")).To(Equal(nodeapi.ContentTypeNDJSON))
-	readFrames(resp.Body, func(f nodeapi.Frame) {
+	Expect(resp.Header.Get("Content-Type")).To(Equal(wire.ContentTypeNDJSON))
+	readFrames(resp.Body, func(f wire.Frame) {
 		out.frames++
 		switch {
-		case f.Stream == nodeapi.StreamStdout:
+		case f.Stream == wire.StreamStdout:
 			if out.firstFrame == 0 {
 				out.firstFrame = time.Since(start)
 			}
 			out.stdout.Write(f.Data)
-		case f.Stream == nodeapi.StreamStderr:
+		case f.Stream == wire.StreamStderr:
 			if out.firstFrame == 0 {
 				out.firstFrame = time.Since(start)
 			}
@@ -402,12 +404,12 @@ func (ts *testServer) exec(ns, name, token string, req execio.Request) *execResu
 }
 
 // readFrames decodes an NDJSON exec response frame by frame.
-func readFrames(r io.Reader, fn func(nodeapi.Frame)) {
+func readFrames(r io.Reader, fn func(wire.Frame)) {
 	GinkgoHelper()
 	sc := bufio.NewScanner(r)
 	sc.Buffer(make([]byte, 64<<10), 8<<20)
 	for sc.Scan() {
-		var f nodeapi.Frame
+		var f wire.Frame
 		Expect(json.Unmarshal(sc.Bytes(), &f)).To(Succeed(), "frame %q", sc.Text())
 		fn(f)
 	}

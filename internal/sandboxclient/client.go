@@ -21,6 +21,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/code-sandbox/code-sandbox-operator/internal/nodeapi/wire"
+
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
@@ -324,8 +326,8 @@ func (c *Client) do(ctx context.Context, ns, name string, req request) (*http.Re
 		return nil, err
 	}
 	u := *t.endpoint
-	u.Path = pathPrefix + ns + "/sandboxes/" + name + "/" + req.subresource
-	u.RawPath = pathPrefix + url.PathEscape(ns) + "/sandboxes/" + url.PathEscape(name) + "/" + req.subresource
+	u.Path = wire.PathPrefix + ns + "/sandboxes/" + name + "/" + req.subresource
+	u.RawPath = wire.PathPrefix + url.PathEscape(ns) + "/sandboxes/" + url.PathEscape(name) + "/" + req.subresource
 	if len(req.query) > 0 {
 		u.RawQuery = req.query.Encode()
 	}

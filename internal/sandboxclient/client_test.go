@@ -23,6 +23,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/code-sandbox/code-sandbox-operator/internal/nodeapi/wire"
+
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -73,7 +75,7 @@ func (rec *recorder) last() (*http.Request, []byte) {
 	return rec.requests[len(rec.requests)-1], rec.bodies[len(rec.bodies)-1]
 }
 
-func writeFrames(w http.ResponseWriter, frames ...sandboxclient.Frame) {
+func writeFrames(w http.ResponseWriter, frames ...wire.Frame) {
 	w.Header().Set("Content-Type", "application/x-ndjson")
 	enc := json.NewEncoder(w)
 	for _, f := range frames {
@@ -85,8 +87,8 @@ func writeFrames(w http.ResponseWriter, frames ...sandboxclient.Frame) {
 // answerOK answers every exec with some output and exit code 0.
 func answerOK(w http.ResponseWriter, _ *http.Request, _ []byte) {
 	writeFrames(w,
-		sandboxclient.Frame{Stream: "stdout", Data: []byte("hello\n")},
-		sandboxclient.Frame{Result: &execio.Result{ExitCode: 0}})
+		wire.Frame{Stream: "stdout", Data: []byte("hello\n")},
+		wire.Frame{Result: &execio.Result{ExitCode: 0}})
 }
 
 func selfSignedPEM(cn string) (certPEM, keyPEM []byte) {
@@ -427,10 +429,10 @@ var _ = Describe("Client", Label("unit"), func() {
 		It("sends the request and returns the result", func() {
 			node.answer = func(w http.ResponseWriter, _ *http.Request, _ []byte) {
 				writeFrames(w,
-					sandboxclient.Frame{Stream: "stdout", Data: []byte("a")},
-					sandboxclient.Frame{Stream: "stderr", Data: []byte("b")},
-					sandboxclient.Frame{Stream: "stdout", Data: []byte("c")},
-					sandboxclient.Frame{Result: &execio.Result{ExitCode: 7, DurationMillis: 5, StdoutBytes: 2, StderrBytes: 1}})
+					wire.Frame{Stream: "stdout", Data: []byte("a")},
+					wire.Frame{Stream: "stderr", Data: []byte("b")},
+					wire.Frame{Stream: "stdout", Data: []byte("c")},
+					wire.Frame{Result: &execio.Result{ExitCode: 7, DurationMillis: 5, StdoutBytes: 2, StderrBytes: 1}})
 			}
 			var stdout, stderr bytes.Buffer
 			req := execio.Request{Command: []string{"sh", "-c", "x"}, Stdin: []byte("in"), Env: []string{"A=1"}, WorkingDir: "/tmp", TimeoutSeconds: 5}
@@ -451,7 +453,7 @@ var _ = Describe("Client", Label("unit"), func() {
 
 		It("returns an ExecError when the stream ends with an error frame", func() {
 			node.answer = func(w http.ResponseWriter, _ *http.Request, _ []byte) {
-				writeFrames(w, sandboxclient.Frame{Stream: "stdout", Data: []byte("x")}, sandboxclient.Frame{Error: "docker went away"})
+				writeFrames(w, wire.Frame{Stream: "stdout", Data: []byte("x")}, wire.Frame{Error: "docker went away"})
 			}
 			_, err := execHello(newClient(cluster.RESTConfig("t"), sandboxclient.Options{}))
 			var ee *sandboxclient.ExecError
@@ -461,7 +463,7 @@ var _ = Describe("Client", Label("unit"), func() {
 
 		It("fails when the stream is cut before the result", func() {
 			node.answer = func(w http.ResponseWriter, _ *http.Request, _ []byte) {
-				writeFrames(w, sandboxclient.Frame{Stream: "stdout", Data: []byte("x")})
+				writeFrames(w, wire.Frame{Stream: "stdout", Data: []byte("x")})
 			}
 			_, err := execHello(newClient(cluster.RESTConfig("t"), sandboxclient.Options{}))
 			Expect(err).To(MatchError(io.ErrUnexpectedEOF))
@@ -481,10 +483,10 @@ var _ = Describe("Client", Label("unit"), func() {
 				done <- res
 			}()
 			enc := json.NewEncoder(pw)
-			Expect(enc.Encode(sandboxclient.Frame{Stream: "stdout", Data: []byte("first")})).To(Succeed())
+			Expect(enc.Encode(wire.Frame{Stream: "stdout", Data: []byte("first")})).To(Succeed())
 			Eventually(stdout.String).Should(Equal("first"), "the first frame is written before the stream ends")
 			Consistently(done, 100*time.Millisecond).ShouldNot(Receive())
-			Expect(enc.Encode(sandboxclient.Frame{Result: &execio.Result{ExitCode: 1}})).To(Succeed())
+			Expect(enc.Encode(wire.Frame{Result: &execio.Result{ExitCode: 1}})).To(Succeed())
 			Eventually(done).Should(Receive(Equal(execio.Result{ExitCode: 1})))
 			pw.Close()
 		})

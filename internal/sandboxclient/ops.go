@@ -12,6 +12,8 @@ import (
 	"os"
 	"strconv"
 
+	"github.com/code-sandbox/code-sandbox-operator/internal/nodeapi/wire"
+
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/code-sandbox/code-sandbox-operator/internal/execio"
@@ -52,10 +54,10 @@ func (c *Client) Exec(ctx context.Context, ns, name string, req execio.Request, 
 	defer cancel()
 	resp, err := c.do(ctx, ns, name, request{
 		method:      http.MethodPost,
-		subresource: subresourceExec,
+		subresource: wire.SubresourceExec,
 		body:        bytes.NewReader(body),
 		contentType: "application/json",
-		accept:      contentTypeNDJSON,
+		accept:      wire.ContentTypeNDJSON,
 	})
 	if err != nil {
 		return execio.Result{}, err
@@ -94,7 +96,7 @@ func (e *frameError) Error() string { return e.msg }
 func DecodeFrames(r io.Reader, stdout, stderr io.Writer) (execio.Result, error) {
 	dec := json.NewDecoder(r)
 	for {
-		var f frame
+		var f wire.Frame
 		if err := dec.Decode(&f); err != nil {
 			if errors.Is(err, io.EOF) {
 				return execio.Result{}, fmt.Errorf("the exec stream ended without a result: %w", io.ErrUnexpectedEOF)
@@ -106,11 +108,11 @@ func DecodeFrames(r io.Reader, stdout, stderr io.Writer) (execio.Result, error) 
 			return execio.Result{}, &frameError{msg: f.Error}
 		case f.Result != nil:
 			return *f.Result, nil
-		case f.Stream == streamStdout:
+		case f.Stream == wire.StreamStdout:
 			if _, err := stdout.Write(f.Data); err != nil {
 				return execio.Result{}, fmt.Errorf("writing stdout: %w", err)
 			}
-		case f.Stream == streamStderr:
+		case f.Stream == wire.StreamStderr:
 			if _, err := stderr.Write(f.Data); err != nil {
 				return execio.Result{}, fmt.Errorf("writing stderr: %w", err)
 			}
@@ -133,7 +135,7 @@ func (c *Client) Upload(ctx context.Context, ns, name, destDir string, tarStream
 	if !ok {
 		length = -1
 	}
-	return c.put(ctx, ns, name, url.Values{"path": {destDir}}, contentTypeTar, tarStream, length)
+	return c.put(ctx, ns, name, url.Values{"path": {destDir}}, wire.ContentTypeTar, tarStream, length)
 }
 
 // UploadFile writes content to the file at path in the sandbox, with mode's
@@ -172,7 +174,7 @@ func (c *Client) UploadFile(ctx context.Context, ns, name, path string, mode os.
 		content, length = spool, n
 	}
 	q := url.Values{"path": {path}, "mode": {fmt.Sprintf("%#o", mode.Perm())}}
-	return c.put(ctx, ns, name, q, contentTypeBinary, io.LimitReader(content, length), length)
+	return c.put(ctx, ns, name, q, wire.ContentTypeBinary, io.LimitReader(content, length), length)
 }
 
 // knownLength returns how many bytes r will yield, when r can tell without
@@ -216,7 +218,7 @@ func (c *Client) put(ctx context.Context, ns, name string, q url.Values, content
 	}
 	resp, err := c.do(ctx, ns, name, request{
 		method:      http.MethodPut,
-		subresource: subresourceFiles,
+		subresource: wire.SubresourceFiles,
 		query:       q,
 		body:        body,
 		length:      length,
@@ -242,9 +244,9 @@ func (c *Client) put(ctx context.Context, ns, name string, q url.Values, content
 func (c *Client) Download(ctx context.Context, ns, name, path string, w io.Writer) error {
 	resp, err := c.do(ctx, ns, name, request{
 		method:      http.MethodGet,
-		subresource: subresourceFiles,
+		subresource: wire.SubresourceFiles,
 		query:       url.Values{"path": {path}},
-		accept:      contentTypeTar,
+		accept:      wire.ContentTypeTar,
 	})
 	if err != nil {
 		return err
@@ -254,7 +256,7 @@ func (c *Client) Download(ctx context.Context, ns, name, path string, w io.Write
 		return fmt.Errorf("sandbox %s/%s: downloading %s: %w", ns, name, path, err)
 	}
 	// Trailers are only known once the body has been read to EOF.
-	if msg := resp.Trailer.Get(trailerTransferError); msg != "" {
+	if msg := resp.Trailer.Get(wire.TrailerTransferError); msg != "" {
 		return &TransferError{Namespace: ns, Name: name, Path: path, Message: msg}
 	}
 	return nil
@@ -265,7 +267,7 @@ func (c *Client) Download(ctx context.Context, ns, name, path string, w io.Write
 func (c *Client) Logs(ctx context.Context, ns, name string, opts LogOptions, w io.Writer) error {
 	resp, err := c.do(ctx, ns, name, request{
 		method:      http.MethodGet,
-		subresource: subresourceLog,
+		subresource: wire.SubresourceLog,
 		query:       opts.query(),
 		accept:      "text/plain",
 	})
@@ -290,9 +292,9 @@ func (c *Client) History(ctx context.Context, ns, name string, opts LogOptions, 
 	defer cancel()
 	resp, err := c.do(ctx, ns, name, request{
 		method:      http.MethodGet,
-		subresource: subresourceHistory,
+		subresource: wire.SubresourceHistory,
 		query:       opts.query(),
-		accept:      contentTypeNDJSON,
+		accept:      wire.ContentTypeNDJSON,
 	})
 	if err != nil {
 		return err

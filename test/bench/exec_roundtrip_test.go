@@ -18,6 +18,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/code-sandbox/code-sandbox-operator/internal/nodeapi/wire"
+
 	"github.com/docker/docker/api/types/container"
 	"github.com/docker/docker/pkg/stdcopy"
 	authenticationv1 "k8s.io/api/authentication/v1"
@@ -180,7 +182,7 @@ func (n *nodeAPIBench) exec(ctx context.Context, sandbox string, req execio.Requ
 	if err != nil {
 		return err
 	}
-	url := fmt.Sprintf("%s%s%s/sandboxes/%s/%s", n.endpoint, nodeapi.PathPrefix, namespace, sandbox, nodeapi.SubresourceExec)
+	url := fmt.Sprintf("%s%s%s/sandboxes/%s/%s", n.endpoint, wire.PathPrefix, namespace, sandbox, wire.SubresourceExec)
 	hreq, err := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(body))
 	if err != nil {
 		return err
@@ -200,12 +202,12 @@ func (n *nodeAPIBench) exec(ctx context.Context, sandbox string, req execio.Requ
 	var result *execio.Result
 	sc := bufio.NewScanner(resp.Body)
 	for sc.Scan() {
-		var f nodeapi.Frame
+		var f wire.Frame
 		if err := json.Unmarshal(sc.Bytes(), &f); err != nil {
 			return fmt.Errorf("decoding frame %q: %w", sc.Text(), err)
 		}
 		switch {
-		case f.Stream == nodeapi.StreamStdout:
+		case f.Stream == wire.StreamStdout:
 			stdout.Write(f.Data)
 		case f.Error != "":
 			return fmt.Errorf("node API exec failed: %s", f.Error)

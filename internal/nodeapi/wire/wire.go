@@ -1,10 +1,8 @@
-// Package nodeapi is the manager's data plane: an HTTPS API on each node
-// that runs commands in, moves files into and out of, and reads the logs of
-// the Sandboxes on that node. It authenticates callers as kubelet does
-// (TokenReview, or a client certificate from the cluster's client CA) and
-// authorises every request with a SubjectAccessReview on the Sandbox's
-// subresource, so RBAC decides who may exec.
-package nodeapi
+// Package wire is the node API's wire contract: URL layout, content types
+// and the exec response's frames. The server (package nodeapi) and its
+// clients (package sandboxclient, the kubectl plugin, the MCP server) share
+// it, and it imports nothing heavy, so clients do not link the server.
+package wire
 
 import (
 	"github.com/code-sandbox/code-sandbox-operator/internal/execio"
