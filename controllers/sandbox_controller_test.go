@@ -17,6 +17,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/code-sandbox/code-sandbox-operator/internal/history"
+
 	"github.com/docker/docker/api/types/container"
 	"github.com/docker/docker/api/types/image"
 	. "github.com/onsi/ginkgo/v2"
@@ -302,7 +304,10 @@ var _ = Describe("Sandbox controller", func() {
 			return ct.ID
 		}
 
-		startManager(node, managerConfig{orphanGCInterval: 500 * time.Millisecond})
+		hist, err := history.New(GinkgoT().TempDir(), 0)
+		Expect(err).NotTo(HaveOccurred())
+		Expect(hist.Append("ghost-"+ns, history.Record{ID: "x", Command: []string{"true"}})).To(Succeed())
+		startManager(node, managerConfig{orphanGCInterval: 500 * time.Millisecond, history: hist})
 
 		By("a live Sandbox whose container must survive")
 		live := waitReady(createSandbox(newSandbox(ns, "live", node, func(s *sandboxv1alpha1.Sandbox) {
@@ -327,6 +332,8 @@ var _ = Describe("Sandbox controller", func() {
 			}
 		}
 		Eventually(exists(ghost), 30*time.Second, 200*time.Millisecond).Should(BeFalse())
+		Eventually(func() ([]history.Record, error) { return hist.Tail("ghost-"+ns, 0) }).Should(BeEmpty(),
+			"the orphan's exec history goes with its container")
 		Eventually(exists(stale), 30*time.Second, 200*time.Millisecond).Should(BeFalse())
 		Consistently(exists(live.Status.ContainerID), 2*time.Second).Should(BeTrue())
 		Expect(exists(elsewhere)()).To(BeTrue(), "another node's container is not this manager's to judge")

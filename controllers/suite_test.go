@@ -134,6 +134,7 @@ type managerConfig struct {
 	dockerHost       string
 	maxSandboxes     int
 	orphanGCInterval time.Duration
+	history          HistoryDeleter
 }
 
 // startManager runs a manager for node (prefixed with testNodePrefix) until
@@ -159,6 +160,7 @@ func startManager(node string, mc managerConfig) *testManager {
 			RetryBackoffBase:   200 * time.Millisecond,
 			RetryBackoffMax:    2 * time.Second,
 			SkipNameValidation: true,
+			History:            mc.history,
 		})
 	Expect(err).NotTo(HaveOccurred())
 	Expect(r.SetupWithManager(mgr, mc.orphanGCInterval)).To(Succeed())

@@ -158,6 +158,13 @@ func (r *SandboxReconciler) CollectOrphans(ctx context.Context) (int, error) {
 		}
 		orphansRemoved.Inc()
 		removed++
+		// A Sandbox whose finalizer was stripped never reached finalize,
+		// so its exec history goes with its orphaned container.
+		if r.opts.History != nil {
+			if err := r.opts.History.Delete(uid); err != nil {
+				log.Error(err, "deleting the exec history of an orphaned container", "uid", uid)
+			}
+		}
 	}
 	return removed, errors.Join(errs...)
 }
