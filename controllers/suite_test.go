@@ -9,10 +9,10 @@ package controllers
 import (
 	"context"
 	"fmt"
-	"os"
-	"path/filepath"
 	"testing"
 	"time"
+
+	"github.com/code-sandbox/code-sandbox-operator/internal/testenv"
 
 	"github.com/docker/docker/api/types/container"
 	"github.com/docker/docker/api/types/filters"
@@ -24,14 +24,10 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
-	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
 	"k8s.io/utils/clock"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/controller-runtime/pkg/envtest"
-	logf "sigs.k8s.io/controller-runtime/pkg/log"
-	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	sandboxv1alpha1 "github.com/code-sandbox/code-sandbox-operator/api/v1alpha1"
@@ -39,14 +35,14 @@ import (
 )
 
 var (
+	cp        *testenv.ControlPlane
 	cfg       *rest.Config
 	k8sClient client.Client
-	testEnv   *envtest.Environment
-	scheme    = runtime.NewScheme()
+	scheme    *runtime.Scheme
 	docker    *dockerclient.Client
 
-	busyboxImage = envOr("BUSYBOX_IMAGE", "code-sandbox-test/busybox:1")
-	pythonImage  = envOr("PYTHON_IMAGE", "code-sandbox-test/python:3")
+	busyboxImage = testenv.BusyboxImage
+	pythonImage  = testenv.PythonImage
 )
 
 // Every node name a test uses starts with this, so AfterSuite can remove
@@ -58,69 +54,18 @@ func TestControllers(t *testing.T) {
 	RunSpecs(t, "Sandbox controller suite (envtest + Docker)")
 }
 
-func envOr(key, fallback string) string {
-	if v := os.Getenv(key); v != "" {
-		return v
-	}
-	return fallback
-}
-
 var _ = BeforeSuite(func() {
-	logf.SetLogger(zap.New(zap.WriteTo(GinkgoWriter), zap.UseDevMode(true)))
-
-	Expect(os.Getenv("KUBEBUILDER_ASSETS")).NotTo(BeEmpty(),
-		"KUBEBUILDER_ASSETS is not set: run the suite with `make test`, which provides kube-apiserver and etcd")
-
-	var err error
-	docker, err = dockerclient.NewClientWithOpts(dockerclient.FromEnv, dockerclient.WithAPIVersionNegotiation())
-	Expect(err).NotTo(HaveOccurred())
-	pingCtx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	_, err = docker.Ping(pingCtx)
-	Expect(err).NotTo(HaveOccurred(), "Docker Engine is not answering: run `make docker-up`")
-	for _, img := range []string{busyboxImage, pythonImage} {
-		_, err := docker.ImageInspect(pingCtx, img)
-		Expect(err).NotTo(HaveOccurred(), "test image %s is missing: run `make test-images`", img)
-	}
-
-	Expect(clientgoscheme.AddToScheme(scheme)).To(Succeed())
-	Expect(sandboxv1alpha1.AddToScheme(scheme)).To(Succeed())
-
-	testEnv = &envtest.Environment{
-		CRDDirectoryPaths:     []string{filepath.Join("..", "config", "crd", "bases")},
-		ErrorIfCRDPathMissing: true,
-	}
-	cfg, err = testEnv.Start()
-	Expect(err).NotTo(HaveOccurred())
-	k8sClient, err = client.New(cfg, client.Options{Scheme: scheme})
-	Expect(err).NotTo(HaveOccurred())
+	docker = testenv.RequireDocker(busyboxImage, pythonImage)
+	cp = testenv.StartControlPlane()
+	cfg, k8sClient, scheme = cp.Config, cp.Client, cp.Scheme
 })
 
 var _ = AfterSuite(func() {
 	if docker != nil {
-		removeTestContainers()
+		testenv.RemoveNodeContainers(docker, testNodePrefix)
 	}
-	if testEnv != nil {
-		Expect(testEnv.Stop()).To(Succeed())
-	}
+	cp.Stop()
 })
-
-// removeTestContainers removes every container a test node left behind.
-func removeTestContainers() {
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	list, err := docker.ContainerList(ctx, container.ListOptions{All: true,
-		Filters: filters.NewArgs(filters.Arg("label", dockerruntime.LabelManagedBy+"="+dockerruntime.ManagedByValue))})
-	if err != nil {
-		GinkgoWriter.Printf("listing leftover containers: %v\n", err)
-		return
-	}
-	for _, ct := range list {
-		if len(ct.Labels[dockerruntime.LabelNode]) >= len(testNodePrefix) && ct.Labels[dockerruntime.LabelNode][:len(testNodePrefix)] == testNodePrefix {
-			_ = docker.ContainerRemove(ctx, ct.ID, container.RemoveOptions{Force: true, RemoveVolumes: true})
-		}
-	}
-}
 
 // testManager is one node's manager running in this process.
 type testManager struct {

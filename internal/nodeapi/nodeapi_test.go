@@ -82,8 +82,8 @@ var _ = Describe("Node API", Ordered, ContinueOnFailure, func() {
 	echo := execio.Request{Command: []string{"echo", "hi"}}
 
 	It("publishes the endpoint and certificate pin in the status of a Running Sandbox", func() {
-		Expect(sbx.Status.AgentEndpoint).To(Equal(api.endpoint))
-		Expect(sbx.Status.AgentCertSHA256).To(Equal(api.cert.SHA256))
+		Expect(sbx.Status.AgentEndpoint).To(Equal(api.Endpoint))
+		Expect(sbx.Status.AgentCertSHA256).To(Equal(api.Cert.SHA256))
 		Expect(sbx.Status.AgentCertSHA256).To(MatchRegexp(`^[0-9a-f]{64}$`))
 	})
 
@@ -172,16 +172,16 @@ var _ = Describe("Node API", Ordered, ContinueOnFailure, func() {
 		})
 
 		It("accepts client certificates signed by the client CA and refuses others", func() {
-			client := pinnedClient(api.cert.SHA256, clientCA.clientCert("carol"))
+			client := pinnedClient(api.Cert.SHA256, clientCA.clientCert("carol"))
 			ts := *api
 			ts.client = client
 			res := ts.exec(ns, sbx.Name, "", echo)
 			Expect(res.status).To(Equal(http.StatusOK))
 			Expect(res.stdout.String()).To(Equal("hi\n"))
 
-			ts.client = pinnedClient(api.cert.SHA256, newTestCA("rogue").clientCert("carol"))
+			ts.client = pinnedClient(api.Cert.SHA256, newTestCA("rogue").clientCert("carol"))
 			Expect(ts.exec(ns, sbx.Name, "", echo).status).To(Equal(http.StatusUnauthorized))
-			ts.client = pinnedClient(api.cert.SHA256, clientCA.clientCert("mallory"))
+			ts.client = pinnedClient(api.Cert.SHA256, clientCA.clientCert("mallory"))
 			Expect(ts.exec(ns, sbx.Name, "", echo).status).To(Equal(http.StatusForbidden))
 		})
 
@@ -608,7 +608,7 @@ var _ = Describe("Node API", Ordered, ContinueOnFailure, func() {
 		h := waitReady(createSandbox(ns, uniqueName("exits"), func(s *sandboxv1alpha1.Sandbox) {
 			s.Spec.Command = []string{"sh", "-c", "sleep 2; exit 4"}
 		}))
-		Expect(h.Status.AgentEndpoint).To(Equal(api.endpoint))
+		Expect(h.Status.AgentEndpoint).To(Equal(api.Endpoint))
 		Eventually(readyReason(h), 30*time.Second).Should(Equal("False/ContainerExited"))
 		latest := getSandbox(h)
 		Expect(latest.Status.AgentEndpoint).To(BeEmpty())

@@ -21,42 +21,26 @@ import (
 	"fmt"
 	"io"
 	"math/big"
-	"net"
 	"net/http"
 	"os"
 	"path/filepath"
-	"strings"
 	"testing"
 	"time"
 
+	"github.com/code-sandbox/code-sandbox-operator/internal/testenv"
+	"github.com/code-sandbox/code-sandbox-operator/internal/testenv/testnode"
+
 	"github.com/code-sandbox/code-sandbox-operator/internal/nodeapi/wire"
 
-	"github.com/docker/docker/api/types/container"
-	"github.com/docker/docker/api/types/filters"
 	dockerclient "github.com/docker/docker/client"
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
-	authenticationv1 "k8s.io/api/authentication/v1"
-	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/runtime"
-	"k8s.io/client-go/kubernetes"
-	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
-	"k8s.io/client-go/rest"
-	"k8s.io/utils/clock"
-	"k8s.io/utils/ptr"
-	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/controller-runtime/pkg/envtest"
-	logf "sigs.k8s.io/controller-runtime/pkg/log"
-	"sigs.k8s.io/controller-runtime/pkg/log/zap"
-	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
-	"sigs.k8s.io/yaml"
 
 	sandboxv1alpha1 "github.com/code-sandbox/code-sandbox-operator/api/v1alpha1"
-	"github.com/code-sandbox/code-sandbox-operator/controllers"
 	"github.com/code-sandbox/code-sandbox-operator/internal/dockerruntime"
 	"github.com/code-sandbox/code-sandbox-operator/internal/execio"
 	"github.com/code-sandbox/code-sandbox-operator/internal/history"
@@ -72,20 +56,18 @@ const testNodePrefix = "napi-test-"
 const testTransferLimit = 8 << 20
 
 var (
-	cfg       *rest.Config
-	testEnv   *envtest.Environment
+	cp        *testenv.ControlPlane
 	k8sClient client.Client
-	clientset kubernetes.Interface
-	scheme    = runtime.NewScheme()
 	rawDocker *dockerclient.Client
 
-	busyboxImage = envOr("BUSYBOX_IMAGE", "code-sandbox-test/busybox:1")
+	busyboxImage = testenv.BusyboxImage
 
 	// nodeName is the node of the manager and the main node API server.
 	nodeName = fmt.Sprintf("%s%d-%x", testNodePrefix, GinkgoParallelProcess(), time.Now().UnixNano()&0xffff)
-	// api is the main node API server; its reconciler publishes its
-	// endpoint and pin.
-	api *testServer
+	// node is the manager for nodeName; api is its node API server, whose
+	// endpoint and pin the reconciler publishes.
+	node *testnode.Node
+	api  *testServer
 	// hist is the history store shared by the main server and the
 	// reconciler (which deletes a Sandbox's history on finalize).
 	hist *history.Store
@@ -93,9 +75,6 @@ var (
 	docker *dockerruntime.Client
 	// clientCA signs client certificates the main server accepts.
 	clientCA *testCA
-
-	stopManager context.CancelFunc
-	managerDone chan struct{}
 )
 
 func TestNodeAPI(t *testing.T) {
@@ -103,199 +82,67 @@ func TestNodeAPI(t *testing.T) {
 	RunSpecs(t, "Node API suite (envtest + Docker)")
 }
 
-func envOr(key, fallback string) string {
-	if v := os.Getenv(key); v != "" {
-		return v
-	}
-	return fallback
-}
-
 var _ = BeforeSuite(func() {
-	logf.SetLogger(zap.New(zap.WriteTo(GinkgoWriter), zap.UseDevMode(true)))
-	Expect(os.Getenv("KUBEBUILDER_ASSETS")).NotTo(BeEmpty(),
-		"KUBEBUILDER_ASSETS is not set: run the suite with `make test`, which provides kube-apiserver and etcd")
-
-	var err error
-	rawDocker, err = dockerclient.NewClientWithOpts(dockerclient.FromEnv, dockerclient.WithAPIVersionNegotiation())
-	Expect(err).NotTo(HaveOccurred())
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	_, err = rawDocker.Ping(ctx)
-	Expect(err).NotTo(HaveOccurred(), "Docker Engine is not answering: run `make docker-up`")
-	_, err = rawDocker.ImageInspect(ctx, busyboxImage)
-	Expect(err).NotTo(HaveOccurred(), "test image %s is missing: run `make test-images`", busyboxImage)
-
-	Expect(clientgoscheme.AddToScheme(scheme)).To(Succeed())
-	Expect(sandboxv1alpha1.AddToScheme(scheme)).To(Succeed())
-	testEnv = &envtest.Environment{
-		CRDDirectoryPaths:     []string{filepath.Join("..", "..", "config", "crd", "bases")},
-		ErrorIfCRDPathMissing: true,
-	}
-	cfg, err = testEnv.Start()
-	Expect(err).NotTo(HaveOccurred())
-	k8sClient, err = client.New(cfg, client.Options{Scheme: scheme})
-	Expect(err).NotTo(HaveOccurred())
-	clientset, err = kubernetes.NewForConfig(cfg)
-	Expect(err).NotTo(HaveOccurred())
+	rawDocker = testenv.RequireDocker(busyboxImage)
+	cp = testenv.StartControlPlane()
+	k8sClient = cp.Client
 
 	// The ClusterRoles as shipped, so that the tests prove them.
-	for _, f := range []string{"sandbox_exec_role.yaml", "sandbox_editor_role.yaml"} {
-		data, err := os.ReadFile(filepath.Join("..", "..", "config", "rbac", f))
-		Expect(err).NotTo(HaveOccurred())
-		role := &rbacv1.ClusterRole{}
-		Expect(yaml.Unmarshal(data, role)).To(Succeed())
-		Expect(k8sClient.Create(ctx, role)).To(Succeed())
-	}
-	Expect(k8sClient.Create(ctx, &rbacv1.ClusterRole{
-		ObjectMeta: metav1.ObjectMeta{Name: "sandbox-log-only"},
-		Rules:      []rbacv1.PolicyRule{{APIGroups: []string{sandboxv1alpha1.GroupVersion.Group}, Resources: []string{"sandboxes/log"}, Verbs: []string{"get"}}},
-	})).To(Succeed())
-	Expect(k8sClient.Create(ctx, &rbacv1.ClusterRole{
-		ObjectMeta: metav1.ObjectMeta{Name: "impersonate-users"},
-		Rules:      []rbacv1.PolicyRule{{APIGroups: []string{""}, Resources: []string{"users", "groups"}, Verbs: []string{"impersonate"}}},
-	})).To(Succeed())
+	cp.CreateShippedClusterRole("sandbox_exec_role.yaml")
+	cp.CreateShippedClusterRole("sandbox_editor_role.yaml")
+	cp.CreateClusterRole("sandbox-log-only",
+		rbacv1.PolicyRule{APIGroups: []string{sandboxv1alpha1.GroupVersion.Group}, Resources: []string{"sandboxes/log"}, Verbs: []string{"get"}})
+	cp.CreateClusterRole("impersonate-users",
+		rbacv1.PolicyRule{APIGroups: []string{""}, Resources: []string{"users", "groups"}, Verbs: []string{"impersonate"}})
 
 	clientCA = newTestCA("node-api-test-client-ca")
 	caFile := filepath.Join(GinkgoT().TempDir(), "client-ca.crt")
 	Expect(os.WriteFile(caFile, clientCA.certPEM, 0o600)).To(Succeed())
 
-	hist, err = history.New(filepath.Join(GinkgoT().TempDir(), "history"), 0)
-	Expect(err).NotTo(HaveOccurred())
-	docker, err = dockerruntime.New(dockerruntime.Options{CallTimeout: 10 * time.Second, PullTimeout: 20 * time.Second})
-	Expect(err).NotTo(HaveOccurred())
-
-	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
-		Scheme:                 scheme,
-		Metrics:                metricsserver.Options{BindAddress: "0"},
-		HealthProbeBindAddress: "0",
-	})
-	Expect(err).NotTo(HaveOccurred())
-	api = newTestServer(serverOptions{node: nodeName, runtime: docker, reader: mgr.GetClient(), apiReader: mgr.GetAPIReader(), clientCAFile: caFile})
-	r, err := controllers.NewSandboxReconciler(mgr.GetClient(), mgr.GetAPIReader(), docker, mgr.GetEventRecorder("sandbox-manager-"+nodeName),
-		clock.RealClock{}, controllers.Options{
-			NodeName:           nodeName,
-			StopGracePeriod:    time.Second,
-			SkipNameValidation: true,
-			AgentEndpoint:      api.endpoint,
-			AgentCertSHA256:    api.cert.SHA256,
-			History:            hist,
-		})
-	Expect(err).NotTo(HaveOccurred())
-	Expect(r.SetupWithManager(mgr, time.Hour)).To(Succeed())
-	Expect(mgr.Add(api.runnable)).To(Succeed())
-	Expect(mgr.Add(api.auth)).To(Succeed())
-
-	mctx, mcancel := context.WithCancel(context.Background())
-	stopManager, managerDone = mcancel, make(chan struct{})
-	go func() {
-		defer GinkgoRecover()
-		defer close(managerDone)
-		Expect(mgr.Start(mctx)).To(Succeed())
-	}()
-	Expect(mgr.GetCache().WaitForCacheSync(ctx)).To(BeTrue())
+	node = testnode.Start(cp, testnode.NodeOptions{Name: nodeName, ClientCAFile: caFile, FileTransferLimit: testTransferLimit})
+	api = wrapServer(node.API)
+	hist, docker = node.History, node.Docker
 })
 
 var _ = AfterSuite(func() {
-	if stopManager != nil {
-		stopManager()
-		Eventually(managerDone, 30*time.Second).Should(BeClosed())
-	}
+	node.Stop()
 	if rawDocker != nil {
-		removeTestContainers()
+		testenv.RemoveNodeContainers(rawDocker, testNodePrefix)
 	}
-	if testEnv != nil {
-		Expect(testEnv.Stop()).To(Succeed())
-	}
+	cp.Stop()
 })
 
-func removeTestContainers() {
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	list, err := rawDocker.ContainerList(ctx, container.ListOptions{All: true,
-		Filters: filters.NewArgs(filters.Arg("label", dockerruntime.LabelManagedBy+"="+dockerruntime.ManagedByValue))})
-	if err != nil {
-		GinkgoWriter.Printf("listing leftover containers: %v\n", err)
-		return
-	}
-	for _, ct := range list {
-		if strings.HasPrefix(ct.Labels[dockerruntime.LabelNode], testNodePrefix) {
-			_ = rawDocker.ContainerRemove(ctx, ct.ID, container.RemoveOptions{Force: true, RemoveVolumes: true})
-		}
-	}
+// testServer is one node API server on loopback with a client that pins
+// its certificate.
+type testServer struct {
+	*testnode.NodeAPI
+	client *http.Client
 }
 
-// testServer is one node API server on loopback.
-type testServer struct {
-	node     string
-	endpoint string
-	cert     nodeapi.ServingCert
-	server   *nodeapi.Server
-	runnable *nodeapi.Runnable
-	auth     *nodeapi.Auth
-	// client pins the server's certificate.
-	client *http.Client
+func wrapServer(a *testnode.NodeAPI) *testServer {
+	return &testServer{NodeAPI: a, client: pinnedClient(a.Cert.SHA256, nil)}
 }
 
 type serverOptions struct {
 	node               string
 	runtime            nodeapi.Runtime
-	reader, apiReader  client.Reader
-	clientCAFile       string
+	reader             client.Reader
 	maxExecsPerSandbox int
 }
 
-// newTestServer builds a server; the caller runs its runnable.
+// newTestServer builds another server for this control plane, sharing the
+// main server's history; start runs it.
 func newTestServer(o serverOptions) *testServer {
 	GinkgoHelper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	Expect(err).NotTo(HaveOccurred())
-	cert, err := nodeapi.GenerateServingCert(nodeapi.CertHosts("127.0.0.1", o.node), time.Hour)
-	Expect(err).NotTo(HaveOccurred())
-	auth, err := nodeapi.NewDelegatingAuth(clientset, nodeapi.AuthOptions{
-		ClientCAFile: o.clientCAFile,
-		// Short, so that a test that changes RBAC sees it soon; no test
-		// relies on a cached answer expiring.
-		AllowCacheTTL: 5 * time.Second, DenyCacheTTL: time.Second,
-	})
-	Expect(err).NotTo(HaveOccurred())
-	srv, err := nodeapi.NewServer(nodeapi.Config{
-		NodeName:           o.node,
-		Sandboxes:          o.reader,
-		APIReader:          o.apiReader,
-		Runtime:            o.runtime,
-		History:            hist,
-		Authenticator:      auth.Authenticator,
-		Authorizer:         auth.Authorizer,
-		FileTransferLimit:  testTransferLimit,
-		MaxExecsPerSandbox: o.maxExecsPerSandbox,
-		DockerCheckTimeout: 3 * time.Second,
-	})
-	Expect(err).NotTo(HaveOccurred())
-	ts := &testServer{
-		node:     o.node,
-		endpoint: "https://" + l.Addr().String(),
-		cert:     cert,
-		server:   srv,
-		runnable: nodeapi.NewRunnable(l, srv, cert, auth.RequestsClientCerts()),
-		auth:     auth,
-	}
-	ts.client = pinnedClient(cert.SHA256, nil)
-	return ts
+	return wrapServer(testnode.NewNodeAPI(cp, testnode.NodeAPIOptions{
+		Node: o.node, Runtime: o.runtime, Reader: o.reader, History: hist,
+		FileTransferLimit: testTransferLimit, MaxExecsPerSandbox: o.maxExecsPerSandbox, DockerCheckTimeout: 3 * time.Second,
+	}))
 }
 
 // start runs a server outside the manager until the test ends.
 func (ts *testServer) start() *testServer {
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() {
-		defer GinkgoRecover()
-		defer close(done)
-		Expect(ts.runnable.Start(ctx)).To(Succeed())
-	}()
-	DeferCleanup(func() {
-		cancel()
-		Eventually(done, 10*time.Second).Should(BeClosed())
-	})
+	ts.Start()
 	return ts
 }
 
@@ -331,7 +178,7 @@ func (ts *testServer) do(r request) *http.Response {
 }
 
 func (ts *testServer) try(r request) (*http.Response, error) {
-	url := fmt.Sprintf("%s/v1/namespaces/%s/sandboxes/%s/%s", ts.endpoint, r.namespace, r.name, r.subresource)
+	url := fmt.Sprintf("%s/v1/namespaces/%s/sandboxes/%s/%s", ts.Endpoint, r.namespace, r.name, r.subresource)
 	if r.query != "" {
 		url += "?" + r.query
 	}
@@ -435,42 +282,17 @@ func uniqueName(prefix string) string {
 	return fmt.Sprintf("%s-%d-%d", prefix, GinkgoParallelProcess(), nameCounter)
 }
 
-func newNamespace() string {
-	GinkgoHelper()
-	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{GenerateName: "napi-"}}
-	Expect(k8sClient.Create(context.Background(), ns)).To(Succeed())
-	return ns.Name
-}
+func newNamespace() string { return cp.NewNamespace("napi-") }
 
 // serviceAccountToken creates a ServiceAccount and returns a token for it.
-func serviceAccountToken(ns, name string) string {
-	GinkgoHelper()
-	ctx := context.Background()
-	Expect(k8sClient.Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name}})).To(Succeed())
-	tr, err := clientset.CoreV1().ServiceAccounts(ns).CreateToken(ctx, name, &authenticationv1.TokenRequest{
-		Spec: authenticationv1.TokenRequestSpec{ExpirationSeconds: ptr.To[int64](3600)},
-	}, metav1.CreateOptions{})
-	Expect(err).NotTo(HaveOccurred())
-	return tr.Status.Token
-}
+func serviceAccountToken(ns, name string) string { return cp.ServiceAccountToken(ns, name) }
 
 // bind grants a ClusterRole to subject in ns.
-func bind(ns, clusterRole string, subject rbacv1.Subject) {
-	GinkgoHelper()
-	Expect(k8sClient.Create(context.Background(), &rbacv1.RoleBinding{
-		ObjectMeta: metav1.ObjectMeta{Namespace: ns, GenerateName: clusterRole + "-"},
-		RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: clusterRole},
-		Subjects:   []rbacv1.Subject{subject},
-	})).To(Succeed())
-}
+func bind(ns, clusterRole string, subject rbacv1.Subject) { cp.Bind(ns, clusterRole, subject) }
 
-func saSubject(ns, name string) rbacv1.Subject {
-	return rbacv1.Subject{Kind: rbacv1.ServiceAccountKind, Namespace: ns, Name: name}
-}
+func saSubject(ns, name string) rbacv1.Subject { return testenv.ServiceAccountSubject(ns, name) }
 
-func userSubject(name string) rbacv1.Subject {
-	return rbacv1.Subject{Kind: rbacv1.UserKind, APIGroup: rbacv1.GroupName, Name: name}
-}
+func userSubject(name string) rbacv1.Subject { return testenv.UserSubject(name) }
 
 // createSandbox creates a Sandbox on nodeName and removes it after the test.
 func createSandbox(ns, name string, mutate ...func(*sandboxv1alpha1.Sandbox)) *sandboxv1alpha1.Sandbox {
