@@ -78,18 +78,15 @@ type Backend struct {
 // entry is one sandbox this server run created. The registry is the
 // ownership record: only the identity that created a sandbox finds it.
 type entry struct {
-	id         string
-	owner      string
-	dockerID   string
-	image      string
-	network    string
-	nanoCPUs   int64
-	memory     int64
-	createdAt  time.Time
-	expiresAt  time.Time
-	lastUsedAt time.Time
-	inflight   int
-	removing   bool
+	id        string
+	owner     string
+	dockerID  string
+	image     string
+	network   string
+	nanoCPUs  int64
+	memory    int64
+	createdAt time.Time
+	mcpserver.Activity
 }
 
 var _ mcpserver.Backend = (*Backend)(nil)
@@ -187,10 +184,10 @@ func (b *Backend) lookup(caller mcpserver.Caller, id string) (*entry, error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	e, ok := b.sandboxes[id]
-	if !ok || e.owner != caller.ID || e.removing {
+	if !ok || e.owner != caller.ID || e.Removing {
 		return nil, b.notFound(id)
 	}
-	e.lastUsedAt = time.Now()
+	e.LastUsedAt = time.Now()
 	return e, nil
 }
 
@@ -209,7 +206,7 @@ func (b *Backend) Create(ctx context.Context, caller mcpserver.Caller, req mcpse
 	b.mu.Lock()
 	n := b.pending[caller.ID]
 	for _, e := range b.sandboxes {
-		if e.owner == caller.ID && !e.removing {
+		if e.owner == caller.ID && !e.Removing {
 			n++
 		}
 	}
@@ -259,10 +256,10 @@ func (b *Backend) Create(ctx context.Context, caller mcpserver.Caller, req mcpse
 	e := &entry{
 		id: uid, owner: caller.ID, dockerID: ct.ID, image: req.Image, network: req.Network,
 		nanoCPUs: orDefault(req.NanoCPUs, dockerruntime.DefaultNanoCPUs), memory: orDefault(req.MemoryBytes, dockerruntime.DefaultMemoryBytes),
-		createdAt: now, expiresAt: now.Add(req.Lifetime), lastUsedAt: now,
+		createdAt: now, Activity: mcpserver.Activity{ExpiresAt: now.Add(req.Lifetime), LastUsedAt: now},
 	}
 	if req.Lifetime <= 0 {
-		e.expiresAt = now.Add(100 * 365 * 24 * time.Hour)
+		e.ExpiresAt = now.Add(100 * 365 * 24 * time.Hour)
 	}
 	if e.network == "" {
 		e.network = mcpserver.NetworkNone
@@ -316,7 +313,7 @@ func (b *Backend) view(e *entry, st dockerruntime.ContainerState) mcpserver.Sand
 	return mcpserver.Sandbox{
 		ID: e.id, Image: e.image, Status: status, Network: e.network, WorkingDir: dockerruntime.DefaultWorkingDir,
 		NanoCPUs: e.nanoCPUs, MemoryBytes: e.memory,
-		CreatedAt: e.createdAt, LastUsedAt: e.lastUsedAt, ExpiresAt: e.expiresAt,
+		CreatedAt: e.createdAt, LastUsedAt: e.LastUsedAt, ExpiresAt: e.ExpiresAt,
 	}
 }
 
@@ -342,7 +339,7 @@ func (b *Backend) List(ctx context.Context, caller mcpserver.Caller) ([]mcpserve
 	b.mu.Lock()
 	var mine []*entry
 	for _, e := range b.sandboxes {
-		if e.owner == caller.ID && !e.removing {
+		if e.owner == caller.ID && !e.Removing {
 			mine = append(mine, e)
 		}
 	}
@@ -374,12 +371,12 @@ func (b *Backend) List(ctx context.Context, caller mcpserver.Caller) ([]mcpserve
 // idle reaper never removes it mid-command.
 func (b *Backend) busy(e *entry) func() {
 	b.mu.Lock()
-	e.inflight++
+	e.InFlight++
 	b.mu.Unlock()
 	return func() {
 		b.mu.Lock()
-		e.inflight--
-		e.lastUsedAt = time.Now()
+		e.InFlight--
+		e.LastUsedAt = time.Now()
 		b.mu.Unlock()
 	}
 }
@@ -493,11 +490,11 @@ func (b *Backend) Logs(ctx context.Context, caller mcpserver.Caller, id string, 
 func (b *Backend) Stop(ctx context.Context, caller mcpserver.Caller, id string) error {
 	b.mu.Lock()
 	e, ok := b.sandboxes[id]
-	if !ok || e.owner != caller.ID || e.removing {
+	if !ok || e.owner != caller.ID || e.Removing {
 		b.mu.Unlock()
 		return b.notFound(id)
 	}
-	e.removing = true
+	e.Removing = true
 	b.mu.Unlock()
 	// Removal continues if the caller goes away: a half-stopped sandbox
 	// helps nobody.
@@ -505,7 +502,7 @@ func (b *Backend) Stop(ctx context.Context, caller mcpserver.Caller, id string) 
 	defer cancel()
 	if err := b.docker.Remove(rctx, e.dockerID, b.opts.StopGrace); err != nil {
 		b.mu.Lock()
-		e.removing = false
+		e.Removing = false
 		b.mu.Unlock()
 		return mapErr(err)
 	}
@@ -602,15 +599,9 @@ func (b *Backend) sweepOrphans(ctx context.Context) bool {
 	return len(errs) == 0
 }
 
-// reapInterval is how often the reaper looks for idle and expired
-// sandboxes.
-func (b *Backend) reapInterval() time.Duration {
-	return min(30*time.Second, max(time.Second, b.opts.IdleTimeout/4))
-}
-
 func (b *Backend) loop() {
 	defer close(b.loopDone)
-	t := time.NewTicker(b.reapInterval())
+	t := time.NewTicker(mcpserver.ReapInterval(b.opts.IdleTimeout))
 	defer t.Stop()
 	for {
 		select {
@@ -639,16 +630,8 @@ func (b *Backend) reap(now time.Time) {
 	var victims []victim
 	b.mu.Lock()
 	for _, e := range b.sandboxes {
-		why := ""
-		switch {
-		case e.removing:
-		case now.After(e.expiresAt):
-			why = "lifetime over"
-		case e.inflight == 0 && now.Sub(e.lastUsedAt) > b.opts.IdleTimeout:
-			why = "idle"
-		}
-		if why != "" {
-			e.removing = true
+		if why := e.ReapReason(now, b.opts.IdleTimeout); why != "" {
+			e.Removing = true
 			victims = append(victims, victim{e, why})
 		}
 	}

@@ -120,11 +120,8 @@ type Backend struct {
 // entry is a Sandbox this server instance created, for idle reaping and
 // removal at exit. Ownership is decided by the labels, not by this record.
 type entry struct {
-	name       string
-	expiresAt  time.Time
-	lastUsedAt time.Time
-	inflight   int
-	removing   bool
+	name string
+	mcpserver.Activity
 }
 
 var _ mcpserver.Backend = (*Backend)(nil)
@@ -227,7 +224,7 @@ func (b *Backend) lookup(ctx context.Context, caller mcpserver.Caller, p permiss
 	}
 	b.mu.Lock()
 	if e, ok := b.sandboxes[id]; ok {
-		e.lastUsedAt = time.Now()
+		e.LastUsedAt = time.Now()
 	}
 	b.mu.Unlock()
 	return &sbx, nil
@@ -239,7 +236,7 @@ func (b *Backend) busy(id string) func() {
 	b.mu.Lock()
 	e := b.sandboxes[id]
 	if e != nil {
-		e.inflight++
+		e.InFlight++
 	}
 	b.mu.Unlock()
 	return func() {
@@ -247,8 +244,8 @@ func (b *Backend) busy(id string) func() {
 			return
 		}
 		b.mu.Lock()
-		e.inflight--
-		e.lastUsedAt = time.Now()
+		e.InFlight--
+		e.LastUsedAt = time.Now()
 		b.mu.Unlock()
 	}
 }
@@ -313,9 +310,9 @@ func (b *Backend) Create(ctx context.Context, caller mcpserver.Caller, req mcpse
 	}
 	name := sbx.Name
 	now := time.Now()
-	e := &entry{name: name, lastUsedAt: now, expiresAt: now.Add(req.Lifetime)}
+	e := &entry{name: name, Activity: mcpserver.Activity{LastUsedAt: now, ExpiresAt: now.Add(req.Lifetime)}}
 	if req.Lifetime <= 0 {
-		e.expiresAt = now.Add(maxActiveDeadline)
+		e.ExpiresAt = now.Add(maxActiveDeadline)
 	}
 	b.mu.Lock()
 	b.sandboxes[name] = e
@@ -510,7 +507,7 @@ func (b *Backend) view(sbx *sandboxv1alpha1.Sandbox) mcpserver.Sandbox {
 	}
 	b.mu.Lock()
 	if e, ok := b.sandboxes[sbx.Name]; ok {
-		s.LastUsedAt = e.lastUsedAt
+		s.LastUsedAt = e.LastUsedAt
 	}
 	b.mu.Unlock()
 	return s
@@ -680,7 +677,7 @@ func (b *Backend) Stop(ctx context.Context, caller mcpserver.Caller, id string) 
 	}
 	b.mu.Lock()
 	if e, ok := b.sandboxes[id]; ok {
-		e.removing = true
+		e.Removing = true
 	}
 	b.mu.Unlock()
 	// Removal continues if the caller goes away: a half-stopped sandbox
@@ -691,7 +688,7 @@ func (b *Backend) Stop(ctx context.Context, caller mcpserver.Caller, id string) 
 	if err != nil && !apierrors.IsNotFound(err) {
 		b.mu.Lock()
 		if e, ok := b.sandboxes[id]; ok {
-			e.removing = false
+			e.Removing = false
 		}
 		b.mu.Unlock()
 		return apiError("deleting sandbox "+id, err)
@@ -774,14 +771,8 @@ func (b *Backend) Close(ctx context.Context) error {
 	return errors.Join(errs...)
 }
 
-// reapInterval is how often the reaper looks for idle and expired
-// Sandboxes.
-func (b *Backend) reapInterval() time.Duration {
-	return min(30*time.Second, max(time.Second, b.opts.IdleTimeout/4))
-}
-
 func (b *Backend) loop() {
-	t := time.NewTicker(b.reapInterval())
+	t := time.NewTicker(mcpserver.ReapInterval(b.opts.IdleTimeout))
 	defer t.Stop()
 	for {
 		select {
@@ -800,16 +791,8 @@ func (b *Backend) reap(now time.Time) {
 	var victims []victim
 	b.mu.Lock()
 	for _, e := range b.sandboxes {
-		why := ""
-		switch {
-		case e.removing:
-		case now.After(e.expiresAt):
-			why = "lifetime over"
-		case e.inflight == 0 && now.Sub(e.lastUsedAt) > b.opts.IdleTimeout:
-			why = "idle"
-		}
-		if why != "" {
-			e.removing = true
+		if why := e.ReapReason(now, b.opts.IdleTimeout); why != "" {
+			e.Removing = true
 			victims = append(victims, victim{e.name, why})
 		}
 	}
