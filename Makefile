@@ -33,8 +33,10 @@ help: ## Display this help.
 ##@ Development
 
 .PHONY: manifests
-manifests: controller-gen ## Generate the CRDs and the manager's ClusterRole.
-	$(CONTROLLER_GEN) rbac:roleName=manager-role crd paths="./..." output:crd:artifacts:config=config/crd/bases
+manifests: controller-gen ## Generate the CRDs and the manager's and the webhook's RBAC roles.
+	$(CONTROLLER_GEN) crd paths="./api/..." output:crd:artifacts:config=config/crd/bases
+	$(CONTROLLER_GEN) rbac:roleName=manager-role paths="./controllers;./internal/nodeapi/..." output:rbac:artifacts:config=config/rbac
+	$(CONTROLLER_GEN) rbac:roleName=webhook-role paths="./controllers/sandboxquota/...;./internal/admission/...;./internal/webhookcert/..." output:rbac:artifacts:config=config/webhook
 
 .PHONY: generate
 generate: controller-gen ## Generate DeepCopy methods.
@@ -52,10 +54,10 @@ vet: helper ## Run go vet (including the e2e and benchmark build tags).
 
 .PHONY: verify
 verify: manifests generate fmt ## Regenerate everything and fail if the tree changed.
-	@if [ -n "$$(git status --porcelain -- api config/crd config/rbac controllers internal cmd test hack)" ]; then \
+	@if [ -n "$$(git status --porcelain -- api config controllers internal cmd test hack)" ]; then \
 		echo "verify: generated files are out of date; run 'make manifests generate fmt' and commit:"; \
-		git status --porcelain -- api config/crd config/rbac controllers internal cmd test hack; \
-		git --no-pager diff -- api config/crd config/rbac controllers internal cmd test hack | head -n 100; \
+		git status --porcelain -- api config controllers internal cmd test hack; \
+		git --no-pager diff -- api config controllers internal cmd test hack | head -n 100; \
 		exit 1; \
 	fi
 
@@ -72,7 +74,7 @@ envtest: ## Provide envtest's kube-apiserver and etcd (cached per user).
 	@hack/setup-envtest.sh >/dev/null
 
 .PHONY: test
-test: manifests generate helper vet envtest test-images ## Run unit tests and the envtest suite against the real Docker Engine.
+test: manifests generate helper vet envtest test-images kustomize ## Run unit tests, the envtest suites against the real Docker Engine and the manifests' dry-run.
 	KUBEBUILDER_ASSETS="$$(hack/setup-envtest.sh)" $(GO) test ./... -count=1 -timeout 30m
 
 .PHONY: test-e2e
@@ -108,12 +110,15 @@ helper: $(HELPER_BINS) ## Build the in-sandbox helper for linux/amd64 and linux/
 $(HELPER_DIR)/code-sandbox-helper-linux-%: $(HELPER_SRCS)
 	CGO_ENABLED=0 GOOS=linux GOARCH=$* $(GO) build -trimpath -ldflags "-s -w -buildid=" -o $@ ./cmd/code-sandbox-helper
 
-# IMG is the manager image that docker-build builds and deploy uses.
+# IMG is the manager image (the DaemonSet and the webhook Deployment run it),
+# MCP_IMG the MCP server's; docker-build builds them and deploy uses them.
 IMG ?= code-sandbox-operator/manager:latest
+MCP_IMG ?= code-sandbox-operator/mcp-server:latest
 
 .PHONY: docker-build
-docker-build: build docker-up ## Build the manager image (FROM scratch, offline).
-	docker build -t $(IMG) .
+docker-build: build docker-up ## Build the manager image IMG and the MCP server image MCP_IMG (FROM scratch, offline).
+	docker build -t $(IMG) -f Dockerfile .
+	docker build -t $(MCP_IMG) -f Dockerfile.mcp .
 
 .PHONY: run
 run: build ## Run the manager for node $$NODE_NAME (default n1) against the local control plane (make dev-up first).
@@ -142,14 +147,38 @@ install: manifests kustomize ## Install the CRDs into the cluster in ~/.kube/con
 uninstall: manifests kustomize ## Remove the CRDs from the cluster.
 	$(KUSTOMIZE) build config/crd | kubectl delete --ignore-not-found -f -
 
+# render-default prints config/default with the images $(IMG) and $(MCP_IMG).
+# kubebuilder's scaffold runs `kustomize edit set image` in config/ itself,
+# which leaves the tree modified (and the next commit with someone's private
+# registry in it); instead this sets the images in a throwaway overlay under
+# bin/ (ignored by git) that only refers to config/default, and removes it.
+define render-default
+tmp="$$(mktemp -d "$(LOCALBIN)/.overlay.XXXXXX")"; trap 'rm -rf "$$tmp"' EXIT; \
+printf 'apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources:\n- ../../config/default\n' >"$$tmp/kustomization.yaml"; \
+(cd "$$tmp" && $(KUSTOMIZE) edit set image code-sandbox-operator/manager=$(IMG) code-sandbox-operator/mcp-server=$(MCP_IMG)); \
+$(KUSTOMIZE) build "$$tmp"
+endef
+
 .PHONY: deploy
-deploy: manifests kustomize ## Deploy the manager DaemonSet (image $(IMG)) to the cluster.
-	cd config/manager && $(KUSTOMIZE) edit set image controller=$(IMG)
-	$(KUSTOMIZE) build config/default | kubectl apply --server-side -f -
+deploy: manifests kustomize ## Deploy CRDs, RBAC, the manager DaemonSet, the webhook and the MCP server (images IMG, MCP_IMG) to the cluster.
+	@{ $(render-default); } | kubectl apply --server-side -f -
+
+# Sandboxes are deleted first, while the managers still run to remove their
+# containers and release the finalizers; deleting the CRDs with the managers
+# would leave the containers on the nodes and the Sandboxes stuck.
+UNDEPLOY_TIMEOUT ?= 5m
 
 .PHONY: undeploy
-undeploy: kustomize ## Remove the manager from the cluster.
+undeploy: kustomize ## Delete every Sandbox, then remove everything deploy installed.
+	-kubectl delete sandboxes.sandbox.code-sandbox.dev --all --all-namespaces --ignore-not-found --wait --timeout=$(UNDEPLOY_TIMEOUT)
 	$(KUSTOMIZE) build config/default | kubectl delete --ignore-not-found -f -
+
+.PHONY: build-installer
+build-installer: manifests kustomize ## Write everything deploy installs to dist/install.yaml (images IMG, MCP_IMG).
+	mkdir -p dist
+	@{ $(render-default); } >dist/install.yaml.tmp
+	@mv dist/install.yaml.tmp dist/install.yaml
+	@echo "wrote dist/install.yaml"
 
 ##@ Dependencies
 
@@ -159,6 +188,8 @@ $(LOCALBIN):
 
 CONTROLLER_GEN ?= $(LOCALBIN)/controller-gen
 KUSTOMIZE ?= $(LOCALBIN)/kustomize
+# test/manifests renders config/ with it.
+export KUSTOMIZE
 
 ## Tool versions. They must build with the Go toolchain in go.mod.
 CONTROLLER_TOOLS_VERSION ?= v0.23.0

@@ -4,9 +4,11 @@ Copyright 2026 The code-sandbox-operator Authors.
 Licensed under the MIT License; see the LICENSE file.
 */
 
-// Command manager runs the Sandbox controller for one node. Run one per node
-// (a DaemonSet in a cluster), each with its own --node-name and access to
-// that node's Docker Engine.
+// Command manager runs the operator. In its default role, node, it runs the
+// Sandbox controller for one node: run one per node (a DaemonSet in a
+// cluster), each with its own --node-name and access to that node's Docker
+// Engine. In the webhook role it serves the SandboxQuota admission webhook
+// and runs the quota controller instead (a Deployment), and needs no Docker.
 package main
 
 import (
@@ -70,7 +72,10 @@ func run() error {
 		showVersion      bool
 		stateDir         string
 		nodeAPI          nodeAPIFlags
+		role             string
+		webhook          webhookFlags
 	)
+	flag.StringVar(&role, "role", "node", "What this process does: node (the Sandbox controller and node API for --node-name) or webhook (the SandboxQuota admission webhook and quota controller).")
 	flag.StringVar(&nodeName, "node-name", os.Getenv("NODE_NAME"), "Name of the node this manager runs on (default $NODE_NAME). Required.")
 	flag.StringVar(&dockerHost, "docker-host", os.Getenv("DOCKER_HOST"), "Docker Engine endpoint (default $DOCKER_HOST, else unix:///var/run/docker.sock).")
 	flag.IntVar(&maxSandboxes, "max-sandboxes", 50, "Most Sandboxes this node runs at once; unbound Sandboxes beyond it are left to other nodes.")
@@ -84,6 +89,7 @@ func run() error {
 	flag.BoolVar(&showVersion, "version", false, "Print the version and exit.")
 	flag.StringVar(&stateDir, "state-dir", "/var/lib/code-sandbox-operator", "Directory for the manager's state on the node (exec history under history/).")
 	nodeAPI.bind(flag.CommandLine)
+	webhook.bind(flag.CommandLine)
 	zapOpts := zap.Options{}
 	zapOpts.BindFlags(flag.CommandLine)
 	flag.Parse()
@@ -91,6 +97,14 @@ func run() error {
 	if showVersion {
 		fmt.Println(version.Version)
 		return nil
+	}
+	switch role {
+	case "node":
+	case "webhook":
+		ctrl.SetLogger(zap.New(zap.UseFlagOptions(&zapOpts)))
+		return runWebhook(webhook, metricsAddr, probeAddr)
+	default:
+		return fmt.Errorf("--role must be node or webhook, got %q", role)
 	}
 	if nodeName == "" {
 		return errors.New("--node-name (or NODE_NAME) is required")

@@ -112,7 +112,7 @@ type ControlPlane struct {
 // kube-apiserver and etcd, as `make test` arranges) and installs the CRDs
 // from config/crd/bases. It also routes controller-runtime's logs to
 // GinkgoWriter.
-func StartControlPlane() *ControlPlane {
+func StartControlPlane(opts ...Option) *ControlPlane {
 	GinkgoHelper()
 	logf.SetLogger(zap.New(zap.WriteTo(GinkgoWriter), zap.UseDevMode(true)))
 	Expect(os.Getenv("KUBEBUILDER_ASSETS")).NotTo(BeEmpty(),
@@ -124,6 +124,9 @@ func StartControlPlane() *ControlPlane {
 		CRDDirectoryPaths:     []string{RepoPath("config", "crd", "bases")},
 		ErrorIfCRDPathMissing: true,
 	}
+	for _, o := range opts {
+		o(cp.Env)
+	}
 	var err error
 	cp.Config, err = cp.Env.Start()
 	Expect(err).NotTo(HaveOccurred())
@@ -132,6 +135,19 @@ func StartControlPlane() *ControlPlane {
 	cp.Clientset, err = kubernetes.NewForConfig(cp.Config)
 	Expect(err).NotTo(HaveOccurred())
 	return cp
+}
+
+// Option adjusts the envtest environment before it starts.
+type Option func(*envtest.Environment)
+
+// WithWebhooks installs the webhook configurations in the given manifest
+// files. envtest rewrites their client configs to a local address and
+// issues a serving certificate; serve them from Env.WebhookInstallOptions
+// (LocalServingHost, LocalServingPort, LocalServingCertDir).
+func WithWebhooks(paths ...string) Option {
+	return func(env *envtest.Environment) {
+		env.WebhookInstallOptions = envtest.WebhookInstallOptions{Paths: paths}
+	}
 }
 
 // Stop stops the control plane; it is safe on a nil ControlPlane (a

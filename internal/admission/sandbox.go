@@ -1,0 +1,288 @@
+/*
+Copyright 2026 The code-sandbox-operator Authors.
+
+Licensed under the MIT License; see the LICENSE file.
+*/
+
+// Package admission is the validating webhook that enforces SandboxQuota.
+//
+// A create is checked against every SandboxQuota in the Sandbox's namespace
+// and, if it fits, charged to each of them before it is admitted: the
+// webhook adds the Sandbox's usage to status.used and records a reservation,
+// writing the quota with its resourceVersion. Two creates racing for the
+// last unit of a quota cannot both succeed, because the second write fails
+// with a conflict and is re-checked against the first one's charge. This is
+// how Kubernetes' own ResourceQuota admission works, and it is why the check
+// never trusts a count taken from a cache.
+package admission
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"strings"
+	"time"
+
+	admissionv1 "k8s.io/api/admission/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/utils/clock"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	logf "sigs.k8s.io/controller-runtime/pkg/log"
+	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
+
+	sandboxv1alpha1 "github.com/code-sandbox/code-sandbox-operator/api/v1alpha1"
+	"github.com/code-sandbox/code-sandbox-operator/internal/quota"
+)
+
+// Path is where the webhook server serves the Sandbox validator; the
+// ValidatingWebhookConfiguration in config/webhook points at it.
+const Path = "/validate-sandbox-code-sandbox-dev-v1alpha1-sandbox"
+
+// The webhook reads quotas and Sandboxes and charges quota status.
+// +kubebuilder:rbac:groups=sandbox.code-sandbox.dev,resources=sandboxquotas,verbs=get;list;watch
+// +kubebuilder:rbac:groups=sandbox.code-sandbox.dev,resources=sandboxquotas/status,verbs=get;update;patch
+
+// SandboxValidator admits Sandboxes that every SandboxQuota in their
+// namespace allows, and charges them to those quotas.
+type SandboxValidator struct {
+	// reader lists quotas from the API server itself, not a cache: the
+	// decision must be made against the newest quota.
+	reader  client.Reader
+	writer  client.Client
+	decoder admission.Decoder
+	clock   clock.PassiveClock
+}
+
+// NewSandboxValidator builds the validator. reader must read from the API
+// server directly (a manager's GetAPIReader); writer writes quota status.
+func NewSandboxValidator(reader client.Reader, writer client.Client, scheme *runtime.Scheme, clk clock.PassiveClock) *SandboxValidator {
+	return &SandboxValidator{reader: reader, writer: writer, decoder: admission.NewDecoder(scheme), clock: clk}
+}
+
+// Handle implements admission.Handler.
+func (v *SandboxValidator) Handle(ctx context.Context, req admission.Request) admission.Response {
+	sbx := &sandboxv1alpha1.Sandbox{}
+	if err := v.decoder.Decode(req, sbx); err != nil {
+		return admission.Errored(http.StatusBadRequest, fmt.Errorf("decoding the Sandbox: %w", err))
+	}
+	// The name and UID are assigned before validating admission; the
+	// request's copy is a fallback for API servers that send them apart.
+	if sbx.Name == "" {
+		sbx.Name = req.Name
+	}
+	if sbx.Namespace == "" {
+		sbx.Namespace = req.Namespace
+	}
+	switch req.Operation {
+	case admissionv1.Create:
+		return v.create(ctx, req, sbx)
+	case admissionv1.Update:
+		return v.update(ctx, req, sbx)
+	}
+	return admission.Allowed("")
+}
+
+// update checks the one field that may change on a live Sandbox and that a
+// quota limits: activeDeadlineSeconds. Usage cannot change, because
+// resources are immutable.
+func (v *SandboxValidator) update(ctx context.Context, req admission.Request, sbx *sandboxv1alpha1.Sandbox) admission.Response {
+	old := &sandboxv1alpha1.Sandbox{}
+	if err := v.decoder.DecodeRaw(req.OldObject, old); err != nil {
+		return admission.Errored(http.StatusBadRequest, fmt.Errorf("decoding the old Sandbox: %w", err))
+	}
+	if equalDeadline(old.Spec.ActiveDeadlineSeconds, sbx.Spec.ActiveDeadlineSeconds) {
+		return admission.Allowed("")
+	}
+	quotas, err := v.quotas(ctx, sbx.Namespace)
+	if err != nil {
+		return admission.Errored(http.StatusInternalServerError, err)
+	}
+	var msgs []string
+	for i := range quotas {
+		if msg := quota.DeadlineViolation(&quotas[i], sbx.Spec.ActiveDeadlineSeconds); msg != "" {
+			msgs = append(msgs, msg)
+		}
+	}
+	if len(msgs) > 0 {
+		return admission.Denied(strings.Join(msgs, "; "))
+	}
+	return admission.Allowed("")
+}
+
+func equalDeadline(a, b *int64) bool {
+	if a == nil || b == nil {
+		return a == b
+	}
+	return *a == *b
+}
+
+func (v *SandboxValidator) create(ctx context.Context, req admission.Request, sbx *sandboxv1alpha1.Sandbox) admission.Response {
+	log := logf.FromContext(ctx).WithValues("sandbox", client.ObjectKeyFromObject(sbx), "uid", sbx.UID)
+	if sbx.UID == "" {
+		// Without a UID the reservation could not be matched to the
+		// Sandbox later; no supported API server sends one without it.
+		return admission.Errored(http.StatusBadRequest, errors.New("the Sandbox in the admission request has no metadata.uid"))
+	}
+	quotas, err := v.quotas(ctx, sbx.Namespace)
+	if err != nil {
+		return admission.Errored(http.StatusInternalServerError, err)
+	}
+	if len(quotas) == 0 {
+		return admission.Allowed("")
+	}
+
+	// Rules first: they need no charge, and a Sandbox they forbid should
+	// hear about that rather than about usage.
+	var msgs []string
+	for i := range quotas {
+		msgs = append(msgs, quota.Violations(&quotas[i], sbx)...)
+	}
+	if len(msgs) > 0 {
+		return admission.Denied(strings.Join(msgs, "; "))
+	}
+
+	usage := quota.Usage(sbx)
+	dryRun := req.DryRun != nil && *req.DryRun
+	var charged []string
+	for i := range quotas {
+		msg, err := v.charge(ctx, &quotas[i], sbx, usage, dryRun)
+		if err == nil && msg == "" {
+			if !dryRun {
+				charged = append(charged, quotas[i].Name)
+			}
+			continue
+		}
+		// All quotas or none: undo what was charged before this one.
+		v.release(ctx, sbx, charged)
+		if err != nil {
+			log.Error(err, "charging the Sandbox to its quota", "quota", quotas[i].Name)
+			return admission.Errored(http.StatusInternalServerError,
+				fmt.Errorf("sandbox quota %q: could not record usage: %w", quotas[i].Name, err))
+		}
+		return admission.Denied(msg)
+	}
+	if len(charged) > 0 {
+		log.V(1).Info("sandbox charged to quotas", "quotas", charged, "usage", quota.Summary(sandboxv1alpha1.SandboxQuotaHard{}, usage))
+	}
+	return admission.Allowed("")
+}
+
+// quotas lists the namespace's SandboxQuotas from the API server.
+func (v *SandboxValidator) quotas(ctx context.Context, namespace string) ([]sandboxv1alpha1.SandboxQuota, error) {
+	var list sandboxv1alpha1.SandboxQuotaList
+	if err := v.reader.List(ctx, &list, client.InNamespace(namespace)); err != nil {
+		return nil, fmt.Errorf("listing the SandboxQuotas in namespace %s: %w", namespace, err)
+	}
+	return list.Items, nil
+}
+
+// charge adds usage to q and records a reservation for sbx, retrying on
+// conflicts until it succeeds, the quota refuses (msg), or ctx ends. With
+// dryRun it only checks.
+func (v *SandboxValidator) charge(ctx context.Context, q *sandboxv1alpha1.SandboxQuota, sbx *sandboxv1alpha1.Sandbox,
+	usage sandboxv1alpha1.SandboxQuotaUsage, dryRun bool) (msg string, err error) {
+	for attempt := 0; ; attempt++ {
+		if attempt > 0 {
+			fresh := &sandboxv1alpha1.SandboxQuota{}
+			if err := v.reader.Get(ctx, client.ObjectKeyFromObject(q), fresh); err != nil {
+				if apierrors.IsNotFound(err) {
+					return "", nil // deleted meanwhile: nothing left to charge
+				}
+				return "", fmt.Errorf("reading the quota: %w", err)
+			}
+			q = fresh
+		}
+		if hasReservation(q, sbx.UID) {
+			return "", nil // charged by an earlier call for this very request
+		}
+		if q.Status.ObservedGeneration == 0 {
+			// Like ResourceQuota's "status unknown for quota": a quota
+			// whose usage has never been counted cannot say what fits.
+			return fmt.Sprintf("sandbox quota %q has not counted its usage yet; retry in a few seconds", q.Name), nil
+		}
+		if over := quota.Exceeds(q.Spec.Hard, q.Status.Used, usage); len(over) > 0 {
+			return quota.ExceededMessage(q.Name, over), nil
+		}
+		if dryRun {
+			return "", nil
+		}
+		q.Status.Used = quota.Add(q.Status.Used, usage)
+		q.Status.Reservations = append(q.Status.Reservations, sandboxv1alpha1.SandboxQuotaReservation{
+			Name:  sbx.Name,
+			UID:   sbx.UID,
+			Time:  metav1.NewTime(v.clock.Now()),
+			Usage: usage,
+		})
+		q.Status.Summary = quota.Summary(q.Spec.Hard, q.Status.Used)
+		err := v.writer.Status().Update(ctx, q)
+		switch {
+		case err == nil:
+			return "", nil
+		case apierrors.IsConflict(err):
+			if ctx.Err() != nil {
+				return "", fmt.Errorf("gave up after %d conflicting updates: %w", attempt+1, ctx.Err())
+			}
+			continue
+		case apierrors.IsNotFound(err):
+			return "", nil
+		default:
+			return "", err
+		}
+	}
+}
+
+func hasReservation(q *sandboxv1alpha1.SandboxQuota, uid types.UID) bool {
+	for _, r := range q.Status.Reservations {
+		if r.UID == uid {
+			return true
+		}
+	}
+	return false
+}
+
+// release takes back the charges made for sbx on the named quotas. It is
+// best effort: a reservation it cannot remove names a Sandbox that never
+// gets stored, and the quota controller drops it once it is overdue.
+func (v *SandboxValidator) release(ctx context.Context, sbx *sandboxv1alpha1.Sandbox, names []string) {
+	log := logf.FromContext(ctx)
+	// The request may already be out of time; the undo deserves its own.
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	defer cancel()
+	for _, name := range names {
+		for {
+			q := &sandboxv1alpha1.SandboxQuota{}
+			err := v.reader.Get(ctx, client.ObjectKey{Namespace: sbx.Namespace, Name: name}, q)
+			if err == nil {
+				if !removeReservation(q, sbx.UID) {
+					break
+				}
+				err = v.writer.Status().Update(ctx, q)
+			}
+			if apierrors.IsConflict(err) && ctx.Err() == nil {
+				continue
+			}
+			if err != nil && !apierrors.IsNotFound(err) {
+				log.Error(err, "releasing a charge; the quota controller will drop it once overdue", "quota", name, "sandbox", sbx.Name)
+			}
+			break
+		}
+	}
+}
+
+// removeReservation drops uid's reservation from q and subtracts its usage.
+func removeReservation(q *sandboxv1alpha1.SandboxQuota, uid types.UID) bool {
+	for i, r := range q.Status.Reservations {
+		if r.UID != uid {
+			continue
+		}
+		q.Status.Reservations = append(q.Status.Reservations[:i], q.Status.Reservations[i+1:]...)
+		q.Status.Used = quota.Sub(q.Status.Used, r.Usage)
+		q.Status.Summary = quota.Summary(q.Spec.Hard, q.Status.Used)
+		return true
+	}
+	return false
+}

@@ -1,0 +1,72 @@
+/*
+Copyright 2026 The code-sandbox-operator Authors.
+
+Licensed under the MIT License; see the LICENSE file.
+*/
+
+package quota
+
+import (
+	"regexp"
+	"strings"
+
+	"github.com/distribution/reference"
+)
+
+// NormalizeImage spells an image reference out the way Docker resolves it:
+// python:3.12 is docker.io/library/python:3.12 and a reference without a tag
+// or digest gets :latest. It returns "" for a reference Docker could not
+// parse either; such an image never matches a normalized pattern.
+func NormalizeImage(image string) string {
+	named, err := reference.ParseNormalizedNamed(image)
+	if err != nil {
+		return ""
+	}
+	return reference.TagNameOnly(named).String()
+}
+
+// ImageAllowed reports whether any pattern matches the image as written or
+// its normalized form.
+func ImageAllowed(patterns []string, image string) bool {
+	norm := NormalizeImage(image)
+	for _, p := range patterns {
+		if MatchImage(p, image) || (norm != "" && MatchImage(p, norm)) {
+			return true
+		}
+	}
+	return false
+}
+
+// MatchImage matches an image against one pattern: `*` is any run of
+// characters but `/`, `**` any run including `/`, `?` one character but `/`;
+// everything else is literal. The whole image must match.
+//
+// `*` stops at `/` so that ghcr.io/acme/* cannot admit
+// ghcr.io/acme/../other or a nested repository the platform team did not
+// mean; write ** to allow those.
+func MatchImage(pattern, image string) bool {
+	return globRegexp(pattern).MatchString(image)
+}
+
+func globRegexp(pattern string) *regexp.Regexp {
+	var b strings.Builder
+	b.WriteString("^")
+	for i := 0; i < len(pattern); i++ {
+		switch c := pattern[i]; c {
+		case '*':
+			if i+1 < len(pattern) && pattern[i+1] == '*' {
+				b.WriteString(".*")
+				i++
+			} else {
+				b.WriteString("[^/]*")
+			}
+		case '?':
+			b.WriteString("[^/]")
+		default:
+			b.WriteString(regexp.QuoteMeta(string(c)))
+		}
+	}
+	b.WriteString("$")
+	// Every piece is quoted or a fixed construct, so this always compiles.
+	return regexp.MustCompile(b.String())
+}
