@@ -133,8 +133,13 @@ run: build ## Run the manager for node $$NODE_NAME (default n1) against the loca
 dev-up: build envtest test-images ## Start etcd + kube-apiserver on loopback, install the CRDs, write bin/dev/kubeconfig.
 	KUBEBUILDER_ASSETS="$$(hack/setup-envtest.sh)" hack/dev-up.sh
 
+.PHONY: dev-up-system
+dev-up-system: build envtest test-images kustomize ## dev-up, then the manager for node dev-node, the quota webhook and the MCP server on http://127.0.0.1:8080/mcp, in the background (logs in bin/dev/).
+	KUBEBUILDER_ASSETS="$$(hack/setup-envtest.sh)" DEV_UP_NEXT_STEPS=0 hack/dev-up.sh
+	KUSTOMIZE="$(KUSTOMIZE)" hack/dev-up-system.sh
+
 .PHONY: dev-down
-dev-down: ## Stop the local control plane started by dev-up.
+dev-down: ## Stop everything dev-up and dev-up-system started (Sandboxes are deleted first).
 	hack/dev-down.sh
 
 ##@ Deployment

@@ -1,11 +1,16 @@
 #!/usr/bin/env bash
-# Stops what make dev-up started: every process recorded in bin/dev/*.pid
-# (managers first, then the control plane), each with SIGTERM, a bounded
-# wait, then SIGKILL. Safe to rerun; with nothing running it does nothing.
+# Stops what make dev-up and make dev-up-system started: every process
+# recorded in bin/dev/*.pid, each with SIGTERM, a bounded wait, then SIGKILL.
+# Safe to rerun; with nothing running it does nothing. The order:
 #
-# The control plane keeps no state across restarts, so its Sandboxes are
-# deleted first: while their managers still run, that removes their Docker
-# containers instead of leaving them behind.
+#   1. the MCP server, so that no agent creates Sandboxes meanwhile (it
+#      deletes its own on the way out);
+#   2. every remaining Sandbox: the control plane keeps no state across
+#      restarts, so they are deleted while their managers still run, which
+#      removes their Docker containers instead of leaving them behind
+#      (deletes do not need the quota webhook);
+#   3. the managers and the webhook;
+#   4. the control plane.
 set -euo pipefail
 
 log() { echo "dev-down: $*" >&2; }
@@ -24,7 +29,7 @@ KUBECTL="${KUBECTL:-kubectl}"
 ours() {
   local pid=$1 cmdline
   cmdline=$(tr '\0' ' ' <"/proc/${pid}/cmdline" 2>/dev/null) || return 1
-  [[ "${cmdline}" == *devcluster* || "${cmdline}" == *manager* ]]
+  [[ "${cmdline}" == *devcluster* || "${cmdline}" == *manager* || "${cmdline}" == *code-sandbox-mcp* ]]
 }
 
 alive() { kill -0 "$1" 2>/dev/null; }
@@ -52,19 +57,36 @@ stop_pid() {
   done
 }
 
+# stop_file FILE: stops the process FILE records, if it is still ours.
+stop_file() {
+  local f=$1 name pid
+  name=$(basename "${f}" .pid)
+  pid=$(<"${f}")
+  if [[ "${pid}" =~ ^[0-9]+$ ]] && alive "${pid}" && ours "${pid}"; then
+    stop_pid "${pid}" "${name}"
+  else
+    log "${name} is not running"
+  fi
+  rm -f "${f}"
+}
+
 shopt -s nullglob
 pid_files=()
-# Managers go first so that they do not spend their last seconds failing to
-# reach a control plane that is already gone.
+# Managers and the webhook go before the control plane so that they do not
+# spend their last seconds failing to reach one that is already gone.
 for f in "${DEV_DIR}"/*.pid; do
-  [[ "$(basename "${f}")" == devcluster.pid ]] || pid_files+=("${f}")
+  case "$(basename "${f}")" in
+  devcluster.pid | mcp.pid) ;;
+  *) pid_files+=("${f}") ;;
+  esac
 done
-[[ -e "${DEV_DIR}/devcluster.pid" ]] && pid_files+=("${DEV_DIR}/devcluster.pid")
 
-if ((${#pid_files[@]} == 0)); then
+if ((${#pid_files[@]} == 0)) && [[ ! -e "${DEV_DIR}/mcp.pid" && ! -e "${DEV_DIR}/devcluster.pid" ]]; then
   log "nothing to stop"
   exit 0
 fi
+
+[[ -e "${DEV_DIR}/mcp.pid" ]] && stop_file "${DEV_DIR}/mcp.pid"
 
 # Bounded: a Sandbox whose manager is gone keeps its finalizer forever.
 if [[ -s "${KUBECONFIG_PATH}" ]] &&
@@ -79,16 +101,11 @@ if [[ -s "${KUBECONFIG_PATH}" ]] &&
 fi
 
 for f in "${pid_files[@]}"; do
-  name=$(basename "${f}" .pid)
-  pid=$(<"${f}")
-  if [[ "${pid}" =~ ^[0-9]+$ ]] && alive "${pid}" && ours "${pid}"; then
-    stop_pid "${pid}" "${name}"
-  else
-    log "${name} is not running"
-  fi
-  rm -f "${f}"
+  stop_file "${f}"
 done
+[[ -e "${DEV_DIR}/devcluster.pid" ]] && stop_file "${DEV_DIR}/devcluster.pid"
 
 # devcluster removes its kubeconfig on a clean stop, but not when killed.
-rm -f "${DEV_DIR}/kubeconfig"
+# The rest is dev-up-system's bookkeeping for what was just stopped.
+rm -f "${DEV_DIR}/kubeconfig" "${DEV_DIR}"/*.health "${DEV_DIR}/system.cluster"
 log "done"

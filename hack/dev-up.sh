@@ -47,9 +47,12 @@ api_answers() {
 }
 
 print_next_steps() {
+  # make dev-up-system goes on to start everything itself.
+  [[ "${DEV_UP_NEXT_STEPS:-1}" == 1 ]] || return 0
   cat >&2 <<EOF
 dev-up: the control plane is up. Next:
   make run        # the manager for node n1, its node API on 127.0.0.1:9443
+                  # (or make dev-up-system: manager, quota webhook and MCP server)
   kubectl --kubeconfig ${KUBECONFIG_PATH} apply -f config/samples/
   kubectl --kubeconfig ${KUBECONFIG_PATH} get sandboxes
   bin/kubectl-sandbox --kubeconfig ${KUBECONFIG_PATH} exec sandbox-sample -- python3 -c 'print(6*7)'

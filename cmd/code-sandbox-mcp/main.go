@@ -78,6 +78,7 @@ func (s *sizeFlag) Set(v string) error {
 type options struct {
 	backend      string
 	namespace    string
+	nsFromSA     bool
 	kubeconfig   string
 	nodeName     string
 	readyTimeout time.Duration
@@ -126,6 +127,7 @@ type options struct {
 func newFlagSet(o *options) *flag.FlagSet {
 	fs := flag.NewFlagSet("code-sandbox-mcp", flag.ContinueOnError)
 	fs.StringVar(&o.backend, "backend", "docker", "where sandboxes run: docker (the local Docker Engine) or kubernetes")
+	fs.BoolVar(&o.nsFromSA, "namespace-from-serviceaccount", false, "kubernetes backend: put the Sandboxes of a caller that authenticates as a ServiceAccount in that ServiceAccount's namespace (others use --namespace), so one server serves many teams under their own RBAC and SandboxQuotas")
 	fs.StringVar(&o.namespace, "namespace", "", "kubernetes backend: namespace for Sandbox resources (default: the kubeconfig context's, in a cluster the pod's, else \"default\")")
 	fs.StringVar(&o.kubeconfig, "kubeconfig", "", "kubeconfig for the kubernetes backend and --auth kubernetes (default: in-cluster; the kubernetes backend also tries $KUBECONFIG and ~/.kube/config)")
 	fs.StringVar(&o.nodeName, "node-name", "", "kubernetes backend: pin Sandboxes to this node (spec.nodeName; default: any manager with capacity)")
@@ -259,6 +261,9 @@ func serve(o options, logger *slog.Logger) error {
 	var kube *kubeSetup
 	switch o.backend {
 	case "docker":
+		if o.nsFromSA {
+			return usagef("--namespace-from-serviceaccount needs --backend kubernetes")
+		}
 	case "kubernetes":
 		if kube, err = loadKube(o); err != nil {
 			return err
@@ -406,15 +411,16 @@ func newKubeBackend(o options, kube *kubeSetup, logger *slog.Logger) (*kubebacke
 		return nil, usagef("--ready-timeout %s: want at least 1s", o.readyTimeout)
 	}
 	b, err := kubebackend.New(kubebackend.Options{
-		Config:       kube.config,
-		Namespace:    kube.namespace,
-		NodeName:     o.nodeName,
-		PullPolicy:   pull,
-		Runtime:      rt,
-		MaxSandboxes: o.maxSandboxes,
-		IdleTimeout:  o.idleTimeout,
-		ReadyTimeout: o.readyTimeout,
-		Logger:       logger,
+		Config:                      kube.config,
+		Namespace:                   kube.namespace,
+		NodeName:                    o.nodeName,
+		NamespaceFromServiceAccount: o.nsFromSA,
+		PullPolicy:                  pull,
+		Runtime:                     rt,
+		MaxSandboxes:                o.maxSandboxes,
+		IdleTimeout:                 o.idleTimeout,
+		ReadyTimeout:                o.readyTimeout,
+		Logger:                      logger,
 	})
 	if err != nil {
 		return nil, usageError{err}

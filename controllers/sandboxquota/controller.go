@@ -169,7 +169,9 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 	// rather than overwriting the charge.
 	if err := r.client.Status().Update(ctx, q); err != nil {
 		if apierrors.IsConflict(err) {
-			return ctrl.Result{Requeue: true}, nil
+			// The newer version's watch event requeues it anyway; the
+			// delay only covers a missed event.
+			return ctrl.Result{RequeueAfter: time.Second}, nil
 		}
 		return ctrl.Result{}, fmt.Errorf("updating the status of SandboxQuota %s: %w", req.NamespacedName, err)
 	}

@@ -184,7 +184,9 @@ var (
 	// ErrNotFound: no such sandbox for this caller (never existed, belongs
 	// to someone else, or already removed).
 	ErrNotFound = errors.New("sandbox not found")
-	// ErrQuota: the caller has too many sandboxes.
+	// ErrQuota: the caller has too many sandboxes, or a quota on where
+	// they run (a SandboxQuota or ResourceQuota) has no room for this one.
+	// A quota's rules (images, runtimes, network, lifetime) are ErrInvalid.
 	ErrQuota = errors.New("sandbox quota exceeded")
 	// ErrInvalid: the request is malformed or not allowed by the server's
 	// policy (image not allowed, egress disabled…).

@@ -113,11 +113,11 @@ func (d *deps) toolError(containerID string, err error) *mcp.CallToolResult {
 	case errors.Is(err, ErrNotFound):
 		msg = fmt.Sprintf("Sandbox %q not found: it does not exist, belongs to another client, or was removed (stopped, idle too long, or past its lifetime). Call list_sandboxes to see yours, or sandbox_initialize to create a new one.", containerID)
 	case errors.Is(err, ErrQuota):
-		msg += ". Stop a sandbox you no longer need with sandbox_stop (list_sandboxes shows them)."
+		msg += ". Stop a sandbox you no longer need with sandbox_stop (list_sandboxes shows yours), or, if the limit reached is CPU or memory, ask for less."
 	case errors.Is(err, ErrImageNotFound):
 		msg += ". Use an image that is present where sandboxes run, or have it made available there (with the Docker backend, `docker pull IMAGE` or build it on the host, unless the server's pull policy pulls it; on Kubernetes, the nodes must have it or be able to pull it)."
 	case errors.Is(err, ErrUnavailable):
-		msg += ". The sandbox backend (the Docker Engine, or the Kubernetes API and the sandbox's node) is not reachable right now; retry in a moment."
+		msg += ". The sandbox backend (the Docker Engine, or the Kubernetes API, its admission webhook and the sandbox's node) is not reachable or not ready right now; retry in a moment."
 	case errors.Is(err, ErrNotRunning):
 		msg += ". The sandbox is no longer running (it may have run out of memory); stop it with sandbox_stop and create a new one."
 	case errors.Is(err, execio.ErrTooLarge):

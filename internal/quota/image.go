@@ -51,10 +51,13 @@ func MatchImage(pattern, image string) bool {
 func globRegexp(pattern string) *regexp.Regexp {
 	var b strings.Builder
 	b.WriteString("^")
-	for i := 0; i < len(pattern); i++ {
-		switch c := pattern[i]; c {
+	// Walk runes, not bytes: string(byte) of a UTF-8 continuation byte is a
+	// different character, so a non-ASCII literal would never match itself.
+	runes := []rune(pattern)
+	for i := 0; i < len(runes); i++ {
+		switch c := runes[i]; c {
 		case '*':
-			if i+1 < len(pattern) && pattern[i+1] == '*' {
+			if i+1 < len(runes) && runes[i+1] == '*' {
 				b.WriteString(".*")
 				i++
 			} else {

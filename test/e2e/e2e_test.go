@@ -36,10 +36,16 @@ var _ = Describe("The sample Sandbox", Ordered, func() {
 	It("becomes Ready after kubectl apply", func(ctx SpecContext) {
 		out, err := kubectl(ctx, "apply", "-f", samplesDir, "-o", "name")
 		Expect(err).NotTo(HaveOccurred())
-		// "sandbox.sandbox.code-sandbox.dev/<name>"
-		ref := strings.TrimSpace(out)
-		Expect(ref).To(HavePrefix("sandbox.sandbox.code-sandbox.dev/"), "config/samples should hold exactly one Sandbox")
-		name = strings.TrimPrefix(ref, "sandbox.sandbox.code-sandbox.dev/")
+		// "sandbox.sandbox.code-sandbox.dev/<name>", next to the sample
+		// SandboxQuota ("sandboxquota.sandbox.code-sandbox.dev/<name>").
+		var refs []string
+		for _, line := range strings.Fields(out) {
+			if strings.HasPrefix(line, "sandbox.sandbox.code-sandbox.dev/") {
+				refs = append(refs, line)
+			}
+		}
+		Expect(refs).To(HaveLen(1), "config/samples should hold exactly one Sandbox:\n%s", out)
+		name = strings.TrimPrefix(refs[0], "sandbox.sandbox.code-sandbox.dev/")
 
 		_, err = kubectl(ctx, "wait", "--for=condition=Ready", "sandbox/"+name, "--timeout=60s")
 		Expect(err).NotTo(HaveOccurred(), "the Sandbox did not become Ready:\n%s", describeSandbox(ctx, name))

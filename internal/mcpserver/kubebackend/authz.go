@@ -65,8 +65,7 @@ type AccessReviewer interface {
 // impersonate rights, which would make its ServiceAccount as powerful as
 // any user it could name.
 type authorizer struct {
-	reviewer  AccessReviewer
-	namespace string
+	reviewer AccessReviewer
 
 	mu    sync.Mutex
 	cache map[[sha256.Size]byte]decision
@@ -78,8 +77,8 @@ type decision struct {
 	expires time.Time
 }
 
-func newAuthorizer(r AccessReviewer, namespace string) *authorizer {
-	return &authorizer{reviewer: r, namespace: namespace, cache: map[[sha256.Size]byte]decision{}}
+func newAuthorizer(r AccessReviewer) *authorizer {
+	return &authorizer{reviewer: r, cache: map[[sha256.Size]byte]decision{}}
 }
 
 // reviewFor builds the SubjectAccessReview for caller doing p on the
@@ -116,15 +115,15 @@ func (e *forbiddenError) Error() string { return e.msg }
 
 func (e *forbiddenError) Is(target error) bool { return target == mcpserver.ErrInvalid }
 
-// check returns nil when caller may do p on name, a *forbiddenError when
+// check returns nil when caller may do p on name in namespace, a *forbiddenError when
 // RBAC says no, and ErrUnavailable when the API server cannot say. Callers
 // that are not Kubernetes identities are not reviewed: the server's own
 // RBAC is all that applies to them.
-func (a *authorizer) check(ctx context.Context, caller mcpserver.Caller, p permission, name string) error {
+func (a *authorizer) check(ctx context.Context, caller mcpserver.Caller, namespace string, p permission, name string) error {
 	if !caller.IsKubernetesUser() {
 		return nil
 	}
-	sar := reviewFor(caller, a.namespace, p, name)
+	sar := reviewFor(caller, namespace, p, name)
 	key, err := cacheKey(sar)
 	if err != nil {
 		return fmt.Errorf("building the access review cache key: %w", err)
@@ -149,7 +148,7 @@ func (a *authorizer) check(ctx context.Context, caller mcpserver.Caller, p permi
 	if d.allowed {
 		return nil
 	}
-	return deniedError(caller.Username, p, a.namespace, name, d.reason)
+	return deniedError(caller.Username, p, namespace, name, d.reason)
 }
 
 func deniedError(user string, p permission, namespace, name, reason string) error {

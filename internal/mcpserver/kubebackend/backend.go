@@ -79,6 +79,12 @@ type Options struct {
 	Config *rest.Config
 	// Namespace holds the Sandboxes.
 	Namespace string
+	// NamespaceFromServiceAccount puts the Sandboxes of a caller that
+	// authenticated as a ServiceAccount in that ServiceAccount's own
+	// namespace, and everyone else's in Namespace. One shared server then
+	// serves many teams, each under its own namespace's RBAC and
+	// SandboxQuotas.
+	NamespaceFromServiceAccount bool
 	// NodeName, when set, pins the Sandboxes to one node (spec.nodeName).
 	NodeName string
 	// PullPolicy and Runtime go to spec.imagePullPolicy and spec.runtime
@@ -120,8 +126,35 @@ type Backend struct {
 // entry is a Sandbox this server instance created, for idle reaping and
 // removal at exit. Ownership is decided by the labels, not by this record.
 type entry struct {
-	name string
+	namespace, name string
 	mcpserver.Activity
+}
+
+// entryKey keys b.sandboxes: names are unique only within a namespace.
+func entryKey(namespace, name string) string { return namespace + "/" + name }
+
+// serviceAccountPrefix starts the username of every ServiceAccount token.
+const serviceAccountPrefix = "system:serviceaccount:"
+
+// namespaceFor is where caller's Sandboxes live.
+func (b *Backend) namespaceFor(caller mcpserver.Caller) string {
+	if b.opts.NamespaceFromServiceAccount && caller.IsKubernetesUser() {
+		if rest, ok := strings.CutPrefix(caller.Username, serviceAccountPrefix); ok {
+			if ns, _, ok := strings.Cut(rest, ":"); ok && len(validation.IsDNS1123Label(ns)) == 0 {
+				return ns
+			}
+		}
+	}
+	return b.ns
+}
+
+// sweepNamespace is where the server looks for its own Sandboxes in bulk:
+// every namespace when callers bring their own.
+func (b *Backend) sweepNamespace() string {
+	if b.opts.NamespaceFromServiceAccount {
+		return ""
+	}
+	return b.ns
 }
 
 var _ mcpserver.Backend = (*Backend)(nil)
@@ -168,7 +201,7 @@ func New(opts Options) (*Backend, error) {
 	return &Backend{
 		kube:      kube,
 		nodes:     nodes,
-		authz:     newAuthorizer(authz.SubjectAccessReviews(), opts.Namespace),
+		authz:     newAuthorizer(authz.SubjectAccessReviews()),
 		ns:        opts.Namespace,
 		instance:  "mcp-" + randomHex(8),
 		opts:      opts,
@@ -206,14 +239,15 @@ func owns(caller mcpserver.Caller, sbx *sandboxv1alpha1.Sandbox) bool {
 // that is not the caller's is reported exactly like a Sandbox that never
 // existed.
 func (b *Backend) lookup(ctx context.Context, caller mcpserver.Caller, p permission, id string) (*sandboxv1alpha1.Sandbox, error) {
-	if err := b.authz.check(ctx, caller, p, id); err != nil {
+	ns := b.namespaceFor(caller)
+	if err := b.authz.check(ctx, caller, ns, p, id); err != nil {
 		return nil, err
 	}
 	if !strings.HasPrefix(id, NamePrefix) || len(validation.IsDNS1123Label(id)) > 0 {
 		return nil, notFound(id)
 	}
 	var sbx sandboxv1alpha1.Sandbox
-	if err := b.kube.Get(ctx, client.ObjectKey{Namespace: b.ns, Name: id}, &sbx); err != nil {
+	if err := b.kube.Get(ctx, client.ObjectKey{Namespace: ns, Name: id}, &sbx); err != nil {
 		if apierrors.IsNotFound(err) {
 			return nil, notFound(id)
 		}
@@ -223,7 +257,7 @@ func (b *Backend) lookup(ctx context.Context, caller mcpserver.Caller, p permiss
 		return nil, notFound(id)
 	}
 	b.mu.Lock()
-	if e, ok := b.sandboxes[id]; ok {
+	if e, ok := b.sandboxes[entryKey(ns, id)]; ok {
 		e.LastUsedAt = time.Now()
 	}
 	b.mu.Unlock()
@@ -232,9 +266,9 @@ func (b *Backend) lookup(ctx context.Context, caller mcpserver.Caller, p permiss
 
 // busy marks a Sandbox in use for an operation, so the idle reaper never
 // deletes it mid-command.
-func (b *Backend) busy(id string) func() {
+func (b *Backend) busy(sbx *sandboxv1alpha1.Sandbox) func() {
 	b.mu.Lock()
-	e := b.sandboxes[id]
+	e := b.sandboxes[entryKey(sbx.Namespace, sbx.Name)]
 	if e != nil {
 		e.InFlight++
 	}
@@ -250,9 +284,9 @@ func (b *Backend) busy(id string) func() {
 	}
 }
 
-func (b *Backend) forget(id string) {
+func (b *Backend) forget(namespace, name string) {
 	b.mu.Lock()
-	delete(b.sandboxes, id)
+	delete(b.sandboxes, entryKey(namespace, name))
 	b.mu.Unlock()
 }
 
@@ -266,7 +300,7 @@ func (b *Backend) sandboxSpec(caller mcpserver.Caller, name string, req mcpserve
 	sbx := &sandboxv1alpha1.Sandbox{
 		ObjectMeta: metav1.ObjectMeta{
 			Name:      name,
-			Namespace: b.ns,
+			Namespace: b.namespaceFor(caller),
 			Labels: map[string]string{
 				LabelManagedBy: ManagedBy,
 				LabelOwner:     mcpserver.IdentityHash(caller.ID),
@@ -301,7 +335,7 @@ func (b *Backend) sandboxSpec(caller mcpserver.Caller, name string, req mcpserve
 // Create implements mcpserver.Backend: it creates the Sandbox, waits until
 // it is Ready, and deletes it again if it cannot start.
 func (b *Backend) Create(ctx context.Context, caller mcpserver.Caller, req mcpserver.CreateRequest) (mcpserver.Sandbox, error) {
-	if err := b.authz.check(ctx, caller, permCreate, ""); err != nil {
+	if err := b.authz.check(ctx, caller, b.namespaceFor(caller), permCreate, ""); err != nil {
 		return mcpserver.Sandbox{}, err
 	}
 	sbx, err := b.createObject(ctx, caller, req)
@@ -310,19 +344,19 @@ func (b *Backend) Create(ctx context.Context, caller mcpserver.Caller, req mcpse
 	}
 	name := sbx.Name
 	now := time.Now()
-	e := &entry{name: name, Activity: mcpserver.Activity{LastUsedAt: now, ExpiresAt: now.Add(req.Lifetime)}}
+	e := &entry{namespace: sbx.Namespace, name: name, Activity: mcpserver.Activity{LastUsedAt: now, ExpiresAt: now.Add(req.Lifetime)}}
 	if req.Lifetime <= 0 {
 		e.ExpiresAt = now.Add(maxActiveDeadline)
 	}
 	b.mu.Lock()
-	b.sandboxes[name] = e
+	b.sandboxes[entryKey(sbx.Namespace, name)] = e
 	b.mu.Unlock()
 	b.log.Info("sandbox created; waiting for it to become ready", "sandbox", name, "image", req.Image, "owner", mcpserver.IdentityHash(caller.ID))
 
 	ready, err := b.waitReady(ctx, sbx)
 	if err != nil {
-		b.deleteQuietly(name, "did not start")
-		b.forget(name)
+		b.deleteQuietly(sbx.Namespace, name, "did not start")
+		b.forget(sbx.Namespace, name)
 		return mcpserver.Sandbox{}, err
 	}
 	b.log.Info("sandbox ready", "sandbox", name, "node", ready.Status.NodeName)
@@ -339,7 +373,7 @@ func (b *Backend) createObject(ctx context.Context, caller mcpserver.Caller, req
 	actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), apiTimeout)
 	defer cancel()
 	var list sandboxv1alpha1.SandboxList
-	if err := b.kube.List(actx, &list, client.InNamespace(b.ns), ownerSelector(caller)); err != nil {
+	if err := b.kube.List(actx, &list, client.InNamespace(b.namespaceFor(caller)), ownerSelector(caller)); err != nil {
 		return nil, apiError("counting your sandboxes", err)
 	}
 	n := 0
@@ -425,7 +459,7 @@ var errDeleted = errors.New("deleted")
 // ended without one.
 func (b *Backend) watchUntilChange(ctx context.Context, sbx *sandboxv1alpha1.Sandbox) (*sandboxv1alpha1.Sandbox, error) {
 	w, err := b.kube.Watch(ctx, &sandboxv1alpha1.SandboxList{}, &client.ListOptions{
-		Namespace:     b.ns,
+		Namespace:     sbx.Namespace,
 		FieldSelector: fields.OneTermEqualSelector("metadata.name", sbx.Name),
 		Raw:           &metav1.ListOptions{ResourceVersion: sbx.ResourceVersion},
 	})
@@ -463,13 +497,13 @@ func (b *Backend) watchUntilChange(ctx context.Context, sbx *sandboxv1alpha1.San
 }
 
 // deleteQuietly deletes a Sandbox without waiting, logging a failure.
-func (b *Backend) deleteQuietly(name, why string) {
+func (b *Backend) deleteQuietly(namespace, name, why string) {
 	ctx, cancel := context.WithTimeout(context.Background(), apiTimeout)
 	defer cancel()
-	err := b.kube.Delete(ctx, &sandboxv1alpha1.Sandbox{ObjectMeta: metav1.ObjectMeta{Namespace: b.ns, Name: name}},
+	err := b.kube.Delete(ctx, &sandboxv1alpha1.Sandbox{ObjectMeta: metav1.ObjectMeta{Namespace: namespace, Name: name}},
 		client.PropagationPolicy(metav1.DeletePropagationBackground))
 	if err != nil && !apierrors.IsNotFound(err) {
-		b.log.Warn("deleting sandbox", "sandbox", name, "reason", why, "error", err)
+		b.log.Warn("deleting sandbox", "namespace", namespace, "sandbox", name, "reason", why, "error", err)
 	}
 }
 
@@ -506,7 +540,7 @@ func (b *Backend) view(sbx *sandboxv1alpha1.Sandbox) mcpserver.Sandbox {
 		s.ExpiresAt = start.Add(time.Duration(*d) * time.Second)
 	}
 	b.mu.Lock()
-	if e, ok := b.sandboxes[sbx.Name]; ok {
+	if e, ok := b.sandboxes[entryKey(sbx.Namespace, sbx.Name)]; ok {
 		s.LastUsedAt = e.LastUsedAt
 	}
 	b.mu.Unlock()
@@ -542,11 +576,12 @@ func (b *Backend) Get(ctx context.Context, caller mcpserver.Caller, id string) (
 
 // List implements mcpserver.Backend.
 func (b *Backend) List(ctx context.Context, caller mcpserver.Caller) ([]mcpserver.Sandbox, error) {
-	if err := b.authz.check(ctx, caller, permList, ""); err != nil {
+	ns := b.namespaceFor(caller)
+	if err := b.authz.check(ctx, caller, ns, permList, ""); err != nil {
 		return nil, err
 	}
 	var list sandboxv1alpha1.SandboxList
-	if err := b.kube.List(ctx, &list, client.InNamespace(b.ns), ownerSelector(caller)); err != nil {
+	if err := b.kube.List(ctx, &list, client.InNamespace(ns), ownerSelector(caller)); err != nil {
 		return nil, apiError("listing your sandboxes", err)
 	}
 	out := make([]mcpserver.Sandbox, 0, len(list.Items))
@@ -566,11 +601,12 @@ func (b *Backend) Exec(ctx context.Context, caller mcpserver.Caller, id string, 
 	if err != nil {
 		return execio.Result{}, err
 	}
-	if _, err := b.lookup(ctx, caller, permExec, id); err != nil {
+	sbx, err := b.lookup(ctx, caller, permExec, id)
+	if err != nil {
 		return execio.Result{}, err
 	}
-	defer b.busy(id)()
-	res, err := b.nodes.Exec(ctx, b.ns, id, req, out.Writer("stdout"), out.Writer("stderr"))
+	defer b.busy(sbx)()
+	res, err := b.nodes.Exec(ctx, sbx.Namespace, id, req, out.Writer("stdout"), out.Writer("stderr"))
 	return res, clientError(opExec, err)
 }
 
@@ -588,7 +624,7 @@ func (b *Backend) Upload(ctx context.Context, caller mcpserver.Caller, id, destD
 	if _, err := execio.ResolvePath(b.view(sbx).WorkingDir, destDir); err != nil {
 		return execio.TransferStats{}, err
 	}
-	defer b.busy(id)()
+	defer b.busy(sbx)()
 	pr, pw := io.Pipe()
 	sanitized := make(chan error, 1)
 	go func() {
@@ -596,7 +632,7 @@ func (b *Backend) Upload(ctx context.Context, caller mcpserver.Caller, id, destD
 		pw.CloseWithError(err)
 		sanitized <- err
 	}()
-	stats, err := b.nodes.Upload(ctx, b.ns, id, destDir, pr)
+	stats, err := b.nodes.Upload(ctx, sbx.Namespace, id, destDir, pr)
 	pr.CloseWithError(errStreamStopped)
 	if serr := <-sanitized; serr != nil && !errors.Is(serr, errStreamStopped) {
 		return stats, serr
@@ -616,13 +652,13 @@ func (b *Backend) Download(ctx context.Context, caller mcpserver.Caller, id, src
 	if maxBytes <= 0 {
 		maxBytes = execio.DefaultDownloadLimit
 	}
-	defer b.busy(id)()
+	defer b.busy(sbx)()
 	dctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	pr, pw := io.Pipe()
 	downloaded := make(chan error, 1)
 	go func() {
-		err := b.nodes.Download(dctx, b.ns, id, src, pw)
+		err := b.nodes.Download(dctx, sbx.Namespace, id, src, pw)
 		pw.CloseWithError(err)
 		downloaded <- err
 	}()
@@ -644,7 +680,8 @@ func (b *Backend) Download(ctx context.Context, caller mcpserver.Caller, id, src
 // Logs implements mcpserver.Backend: the container's output and the exec
 // history, both from the node API.
 func (b *Backend) Logs(ctx context.Context, caller mcpserver.Caller, id string, opts mcpserver.LogsOptions) (mcpserver.Logs, error) {
-	if _, err := b.lookup(ctx, caller, permLogs, id); err != nil {
+	sbx, err := b.lookup(ctx, caller, permLogs, id)
+	if err != nil {
 		return mcpserver.Logs{}, err
 	}
 	maxBytes := opts.MaxBytes
@@ -654,11 +691,11 @@ func (b *Backend) Logs(ctx context.Context, caller mcpserver.Caller, id string, 
 	lctx, cancel := context.WithTimeout(ctx, apiTimeout)
 	defer cancel()
 	tb := &tailBuffer{max: int(maxBytes)}
-	if err := b.nodes.Logs(lctx, b.ns, id, sandboxclient.LogOptions{Tail: opts.TailLines}, tb); err != nil {
+	if err := b.nodes.Logs(lctx, sbx.Namespace, id, sandboxclient.LogOptions{Tail: opts.TailLines}, tb); err != nil {
 		return mcpserver.Logs{}, clientError(opLogs, err)
 	}
 	var recs []history.Record
-	err := b.nodes.History(lctx, b.ns, id, sandboxclient.LogOptions{Tail: opts.HistoryRecords}, func(r history.Record) error {
+	err = b.nodes.History(lctx, sbx.Namespace, id, sandboxclient.LogOptions{Tail: opts.HistoryRecords}, func(r history.Record) error {
 		recs = append(recs, r)
 		return nil
 	})
@@ -675,8 +712,9 @@ func (b *Backend) Stop(ctx context.Context, caller mcpserver.Caller, id string) 
 	if err != nil {
 		return err
 	}
+	key := entryKey(sbx.Namespace, id)
 	b.mu.Lock()
-	if e, ok := b.sandboxes[id]; ok {
+	if e, ok := b.sandboxes[key]; ok {
 		e.Removing = true
 	}
 	b.mu.Unlock()
@@ -687,14 +725,14 @@ func (b *Backend) Stop(ctx context.Context, caller mcpserver.Caller, id string) 
 	err = b.kube.Delete(sctx, sbx, client.Preconditions{UID: &sbx.UID}, client.PropagationPolicy(metav1.DeletePropagationBackground))
 	if err != nil && !apierrors.IsNotFound(err) {
 		b.mu.Lock()
-		if e, ok := b.sandboxes[id]; ok {
+		if e, ok := b.sandboxes[key]; ok {
 			e.Removing = false
 		}
 		b.mu.Unlock()
 		return apiError("deleting sandbox "+id, err)
 	}
-	b.forget(id)
-	if err := b.waitGone(sctx, []string{id}); err != nil {
+	b.forget(sbx.Namespace, id)
+	if err := b.waitGone(sctx, []client.ObjectKey{client.ObjectKeyFromObject(sbx)}); err != nil {
 		// Deleted, not yet gone: the manager finishes it.
 		b.log.Warn("sandbox deleted but still terminating", "sandbox", id, "error", err)
 	}
@@ -703,24 +741,28 @@ func (b *Backend) Stop(ctx context.Context, caller mcpserver.Caller, id string) 
 }
 
 // waitGone polls until none of the named Sandboxes exists.
-func (b *Backend) waitGone(ctx context.Context, names []string) error {
+func (b *Backend) waitGone(ctx context.Context, keys []client.ObjectKey) error {
 	delay := 100 * time.Millisecond
 	for {
-		var remaining []string
-		for _, name := range names {
+		var remaining []client.ObjectKey
+		for _, key := range keys {
 			var sbx sandboxv1alpha1.Sandbox
-			err := b.kube.Get(ctx, client.ObjectKey{Namespace: b.ns, Name: name}, &sbx)
+			err := b.kube.Get(ctx, key, &sbx)
 			if err == nil || !apierrors.IsNotFound(err) {
-				remaining = append(remaining, name)
+				remaining = append(remaining, key)
 			}
 		}
 		if len(remaining) == 0 {
 			return nil
 		}
-		names = remaining
+		keys = remaining
 		select {
 		case <-ctx.Done():
-			return fmt.Errorf("%d sandbox(es) still terminating (%s): %w", len(names), strings.Join(names, ", "), ctx.Err())
+			names := make([]string, len(keys))
+			for i, k := range keys {
+				names[i] = k.Name
+			}
+			return fmt.Errorf("%d sandbox(es) still terminating (%s): %w", len(keys), strings.Join(names, ", "), ctx.Err())
 		case <-time.After(delay):
 		}
 		delay = min(2*delay, time.Second)
@@ -731,7 +773,7 @@ func (b *Backend) waitGone(ctx context.Context, names []string) error {
 // server may list Sandboxes in its namespace.
 func (b *Backend) Ready(ctx context.Context) error {
 	var list sandboxv1alpha1.SandboxList
-	return apiError("listing sandboxes", b.kube.List(ctx, &list, client.InNamespace(b.ns), client.Limit(1),
+	return apiError("listing sandboxes", b.kube.List(ctx, &list, client.InNamespace(b.sweepNamespace()), client.Limit(1),
 		client.MatchingLabels{LabelManagedBy: ManagedBy}))
 }
 
@@ -743,12 +785,12 @@ func (b *Backend) Close(ctx context.Context) error {
 	b.stopOnce.Do(func() { close(b.stop) })
 	defer b.nodes.Close()
 	var list sandboxv1alpha1.SandboxList
-	if err := b.kube.List(ctx, &list, client.InNamespace(b.ns), client.MatchingLabels{LabelManagedBy: ManagedBy, LabelInstance: b.instance}); err != nil {
+	if err := b.kube.List(ctx, &list, client.InNamespace(b.sweepNamespace()), client.MatchingLabels{LabelManagedBy: ManagedBy, LabelInstance: b.instance}); err != nil {
 		return fmt.Errorf("listing this server's sandboxes for removal: %w", apiError("listing sandboxes", err))
 	}
 	var (
-		names []string
-		errs  []error
+		keys []client.ObjectKey
+		errs []error
 	)
 	for i := range list.Items {
 		sbx := &list.Items[i]
@@ -757,16 +799,16 @@ func (b *Backend) Close(ctx context.Context) error {
 			errs = append(errs, fmt.Errorf("deleting sandbox %s: %w", sbx.Name, err))
 			continue
 		}
-		names = append(names, sbx.Name)
+		keys = append(keys, client.ObjectKeyFromObject(sbx))
 	}
 	b.mu.Lock()
 	b.sandboxes = map[string]*entry{}
 	b.mu.Unlock()
-	if len(names) > 0 {
-		if err := b.waitGone(ctx, names); err != nil {
+	if len(keys) > 0 {
+		if err := b.waitGone(ctx, keys); err != nil {
 			errs = append(errs, err)
 		}
-		b.log.Info("deleted this server's sandboxes", "count", len(names))
+		b.log.Info("deleted this server's sandboxes", "count", len(keys))
 	}
 	return errors.Join(errs...)
 }
@@ -787,20 +829,20 @@ func (b *Backend) loop() {
 // reap deletes this instance's Sandboxes that are idle or past their
 // lifetime (an expired Sandbox keeps its object until someone deletes it).
 func (b *Backend) reap(now time.Time) {
-	type victim struct{ name, why string }
+	type victim struct{ namespace, name, why string }
 	var victims []victim
 	b.mu.Lock()
 	for _, e := range b.sandboxes {
 		if why := e.ReapReason(now, b.opts.IdleTimeout); why != "" {
 			e.Removing = true
-			victims = append(victims, victim{e.name, why})
+			victims = append(victims, victim{e.namespace, e.name, why})
 		}
 	}
 	b.mu.Unlock()
 	for _, v := range victims {
-		b.log.Info("deleting sandbox", "sandbox", v.name, "reason", v.why)
-		b.deleteQuietly(v.name, v.why)
-		b.forget(v.name)
+		b.log.Info("deleting sandbox", "namespace", v.namespace, "sandbox", v.name, "reason", v.why)
+		b.deleteQuietly(v.namespace, v.name, v.why)
+		b.forget(v.namespace, v.name)
 	}
 	b.sweepExpired()
 }
@@ -812,16 +854,16 @@ func (b *Backend) sweepExpired() {
 	ctx, cancel := context.WithTimeout(context.Background(), apiTimeout)
 	defer cancel()
 	var list sandboxv1alpha1.SandboxList
-	if err := b.kube.List(ctx, &list, client.InNamespace(b.ns), client.MatchingLabels{LabelManagedBy: ManagedBy}); err != nil {
+	if err := b.kube.List(ctx, &list, client.InNamespace(b.sweepNamespace()), client.MatchingLabels{LabelManagedBy: ManagedBy}); err != nil {
 		b.log.Warn("listing sandboxes for the expiry sweep", "error", err)
 		return
 	}
 	for i := range list.Items {
 		sbx := &list.Items[i]
 		if sbx.DeletionTimestamp == nil && meta.IsStatusConditionTrue(sbx.Status.Conditions, string(sandboxv1alpha1.SandboxConditionExpired)) {
-			b.log.Info("deleting expired sandbox", "sandbox", sbx.Name, "instance", sbx.Labels[LabelInstance])
-			b.deleteQuietly(sbx.Name, "expired")
-			b.forget(sbx.Name)
+			b.log.Info("deleting expired sandbox", "namespace", sbx.Namespace, "sandbox", sbx.Name, "instance", sbx.Labels[LabelInstance])
+			b.deleteQuietly(sbx.Namespace, sbx.Name, "expired")
+			b.forget(sbx.Namespace, sbx.Name)
 		}
 	}
 }

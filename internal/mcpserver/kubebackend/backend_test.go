@@ -89,12 +89,68 @@ var _ = Describe("apiError", Label("unit"), func() {
 			Expect(err.Error()).To(ContainSubstring(text), "%q does not carry %q", err, text)
 		},
 		Entry("rbac", apierrors.NewForbidden(gr, "", errors.New(`User "x" cannot create resource "sandboxes"`)), mcpserver.ErrInvalid, `cannot create resource "sandboxes"`),
-		Entry("quota webhook", apierrors.NewForbidden(gr, "", errors.New("sandbox quota exceeded: 3 of 3 in team-a")), mcpserver.ErrQuota, "3 of 3 in team-a"),
 		Entry("validation", apierrors.NewInvalid(schema.GroupKind{Group: gr.Group, Kind: "Sandbox"}, "mcp-x", nil), mcpserver.ErrInvalid, "mcp-x"),
 		Entry("not found", apierrors.NewNotFound(gr, "mcp-x"), mcpserver.ErrNotFound, "mcp-x"),
 		Entry("unavailable", apierrors.NewServiceUnavailable("down"), mcpserver.ErrUnavailable, "down"),
 		Entry("no answer", errors.New("dial tcp 127.0.0.1:6443: connect: connection refused"), mcpserver.ErrUnavailable, "connection refused"),
 	)
+
+	// What the API server returns when the SandboxQuota webhook refuses: a
+	// 403 whose message is prefixed with the webhook's name.
+	denied := func(msg string) error {
+		return &apierrors.StatusError{ErrStatus: metav1.Status{
+			Status: metav1.StatusFailure, Code: http.StatusForbidden, Reason: metav1.StatusReasonForbidden,
+			Message: `admission webhook "sandbox-quota.code-sandbox.dev" denied the request: ` + msg,
+		}}
+	}
+	DescribeTable("tells quota usage from quota rules and keeps the whole message",
+		func(in, kind error, text string) {
+			err := apiError("creating the sandbox", in)
+			Expect(err).To(MatchError(kind), "%v is not %v", err, kind)
+			for _, other := range []error{mcpserver.ErrQuota, mcpserver.ErrInvalid, mcpserver.ErrUnavailable} {
+				if other != kind {
+					Expect(err).NotTo(MatchError(other), "%v is also %v", err, other)
+				}
+			}
+			Expect(err.Error()).To(ContainSubstring("creating the sandbox: "))
+			Expect(err.Error()).To(ContainSubstring(text), "%q does not carry %q", err, text)
+		},
+		Entry("usage", denied(`sandbox quota "team-a" exceeded: sandboxes: requested 1, used 3, limit 3 (1 over)`),
+			mcpserver.ErrQuota, `admission webhook "sandbox-quota.code-sandbox.dev" denied the request: sandbox quota "team-a" exceeded: sandboxes: requested 1, used 3, limit 3 (1 over)`),
+		Entry("usage of several limits", denied(`sandbox quota "team-a" exceeded: cpu: requested 2, used 3, limit 4 (1 over); memory: requested 1Gi, used 4Gi, limit 4Gi (1Gi over)`),
+			mcpserver.ErrQuota, `cpu: requested 2, used 3, limit 4 (1 over); memory: requested 1Gi, used 4Gi, limit 4Gi (1Gi over)`),
+		Entry("ResourceQuota object count", apierrors.NewForbidden(gr, "mcp-x", errors.New("exceeded quota: sandboxes, requested: count/sandboxes.sandbox.code-sandbox.dev=1, used: count/sandboxes.sandbox.code-sandbox.dev=2, limited: count/sandboxes.sandbox.code-sandbox.dev=2")),
+			mcpserver.ErrQuota, "used: count/sandboxes.sandbox.code-sandbox.dev=2, limited: count/sandboxes.sandbox.code-sandbox.dev=2"),
+		Entry("image rule", denied(`sandbox quota "team-a" does not allow image "evil/x:1" (docker.io/evil/x:1); allowed images: docker.io/library/python:*, code-sandbox-test/*`),
+			mcpserver.ErrInvalid, `does not allow image "evil/x:1" (docker.io/evil/x:1); allowed images: docker.io/library/python:*, code-sandbox-test/*`),
+		Entry("image rule naming an image that says exceeded", denied(`sandbox quota "team-a" does not allow image "quota/exceeded:1" (docker.io/quota/exceeded:1); allowed images: code-sandbox-test/*`),
+			mcpserver.ErrInvalid, `"quota/exceeded:1"`),
+		Entry("runtime rule", denied(`sandbox quota "team-a" does not allow runtime "gvisor"; allowed runtimes: runc`),
+			mcpserver.ErrInvalid, `does not allow runtime "gvisor"; allowed runtimes: runc`),
+		Entry("egress rule", denied(`sandbox quota "team-a" does not allow network mode Egress (its allowEgress is false); use network mode None`),
+			mcpserver.ErrInvalid, "use network mode None"),
+		Entry("lifetime required", denied(`sandbox quota "team-a" requires spec.activeDeadlineSeconds of at most 3600; the Sandbox sets none`),
+			mcpserver.ErrInvalid, "requires spec.activeDeadlineSeconds of at most 3600; the Sandbox sets none"),
+		Entry("lifetime too long", denied(`sandbox quota "team-a" allows activeDeadlineSeconds of at most 3600; the Sandbox asks for 14400 (10800 over)`),
+			mcpserver.ErrInvalid, "allows activeDeadlineSeconds of at most 3600; the Sandbox asks for 14400 (10800 over)"),
+		Entry("usage not counted yet", denied(`sandbox quota "team-a" has not counted its usage yet; retry in a few seconds`),
+			mcpserver.ErrUnavailable, "has not counted its usage yet; retry in a few seconds"),
+		Entry("ResourceQuota not counted yet", apierrors.NewForbidden(gr, "mcp-x", errors.New("status unknown for quota: sandboxes, resource: count/sandboxes.sandbox.code-sandbox.dev")),
+			mcpserver.ErrUnavailable, "status unknown for quota: sandboxes"),
+		Entry("webhook failed to record usage", &apierrors.StatusError{ErrStatus: metav1.Status{
+			Status: metav1.StatusFailure, Code: http.StatusInternalServerError,
+			Message: `admission webhook "sandbox-quota.code-sandbox.dev" denied the request: sandbox quota "team-a": could not record usage: etcdserver: request timed out`,
+		}}, mcpserver.ErrUnavailable, "could not record usage"),
+		Entry("webhook down (fail closed)", apierrors.NewInternalError(errors.New(`failed calling webhook "sandbox-quota.code-sandbox.dev": failed to call webhook: Post "https://127.0.0.1:9444/validate-sandbox-code-sandbox-dev-v1alpha1-sandbox?timeout=10s": dial tcp 127.0.0.1:9444: connect: connection refused`)),
+			mcpserver.ErrUnavailable, "failed calling webhook"),
+		Entry("RBAC on quotas is not a quota refusal", apierrors.NewForbidden(schema.GroupResource{Group: gr.Group, Resource: "sandboxquotas"}, "", errors.New(`User "x" cannot list resource "sandboxquotas"`)),
+			mcpserver.ErrInvalid, `cannot list resource "sandboxquotas"`),
+	)
+
+	It("tells the model that its lifetime is what a deadline rule limits", func() {
+		err := apiError("creating the sandbox", denied(`sandbox quota "team-a" allows activeDeadlineSeconds of at most 3600; the Sandbox asks for 14400 (10800 over)`))
+		Expect(err.Error()).To(ContainSubstring("lifetime"))
+	})
 
 	It("keeps cancellation", func() {
 		err := apiError("x", context.Canceled)
@@ -164,7 +220,7 @@ func testBackend(rev AccessReviewer, objs ...*sandboxv1alpha1.Sandbox) *Backend 
 	}
 	return &Backend{
 		kube:      fb.Build(),
-		authz:     newAuthorizer(rev, "team-a"),
+		authz:     newAuthorizer(rev),
 		ns:        "team-a",
 		instance:  "mcp-test",
 		opts:      Options{MaxSandboxes: 2, IdleTimeout: time.Hour, ReadyTimeout: time.Second, StopTimeout: time.Second},
@@ -313,5 +369,60 @@ var _ = Describe("Backend", Label("unit"), func() {
 			names = append(names, s.Name)
 		}
 		Expect(strings.Join(names, ",")).To(Equal("mcp-live,not-ours"), "after the sweep; want the expired MCP sandbox gone and the others kept")
+	})
+})
+
+// With NamespaceFromServiceAccount one server serves many teams: each
+// ServiceAccount's Sandboxes, access reviews and hence SandboxQuotas are
+// those of its own namespace.
+var _ = Describe("namespace per ServiceAccount", Label("unit"), func() {
+	perSA := func(rev AccessReviewer) *Backend {
+		b := testBackend(rev)
+		b.ns = "shared"
+		b.opts.NamespaceFromServiceAccount = true
+		return b
+	}
+	allowAll := func(*authzv1.ResourceAttributes) bool { return true }
+
+	It("puts a ServiceAccount's Sandboxes in its own namespace and reviews access there", func() {
+		rev := &recordingReviewer{allow: allowAll}
+		b := perSA(rev)
+		Expect(b.namespaceFor(alice)).To(Equal("team-a"))
+		Expect(b.sandboxSpec(alice, "mcp-x", mcpserver.CreateRequest{Image: "busybox"}).Namespace).To(Equal("team-a"))
+		_, err := b.List(context.Background(), alice)
+		Expect(err).NotTo(HaveOccurred())
+		Expect(rev.last().Spec.ResourceAttributes.Namespace).To(Equal("team-a"))
+	})
+
+	It("finds a ServiceAccount's Sandbox in its namespace and not in another", func() {
+		own := &sandboxv1alpha1.Sandbox{ObjectMeta: metav1.ObjectMeta{Namespace: "team-a", Name: NamePrefix + "aaaa",
+			Labels: map[string]string{LabelManagedBy: ManagedBy, LabelOwner: mcpserver.IdentityHash(alice.ID)}}}
+		elsewhere := &sandboxv1alpha1.Sandbox{ObjectMeta: metav1.ObjectMeta{Namespace: "shared", Name: NamePrefix + "bbbb",
+			Labels: map[string]string{LabelManagedBy: ManagedBy, LabelOwner: mcpserver.IdentityHash(alice.ID)}}}
+		b := testBackend(&recordingReviewer{allow: allowAll}, own, elsewhere)
+		b.ns = "shared"
+		b.opts.NamespaceFromServiceAccount = true
+		_, err := b.Get(context.Background(), alice, own.Name)
+		Expect(err).NotTo(HaveOccurred())
+		_, err = b.Get(context.Background(), alice, elsewhere.Name)
+		Expect(err).To(MatchError(mcpserver.ErrNotFound))
+		list, err := b.List(context.Background(), alice)
+		Expect(err).NotTo(HaveOccurred())
+		Expect(list).To(HaveLen(1))
+		Expect(list[0].ID).To(Equal(own.Name))
+	})
+
+	It("keeps other callers, and every caller when it is off, in --namespace", func() {
+		b := perSA(&recordingReviewer{allow: allowAll})
+		user := mcpserver.Caller{ID: "kube:bob", Username: "bob", Groups: []string{"system:authenticated"}}
+		Expect(b.namespaceFor(user)).To(Equal("shared"))
+		for _, name := range []string{"system:serviceaccount:", "system:serviceaccount:Bad_NS:x", "system:serviceaccount:no-name"} {
+			odd := mcpserver.Caller{ID: "kube:" + name, Username: name}
+			Expect(b.namespaceFor(odd)).To(Equal("shared"), name)
+		}
+		token := mcpserver.Caller{ID: "token:ci"}
+		Expect(b.namespaceFor(token)).To(Equal("shared"), "a static-token caller has no ServiceAccount")
+		b.opts.NamespaceFromServiceAccount = false
+		Expect(b.namespaceFor(alice)).To(Equal("shared"))
 	})
 })

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"regexp"
 	"strings"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -102,9 +103,9 @@ func apiError(what string, err error) error {
 		return err
 	case apierrors.IsNotFound(err):
 		return fmt.Errorf("%w: %s: %w", mcpserver.ErrNotFound, what, err)
-	case apierrors.IsForbidden(err) && strings.Contains(strings.ToLower(statusMessage(err)), "quota"):
-		return &messageError{kind: mcpserver.ErrQuota, msg: fmt.Sprintf("%s: %s", what, statusMessage(err))}
-	case apierrors.IsForbidden(err), apierrors.IsInvalid(err), apierrors.IsBadRequest(err), apierrors.IsAlreadyExists(err), apierrors.IsConflict(err):
+	case apierrors.IsForbidden(err):
+		return refusedError(what, statusMessage(err))
+	case apierrors.IsInvalid(err), apierrors.IsBadRequest(err), apierrors.IsAlreadyExists(err), apierrors.IsConflict(err):
 		return &messageError{kind: mcpserver.ErrInvalid, msg: fmt.Sprintf("%s: the API server refused: %s", what, statusMessage(err))}
 	case apierrors.IsServiceUnavailable(err), apierrors.IsServerTimeout(err), apierrors.IsTimeout(err),
 		apierrors.IsTooManyRequests(err), apierrors.IsUnexpectedServerError(err), apierrors.IsInternalError(err):
@@ -112,10 +113,59 @@ func apiError(what string, err error) error {
 	}
 	var st apierrors.APIStatus
 	if errors.As(err, &st) {
+		// An admission webhook that failed (rather than refused) answers
+		// with a 5xx status and no reason, for example the quota webhook
+		// when it could not record usage: worth a retry.
+		if st.Status().Code >= http.StatusInternalServerError {
+			return &messageError{kind: mcpserver.ErrUnavailable, msg: fmt.Sprintf("%s: %s", what, statusMessage(err))}
+		}
 		return fmt.Errorf("%s: %w", what, err)
 	}
 	// No answer at all: the connection failed.
 	return fmt.Errorf("%w: %s: the API server did not answer: %w", mcpserver.ErrUnavailable, what, err)
+}
+
+// The SandboxQuota webhook's refusals (internal/quota, internal/admission),
+// as the API server passes them on after `admission webhook "…" denied the
+// request: `. The quota's name is quoted, so nothing in it can fake the
+// words after it.
+var (
+	// A rule of the quota forbids the Sandbox as asked: another image,
+	// runtime, network mode or lifetime would be admitted.
+	sandboxQuotaRuleRE = regexp.MustCompile(`sandbox quota "[^"]*" (does not allow |requires spec\.activeDeadlineSeconds|allows activeDeadlineSeconds )`)
+	// The quota's usage was never counted; it will be in a few seconds.
+	sandboxQuotaUncountedRE = regexp.MustCompile(`sandbox quota "[^"]*" has not counted its usage yet`)
+	// The quota is used up: `sandbox quota "team-a" exceeded: sandboxes:
+	// requested 1, used 3, limit 3 (1 over)`.
+	sandboxQuotaExceededRE = regexp.MustCompile(`sandbox quota "[^"]*" exceeded: `)
+)
+
+// refusedError classifies a 403 from the API server: RBAC, the built-in
+// ResourceQuota admission, or the SandboxQuota webhook. Every case keeps
+// the API server's message, which names the limit and by how much it is
+// exceeded, or which rule refused and what is allowed instead.
+func refusedError(what, msg string) error {
+	lower := strings.ToLower(msg)
+	switch {
+	case sandboxQuotaRuleRE.MatchString(msg):
+		// Checked first: the refused image may itself contain "exceeded"
+		// or "quota". Stopping sandboxes would not help; asking for
+		// something else does.
+		if strings.Contains(msg, "activeDeadlineSeconds") {
+			msg += " (a sandbox's lifetime is its activeDeadlineSeconds: ask for a shorter one)"
+		}
+		return &messageError{kind: mcpserver.ErrInvalid, msg: fmt.Sprintf("%s: the API server refused: %s", what, msg)}
+	case sandboxQuotaUncountedRE.MatchString(msg),
+		// ResourceQuota's counterpart: `status unknown for quota: q, …`.
+		strings.Contains(lower, "status unknown for quota"):
+		return &messageError{kind: mcpserver.ErrUnavailable, msg: fmt.Sprintf("%s: %s", what, msg)}
+	case sandboxQuotaExceededRE.MatchString(msg),
+		// ResourceQuota (count/sandboxes.sandbox.code-sandbox.dev):
+		// `exceeded quota: q, requested: …, used: …, limited: …`.
+		strings.Contains(lower, "exceeded") && strings.Contains(lower, "quota"):
+		return &messageError{kind: mcpserver.ErrQuota, msg: fmt.Sprintf("%s: %s", what, msg)}
+	}
+	return &messageError{kind: mcpserver.ErrInvalid, msg: fmt.Sprintf("%s: the API server refused: %s", what, msg)}
 }
 
 func statusMessage(err error) string {
