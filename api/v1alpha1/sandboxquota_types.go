@@ -98,7 +98,9 @@ type SandboxQuotaSpec struct {
 	// other than `/`. An image is allowed when a pattern matches the image
 	// as written in the Sandbox or its normalized form, in which Docker Hub
 	// names are spelt out and a missing tag is `latest`: `python:3.12`
-	// becomes `docker.io/library/python:3.12`.
+	// becomes `docker.io/library/python:3.12`. A pattern's Docker Hub
+	// repository is spelt out the same way, so `python:*` also matches
+	// `docker.io/library/python:3.12`.
 	// +kubebuilder:validation:MaxItems=256
 	// +kubebuilder:validation:items:MinLength=1
 	// +kubebuilder:validation:items:MaxLength=512

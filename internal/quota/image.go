@@ -25,16 +25,37 @@ func NormalizeImage(image string) string {
 	return reference.TagNameOnly(named).String()
 }
 
-// ImageAllowed reports whether any pattern matches the image as written or
-// its normalized form.
+// ImageAllowed reports whether any pattern matches the image as written, or
+// the pattern or its Docker Hub spelling matches the image's normalized
+// form.
 func ImageAllowed(patterns []string, image string) bool {
 	norm := NormalizeImage(image)
 	for _, p := range patterns {
-		if MatchImage(p, image) || (norm != "" && MatchImage(p, norm)) {
+		if MatchImage(p, image) {
+			return true
+		}
+		if norm != "" && (MatchImage(p, norm) || MatchImage(normalizePattern(p), norm)) {
 			return true
 		}
 	}
 	return false
+}
+
+// normalizePattern spells out the Docker Hub repository of a pattern the
+// way Docker does for an image (python:* is docker.io/library/python:*,
+// acme/* is docker.io/acme/*), so that it also matches images written in
+// full. A first component that is a registry (it has a dot or a colon, or is
+// localhost) or holds a wildcard is left alone. Tags are not touched: a
+// pattern means what it says about them.
+func normalizePattern(pattern string) string {
+	first, _, found := strings.Cut(pattern, "/")
+	switch {
+	case !found:
+		return "docker.io/library/" + pattern
+	case strings.ContainsAny(first, ".:*?") || first == "localhost":
+		return pattern
+	}
+	return "docker.io/" + pattern
 }
 
 // MatchImage matches an image against one pattern: `*` is any run of
