@@ -129,6 +129,12 @@ func StartControlPlane(opts ...Option) *ControlPlane {
 	}
 	var err error
 	cp.Config, err = cp.Env.Start()
+	if err != nil {
+		// Start can fail after launching etcd and kube-apiserver (a CRD
+		// that does not install, say); the suite's AfterSuite never sees
+		// this ControlPlane, so stop them here.
+		_ = cp.Env.Stop()
+	}
 	Expect(err).NotTo(HaveOccurred())
 	cp.Client, err = client.New(cp.Config, client.Options{Scheme: cp.Scheme})
 	Expect(err).NotTo(HaveOccurred())
