@@ -202,9 +202,15 @@ func (m *managerProcess) stop(grace time.Duration) error {
 }
 
 // removeNodeContainers force-removes every container, running or not, that
-// a manager for nodeName created.
+// the suite's manager created.
 func removeNodeContainers(ctx context.Context) error {
-	out, err := run(ctx, "", "docker", "ps", "-aq", "--filter", "label="+nodeLabel+"="+nodeName)
+	return removeContainersOf(ctx, nodeName)
+}
+
+// removeContainersOf force-removes every container, running or not, that a
+// manager for node created.
+func removeContainersOf(ctx context.Context, node string) error {
+	out, err := run(ctx, "", "docker", "ps", "-aq", "--filter", "label="+nodeLabel+"="+node)
 	if err != nil {
 		return err
 	}
@@ -212,9 +218,26 @@ func removeNodeContainers(ctx context.Context) error {
 	if len(ids) == 0 {
 		return nil
 	}
-	fmt.Fprintf(GinkgoWriter, "removing %d container(s) of node %s\n", len(ids), nodeName)
+	fmt.Fprintf(GinkgoWriter, "removing %d container(s) of node %s\n", len(ids), node)
 	_, err = run(ctx, "", "docker", append([]string{"rm", "-f", "-v"}, ids...)...)
 	return err
+}
+
+// startLoopbackNode starts a manager of its own for node, with the node API
+// on loopback. It accepts the client certificates of envtest's client CA,
+// which signed the kubeconfig user's certificate, so clients acting as that
+// user (the MCP server, the plugin) reach it.
+func startLoopbackNode(node, stateDir string) (*managerProcess, error) {
+	return startManager(filepath.Join(workDir, "manager"),
+		"--kubeconfig", kubeconfig,
+		"--node-name", node,
+		"--metrics-bind-address", "0",
+		"--health-probe-bind-address", "127.0.0.1:0",
+		"--state-dir", stateDir,
+		"--node-api-bind-address", "127.0.0.1:0",
+		"--node-api-advertise-address", "127.0.0.1",
+		"--node-api-client-ca-file", filepath.Join(testEnv.ControlPlane.APIServer.CertDir, "client-cert-auth-ca.crt"),
+	)
 }
 
 func findRepoRoot(ctx context.Context) (string, error) {

@@ -40,39 +40,20 @@ var _ = Describe("kubectl sandbox", Ordered, func() {
 		agent  *managerProcess
 	)
 
-	removePluginNodeContainers := func(ctx context.Context) error {
-		out, err := docker(ctx, "ps", "-aq", "--filter", "label="+nodeLabel+"="+pluginNode)
-		if err != nil || strings.TrimSpace(out) == "" {
-			return err
-		}
-		_, err = docker(ctx, append([]string{"rm", "-f", "-v"}, strings.Fields(out)...)...)
-		return err
-	}
-
 	BeforeAll(func(ctx SpecContext) {
 		By("building kubectl-sandbox")
 		plugin = filepath.Join(repoRoot, "bin", "kubectl-sandbox")
 		_, err := run(ctx, repoRoot, "go", "build", "-o", plugin, "./cmd/kubectl-sandbox")
 		Expect(err).NotTo(HaveOccurred())
 
-		Expect(removePluginNodeContainers(ctx)).To(Succeed())
+		Expect(removeContainersOf(ctx, pluginNode)).To(Succeed())
 		DeferCleanup(func(ctx SpecContext) {
-			Expect(removePluginNodeContainers(ctx)).To(Succeed())
+			Expect(removeContainersOf(ctx, pluginNode)).To(Succeed())
 		}, NodeTimeout(time.Minute))
 
 		By("starting a manager that serves the node API on loopback")
 		stateDir := filepath.Join(workDir, "plugin-node-state")
-		agent, err = startManager(filepath.Join(workDir, "manager"),
-			"--kubeconfig", kubeconfig,
-			"--node-name", pluginNode,
-			"--metrics-bind-address", "0",
-			"--health-probe-bind-address", "127.0.0.1:0",
-			"--state-dir", stateDir,
-			"--node-api-bind-address", "127.0.0.1:0",
-			"--node-api-advertise-address", "127.0.0.1",
-			// envtest's client CA signed the kubeconfig user's certificate.
-			"--node-api-client-ca-file", filepath.Join(testEnv.ControlPlane.APIServer.CertDir, "client-cert-auth-ca.crt"),
-		)
+		agent, err = startLoopbackNode(pluginNode, stateDir)
 		Expect(err).NotTo(HaveOccurred())
 		DeferCleanup(func() error { return agent.stop(15 * time.Second) })
 

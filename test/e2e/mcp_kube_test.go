@@ -44,39 +44,19 @@ var _ = Describe("code-sandbox-mcp --backend kubernetes", Ordered, func() {
 		agent   *managerProcess
 	)
 
-	removeKmcpNodeContainers := func(ctx context.Context) error {
-		out, err := docker(ctx, "ps", "-aq", "--filter", "label="+nodeLabel+"="+kmcpNode)
-		if err != nil || strings.TrimSpace(out) == "" {
-			return err
-		}
-		_, err = docker(ctx, append([]string{"rm", "-f", "-v"}, strings.Fields(out)...)...)
-		return err
-	}
-
 	BeforeAll(func(ctx SpecContext) {
 		By("building code-sandbox-mcp")
 		kmcpBin = filepath.Join(workDir, "code-sandbox-mcp")
 		_, err := run(ctx, repoRoot, "go", "build", "-o", kmcpBin, "./cmd/code-sandbox-mcp")
 		Expect(err).NotTo(HaveOccurred())
 
-		Expect(removeKmcpNodeContainers(ctx)).To(Succeed())
+		Expect(removeContainersOf(ctx, kmcpNode)).To(Succeed())
 		DeferCleanup(func(ctx SpecContext) {
-			Expect(removeKmcpNodeContainers(ctx)).To(Succeed())
+			Expect(removeContainersOf(ctx, kmcpNode)).To(Succeed())
 		}, NodeTimeout(time.Minute))
 
 		By("starting a manager that serves the node API on loopback")
-		agent, err = startManager(filepath.Join(workDir, "manager"),
-			"--kubeconfig", kubeconfig,
-			"--node-name", kmcpNode,
-			"--metrics-bind-address", "0",
-			"--health-probe-bind-address", "127.0.0.1:0",
-			"--state-dir", filepath.Join(workDir, "mcp-node-state"),
-			"--node-api-bind-address", "127.0.0.1:0",
-			"--node-api-advertise-address", "127.0.0.1",
-			// The MCP server acts as the kubeconfig's user, a client
-			// certificate signed by envtest's client CA.
-			"--node-api-client-ca-file", filepath.Join(testEnv.ControlPlane.APIServer.CertDir, "client-cert-auth-ca.crt"),
-		)
+		agent, err = startLoopbackNode(kmcpNode, filepath.Join(workDir, "mcp-node-state"))
 		Expect(err).NotTo(HaveOccurred())
 		DeferCleanup(func() error { return agent.stop(15 * time.Second) })
 

@@ -63,15 +63,6 @@ var _ = Describe("SandboxQuota through the admission webhook and code-sandbox-mc
 		sess    *mcp.ClientSession
 	)
 
-	removeQuotaNodeContainers := func(ctx context.Context) error {
-		out, err := docker(ctx, "ps", "-aq", "--filter", "label="+nodeLabel+"="+quotaNode)
-		if err != nil || strings.TrimSpace(out) == "" {
-			return err
-		}
-		_, err = docker(ctx, append([]string{"rm", "-f", "-v"}, strings.Fields(out)...)...)
-		return err
-	}
-
 	// sandboxYAML is a Sandbox the quota admits, pinned to quotaNode.
 	sandboxYAML := func(name, image string) string {
 		return fmt.Sprintf(`apiVersion: sandbox.code-sandbox.dev/v1alpha1
@@ -141,22 +132,13 @@ spec:
 		_, err := run(ctx, repoRoot, "go", "build", "-o", kmcpBin, "./cmd/code-sandbox-mcp")
 		Expect(err).NotTo(HaveOccurred())
 
-		Expect(removeQuotaNodeContainers(ctx)).To(Succeed())
+		Expect(removeContainersOf(ctx, quotaNode)).To(Succeed())
 		DeferCleanup(func(ctx SpecContext) {
-			Expect(removeQuotaNodeContainers(ctx)).To(Succeed())
+			Expect(removeContainersOf(ctx, quotaNode)).To(Succeed())
 		}, NodeTimeout(time.Minute))
 
 		By("starting a manager that serves the node API on loopback")
-		node, err = startManager(filepath.Join(workDir, "manager"),
-			"--kubeconfig", kubeconfig,
-			"--node-name", quotaNode,
-			"--metrics-bind-address", "0",
-			"--health-probe-bind-address", "127.0.0.1:0",
-			"--state-dir", filepath.Join(workDir, "quota-node-state"),
-			"--node-api-bind-address", "127.0.0.1:0",
-			"--node-api-advertise-address", "127.0.0.1",
-			"--node-api-client-ca-file", filepath.Join(testEnv.ControlPlane.APIServer.CertDir, "client-cert-auth-ca.crt"),
-		)
+		node, err = startLoopbackNode(quotaNode, filepath.Join(workDir, "quota-node-state"))
 		Expect(err).NotTo(HaveOccurred())
 		// Registered before the webhook's and the MCP server's cleanups, so
 		// it runs after them: the MCP server deletes its Sandboxes on the
