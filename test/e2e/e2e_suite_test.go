@@ -54,6 +54,8 @@ var (
 	workDir    string
 	kubeconfig string
 	samplesDir string
+	// kmcpBin is code-sandbox-mcp, built once for every spec that runs it.
+	kmcpBin string
 
 	testEnv *envtest.Environment
 	manager *managerProcess
@@ -93,6 +95,10 @@ var _ = BeforeSuite(func(ctx SpecContext) {
 	By("building the manager")
 	managerBin := filepath.Join(workDir, "manager")
 	_, err = run(ctx, repoRoot, "go", "build", "-o", managerBin, "./cmd/manager")
+	Expect(err).NotTo(HaveOccurred())
+	By("building code-sandbox-mcp")
+	kmcpBin = filepath.Join(workDir, "code-sandbox-mcp")
+	_, err = run(ctx, repoRoot, "go", "build", "-o", kmcpBin, "./cmd/code-sandbox-mcp")
 	Expect(err).NotTo(HaveOccurred())
 
 	By("starting etcd and kube-apiserver")

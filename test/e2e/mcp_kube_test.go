@@ -39,23 +39,16 @@ var _ = Describe("code-sandbox-mcp --backend kubernetes", Ordered, func() {
 		kmcpNamespace = "mcp-kube-e2e"
 		kmcpManagedBy = "app.kubernetes.io/managed-by=code-sandbox-mcp"
 	)
-	var (
-		kmcpBin string
-		agent   *managerProcess
-	)
+	var agent *managerProcess
 
 	BeforeAll(func(ctx SpecContext) {
-		By("building code-sandbox-mcp")
-		kmcpBin = filepath.Join(workDir, "code-sandbox-mcp")
-		_, err := run(ctx, repoRoot, "go", "build", "-o", kmcpBin, "./cmd/code-sandbox-mcp")
-		Expect(err).NotTo(HaveOccurred())
-
 		Expect(removeContainersOf(ctx, kmcpNode)).To(Succeed())
 		DeferCleanup(func(ctx SpecContext) {
 			Expect(removeContainersOf(ctx, kmcpNode)).To(Succeed())
 		}, NodeTimeout(time.Minute))
 
 		By("starting a manager that serves the node API on loopback")
+		var err error
 		agent, err = startLoopbackNode(kmcpNode, filepath.Join(workDir, "mcp-node-state"))
 		Expect(err).NotTo(HaveOccurred())
 		DeferCleanup(func() error { return agent.stop(15 * time.Second) })
@@ -227,7 +220,6 @@ var _ = Describe("code-sandbox-mcp --backend kubernetes", Ordered, func() {
 	Describe("over HTTP with --auth kubernetes", Ordered, func() {
 		var (
 			url    string
-			stderr *kmcpLog
 			tokens = map[string]string{}
 		)
 
@@ -237,36 +229,16 @@ var _ = Describe("code-sandbox-mcp --backend kubernetes", Ordered, func() {
 				Expect(err).NotTo(HaveOccurred())
 				tokens[sa] = strings.TrimSpace(out)
 			}
-			cmd := exec.Command(kmcpBin, serverArgs("--http", "127.0.0.1:0", "--auth", "kubernetes")...)
-			stderr = &kmcpLog{}
-			cmd.Stderr = stderr
-			cmd.SysProcAttr = managerProcAttr()
-			Expect(cmd.Start()).To(Succeed())
-			waited := make(chan error, 1)
-			go func() { waited <- cmd.Wait() }()
+			// Registered first, so it runs after the server has stopped:
+			// Close deleted what the server created.
 			DeferCleanup(func(ctx SpecContext) {
-				_ = cmd.Process.Signal(syscall.SIGTERM)
-				Eventually(waited).WithTimeout(time.Minute).Should(Receive())
-				// Close deleted what the server created.
 				Expect(mcpSandboxes(ctx)).To(BeEmpty())
-			}, NodeTimeout(2*time.Minute))
-			urlRE := regexp.MustCompile(`msg="serving MCP over streamable HTTP" url=(\S+)`)
-			Eventually(func() string {
-				if m := urlRE.FindStringSubmatch(stderr.String()); m != nil {
-					return m[1]
-				}
-				return ""
-			}).WithTimeout(30*time.Second).ShouldNot(BeEmpty(), "server did not start:\n%s", stderr)
-			url = urlRE.FindStringSubmatch(stderr.String())[1]
+			}, NodeTimeout(time.Minute))
+			url, _ = startKubeMCPHTTP(serverArgs("--http", "127.0.0.1:0", "--auth", "kubernetes")...)
 		})
 
 		connect := func(ctx context.Context, sa string, opts *mcp.ClientOptions) *mcp.ClientSession {
-			client := mcp.NewClient(&mcp.Implementation{Name: "e2e-" + sa, Version: "1"}, opts)
-			hc := &http.Client{Transport: kmcpBearer{token: tokens[sa], base: http.DefaultTransport}}
-			sess, err := client.Connect(ctx, &mcp.StreamableClientTransport{Endpoint: url, HTTPClient: hc, MaxRetries: -1}, nil)
-			Expect(err).NotTo(HaveOccurred())
-			DeferCleanup(func() { _ = sess.Close() })
-			return sess
+			return connectKubeMCP(ctx, url, tokens[sa], "e2e-"+sa, opts)
 		}
 
 		It("refuses a token the API server does not accept", func(ctx SpecContext) {
@@ -375,6 +347,44 @@ var _ = Describe("code-sandbox-mcp --backend kubernetes", Ordered, func() {
 		}, NodeTimeout(3*time.Minute))
 	})
 })
+
+// startKubeMCPHTTP starts code-sandbox-mcp with args (which must serve
+// over --http) and returns its URL and stderr. It is stopped with SIGTERM,
+// which deletes its Sandboxes, when the calling node ends.
+func startKubeMCPHTTP(args ...string) (string, *kmcpLog) {
+	GinkgoHelper()
+	cmd := exec.Command(kmcpBin, args...)
+	stderr := &kmcpLog{}
+	cmd.Stderr = stderr
+	cmd.SysProcAttr = managerProcAttr()
+	Expect(cmd.Start()).To(Succeed())
+	waited := make(chan error, 1)
+	go func() { waited <- cmd.Wait() }()
+	DeferCleanup(func(ctx SpecContext) {
+		_ = cmd.Process.Signal(syscall.SIGTERM)
+		Eventually(waited).WithContext(ctx).WithTimeout(time.Minute).Should(Receive())
+	}, NodeTimeout(2*time.Minute))
+	urlRE := regexp.MustCompile(`msg="serving MCP over streamable HTTP" url=(\S+)`)
+	Eventually(func() string {
+		if m := urlRE.FindStringSubmatch(stderr.String()); m != nil {
+			return m[1]
+		}
+		return ""
+	}).WithTimeout(30*time.Second).ShouldNot(BeEmpty(), "server did not start:\n%s", stderr)
+	return urlRE.FindStringSubmatch(stderr.String())[1], stderr
+}
+
+// connectKubeMCP opens a session to url with a bearer token; it is closed
+// when the calling node ends.
+func connectKubeMCP(ctx context.Context, url, token, clientName string, opts *mcp.ClientOptions) *mcp.ClientSession {
+	GinkgoHelper()
+	client := mcp.NewClient(&mcp.Implementation{Name: clientName, Version: "1"}, opts)
+	hc := &http.Client{Transport: kmcpBearer{token: token, base: http.DefaultTransport}}
+	sess, err := client.Connect(ctx, &mcp.StreamableClientTransport{Endpoint: url, HTTPClient: hc, MaxRetries: -1}, nil)
+	Expect(err).NotTo(HaveOccurred())
+	DeferCleanup(func() { _ = sess.Close() })
+	return sess
+}
 
 // kmcpLog collects a server's stderr for assertions while it runs.
 type kmcpLog struct {

@@ -13,13 +13,9 @@ import (
 	"encoding/json"
 	"fmt"
 	"net"
-	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
-	"regexp"
 	"strings"
-	"syscall"
 	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
@@ -56,7 +52,6 @@ var _ = Describe("SandboxQuota through the admission webhook and code-sandbox-mc
 		webhookErr = `admission webhook "sandbox-quota.code-sandbox.dev" denied the request: `
 	)
 	var (
-		kmcpBin string
 		node    *managerProcess
 		webhook *managerProcess
 		token   string
@@ -94,50 +89,22 @@ spec:
 	// It is stopped, deleting its Sandboxes, when the calling node ends.
 	startMCP := func(ctx context.Context, args ...string) *mcp.ClientSession {
 		GinkgoHelper()
-		cmd := exec.Command(kmcpBin, append([]string{"--backend", "kubernetes", "--kubeconfig", kubeconfig,
+		url, _ := startKubeMCPHTTP(append([]string{"--backend", "kubernetes", "--kubeconfig", kubeconfig,
 			"--node-name", quotaNode, "--default-image", sampleImage, "--pull-policy", "Never",
 			"--ready-timeout", "90s", "--max-lifetime", "1h",
 			"--http", "127.0.0.1:0", "--auth", "kubernetes"}, args...)...)
-		stderr := &kmcpLog{}
-		cmd.Stderr = stderr
-		cmd.SysProcAttr = managerProcAttr()
-		Expect(cmd.Start()).To(Succeed())
-		waited := make(chan error, 1)
-		go func() { waited <- cmd.Wait() }()
-		DeferCleanup(func(ctx SpecContext) {
-			_ = cmd.Process.Signal(syscall.SIGTERM)
-			// It deletes its Sandboxes on the way out.
-			Eventually(waited).WithContext(ctx).WithTimeout(time.Minute).Should(Receive())
-		}, NodeTimeout(2*time.Minute))
-		urlRE := regexp.MustCompile(`msg="serving MCP over streamable HTTP" url=(\S+)`)
-		Eventually(func() string {
-			if m := urlRE.FindStringSubmatch(stderr.String()); m != nil {
-				return m[1]
-			}
-			return ""
-		}).WithTimeout(30*time.Second).ShouldNot(BeEmpty(), "server did not start:\n%s", stderr)
-		url := urlRE.FindStringSubmatch(stderr.String())[1]
-
-		client := mcp.NewClient(&mcp.Implementation{Name: "e2e-quota", Version: "1"}, nil)
-		hc := &http.Client{Transport: kmcpBearer{token: token, base: http.DefaultTransport}}
-		sess, err := client.Connect(ctx, &mcp.StreamableClientTransport{Endpoint: url, HTTPClient: hc, MaxRetries: -1}, nil)
-		Expect(err).NotTo(HaveOccurred())
-		DeferCleanup(func() { _ = sess.Close() })
+		sess := connectKubeMCP(ctx, url, token, "e2e-quota", nil)
 		return sess
 	}
 
 	BeforeAll(func(ctx SpecContext) {
-		By("building code-sandbox-mcp")
-		kmcpBin = filepath.Join(workDir, "code-sandbox-mcp-quota")
-		_, err := run(ctx, repoRoot, "go", "build", "-o", kmcpBin, "./cmd/code-sandbox-mcp")
-		Expect(err).NotTo(HaveOccurred())
-
 		Expect(removeContainersOf(ctx, quotaNode)).To(Succeed())
 		DeferCleanup(func(ctx SpecContext) {
 			Expect(removeContainersOf(ctx, quotaNode)).To(Succeed())
 		}, NodeTimeout(time.Minute))
 
 		By("starting a manager that serves the node API on loopback")
+		var err error
 		node, err = startLoopbackNode(quotaNode, filepath.Join(workDir, "quota-node-state"))
 		Expect(err).NotTo(HaveOccurred())
 		// Registered before the webhook's and the MCP server's cleanups, so
