@@ -16,6 +16,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	clocktesting "k8s.io/utils/clock/testing"
 	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/event"
 
 	sandboxv1alpha1 "github.com/code-sandbox/code-sandbox-operator/api/v1alpha1"
 	"github.com/code-sandbox/code-sandbox-operator/internal/dockerruntime"
@@ -121,5 +122,45 @@ var _ = Describe("dockerSpecFor", func() {
 		sbx.Spec.Network.Mode = "Host"
 		_, err = dockerSpecFor(sbx, Options{NodeName: "n"})
 		Expect(err).To(MatchError(ContainSubstring(`unknown network mode "Host"`)))
+	})
+})
+
+var _ = Describe("deletion bookkeeping", func() {
+	It("lets the delete event of a Sandbox bound to this node, or unbound, through the predicate", func() {
+		p := (&SandboxReconciler{opts: Options{NodeName: "a"}}).relevant()
+		deleted := func(specNode, statusNode string) bool {
+			sbx := &sandboxv1alpha1.Sandbox{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "s", UID: "u"}}
+			sbx.Spec.NodeName, sbx.Status.NodeName = specNode, statusNode
+			return p.Delete(event.DeleteEvent{Object: sbx})
+		}
+		Expect(deleted("", "a")).To(BeTrue(), "bound here")
+		Expect(deleted("a", "a")).To(BeTrue(), "pinned and bound here")
+		Expect(deleted("", "")).To(BeTrue(), "deleted before anyone claimed it")
+		Expect(deleted("", "b")).To(BeFalse(), "bound to another node")
+		Expect(deleted("b", "")).To(BeFalse(), "pinned to another node")
+	})
+
+	It("records deleted UIDs per name until taken, and puts them back for a retry", func() {
+		t := newDeletedTracker()
+		key := types.NamespacedName{Namespace: "ns", Name: "s"}
+		Expect(t.take(key)).To(BeEmpty())
+		t.add(key, "u1")
+		t.add(key, "u2", "u1")
+		got := t.take(key)
+		Expect(got).To(ConsistOf(types.UID("u1"), types.UID("u2")))
+		Expect(t.take(key)).To(BeEmpty())
+		t.add(key, got...)
+		t.add(key)
+		Expect(t.take(key)).To(HaveLen(2))
+	})
+
+	It("releases a claim only for the UID that holds it", func() {
+		c := newClaimTracker()
+		key := types.NamespacedName{Namespace: "ns", Name: "s"}
+		c.claimed[key] = "new"
+		c.releaseUID(key, "old")
+		Expect(c.claimed).To(HaveKeyWithValue(key, types.UID("new")), "a successor under the same name keeps its claim")
+		c.releaseUID(key, "new")
+		Expect(c.claimed).NotTo(HaveKey(key))
 	})
 })

@@ -58,12 +58,10 @@ type Options struct {
 	RetryBackoffMax  time.Duration
 	// SkipNameValidation lets several managers run in one process (tests).
 	SkipNameValidation bool
-	// AgentEndpoint ("https://HOST:PORT") and AgentCertSHA256 (lowercase hex
-	// SHA-256 of the node API's serving certificate) are published in the
-	// status of every running Sandbox of this node, so that clients find the
-	// node API and can pin its certificate. Empty when the node API is off.
-	AgentEndpoint   string
-	AgentCertSHA256 string
+	// NodeAPIEndpoint ("https://HOST:PORT") is published in the status of
+	// every running Sandbox of this node, so that the aggregated API server
+	// finds the node API. Empty when the node API is off.
+	NodeAPIEndpoint string
 	// History, when set, loses a Sandbox's exec history once its container
 	// is gone for good.
 	History HistoryDeleter
@@ -104,6 +102,8 @@ type SandboxReconciler struct {
 
 	claims  *claimTracker
 	backoff *backoffTracker
+	// deleted holds the UIDs of deleted Sandboxes not yet cleaned up after.
+	deleted *deletedTracker
 	// dockerEvents carries Docker container events into the work queue.
 	dockerEvents chan eventGeneric
 }
@@ -129,18 +129,37 @@ func NewSandboxReconciler(c client.Client, apiReader client.Reader, docker *dock
 		opts:         opts,
 		claims:       newClaimTracker(),
 		backoff:      newBackoffTracker(clk, opts.RetryBackoffBase, opts.RetryBackoffMax),
+		deleted:      newDeletedTracker(),
 		dockerEvents: make(chan eventGeneric, 1024),
 	}, nil
 }
 
 // Reconcile brings one Sandbox's container in line with its spec.
 func (r *SandboxReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
+	// Deletions first: a Sandbox deleted without finalize (its finalizer
+	// stripped by hand) frees quota at once, so its container must go at
+	// once too, not at the next orphan sweep.
+	deleted := r.deleted.take(req.NamespacedName)
+	for _, uid := range deleted {
+		r.claims.releaseUID(req.NamespacedName, uid)
+	}
 	sbx := &sandboxv1alpha1.Sandbox{}
 	if err := r.client.Get(ctx, req.NamespacedName, sbx); err != nil {
-		if apierrors.IsNotFound(err) {
-			r.claims.release(req.NamespacedName)
+		if !apierrors.IsNotFound(err) {
+			r.deleted.add(req.NamespacedName, deleted...)
+			return ctrl.Result{}, err
 		}
-		return ctrl.Result{}, client.IgnoreNotFound(err)
+		r.claims.release(req.NamespacedName)
+		// Gone: remove whatever this node still runs for that name. Also
+		// reached from a Docker event of a container whose Sandbox is gone.
+		return ctrl.Result{}, r.removeVanished(ctx, req.NamespacedName, deleted)
+	}
+	if len(deleted) > 0 {
+		// Deleted and already re-created under the same name: the old
+		// UID's container goes, the new one's stays.
+		if err := r.removeVanished(ctx, req.NamespacedName, deleted); err != nil {
+			return ctrl.Result{}, err
+		}
 	}
 	log := logf.FromContext(ctx).WithValues("node", r.opts.NodeName, "uid", sbx.UID)
 	ctx = logf.IntoContext(ctx, log)
@@ -408,29 +427,17 @@ func (r *SandboxReconciler) finalize(ctx context.Context, sbx *sandboxv1alpha1.S
 }
 
 // deleteHistory drops the exec history of a Sandbox whose container is gone.
-// A failure is logged, not retried: a leftover history file must not keep a
-// Sandbox stuck in Terminating.
 func (r *SandboxReconciler) deleteHistory(ctx context.Context, sbx *sandboxv1alpha1.Sandbox) {
-	if r.opts.History == nil {
-		return
-	}
-	if err := r.opts.History.Delete(string(sbx.UID)); err != nil {
-		logf.FromContext(ctx).Error(err, "deleting exec history")
-	}
+	r.deleteHistoryOf(ctx, sbx.UID)
 }
 
 // setReady sets the Ready condition. It is also the one place that publishes
-// the node API endpoint: only a running Sandbox advertises it, and always
-// this manager's current values, so a manager restarted with a new
-// certificate corrects every Sandbox on its next resync.
+// the node API endpoint, always this manager's current value, so a manager
+// restarted on a new address corrects every Sandbox on its next resync.
 func (r *SandboxReconciler) setReady(sbx *sandboxv1alpha1.Sandbox, status metav1.ConditionStatus, reason, message string) {
-	if status == metav1.ConditionTrue {
-		sbx.Status.AgentEndpoint = r.opts.AgentEndpoint
-		sbx.Status.AgentCertSHA256 = r.opts.AgentCertSHA256
-	} else {
-		sbx.Status.AgentEndpoint = ""
-		sbx.Status.AgentCertSHA256 = ""
-	}
+	// The endpoint is the node's, not the container's: logs and history
+	// of a Sandbox that is not Ready are served there too.
+	sbx.Status.NodeAPIEndpoint = r.opts.NodeAPIEndpoint
 	meta.SetStatusCondition(&sbx.Status.Conditions, metav1.Condition{
 		Type:               string(sandboxv1alpha1.SandboxConditionReady),
 		Status:             status,
@@ -503,7 +510,9 @@ func (r *SandboxReconciler) SetupWithManager(mgr ctrl.Manager, orphanGCInterval 
 	}
 	skip := r.opts.SkipNameValidation
 	return ctrl.NewControllerManagedBy(mgr).
-		For(&sandboxv1alpha1.Sandbox{}, builder.WithPredicates(r.relevant())).
+		// Watches rather than For, for a handler that records deletions
+		// (see deletedTracker); it enqueues exactly as For's would.
+		Watches(&sandboxv1alpha1.Sandbox{}, &sandboxEventHandler{deleted: r.deleted}, builder.WithPredicates(r.relevant())).
 		WatchesRawSource(source.Channel(r.dockerEvents, &handler.TypedEnqueueRequestForObject[*sandboxv1alpha1.Sandbox]{})).
 		WithOptions(controller.Options{MaxConcurrentReconciles: r.opts.MaxConcurrentReconciles, SkipNameValidation: &skip}).
 		Named("sandbox").

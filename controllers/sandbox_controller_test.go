@@ -19,6 +19,7 @@ import (
 
 	"github.com/code-sandbox/code-sandbox-operator/internal/history"
 
+	cerrdefs "github.com/containerd/errdefs"
 	"github.com/docker/docker/api/types/container"
 	"github.com/docker/docker/api/types/image"
 	. "github.com/onsi/ginkgo/v2"
@@ -289,6 +290,97 @@ var _ = Describe("Sandbox controller", func() {
 		startManager(node, managerConfig{})
 		Eventually(isGone(key), 60*time.Second, 100*time.Millisecond).Should(BeTrue())
 		Expect(containersOf(sbx.UID)).To(BeEmpty())
+	})
+
+	// stripAndDelete does what Attack 3 does: it strips the finalizer and
+	// deletes the Sandbox, with the resourceVersion it stripped as a
+	// precondition so that the manager cannot put the finalizer back in
+	// between (the delete would then go through finalize and prove nothing).
+	// It returns when the delete has returned, with the object gone.
+	stripAndDelete := func(key client.ObjectKey) {
+		GinkgoHelper()
+		Eventually(func() error {
+			sbx := &sandboxv1alpha1.Sandbox{}
+			if err := k8sClient.Get(ctx, key, sbx); err != nil {
+				return err
+			}
+			sbx.Finalizers = nil
+			if err := k8sClient.Update(ctx, sbx); err != nil {
+				return err
+			}
+			return k8sClient.Delete(ctx, sbx, client.Preconditions{UID: &sbx.UID, ResourceVersion: &sbx.ResourceVersion})
+		}, 10*time.Second, 10*time.Millisecond).Should(Succeed())
+		Expect(isGone(key)()).To(BeTrue(), "with no finalizer the delete is immediate")
+	}
+	// ignoresSIGTERM keeps a Sandbox running through a graceful stop.
+	ignoresSIGTERM := func(s *sandboxv1alpha1.Sandbox) {
+		s.Spec.Command = []string{"sh", "-c", `trap "" TERM; while true; do sleep 1; done`}
+	}
+	// removedWithin polls Docker until the container is gone and returns how
+	// long that took from start.
+	removedWithin := func(id string, start time.Time) time.Duration {
+		GinkgoHelper()
+		Eventually(func() error {
+			_, err := docker.ContainerInspect(ctx, id)
+			return err
+		}, 30*time.Second, 10*time.Millisecond).Should(MatchError(cerrdefs.IsNotFound, "IsNotFound"))
+		return time.Since(start)
+	}
+
+	It("removes the container of a Sandbox whose finalizer was stripped within 2 s of its delete", func() {
+		node := testNodePrefix + "stripped"
+		hist, err := history.New(GinkgoT().TempDir(), 0)
+		Expect(err).NotTo(HaveOccurred())
+		// The sweep runs at start-up, before this Sandbox exists, and then
+		// not for an hour: it cannot be what removes the container.
+		startManager(node, managerConfig{maxSandboxes: 1, orphanGCInterval: time.Hour, history: hist})
+		sbx := waitReady(createSandbox(newSandbox(ns, "stripped", node, ignoresSIGTERM)))
+		key := client.ObjectKeyFromObject(sbx)
+		id := sbx.Status.ContainerID
+		Expect(inspect(id).State.Running).To(BeTrue())
+		Expect(inspect(id).Config.Labels).To(HaveKeyWithValue(dockerruntime.LabelSandboxUID, string(sbx.UID)))
+		Expect(hist.Append(string(sbx.UID), history.Record{ID: "x", Command: []string{"true"}})).To(Succeed())
+
+		By("stripping the finalizer and deleting the Sandbox")
+		stripAndDelete(key)
+		elapsed := removedWithin(id, time.Now())
+		AddReportEntry("container removal after a stripped-finalizer delete", elapsed.String())
+		GinkgoWriter.Printf("container %s removed %v after the delete returned\n", dockerruntime.ShortID(id), elapsed)
+		Expect(elapsed).To(BeNumerically("<", 2*time.Second))
+		Expect(containersOf(sbx.UID)).To(BeEmpty())
+		Expect(hist.Tail(string(sbx.UID), 0)).To(BeEmpty(), "the exec history goes with the container")
+
+		By("freeing the node's only slot for the next Sandbox")
+		next := createSandbox(newSandbox(ns, "after-stripped", node))
+		Eventually(readyReason(client.ObjectKeyFromObject(next)), 30*time.Second, 100*time.Millisecond).Should(Equal("True/Running"))
+	})
+
+	It("keeps the new container of a Sandbox deleted and re-created under the same name", func() {
+		node := testNodePrefix + "recreate"
+		startManager(node, managerConfig{maxSandboxes: 1, orphanGCInterval: time.Hour})
+		old := waitReady(createSandbox(newSandbox(ns, "recreate", node, ignoresSIGTERM)))
+		key := client.ObjectKeyFromObject(old)
+		oldID := old.Status.ContainerID
+
+		By("stripping the finalizer, deleting, and re-creating at once")
+		stripAndDelete(key)
+		deleted := time.Now()
+		Expect(k8sClient.Create(ctx, newSandbox(ns, "recreate", node, ignoresSIGTERM))).To(Succeed())
+		elapsed := removedWithin(oldID, deleted)
+		GinkgoWriter.Printf("old container removed %v after the delete returned\n", elapsed)
+		Expect(elapsed).To(BeNumerically("<", 2*time.Second))
+
+		By("running the new Sandbox, on the slot the old one freed, and leaving its container alone")
+		cur := waitReady(getSandbox(key))
+		Expect(cur.UID).NotTo(Equal(old.UID))
+		Expect(cur.Status.ContainerID).NotTo(Or(BeEmpty(), Equal(oldID)))
+		Consistently(func() bool {
+			ct, err := docker.ContainerInspect(ctx, cur.Status.ContainerID)
+			return err == nil && ct.State.Running
+		}, 3*time.Second, 100*time.Millisecond).Should(BeTrue())
+		Expect(containersOf(cur.UID)).To(HaveLen(1))
+		Expect(containersOf(old.UID)).To(BeEmpty())
+		Expect(getSandbox(key).Status.ContainerID).To(Equal(cur.Status.ContainerID))
 	})
 
 	It("collects orphaned containers and leaves everything else alone", func() {

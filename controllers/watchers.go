@@ -126,11 +126,21 @@ func (o *orphanCollector) Start(ctx context.Context) error {
 // a different UID (deleted and recreated under the same name). It returns how
 // many it removed.
 func (r *SandboxReconciler) CollectOrphans(ctx context.Context) (int, error) {
-	log := logf.FromContext(ctx)
 	list, err := r.docker.ListManaged(ctx, dockerruntime.ListFilter{Node: r.opts.NodeName})
 	if err != nil {
 		return 0, err
 	}
+	return r.removeOrphans(ctx, list)
+}
+
+// removeOrphans removes those of the given containers (this node's, listed by
+// their labels) whose Sandbox no longer exists with the UID on the container,
+// and drops their exec history. It is the one judgement shared by the
+// periodic sweep and by Reconcile when a Sandbox vanishes. It asks the API
+// server, not the cache, before it deletes anything: a cache that has not
+// yet seen a new Sandbox must not cost that Sandbox its container.
+func (r *SandboxReconciler) removeOrphans(ctx context.Context, list []dockerruntime.Container) (int, error) {
+	log := logf.FromContext(ctx)
 	removed := 0
 	var errs []error
 	for _, ct := range list {
@@ -152,19 +162,23 @@ func (r *SandboxReconciler) CollectOrphans(ctx context.Context) (int, error) {
 			continue
 		}
 		log.Info("removing orphaned container", "container", dockerruntime.ShortID(ct.ID), "sandbox", ns+"/"+name, "uid", uid)
-		if err := r.docker.Remove(ctx, ct.ID, r.opts.StopGracePeriod); err != nil {
+		// No stop grace period: kill at once. Its Sandbox is gone without
+		// finalize having run (the finalizer was stripped by hand, or the
+		// object was deleted behind the managers' back), so quota and node
+		// capacity were already released and nobody can reach the container
+		// through the API any more. Every second of SIGTERM grace is a
+		// second it runs uncounted; looping strip-and-delete would turn that
+		// into more containers than the quota allows.
+		if err := r.docker.Remove(ctx, ct.ID, 0); err != nil {
 			errs = append(errs, err)
 			continue
 		}
 		orphansRemoved.Inc()
 		removed++
+		r.backoff.reset(types.UID(uid))
 		// A Sandbox whose finalizer was stripped never reached finalize,
 		// so its exec history goes with its orphaned container.
-		if r.opts.History != nil {
-			if err := r.opts.History.Delete(uid); err != nil {
-				log.Error(err, "deleting the exec history of an orphaned container", "uid", uid)
-			}
-		}
+		r.deleteHistoryOf(ctx, types.UID(uid))
 	}
 	return removed, errors.Join(errs...)
 }

@@ -250,7 +250,7 @@ dev-up-system: everything is up.
 A token for the agent ServiceAccount (it may create and use Sandboxes in
 namespace ${MCP_NAMESPACE}):
 
-  TOKEN=\$(${KUBECTL} --kubeconfig ${KUBECONFIG_PATH} create token agent -n ${MCP_NAMESPACE} --duration=24h)
+  TOKEN=\$(${KUBECTL} --kubeconfig ${KUBECONFIG_PATH} create token agent -n ${MCP_NAMESPACE} --duration=24h --audience code-sandbox-mcp)
 
 An MCP client that speaks streamable HTTP (Claude Code, Cursor, VS Code;
 see docs/mcp.md):

@@ -301,21 +301,17 @@ type SandboxStatus struct {
 	// +optional
 	ObservedGeneration int64 `json:"observedGeneration,omitempty"`
 
-	// AgentEndpoint is the node API that runs commands in, moves files into
-	// and out of, and reads the logs of this Sandbox, as https://HOST:PORT.
-	// It is set while the Sandbox is Ready and its node serves the API, and
-	// cleared otherwise.
+	// NodeAPIEndpoint is the address of the node API that serves this
+	// Sandbox's exec, files, log and history subresources, as
+	// https://HOST:PORT. Only the operator's aggregated API server connects
+	// to it, and it trusts the address only as far as the certificate there
+	// chains to the operator CA and names status.nodeName; users reach the
+	// subresources through the API server
+	// (/apis/subresources.sandbox.code-sandbox.dev/v1alpha1/...). The node's
+	// manager sets it once it has claimed the Sandbox.
 	// +kubebuilder:validation:MaxLength=512
 	// +optional
-	AgentEndpoint string `json:"agentEndpoint,omitempty"`
-
-	// AgentCertSHA256 is the lowercase hex SHA-256 of the DER encoding of
-	// the node API's serving certificate. Clients pin it to authenticate the
-	// endpoint: only the managers' ServiceAccount may write a Sandbox's
-	// status, so this value is as trustworthy as the API server itself.
-	// +kubebuilder:validation:Pattern=`^([0-9a-f]{64})?$`
-	// +optional
-	AgentCertSHA256 string `json:"agentCertSHA256,omitempty"`
+	NodeAPIEndpoint string `json:"nodeAPIEndpoint,omitempty"`
 }
 
 // +kubebuilder:object:root=true
@@ -325,7 +321,6 @@ type SandboxStatus struct {
 // +kubebuilder:printcolumn:name="Reason",type=string,JSONPath=`.status.conditions[?(@.type=="Ready")].reason`
 // +kubebuilder:printcolumn:name="Image",type=string,JSONPath=`.spec.image`
 // +kubebuilder:printcolumn:name="Node",type=string,JSONPath=`.status.nodeName`
-// +kubebuilder:printcolumn:name="Endpoint",type=string,JSONPath=`.status.agentEndpoint`,priority=1
 // +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
 
 // Sandbox is a disposable, hardened Docker container for running untrusted

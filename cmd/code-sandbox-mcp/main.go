@@ -28,12 +28,14 @@ import (
 
 	"github.com/docker/go-units"
 	"github.com/mark3labs/mcp-go/server"
+	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 
 	sandboxv1alpha1 "github.com/code-sandbox/code-sandbox-operator/api/v1alpha1"
 	"github.com/code-sandbox/code-sandbox-operator/internal/dockerruntime"
 	"github.com/code-sandbox/code-sandbox-operator/internal/mcpserver"
+	"github.com/code-sandbox/code-sandbox-operator/internal/mcpserver/accessreview"
 	"github.com/code-sandbox/code-sandbox-operator/internal/mcpserver/dockerbackend"
 	"github.com/code-sandbox/code-sandbox-operator/internal/mcpserver/kubebackend"
 	"github.com/code-sandbox/code-sandbox-operator/internal/version"
@@ -54,6 +56,27 @@ func (l *listFlag) Set(v string) error {
 		}
 	}
 	return nil
+}
+
+// defaultListFlag is a repeatable flag with a default list that the first
+// use replaces rather than extends.
+type defaultListFlag struct {
+	vals []string
+	set  bool
+}
+
+func (l *defaultListFlag) String() string {
+	if l == nil {
+		return ""
+	}
+	return strings.Join(l.vals, ",")
+}
+
+func (l *defaultListFlag) Set(v string) error {
+	if !l.set {
+		l.vals, l.set = nil, true
+	}
+	return (*listFlag)(&l.vals).Set(v)
 }
 
 // sizeFlag is a byte count written as "1MiB", "512k" or a plain number.
@@ -88,7 +111,10 @@ type options struct {
 	allowRemote    bool
 	auth           string
 	tokenFile      string
-	tokenAudiences listFlag
+	tokenAudiences defaultListFlag
+	acceptAPIAud   bool
+	allowUsers     listFlag
+	allowGroups    listFlag
 	authServers    listFlag
 	publicURL      string
 	allowedHosts   listFlag
@@ -128,7 +154,7 @@ func newFlagSet(o *options) *flag.FlagSet {
 	fs := flag.NewFlagSet("code-sandbox-mcp", flag.ContinueOnError)
 	fs.StringVar(&o.backend, "backend", "docker", "where sandboxes run: docker (the local Docker Engine) or kubernetes")
 	fs.BoolVar(&o.nsFromSA, "namespace-from-serviceaccount", false, "kubernetes backend: put the Sandboxes of a caller that authenticates as a ServiceAccount in that ServiceAccount's namespace (others use --namespace), so one server serves many teams under their own RBAC and SandboxQuotas")
-	fs.StringVar(&o.namespace, "namespace", "", "kubernetes backend: namespace for Sandbox resources (default: the kubeconfig context's, in a cluster the pod's, else \"default\")")
+	fs.StringVar(&o.namespace, "namespace", "", "kubernetes backend: namespace for Sandbox resources (default: the kubeconfig context's, in a cluster the pod's, else \"default\"); docker backend with --auth kubernetes and no --allow-user/--allow-group: only callers who may create sandboxes (sandbox.code-sandbox.dev) in this namespace are admitted (required then)")
 	fs.StringVar(&o.kubeconfig, "kubeconfig", "", "kubeconfig for the kubernetes backend and --auth kubernetes (default: in-cluster; the kubernetes backend also tries $KUBECONFIG and ~/.kube/config)")
 	fs.StringVar(&o.nodeName, "node-name", "", "kubernetes backend: pin Sandboxes to this node (spec.nodeName; default: any manager with capacity)")
 	fs.DurationVar(&o.readyTimeout, "ready-timeout", kubebackend.DefaultReadyTimeout, "kubernetes backend: how long sandbox_initialize waits for a Sandbox to become Ready")
@@ -138,7 +164,11 @@ func newFlagSet(o *options) *flag.FlagSet {
 	fs.BoolVar(&o.allowRemote, "allow-remote", false, "allow --http to bind a non-loopback address (requires --auth token or kubernetes)")
 	fs.StringVar(&o.auth, "auth", "token", "HTTP authentication: token (--token-file), kubernetes (TokenReview) or none (loopback only)")
 	fs.StringVar(&o.tokenFile, "token-file", "", "file of \"TOKEN IDENTITY\" lines for --auth token; re-read when it changes")
-	fs.Var(&o.tokenAudiences, "token-audience", "--auth kubernetes: audiences a token must be valid for (repeatable)")
+	o.tokenAudiences = defaultListFlag{vals: []string{mcpserver.DefaultTokenAudience}}
+	fs.Var(&o.tokenAudiences, "token-audience", "--auth kubernetes: the server's own audiences; a token must be valid for one of them (repeatable; callers get one with `kubectl create token SA --audience "+mcpserver.DefaultTokenAudience+"`)")
+	fs.BoolVar(&o.acceptAPIAud, "accept-apiserver-audience", false, "--auth kubernetes: also accept tokens for the API server's own audiences (tried after --token-audience fails). WEAKER: such a token can be replayed against the API server, and any token a caller hands to another service for the API server becomes a credential for this one")
+	fs.Var(&o.allowUsers, "allow-user", "--backend docker with --auth kubernetes: admit this Kubernetes user, for example system:serviceaccount:NS:NAME (repeatable; with --allow-group replaces the RBAC check on --namespace)")
+	fs.Var(&o.allowGroups, "allow-group", "--backend docker with --auth kubernetes: admit members of this Kubernetes group, for example system:serviceaccounts:NS (repeatable; with --allow-user replaces the RBAC check on --namespace)")
 	fs.Var(&o.authServers, "authorization-server", "OAuth authorization server issuer to advertise in the protected resource metadata (repeatable)")
 	fs.StringVar(&o.publicURL, "public-url", "", "the MCP endpoint's public URL (default http://ADDR/mcp)")
 	fs.Var(&o.allowedHosts, "allowed-hosts", "Host header values accepted (default: localhost, 127.0.0.1 and [::1] with the listening port, and the public URL's host)")
@@ -246,6 +276,19 @@ func newLogger(level, format string) (*slog.Logger, error) {
 }
 
 func serve(o options, logger *slog.Logger) error {
+	return serveWith(o, logger, func() (context.Context, context.CancelFunc) {
+		return signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	}, nil)
+}
+
+// serveWith is serve with the run's context made by newCtx (once the
+// backend exists) and, over HTTP, listening called with the endpoint's URL
+// once the server accepts connections. Tests drive the real wiring
+// through it.
+func serveWith(o options, logger *slog.Logger, newCtx func() (context.Context, context.CancelFunc), listening func(url string)) error {
+	if o.httpAddr == "" && (o.acceptAPIAud || len(o.allowUsers) > 0 || len(o.allowGroups) > 0) {
+		return usagef("--accept-apiserver-audience, --allow-user and --allow-group are for --http with --auth kubernetes")
+	}
 	cfg, err := toolConfig(o)
 	if err != nil {
 		return err
@@ -291,7 +334,7 @@ func serve(o options, logger *slog.Logger) error {
 	if err != nil {
 		return err
 	}
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	ctx, stop := newCtx()
 	defer stop()
 	backend.Start(ctx)
 	defer func() {
@@ -318,7 +361,7 @@ func serve(o options, logger *slog.Logger) error {
 		logger.Info("stdio session ended; removing sandboxes")
 		return err
 	}
-	return hs.run(ctx, stop, mcpSrv, backend, logger)
+	return hs.run(ctx, stop, mcpSrv, backend, logger, listening)
 }
 
 func toolConfig(o options) (mcpserver.Config, error) {
@@ -487,6 +530,11 @@ func setupHTTP(o options, kube *kubeSetup, logger *slog.Logger) (*httpSetup, err
 	if (o.tlsCert == "") != (o.tlsKey == "") {
 		return nil, usagef("--tls-cert and --tls-key go together")
 	}
+	if o.auth != "kubernetes" {
+		if o.acceptAPIAud || len(o.allowUsers) > 0 || len(o.allowGroups) > 0 {
+			return nil, usagef("--accept-apiserver-audience, --allow-user and --allow-group need --auth kubernetes")
+		}
+	}
 	var auth mcpserver.Authenticator
 	switch o.auth {
 	case "none":
@@ -503,13 +551,7 @@ func setupHTTP(o options, kube *kubeSetup, logger *slog.Logger) (*httpSetup, err
 			return nil, usageError{err}
 		}
 	case "kubernetes":
-		var rc *rest.Config
-		if kube != nil {
-			rc = kube.config
-		} else if rc, err = mcpserver.KubeRESTConfig(o.kubeconfig); err != nil {
-			return nil, usageError{err}
-		}
-		if auth, err = mcpserver.NewTokenReviewAuth(rc, o.tokenAudiences); err != nil {
+		if auth, err = kubeAuth(o, kube, logger); err != nil {
 			return nil, err
 		}
 	default:
@@ -566,8 +608,83 @@ func setupHTTP(o options, kube *kubeSetup, logger *slog.Logger) (*httpSetup, err
 	}, nil
 }
 
+// sandboxCreate is what a caller needs in --namespace to use the docker
+// backend under --auth kubernetes without an allow-list: the right to
+// create Sandboxes there, which is what the kubernetes backend would ask of
+// sandbox_initialize.
+var sandboxCreate = accessreview.Permission{Verb: "create"}
+
+// kubeAuth is --auth kubernetes: TokenReview for the server's own audience
+// (and, with --accept-apiserver-audience, the API server's), and on the
+// docker backend an authorization of every caller. kube, when set, is the
+// kubernetes backend's cluster access, which it then shares.
+func kubeAuth(o options, kube *kubeSetup, logger *slog.Logger) (mcpserver.Authenticator, error) {
+	if len(o.tokenAudiences.vals) == 0 {
+		return nil, usagef("--token-audience: give at least one audience (default %s)", mcpserver.DefaultTokenAudience)
+	}
+	if o.backend != "docker" && (len(o.allowUsers) > 0 || len(o.allowGroups) > 0) {
+		return nil, usagef("--allow-user and --allow-group are for --backend docker; on the kubernetes backend RBAC in the Sandboxes' namespace decides every call")
+	}
+	var (
+		gate mcpserver.CallerAuthorizer
+		rc   *rest.Config
+		err  error
+	)
+	if o.backend == "docker" {
+		switch {
+		case len(o.allowUsers) > 0 || len(o.allowGroups) > 0:
+			if o.namespace != "" {
+				return nil, usagef("--namespace has no effect with --allow-user/--allow-group on the docker backend: give one or the other")
+			}
+			gate = mcpserver.AllowList{Users: o.allowUsers, Groups: o.allowGroups}
+		case o.namespace == "":
+			return nil, usagef("--backend docker with --auth kubernetes must authorize callers: give --namespace NS (callers who may create sandboxes.%s there are admitted) or --allow-user/--allow-group", sandboxv1alpha1.GroupVersion.Group)
+		default:
+			if errs := validation.IsDNS1123Label(o.namespace); len(errs) > 0 {
+				return nil, usagef("--namespace %q: %s", o.namespace, strings.Join(errs, "; "))
+			}
+		}
+	}
+	if kube != nil {
+		rc = kube.config
+	} else {
+		if rc, err = mcpserver.KubeRESTConfig(o.kubeconfig); err != nil {
+			return nil, usageError{err}
+		}
+		// A review per identity every few seconds, and more at bursts.
+		if rc.QPS == 0 {
+			rc.QPS, rc.Burst = 50, 100
+		}
+	}
+	if o.acceptAPIAud {
+		logger.Warn("--accept-apiserver-audience: tokens for the API server's own audiences are accepted too; such a token can be replayed against the API server, and any token a caller hands to another service for the API server is a credential here. Prefer tokens for --token-audience (kubectl create token SA --audience " + o.tokenAudiences.vals[0] + ")")
+	}
+	auth, err := mcpserver.NewTokenReviewAuth(rc, mcpserver.TokenReviewOptions{
+		Audiences:               o.tokenAudiences.vals,
+		AcceptAPIServerAudience: o.acceptAPIAud,
+		Logger:                  logger,
+	})
+	if err != nil {
+		return nil, err
+	}
+	if o.backend != "docker" {
+		return auth, nil
+	}
+	if gate == nil {
+		az, err := accessreview.NewForConfig(rc)
+		if err != nil {
+			return nil, err
+		}
+		gate = accessreview.Gate{Authorizer: az, Namespace: o.namespace, Permission: sandboxCreate}
+		logger.Info("docker backend: admitting Kubernetes callers who may create sandboxes in the namespace (SubjectAccessReview)", "namespace", o.namespace)
+	} else {
+		logger.Info("docker backend: admitting the Kubernetes callers of --allow-user and --allow-group", "users", len(o.allowUsers), "groups", len(o.allowGroups))
+	}
+	return mcpserver.WithAuthorization(auth, gate), nil
+}
+
 // run serves until ctx ends, then shuts the HTTP server down.
-func (hs *httpSetup) run(ctx context.Context, stop context.CancelFunc, s *server.MCPServer, backend mcpserver.Backend, logger *slog.Logger) error {
+func (hs *httpSetup) run(ctx context.Context, stop context.CancelFunc, s *server.MCPServer, backend mcpserver.Backend, logger *slog.Logger, listening func(url string)) error {
 	hs.opts.Ready = backend.Ready
 	handler, err := mcpserver.NewHTTPServer(s, hs.opts)
 	if err != nil {
@@ -589,6 +706,9 @@ func (hs *httpSetup) run(ctx context.Context, stop context.CancelFunc, s *server
 		served <- srv.Serve(hs.listener)
 	}()
 	logger.Info("serving MCP over streamable HTTP", "url", hs.url, "addr", hs.listener.Addr().String(), "allowed_hosts", hs.opts.AllowedHosts)
+	if listening != nil {
+		listening(hs.url)
+	}
 	select {
 	case err = <-served:
 		stop()

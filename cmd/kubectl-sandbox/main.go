@@ -132,11 +132,13 @@ func newRootCommand(s *streams) *cobra.Command {
 	root := &cobra.Command{
 		Use:   "kubectl-sandbox",
 		Short: "Run commands in, copy files to and from, and read the logs of Sandboxes",
-		Long: `kubectl sandbox talks to the node API of the manager that runs a Sandbox.
-It finds the node through the API server, checks the node's certificate
-against the pin in the Sandbox's status, and authenticates with your own
-kubeconfig credentials, so RBAC on sandboxes/exec, sandboxes/files and
-sandboxes/log decides what you may do.`,
+		Long: `kubectl sandbox runs commands in, copies files to and from, and reads the
+logs of Sandboxes through the API server, as kubectl exec does for Pods:
+it calls the sandboxes/exec, /files, /log and /history subresources of
+subresources.sandbox.code-sandbox.dev with your kubeconfig's credentials
+(tokens, client certificates, exec plugins, kubectl proxy), which never
+leave the API server. RBAC on those subresources decides what you may do,
+and the API server's audit log records every call.`,
 		Annotations:   map[string]string{cobra.CommandDisplayNameAnnotation: "kubectl sandbox"},
 		SilenceUsage:  true,
 		SilenceErrors: true,

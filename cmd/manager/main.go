@@ -21,6 +21,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"time"
 
 	"k8s.io/apimachinery/pkg/api/resource"
@@ -28,6 +29,7 @@ import (
 	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
 	"k8s.io/client-go/kubernetes"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	"k8s.io/client-go/rest"
 	"k8s.io/utils/clock"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
@@ -40,6 +42,7 @@ import (
 	"github.com/code-sandbox/code-sandbox-operator/internal/execio"
 	"github.com/code-sandbox/code-sandbox-operator/internal/history"
 	"github.com/code-sandbox/code-sandbox-operator/internal/nodeapi"
+	"github.com/code-sandbox/code-sandbox-operator/internal/operatorca"
 	"github.com/code-sandbox/code-sandbox-operator/internal/version"
 )
 
@@ -148,37 +151,10 @@ func run() error {
 		return err
 	}
 	if api.listener != nil {
-		cs, err := kubernetes.NewForConfig(cfg)
-		if err != nil {
-			return fmt.Errorf("creating clientset for the node API: %w", err)
-		}
-		auth, err := nodeapi.NewDelegatingAuth(cs, nodeapi.AuthOptions{ClientCAFile: nodeAPI.clientCAFile})
-		if err != nil {
+		if err := nodeAPI.serve(mgr, cfg, api.listener, nodeName, docker, hist); err != nil {
 			return err
 		}
-		server, err := nodeapi.NewServer(nodeapi.Config{
-			NodeName:           nodeName,
-			Sandboxes:          mgr.GetClient(),
-			APIReader:          mgr.GetAPIReader(),
-			Runtime:            docker,
-			History:            hist,
-			Authenticator:      auth.Authenticator,
-			Authorizer:         auth.Authorizer,
-			ExecOutputLimit:    nodeAPI.execOutputLimit.Value(),
-			FileTransferLimit:  nodeAPI.fileTransferLimit.Value(),
-			MaxExecsPerSandbox: nodeAPI.maxExecsPerSandbox,
-			MaxExecs:           nodeAPI.maxExecs,
-		})
-		if err != nil {
-			return err
-		}
-		if err := mgr.Add(auth); err != nil {
-			return err
-		}
-		if err := mgr.Add(nodeapi.NewRunnable(api.listener, server, api.cert, auth.RequestsClientCerts())); err != nil {
-			return err
-		}
-		log.Info("node API", "endpoint", api.endpoint, "certSHA256", api.cert.SHA256, "listen", api.listener.Addr().String())
+		log.Info("node API", "endpoint", api.endpoint, "listen", api.listener.Addr().String())
 	}
 
 	reconciler, err := controllers.NewSandboxReconciler(mgr.GetClient(), mgr.GetAPIReader(), docker,
@@ -187,8 +163,7 @@ func run() error {
 			MaxSandboxes:            maxSandboxes,
 			StopGracePeriod:         stopGrace,
 			MaxConcurrentReconciles: concurrency,
-			AgentEndpoint:           api.endpoint,
-			AgentCertSHA256:         api.cert.SHA256,
+			NodeAPIEndpoint:         api.endpoint,
 			History:                 hist,
 		})
 	if err != nil {
@@ -216,9 +191,10 @@ func run() error {
 // nodeAPIFlags configure the node API.
 type nodeAPIFlags struct {
 	bindAddress        string
-	certDir            string
 	advertiseAddress   string
-	clientCAFile       string
+	namespace          string
+	bundleConfigMap    string
+	allowedClients     string
 	execOutputLimit    resource.Quantity
 	fileTransferLimit  resource.Quantity
 	maxExecsPerSandbox int
@@ -229,21 +205,21 @@ func (f *nodeAPIFlags) bind(fs *flag.FlagSet) {
 	advertise := os.Getenv("POD_IP")
 	f.execOutputLimit = *resource.NewQuantity(execio.DefaultOutputLimit, resource.BinarySI)
 	f.fileTransferLimit = *resource.NewQuantity(execio.DefaultUploadLimit, resource.BinarySI)
-	fs.StringVar(&f.bindAddress, "node-api-bind-address", ":9443", "Address of the node API (HTTPS: exec, files, logs); 0 disables it.")
-	fs.StringVar(&f.certDir, "node-api-cert-dir", "", "Directory with tls.crt and tls.key for the node API; empty generates a self-signed certificate at start.")
-	fs.StringVar(&f.advertiseAddress, "node-api-advertise-address", advertise, "Host or IP clients use to reach the node API, published in status.agentEndpoint (default $POD_IP, else the node name).")
-	fs.StringVar(&f.clientCAFile, "node-api-client-ca-file", "", "CA bundle; client certificates it signed authenticate as their CommonName (groups: Organizations), as kubelet's --client-ca-file.")
+	fs.StringVar(&f.bindAddress, "node-api-bind-address", ":9443", "Address of the node API (HTTPS with mutual TLS: exec, files, logs for the operator's aggregated API server); 0 disables it.")
+	fs.StringVar(&f.advertiseAddress, "node-api-advertise-address", advertise, "Host or IP the aggregated API server uses to reach the node API, published in status.nodeAPIEndpoint (default $POD_IP, else the node name).")
+	fs.StringVar(&f.namespace, "operator-namespace", os.Getenv("POD_NAMESPACE"), "Namespace of the operator CA bundle ConfigMap (default $POD_NAMESPACE).")
+	fs.StringVar(&f.bundleConfigMap, "ca-bundle-configmap", operatorca.DefaultBundleConfigMap, "ConfigMap (in --operator-namespace) with the operator CA bundle that node API clients must chain to.")
+	fs.StringVar(&f.allowedClients, "node-api-allowed-clients", operatorca.AggregatorCommonName, "Comma-separated client certificate names (issued by the operator CA) the node API serves.")
 	fs.Var(&quantityFlag{&f.execOutputLimit}, "exec-output-limit", "Largest output of one exec, per stream (stdout and stderr each); a request may ask for less.")
 	fs.Var(&quantityFlag{&f.fileTransferLimit}, "file-transfer-limit", "Largest file content of one upload or download.")
 	fs.IntVar(&f.maxExecsPerSandbox, "max-execs-per-sandbox", nodeapi.DefaultMaxExecsPerSandbox, "Concurrent execs and file transfers per Sandbox; more are refused with 429.")
 	fs.IntVar(&f.maxExecs, "max-execs", 0, "Concurrent execs and file transfers on this node; 0 means no node-wide limit.")
 }
 
-// nodeAPIListener is the bound node API: its listener (nil when disabled),
-// the certificate it serves and the endpoint Sandboxes advertise.
+// nodeAPIListener is the bound node API: its listener (nil when disabled)
+// and the endpoint Sandboxes advertise.
 type nodeAPIListener struct {
 	listener net.Listener
-	cert     nodeapi.ServingCert
 	endpoint string
 }
 
@@ -260,34 +236,69 @@ func (f *nodeAPIFlags) listen(nodeName string) (nodeAPIListener, error) {
 	if f.maxExecsPerSandbox < 1 {
 		return nodeAPIListener{}, fmt.Errorf("--max-execs-per-sandbox must be at least 1, got %d", f.maxExecsPerSandbox)
 	}
+	if f.namespace == "" {
+		return nodeAPIListener{}, errors.New("--operator-namespace (or POD_NAMESPACE) is required for the node API's certificate; --node-api-bind-address=0 turns the node API off")
+	}
 	advertise := f.advertiseAddress
 	if advertise == "" {
 		advertise = nodeName
-	}
-	var (
-		cert nodeapi.ServingCert
-		err  error
-	)
-	if f.certDir != "" {
-		cert, err = nodeapi.LoadServingCert(f.certDir)
-	} else {
-		// A fresh key on every start: the pin in each Sandbox's status is
-		// updated on the resync that follows.
-		cert, err = nodeapi.GenerateServingCert(nodeapi.CertHosts(advertise, nodeName), 365*24*time.Hour)
-	}
-	if err != nil {
-		return nodeAPIListener{}, err
 	}
 	l, err := net.Listen("tcp", f.bindAddress)
 	if err != nil {
 		return nodeAPIListener{}, fmt.Errorf("--node-api-bind-address %s: %w", f.bindAddress, err)
 	}
 	port := l.Addr().(*net.TCPAddr).Port
-	return nodeAPIListener{
-		listener: l,
-		cert:     cert,
-		endpoint: "https://" + net.JoinHostPort(advertise, strconv.Itoa(port)),
-	}, nil
+	return nodeAPIListener{listener: l, endpoint: "https://" + net.JoinHostPort(advertise, strconv.Itoa(port))}, nil
+}
+
+// serve adds the node API and its certificate to mgr: the serving
+// certificate comes from the operator CA through a CSR made with the
+// manager's own (node-bound) credentials, and only the operator's
+// aggregated API server may connect.
+func (f *nodeAPIFlags) serve(mgr ctrl.Manager, cfg *rest.Config, l net.Listener, nodeName string, docker *dockerruntime.Client, hist *history.Store) error {
+	cs, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		return fmt.Errorf("creating clientset for the node API: %w", err)
+	}
+	certs, err := operatorca.NewNodeCertificate(cs, operatorca.NodeCertificateOptions{
+		NodeName: nodeName, Namespace: f.namespace, BundleConfigMap: f.bundleConfigMap,
+	})
+	if err != nil {
+		return err
+	}
+	var allowed []string
+	for _, n := range strings.Split(f.allowedClients, ",") {
+		if n = strings.TrimSpace(n); n != "" {
+			allowed = append(allowed, n)
+		}
+	}
+	authn, err := nodeapi.NewFrontProxyAuthenticator(certs.Pool, allowed)
+	if err != nil {
+		return err
+	}
+	server, err := nodeapi.NewServer(nodeapi.Config{
+		NodeName:           nodeName,
+		Sandboxes:          mgr.GetClient(),
+		APIReader:          mgr.GetAPIReader(),
+		Runtime:            docker,
+		History:            hist,
+		Authenticator:      authn,
+		ExecOutputLimit:    f.execOutputLimit.Value(),
+		FileTransferLimit:  f.fileTransferLimit.Value(),
+		MaxExecsPerSandbox: f.maxExecsPerSandbox,
+		MaxExecs:           f.maxExecs,
+	})
+	if err != nil {
+		return err
+	}
+	tlsConfig, err := nodeapi.ServerTLSConfig(nodeapi.TLSOptions{GetCertificate: certs.GetCertificate, ClientCAs: certs.Pool})
+	if err != nil {
+		return err
+	}
+	if err := mgr.Add(certs); err != nil {
+		return err
+	}
+	return mgr.Add(nodeapi.NewRunnable("nodeapi", l, server, tlsConfig))
 }
 
 // quantityFlag reads sizes such as 1Mi or 100Mi.

@@ -12,19 +12,28 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"time"
 
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
 	"k8s.io/utils/clock"
 	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/certwatcher"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/manager"
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 	"sigs.k8s.io/controller-runtime/pkg/webhook"
 
 	"github.com/code-sandbox/code-sandbox-operator/controllers/sandboxquota"
 	"github.com/code-sandbox/code-sandbox-operator/internal/admission"
+	"github.com/code-sandbox/code-sandbox-operator/internal/aggregatedapi"
+	"github.com/code-sandbox/code-sandbox-operator/internal/nodeapi"
+	"github.com/code-sandbox/code-sandbox-operator/internal/nodeapi/wire"
+	"github.com/code-sandbox/code-sandbox-operator/internal/operatorca"
 	"github.com/code-sandbox/code-sandbox-operator/internal/version"
 	"github.com/code-sandbox/code-sandbox-operator/internal/webhookcert"
 )
@@ -32,6 +41,12 @@ import (
 // webhookFlags configure the webhook role.
 type webhookFlags struct {
 	bindAddress        string
+	apiserverAddress   string
+	apiserverService   string
+	apiService         string
+	caSecret           string
+	caBundle           string
+	managerUsername    string
 	certDir            string
 	namespace          string
 	certSecret         string
@@ -51,14 +66,22 @@ func (f *webhookFlags) bind(fs *flag.FlagSet) {
 	fs.StringVar(&f.service, "webhook-service", "code-sandbox-webhook-service", "webhook role: Service in front of the webhook; its cluster DNS names go into the certificate.")
 	fs.StringVar(&f.certHosts, "webhook-cert-hosts", "", "webhook role: more comma-separated DNS names or IPs for the certificate (127.0.0.1 for a local run).")
 	fs.BoolVar(&f.leaderElect, "leader-elect", false, "webhook role: elect one replica to run the quota controller (every replica serves the webhook).")
+	fs.StringVar(&f.apiserverAddress, "apiserver-bind-address", ":8443", "webhook role: address of the aggregated API server (sandboxes/exec, files, log, history through kube-apiserver); 0 disables it.")
+	fs.StringVar(&f.apiserverService, "apiserver-service", "code-sandbox-apiserver", "webhook role: Service in front of the aggregated API server; its cluster DNS names go into the serving certificate.")
+	fs.StringVar(&f.apiService, "apiservice", "v1alpha1."+wire.AggregatedGroup, "webhook role: APIService that receives the operator CA as its caBundle; empty leaves it alone.")
+	fs.StringVar(&f.caSecret, "ca-secret", operatorca.DefaultCASecret, "webhook role: Secret (in --webhook-namespace) holding the operator CA; readable only by this component.")
+	fs.StringVar(&f.caBundle, "ca-bundle-configmap", operatorca.DefaultBundleConfigMap, "ConfigMap with the operator CA bundle, published for the node managers.")
+	fs.StringVar(&f.managerUsername, "node-manager-username", "", "webhook role: the node managers' ServiceAccount user (system:serviceaccount:NS:NAME), the only identity whose node-bound CSRs are signed. Default: system:serviceaccount:<--webhook-namespace>:code-sandbox-controller-manager.")
 	fs.DurationVar(&f.reservationTimeout, "quota-reservation-timeout", sandboxquota.DefaultReservationTimeout, "webhook role: how long quota charged at admission waits for its Sandbox to appear before the API server is asked whether the create failed.")
 }
 
 func (f *webhookFlags) hosts() []string {
 	var hosts []string
-	if f.service != "" && f.namespace != "" {
-		svc := f.service + "." + f.namespace
-		hosts = append(hosts, svc+".svc", f.service, svc, svc+".svc.cluster.local")
+	for _, service := range []string{f.service, f.apiserverService} {
+		if service != "" && f.namespace != "" {
+			svc := service + "." + f.namespace
+			hosts = append(hosts, svc+".svc", service, svc, svc+".svc.cluster.local")
+		}
 	}
 	for _, h := range strings.Split(f.certHosts, ",") {
 		if h = strings.TrimSpace(h); h != "" {
@@ -68,8 +91,9 @@ func (f *webhookFlags) hosts() []string {
 	return hosts
 }
 
-// runWebhook serves the SandboxQuota admission webhook and runs the quota
-// controller.
+// runWebhook serves the SandboxQuota admission webhook and the aggregated
+// API, keeps the operator CA, signs the node managers' certificates and
+// runs the quota controller.
 func runWebhook(f webhookFlags, metricsAddr, probeAddr string) error {
 	log := ctrl.Log.WithName("setup")
 	host, portStr, err := net.SplitHostPort(f.bindAddress)
@@ -83,8 +107,11 @@ func runWebhook(f webhookFlags, metricsAddr, probeAddr string) error {
 	if f.reservationTimeout < time.Second {
 		return fmt.Errorf("--quota-reservation-timeout must be at least 1s, got %s", f.reservationTimeout)
 	}
-	if f.leaderElect && f.namespace == "" {
-		return fmt.Errorf("--leader-elect needs --webhook-namespace (or POD_NAMESPACE) for its Lease")
+	if f.namespace == "" {
+		return fmt.Errorf("--webhook-namespace (or POD_NAMESPACE) is required: the operator CA, the certificates and the Lease live there")
+	}
+	if f.managerUsername == "" {
+		f.managerUsername = "system:serviceaccount:" + f.namespace + ":code-sandbox-controller-manager"
 	}
 
 	cfg, err := ctrl.GetConfig()
@@ -93,6 +120,26 @@ func runWebhook(f webhookFlags, metricsAddr, probeAddr string) error {
 	}
 	ctx := ctrl.SetupSignalHandler()
 
+	direct, err := client.New(cfg, client.Options{Scheme: scheme})
+	if err != nil {
+		return fmt.Errorf("creating a client: %w", err)
+	}
+	// The operator CA comes first: the serving certificates, the node API
+	// certificates and the aggregated API's client certificate all chain
+	// to it.
+	authority, err := operatorca.NewAuthority(direct, operatorca.AuthorityOptions{
+		Namespace: f.namespace, SecretName: f.caSecret, BundleConfigMap: f.caBundle,
+	})
+	if err != nil {
+		return err
+	}
+	prepCtx, cancel := context.WithTimeout(ctx, time.Minute)
+	err = authority.Ensure(prepCtx)
+	cancel()
+	if err != nil {
+		return fmt.Errorf("preparing the operator CA: %w", err)
+	}
+
 	certDir := f.certDir
 	var certs *webhookcert.Manager
 	if certDir == "" {
@@ -100,22 +147,19 @@ func runWebhook(f webhookFlags, metricsAddr, probeAddr string) error {
 			return fmt.Errorf("creating a directory for the webhook certificate: %w", err)
 		}
 		defer os.RemoveAll(certDir)
-		direct, err := client.New(cfg, client.Options{Scheme: scheme})
-		if err != nil {
-			return fmt.Errorf("creating a client: %w", err)
-		}
-		certs, err = webhookcert.New(direct, webhookcert.Options{
+		certs, err = webhookcert.New(direct, authority, webhookcert.Options{
 			Namespace:            f.namespace,
 			SecretName:           f.certSecret,
 			WebhookConfiguration: f.configuration,
+			APIService:           f.apiService,
 			Hosts:                f.hosts(),
 			CertDir:              certDir,
 		})
 		if err != nil {
 			return err
 		}
-		// The server cannot start without its certificate; the CA
-		// injection may wait for the configuration to be applied.
+		// The servers cannot start without their certificate; the CA
+		// injection may wait for the configurations to be applied.
 		prepCtx, cancel := context.WithTimeout(ctx, time.Minute)
 		_, err = certs.Prepare(prepCtx)
 		cancel()
@@ -149,6 +193,15 @@ func runWebhook(f webhookFlags, metricsAddr, probeAddr string) error {
 			return err
 		}
 	}
+	if err := mgr.Add(authority); err != nil {
+		return err
+	}
+	if err := operatorca.NewSigner(mgr.GetClient(), authority, operatorca.SignerOptions{ManagerUsername: f.managerUsername}).SetupWithManager(mgr); err != nil {
+		return fmt.Errorf("setting up the node certificate signer: %w", err)
+	}
+	if err := f.serveAggregatedAPI(mgr, cfg, authority, certDir); err != nil {
+		return err
+	}
 	reconciler := sandboxquota.NewReconciler(mgr.GetClient(), mgr.GetAPIReader(), clock.RealClock{},
 		sandboxquota.Options{ReservationTimeout: f.reservationTimeout})
 	if err := reconciler.SetupWithManager(mgr); err != nil {
@@ -160,6 +213,59 @@ func runWebhook(f webhookFlags, metricsAddr, probeAddr string) error {
 	if err := mgr.AddReadyzCheck("webhook", mgr.GetWebhookServer().StartedChecker()); err != nil {
 		return err
 	}
-	log.Info("starting the webhook", "version", version.Version, "address", f.bindAddress, "selfManagedCert", certs != nil, "leaderElect", f.leaderElect)
+	log.Info("starting the webhook and the aggregated API", "version", version.Version, "webhook", f.bindAddress,
+		"apiserver", f.apiserverAddress, "selfManagedCert", certs != nil, "leaderElect", f.leaderElect)
 	return mgr.Start(ctx)
+}
+
+// serveAggregatedAPI adds the aggregated API server to mgr. It serves with
+// the certificate in certDir (the same one as the webhook: it covers both
+// Services) and reaches the node APIs with the operator CA's client
+// certificate.
+func (f *webhookFlags) serveAggregatedAPI(mgr ctrl.Manager, cfg *rest.Config, authority *operatorca.Authority, certDir string) error {
+	if f.apiserverAddress == "" || f.apiserverAddress == "0" {
+		return nil
+	}
+	cs, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		return fmt.Errorf("creating a clientset for the aggregated API: %w", err)
+	}
+	auth, err := aggregatedapi.NewDelegatingAuth(kubeconfigPath(), cs)
+	if err != nil {
+		return err
+	}
+	server, err := aggregatedapi.New(aggregatedapi.Config{
+		Sandboxes:         mgr.GetClient(),
+		APIReader:         mgr.GetAPIReader(),
+		Authenticator:     auth.Authenticator,
+		Authorizer:        auth.Authorizer,
+		ClientCertificate: authority.ClientCertificate(operatorca.AggregatorCommonName),
+		NodeCAs:           authority.Pool,
+	})
+	if err != nil {
+		return err
+	}
+	watcher, err := certwatcher.New(filepath.Join(certDir, "tls.crt"), filepath.Join(certDir, "tls.key"))
+	if err != nil {
+		return fmt.Errorf("loading the aggregated API certificate from %s: %w", certDir, err)
+	}
+	l, err := net.Listen("tcp", f.apiserverAddress)
+	if err != nil {
+		return fmt.Errorf("--apiserver-bind-address %s: %w", f.apiserverAddress, err)
+	}
+	for _, r := range []manager.Runnable{watcher, auth, nodeapi.NewRunnable("aggregatedapi", l, server, auth.TLSConfig(watcher.GetCertificate))} {
+		if err := mgr.Add(r); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// kubeconfigPath is the kubeconfig file controller-runtime reads (its
+// --kubeconfig flag, else $KUBECONFIG); empty means in-cluster.
+func kubeconfigPath() string {
+	if f := flag.Lookup("kubeconfig"); f != nil && f.Value.String() != "" {
+		return f.Value.String()
+	}
+	return os.Getenv("KUBECONFIG")
 }

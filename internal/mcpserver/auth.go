@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -18,6 +19,11 @@ import (
 // ErrUnauthenticated: the bearer token is missing, unknown, expired or for
 // another audience. The HTTP layer answers 401.
 var ErrUnauthenticated = errors.New("unauthenticated")
+
+// ErrForbidden: the caller is authenticated but may not use this server
+// (--allow-user/--allow-group, or RBAC on the docker backend). The HTTP
+// layer answers 403 with the error's message, which names what is missing.
+var ErrForbidden = errors.New("forbidden")
 
 // Authenticator turns a bearer token into a caller. Implementations must
 // be safe for concurrent use and must not log or forward the token.
@@ -157,4 +163,55 @@ func (t *StaticTokens) Authenticate(_ context.Context, token string) (Caller, er
 		return Caller{}, fmt.Errorf("%w: unknown token", ErrUnauthenticated)
 	}
 	return Caller{ID: identity}, nil
+}
+
+// CallerAuthorizer decides whether an authenticated caller may use the
+// server at all. It returns nil, an error matching ErrForbidden (403) or
+// one matching ErrUnavailable (503).
+type CallerAuthorizer interface {
+	Authorize(ctx context.Context, caller Caller) error
+}
+
+// WithAuthorization returns an Authenticator that authenticates with authn,
+// then admits only the callers authz allows. A refused caller is returned
+// together with the ErrForbidden error, so that the HTTP layer can log who
+// it was (as a hash).
+func WithAuthorization(authn Authenticator, authz CallerAuthorizer) Authenticator {
+	return authorizingAuthenticator{authn: authn, authz: authz}
+}
+
+type authorizingAuthenticator struct {
+	authn Authenticator
+	authz CallerAuthorizer
+}
+
+func (a authorizingAuthenticator) Authenticate(ctx context.Context, token string) (Caller, error) {
+	c, err := a.authn.Authenticate(ctx, token)
+	if err != nil {
+		return Caller{}, err
+	}
+	if err := a.authz.Authorize(ctx, c); err != nil {
+		return c, err
+	}
+	return c, nil
+}
+
+// AllowList admits the Kubernetes callers whose username is in Users or
+// who are in one of Groups (--allow-user, --allow-group). Names are
+// compared exactly, as RBAC compares them.
+type AllowList struct {
+	Users  []string
+	Groups []string
+}
+
+// Authorize implements CallerAuthorizer.
+func (l AllowList) Authorize(_ context.Context, c Caller) error {
+	if c.IsKubernetesUser() && (slices.Contains(l.Users, c.Username) || slices.ContainsFunc(c.Groups, func(g string) bool { return slices.Contains(l.Groups, g) })) {
+		return nil
+	}
+	name := c.Username
+	if name == "" {
+		name = c.ID
+	}
+	return fmt.Errorf("%w: user %q is not allowed to use this server: it is not named by --allow-user and is in no group named by --allow-group", ErrForbidden, name)
 }

@@ -281,6 +281,11 @@ func (h *HTTPServer) authenticate(next http.Handler) http.Handler {
 			h.unauthorized(w, "invalid or expired token", true)
 			return
 		}
+		if errors.Is(err, ErrForbidden) {
+			h.opts.Logger.Info("authorization refused", "caller", IdentityHash(caller.ID), "remote", r.RemoteAddr)
+			http.Error(w, "Forbidden: "+strings.TrimPrefix(err.Error(), ErrForbidden.Error()+": "), http.StatusForbidden)
+			return
+		}
 		if err != nil {
 			h.opts.Logger.Error("authentication unavailable", "error", err)
 			http.Error(w, "Service Unavailable: cannot verify the token right now", http.StatusServiceUnavailable)

@@ -19,6 +19,7 @@ import (
 
 	"github.com/code-sandbox/code-sandbox-operator/internal/dockerruntime"
 	"github.com/code-sandbox/code-sandbox-operator/internal/execio"
+	"github.com/code-sandbox/code-sandbox-operator/internal/nodeapi/wire"
 )
 
 // apiError is a failure answered with a metav1.Status, as the API server
@@ -65,6 +66,37 @@ func unavailable(err error) *apiError {
 		"the node's Docker Engine is unavailable; retry later: %v", err)
 	e.retryAfter = 5 * time.Second
 	return e
+}
+
+// routeError turns a path that names no route into its answer.
+func routeError(e *wire.RouteError) *apiError {
+	reason := metav1.StatusReasonNotFound
+	switch e.Code {
+	case http.StatusBadRequest:
+		reason = metav1.StatusReasonBadRequest
+	case http.StatusMethodNotAllowed:
+		reason = metav1.StatusReasonMethodNotAllowed
+	}
+	return newError(e.Code, reason, "%s", e.Message)
+}
+
+// NewError is a failure that WriteError answers with code and reason; the
+// aggregated API server answers with it too.
+func NewError(code int, reason metav1.StatusReason, format string, args ...any) error {
+	return newError(code, reason, format, args...)
+}
+
+// WriteError answers with err as a metav1.Status (see writeError).
+func WriteError(w http.ResponseWriter, err error) { writeError(w, err) }
+
+// ParseRoute parses a subresource path below prefix; a path that names no
+// route is an error for WriteError.
+func ParseRoute(prefix string, r *http.Request) (wire.Route, error) {
+	rt, err := wire.ParseRoute(prefix, r)
+	if err != nil {
+		return rt, routeError(err)
+	}
+	return rt, nil
 }
 
 // writeError answers with err as a metav1.Status. Errors that are not

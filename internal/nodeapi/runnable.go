@@ -33,19 +33,11 @@ type Runnable struct {
 	log      logr.Logger
 }
 
-// NewRunnable prepares to serve handler on l with cert. With
-// requestClientCerts the TLS handshake asks for (but does not require) a
-// client certificate; the authenticator verifies it against the client CA.
-func NewRunnable(l net.Listener, handler http.Handler, cert ServingCert, requestClientCerts bool) *Runnable {
-	tlsConfig := &tls.Config{
-		MinVersion:   tls.VersionTLS12,
-		Certificates: []tls.Certificate{cert.Certificate},
-		NextProtos:   []string{"h2", "http/1.1"},
-	}
-	if requestClientCerts {
-		tlsConfig.ClientAuth = tls.RequestClientCert
-	}
-	rlog := logf.Log.WithName("nodeapi")
+// NewRunnable prepares to serve handler on l with tlsConfig (see
+// ServerTLSConfig); name says in logs which API it is. The aggregated API
+// server is served the same way.
+func NewRunnable(name string, l net.Listener, handler http.Handler, tlsConfig *tls.Config) *Runnable {
+	rlog := logf.Log.WithName(name)
 	return &Runnable{
 		listener: l,
 		log:      rlog,
@@ -73,7 +65,7 @@ func (r *Runnable) Start(ctx context.Context) error {
 	r.server.BaseContext = func(net.Listener) context.Context { return base }
 	errCh := make(chan error, 1)
 	go func() { errCh <- r.server.ServeTLS(r.listener, "", "") }()
-	r.log.Info("serving the node API", "address", r.listener.Addr().String())
+	r.log.Info("serving", "address", r.listener.Addr().String())
 	select {
 	case err := <-errCh:
 		return fmt.Errorf("node API server: %w", err)

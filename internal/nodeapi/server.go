@@ -12,7 +12,6 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"strings"
 	"sync"
 	"time"
 
@@ -23,9 +22,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/apiserver/pkg/authentication/authenticator"
-	"k8s.io/apiserver/pkg/authorization/authorizer"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	logf "sigs.k8s.io/controller-runtime/pkg/log"
 
@@ -78,10 +75,10 @@ type Config struct {
 	ManagedBy string
 	// History records every exec and serves the history subresource.
 	History HistoryStore
-	// Authenticator and Authorizer decide who may do what; see
-	// NewDelegatingAuth. Both are required: the API has no anonymous mode.
+	// Authenticator admits the operator's aggregated API server and names
+	// the end user it vouches for; see NewFrontProxyAuthenticator. Required:
+	// the API has no anonymous mode. Authorisation happened in front of it.
 	Authenticator authenticator.Request
-	Authorizer    authorizer.Authorizer
 
 	// ExecOutputLimit is the largest per-stream output cap of one exec; a
 	// request may ask for less. Zero means execio.DefaultOutputLimit.
@@ -140,8 +137,8 @@ func NewServer(cfg Config) (*Server, error) {
 		return nil, errors.New("node API: a runtime is required")
 	case cfg.History == nil:
 		return nil, errors.New("node API: a history store is required")
-	case cfg.Authenticator == nil || cfg.Authorizer == nil:
-		return nil, errors.New("node API: an authenticator and an authorizer are required")
+	case cfg.Authenticator == nil:
+		return nil, errors.New("node API: an authenticator is required")
 	}
 	if cfg.ManagedBy == "" {
 		cfg.ManagedBy = dockerruntime.ManagedByValue
@@ -169,17 +166,15 @@ func NewServer(cfg Config) (*Server, error) {
 		limits:   &limiter{perSandbox: map[types.UID]int{}, maxPer: cfg.MaxExecsPerSandbox, maxTotal: cfg.MaxExecs},
 		verified: map[string]verifiedContainer{},
 	}
-	// Order as in kube-apiserver: authenticate, impersonate, then authorise
-	// (in serve, once the route is known).
-	s.handler = s.authenticate(withImpersonation(http.HandlerFunc(s.serve), cfg.Authorizer))
+	s.handler = s.authenticate(http.HandlerFunc(s.serve))
 	return s, nil
 }
 
 // ServeHTTP answers one request.
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	w.Header().Set("Cache-Control", "no-store")
-	// Routing first: a malformed URL is answered without a TokenReview.
-	rt, err := parseRoute(r)
+	// Routing first: a malformed URL is answered before anything else.
+	rt, err := ParseRoute(wire.PathPrefix, r)
 	if err != nil {
 		writeError(w, err)
 		return
@@ -190,84 +185,22 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 
 type routeKey struct{}
 
-// route is a parsed request: which Sandbox, which subresource, and the RBAC
-// verb it needs.
-type route struct {
-	namespace, name string
-	subresource     string
-	// rbacSubresource is the subresource RBAC checks; history is
-	// authorised as log.
-	rbacSubresource string
-	verb            string
-	path            string
-}
-
-// parseRoute reads /v1/namespaces/{ns}/sandboxes/{name}/{subresource}.
-func parseRoute(r *http.Request) (route, *apiError) {
-	rest, ok := strings.CutPrefix(r.URL.Path, wire.PathPrefix)
-	parts := strings.Split(rest, "/")
-	if !ok || len(parts) != 4 || parts[1] != "sandboxes" {
-		return route{}, notFound("no such endpoint %q; the node API serves %s{namespace}/sandboxes/{name}/{exec|files|log|history}", r.URL.Path, wire.PathPrefix)
-	}
-	rt := route{namespace: parts[0], name: parts[2], subresource: parts[3], path: r.URL.Path}
-	if errs := validation.IsDNS1123Label(rt.namespace); len(errs) > 0 {
-		return route{}, badRequest("invalid namespace %q: %s", rt.namespace, strings.Join(errs, "; "))
-	}
-	if errs := validation.IsDNS1123Subdomain(rt.name); len(errs) > 0 {
-		return route{}, badRequest("invalid sandbox name %q: %s", rt.name, strings.Join(errs, "; "))
-	}
-	method := func(allowed ...string) *apiError {
-		for _, m := range allowed {
-			if r.Method == m {
-				return nil
-			}
-		}
-		return newError(http.StatusMethodNotAllowed, metav1.StatusReasonMethodNotAllowed,
-			"%s is not allowed on sandboxes/%s; use %s", r.Method, rt.subresource, strings.Join(allowed, " or "))
-	}
-	var err *apiError
-	switch rt.subresource {
-	case wire.SubresourceExec:
-		err = method(http.MethodPost)
-		rt.rbacSubresource, rt.verb = wire.SubresourceExec, "create"
-	case wire.SubresourceFiles:
-		err = method(http.MethodPut, http.MethodGet)
-		rt.rbacSubresource, rt.verb = wire.SubresourceFiles, "get"
-		if r.Method == http.MethodPut {
-			rt.verb = "create"
-		}
-	case wire.SubresourceLog, wire.SubresourceHistory:
-		err = method(http.MethodGet)
-		rt.rbacSubresource, rt.verb = wire.SubresourceLog, "get"
-	default:
-		return route{}, notFound("no such subresource %q; the node API serves exec, files, log and history", rt.subresource)
-	}
-	if err != nil {
-		return route{}, err
-	}
-	return rt, nil
-}
-
-// serve runs after authentication and impersonation.
+// serve runs after authentication.
 func (s *Server) serve(w http.ResponseWriter, r *http.Request) {
-	rt := r.Context().Value(routeKey{}).(route)
+	rt := r.Context().Value(routeKey{}).(wire.Route)
 	ctx := logf.IntoContext(r.Context(), s.log.WithValues(
-		"namespace", rt.namespace, "sandbox", rt.name, "subresource", rt.subresource, "user", callerName(r.Context())))
+		"namespace", rt.Namespace, "sandbox", rt.Name, "subresource", rt.Subresource, "user", callerName(r.Context())))
 	r = r.WithContext(ctx)
-	if err := s.authorize(ctx, rt); err != nil {
-		writeError(w, err)
-		return
-	}
 	// Reading history touches no container, and logs only read one, so
 	// both also serve a Sandbox that is not Ready (to show why it died).
 	// exec and files act on the container and need a Ready Sandbox.
-	needReady := rt.subresource == wire.SubresourceExec || rt.subresource == wire.SubresourceFiles
+	needReady := rt.Subresource == wire.SubresourceExec || rt.Subresource == wire.SubresourceFiles
 	sbx, err := s.sandbox(ctx, rt, needReady)
 	if err != nil {
 		writeError(w, err)
 		return
 	}
-	if rt.subresource == wire.SubresourceHistory {
+	if rt.Subresource == wire.SubresourceHistory {
 		s.serveHistory(w, r, sbx)
 		return
 	}
@@ -276,11 +209,11 @@ func (s *Server) serve(w http.ResponseWriter, r *http.Request) {
 		writeError(w, err)
 		return
 	}
-	switch rt.subresource {
+	switch rt.Subresource {
 	case wire.SubresourceExec:
 		s.serveExec(w, r, sbx, ct)
 	case wire.SubresourceFiles:
-		if r.Method == http.MethodPut {
+		if r.Method == http.MethodPost {
 			s.serveUpload(w, r, sbx, ct)
 		} else {
 			s.serveDownload(w, r, sbx, ct)
@@ -291,8 +224,8 @@ func (s *Server) serve(w http.ResponseWriter, r *http.Request) {
 }
 
 // sandbox looks the Sandbox up and checks that this node serves it.
-func (s *Server) sandbox(ctx context.Context, rt route, needReady bool) (*sandboxv1alpha1.Sandbox, error) {
-	key := types.NamespacedName{Namespace: rt.namespace, Name: rt.name}
+func (s *Server) sandbox(ctx context.Context, rt wire.Route, needReady bool) (*sandboxv1alpha1.Sandbox, error) {
+	key := types.NamespacedName{Namespace: rt.Namespace, Name: rt.Name}
 	sbx := &sandboxv1alpha1.Sandbox{}
 	err := s.cfg.Sandboxes.Get(ctx, key, sbx)
 	if apierrors.IsNotFound(err) && s.cfg.APIReader != nil {
@@ -309,7 +242,7 @@ func (s *Server) sandbox(ctx context.Context, rt route, needReady bool) (*sandbo
 		if sbx.Status.NodeName != "" {
 			where = "runs on node " + sbx.Status.NodeName
 		}
-		return nil, notFound("sandbox %s is not on node %s: it %s; use its status.agentEndpoint", key, s.cfg.NodeName, where)
+		return nil, notFound("sandbox %s is not on node %s: it %s", key, s.cfg.NodeName, where)
 	}
 	if !needReady {
 		return sbx, nil

@@ -12,24 +12,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
 
-// Errors for failures that have no HTTP status. They are always wrapped
-// with a message that names the sandbox and the node endpoint.
-var (
-	// ErrCertificateMismatch: the node API presented a certificate whose
-	// SHA-256 is not the Sandbox's status.agentCertSHA256. Nothing was sent
-	// to that server beyond the TLS handshake.
-	ErrCertificateMismatch = errors.New("node API certificate does not match the Sandbox's status.agentCertSHA256")
-	// ErrNoPin: the Sandbox's status has no agentCertSHA256 and no
-	// Options.CABundle was given, so the node API cannot be authenticated
-	// and the caller's credentials are not sent to it.
-	ErrNoPin = errors.New("the Sandbox's status has no agentCertSHA256 and no CA bundle was configured")
-	// ErrInvalidEndpoint: status.agentEndpoint is not an https://HOST:PORT
-	// URL.
-	ErrInvalidEndpoint = errors.New("invalid node API endpoint")
-)
-
-// APIError is a refusal by the API server (while resolving the Sandbox) or
-// by the node API, decoded from its metav1.Status.
+// APIError is a refusal by the API server, the operator's aggregated API
+// server or the node API behind it, decoded from its metav1.Status.
 type APIError struct {
 	Namespace, Name string
 	// Code is the HTTP status code (401, 403, 404, 409, 413, 429, 503…).
@@ -38,13 +22,14 @@ type APIError struct {
 	Reason metav1.StatusReason
 	// Message is the server's explanation.
 	Message string
-	// Source says who refused: "kube-apiserver", "node API", or "client"
-	// when the client decided without an answer from either (the node is
-	// unreachable, the Sandbox has no endpoint, a name is invalid); Code
-	// then says which kind of failure it is.
+	// Source says who refused: "kube-apiserver" (reading the Sandbox),
+	// "sandbox API" (its subresources, answered by the API server, the
+	// aggregated API server or the node behind them), or "client" when the
+	// client decided without an answer (the API server is unreachable, a
+	// name is invalid); Code then says which kind of failure it is.
 	Source string
 
-	// err is the underlying transport error for a node API that could not
+	// err is the underlying transport error for a server that could not
 	// be reached (Code 503 without a server response).
 	err error
 }
@@ -163,7 +148,7 @@ func IsNotReady(err error) bool {
 
 const (
 	sourceAPIServer = "kube-apiserver"
-	sourceNodeAPI   = "node API"
+	sourceNodeAPI   = "sandbox API"
 	sourceClient    = "client"
 )
 
@@ -171,7 +156,7 @@ const (
 // small, and a misbehaving server must not make the client buffer much.
 const maxErrorBody = 64 << 10
 
-// decodeErrorResponse turns a non-2xx node API response into an *APIError,
+// decodeErrorResponse turns a non-2xx subresource response into an *APIError,
 // using the metav1.Status body when there is one and the status line
 // otherwise.
 func decodeErrorResponse(ns, name string, resp *http.Response) error {

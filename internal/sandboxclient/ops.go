@@ -217,7 +217,7 @@ func (c *Client) put(ctx context.Context, ns, name string, q url.Values, content
 		body = io.NopCloser(body)
 	}
 	resp, err := c.do(ctx, ns, name, request{
-		method:      http.MethodPut,
+		method:      http.MethodPost,
 		subresource: wire.SubresourceFiles,
 		query:       q,
 		body:        body,

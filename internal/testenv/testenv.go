@@ -27,6 +27,7 @@ import (
 	authenticationv1 "k8s.io/api/authentication/v1"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	kruntime "k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/kubernetes"
@@ -237,4 +238,54 @@ func ServiceAccountSubject(ns, name string) rbacv1.Subject {
 
 func UserSubject(name string) rbacv1.Subject {
 	return rbacv1.Subject{Kind: rbacv1.UserKind, APIGroup: rbacv1.GroupName, Name: name}
+}
+
+// ConfigForToken is a client config for the control plane that
+// authenticates with token alone: the API server's address and CA, no
+// client certificate.
+func (cp *ControlPlane) ConfigForToken(token string) *rest.Config {
+	cfg := rest.AnonymousClientConfig(cp.Config)
+	cfg.BearerToken = token
+	return cfg
+}
+
+// NodeBoundToken returns a token of ServiceAccount serviceAccount in ns bound
+// to a Pod on node, as a kubelet hands it to the Pod: the API server then
+// adds the node's name to the requests made with it (the user's extra
+// authentication.kubernetes.io/node-name), which is how it knows on whose
+// behalf a node manager acts. It creates, unless they exist, the Node, the
+// ServiceAccount and the Pod (named after both, with spec.nodeName set; it
+// never runs, since envtest has no kubelet). The token is valid as long as
+// the Pod and the Node exist, and for an hour.
+func (cp *ControlPlane) NodeBoundToken(ns, serviceAccount, node string) string {
+	GinkgoHelper()
+	ctx := context.Background()
+	create := func(obj client.Object) {
+		GinkgoHelper()
+		if err := cp.Client.Create(ctx, obj); !apierrors.IsAlreadyExists(err) {
+			Expect(err).NotTo(HaveOccurred(), "creating %T %s", obj, obj.GetName())
+		}
+	}
+	create(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: node}})
+	create(&corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: serviceAccount}})
+	pod := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: serviceAccount + "-" + node},
+		Spec: corev1.PodSpec{
+			NodeName:           node,
+			ServiceAccountName: serviceAccount,
+			Containers:         []corev1.Container{{Name: "main", Image: "registry.k8s.io/pause:3.10"}},
+		},
+	}
+	create(pod)
+	Expect(cp.Client.Get(ctx, client.ObjectKeyFromObject(pod), pod)).To(Succeed())
+	Expect(pod.Spec.NodeName).To(Equal(node), "Pod %s/%s exists on another node", ns, pod.Name)
+	Expect(pod.Spec.ServiceAccountName).To(Equal(serviceAccount), "Pod %s/%s runs as another ServiceAccount", ns, pod.Name)
+	tr, err := cp.Clientset.CoreV1().ServiceAccounts(ns).CreateToken(ctx, serviceAccount, &authenticationv1.TokenRequest{
+		Spec: authenticationv1.TokenRequestSpec{
+			ExpirationSeconds: ptr.To[int64](3600),
+			BoundObjectRef:    &authenticationv1.BoundObjectReference{Kind: "Pod", APIVersion: "v1", Name: pod.Name, UID: pod.UID},
+		},
+	}, metav1.CreateOptions{})
+	Expect(err).NotTo(HaveOccurred())
+	return tr.Status.Token
 }

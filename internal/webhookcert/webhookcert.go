@@ -4,29 +4,24 @@ Copyright 2026 The code-sandbox-operator Authors.
 Licensed under the MIT License; see the LICENSE file.
 */
 
-// Package webhookcert gives the admission webhook a serving certificate
-// without cert-manager: it keeps a CA and a certificate signed by it in a
-// Secret that every webhook replica shares, writes them where the webhook
-// server reads them, and injects the CA into the
-// ValidatingWebhookConfiguration so that the API server trusts it. It
-// renews the certificate well before it expires; the webhook server reloads
-// the files by itself.
+// Package webhookcert gives the admission webhook (and any other in-cluster
+// HTTPS server of the operator, such as the aggregated API server) a serving
+// certificate without cert-manager. The certificate is issued by the
+// operator CA (operatorca.Authority) and kept in a Secret that every replica
+// shares; it is written where the server reads it, and the CA bundle is
+// injected into the ValidatingWebhookConfiguration and the APIService so
+// that the API server trusts it. It renews the certificate well before it
+// expires; the server reloads the files by itself.
 package webhookcert
 
 import (
 	"bytes"
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/tls"
 	"crypto/x509"
-	"crypto/x509/pkix"
-	"encoding/pem"
+	"encoding/base64"
 	"errors"
 	"fmt"
-	"math/big"
-	"net"
 	"os"
 	"path/filepath"
 	"slices"
@@ -36,61 +31,77 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/utils/clock"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	logf "sigs.k8s.io/controller-runtime/pkg/log"
+
+	"github.com/code-sandbox/code-sandbox-operator/internal/operatorca"
 )
 
 // The webhook reads and writes its own certificate Secret and patches the
-// CA into its own webhook configuration, nothing else. The Secret rule is
-// namespaced to the webhook's namespace ("system" before kustomize's
-// namespace transform); create cannot be limited by name.
+// CA bundle into its own webhook configuration and APIService, nothing
+// else. The Secret rule is namespaced to the webhook's namespace ("system"
+// before kustomize's namespace transform); create cannot be limited by name.
 // +kubebuilder:rbac:groups="",namespace=system,resources=secrets,verbs=get;create;update
 // +kubebuilder:rbac:groups=admissionregistration.k8s.io,resources=validatingwebhookconfigurations,verbs=get;update;patch,resourceNames=code-sandbox-validating-webhook-configuration
+// +kubebuilder:rbac:groups=apiregistration.k8s.io,resources=apiservices,verbs=get;update;patch,resourceNames=v1alpha1.subresources.sandbox.code-sandbox.dev
 
-// Secret data keys.
+// Secret data keys: the serving pair and the CA certificate that issued it.
 const (
 	KeyCACert = "ca.crt"
-	KeyCAKey  = "ca.key"
 	KeyCert   = "tls.crt"
 	KeyKey    = "tls.key"
 )
 
 const (
-	caValidity   = 10 * 365 * 24 * time.Hour
 	certValidity = 365 * 24 * time.Hour
 	// renewBefore: a certificate with less than this left is replaced.
 	renewBefore = 90 * 24 * time.Hour
 )
 
+// APIServiceGVK is the kind of Options.APIService, handled as unstructured
+// data so that the kube-aggregator types are not needed.
+var APIServiceGVK = schema.GroupVersionKind{Group: "apiregistration.k8s.io", Version: "v1", Kind: "APIService"}
+
 // Options say where the certificate lives and whom it is for.
 type Options struct {
-	// Namespace and SecretName name the Secret holding the CA and the
-	// serving certificate.
+	// Namespace and SecretName name the Secret holding the serving
+	// certificate.
 	Namespace  string
 	SecretName string
 	// WebhookConfiguration is the ValidatingWebhookConfiguration whose
 	// webhooks get the CA bundle; empty skips injection.
 	WebhookConfiguration string
+	// APIService is the apiregistration.k8s.io/v1 APIService whose
+	// spec.caBundle gets the CA bundle; empty skips injection.
+	APIService string
 	// Hosts are the DNS names and IP addresses the certificate covers:
 	// the Service's names in a cluster, 127.0.0.1 for a local run.
 	Hosts []string
-	// CertDir receives tls.crt and tls.key for the webhook server.
+	// CertDir receives tls.crt and tls.key for the server.
 	CertDir string
-	// Clock is injectable for tests of renewal.
+	// Clock is injectable for tests of renewal; it should be the
+	// Authority's.
 	Clock clock.PassiveClock
 }
 
 // Manager keeps the certificate current.
 type Manager struct {
-	client client.Client
-	opts   Options
+	client    client.Client
+	authority *operatorca.Authority
+	opts      Options
 }
 
-// New returns a Manager; c should read from the API server directly, since
-// it runs before any cache has started.
-func New(c client.Client, opts Options) (*Manager, error) {
+// New returns a Manager whose certificate authority issues the
+// certificate; Prepare keeps the authority current too (Ensure). c should
+// read from the API server directly, since it runs before any cache has
+// started.
+func New(c client.Client, authority *operatorca.Authority, opts Options) (*Manager, error) {
 	switch {
+	case authority == nil:
+		return nil, errors.New("webhook certificate: no operator CA to issue it")
 	case opts.Namespace == "":
 		return nil, errors.New("webhook certificate: the namespace is not set (--webhook-namespace or POD_NAMESPACE)")
 	case opts.SecretName == "":
@@ -103,13 +114,17 @@ func New(c client.Client, opts Options) (*Manager, error) {
 	if opts.Clock == nil {
 		opts.Clock = clock.RealClock{}
 	}
-	return &Manager{client: c, opts: opts}, nil
+	return &Manager{client: c, authority: authority, opts: opts}, nil
 }
 
-// Prepare makes sure the Secret holds a valid certificate for the hosts and
-// writes it to CertDir. Replicas race safely: creating and updating the
-// Secret is optimistic, and a loser adopts the winner's.
+// Prepare makes sure the operator CA is current, that the Secret holds a
+// valid certificate from it for the hosts, and writes that to CertDir. It
+// returns the CA bundle to inject. Replicas race safely: creating and
+// updating the Secret is optimistic, and a loser adopts the winner's.
 func (m *Manager) Prepare(ctx context.Context) ([]byte, error) {
+	if err := m.authority.Ensure(ctx); err != nil {
+		return nil, err
+	}
 	secret, err := m.ensureSecret(ctx)
 	if err != nil {
 		return nil, err
@@ -117,22 +132,26 @@ func (m *Manager) Prepare(ctx context.Context) ([]byte, error) {
 	if err := m.writeFiles(secret); err != nil {
 		return nil, err
 	}
-	return secret.Data[KeyCACert], nil
+	return m.authority.BundlePEM(), nil
 }
 
-// Ensure prepares the certificate and injects its CA into the webhook
-// configuration.
+// Ensure prepares the certificate and injects the CA bundle into the
+// webhook configuration and the APIService.
 func (m *Manager) Ensure(ctx context.Context) error {
-	caPEM, err := m.Prepare(ctx)
+	bundle, err := m.Prepare(ctx)
 	if err != nil {
 		return err
 	}
-	return m.inject(ctx, caPEM)
+	if err := m.injectWebhook(ctx, bundle); err != nil {
+		return err
+	}
+	return m.injectAPIService(ctx, bundle)
 }
 
 // Start implements manager.Runnable: it re-checks periodically, which
-// renews the certificate and restores the CA bundle if the webhook
-// configuration was re-applied without it.
+// renews the certificate, follows the CA's rotation and restores the CA
+// bundle if the webhook configuration or APIService was re-applied without
+// it.
 func (m *Manager) Start(ctx context.Context) error {
 	log := logf.FromContext(ctx).WithName("webhook-cert")
 	for {
@@ -159,14 +178,14 @@ func (m *Manager) ensureSecret(ctx context.Context) (*corev1.Secret, error) {
 		secret := &corev1.Secret{}
 		err := m.client.Get(ctx, key, secret)
 		if apierrors.IsNotFound(err) {
-			data, err := m.generate(nil)
+			data, err := m.generate()
 			if err != nil {
 				return nil, err
 			}
 			secret = &corev1.Secret{
 				ObjectMeta: metav1.ObjectMeta{
 					Namespace: key.Namespace, Name: key.Name,
-					Labels: map[string]string{"app.kubernetes.io/managed-by": "code-sandbox-operator"},
+					Labels: map[string]string{operatorca.LabelManagedBy: operatorca.ManagedByValue},
 				},
 				Type: corev1.SecretTypeTLS,
 				Data: data,
@@ -186,11 +205,11 @@ func (m *Manager) ensureSecret(ctx context.Context) (*corev1.Secret, error) {
 		if m.valid(secret.Data) {
 			return secret, nil
 		}
-		data, err := m.generate(secret.Data)
+		data, err := m.generate()
 		if err != nil {
 			return nil, err
 		}
-		secret.Data = data
+		secret.Data = data // drops whatever else was there (an old CA key)
 		err = m.client.Update(ctx, secret)
 		if apierrors.IsConflict(err) {
 			continue
@@ -203,22 +222,32 @@ func (m *Manager) ensureSecret(ctx context.Context) (*corev1.Secret, error) {
 	return nil, fmt.Errorf("Secret %s kept changing under us; giving up for now", key)
 }
 
-// valid reports whether data holds a CA and a matching serving certificate
-// that covers every host and has more than renewBefore left.
+// valid reports whether data holds a serving certificate and its key that
+// chain to the operator CA bundle for server authentication, were issued by
+// the CA in ca.crt, cover every host and have more than renewBefore left.
+// A certificate from a CA that was rotated out but is still in the bundle
+// stays valid until its own renewal.
 func (m *Manager) valid(data map[string][]byte) bool {
-	ca, _, err := parseCA(data)
-	if err != nil || m.opts.Clock.Now().Add(renewBefore).After(ca.NotAfter) {
-		return false
-	}
+	now := m.opts.Clock.Now()
 	pair, err := tls.X509KeyPair(data[KeyCert], data[KeyKey])
 	if err != nil {
 		return false
 	}
 	leaf, err := x509.ParseCertificate(pair.Certificate[0])
-	if err != nil || m.opts.Clock.Now().Add(renewBefore).After(leaf.NotAfter) {
+	if err != nil || now.Add(renewBefore).After(leaf.NotAfter) {
 		return false
 	}
-	if err := leaf.CheckSignatureFrom(ca); err != nil {
+	issuers, err := operatorca.ParseCertificates(data[KeyCACert])
+	if err != nil || len(issuers) != 1 || leaf.CheckSignatureFrom(issuers[0]) != nil {
+		return false
+	}
+	pool := m.authority.Pool()
+	if pool == nil {
+		return false
+	}
+	if _, err := leaf.Verify(x509.VerifyOptions{
+		Roots: pool, CurrentTime: now, KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
+	}); err != nil {
 		return false
 	}
 	for _, h := range m.opts.Hosts {
@@ -229,114 +258,22 @@ func (m *Manager) valid(data map[string][]byte) bool {
 	return true
 }
 
-// generate returns a serving certificate for the hosts, signed by the CA in
-// old when that CA is still good for long enough, else by a new CA.
-func (m *Manager) generate(old map[string][]byte) (map[string][]byte, error) {
-	now := m.opts.Clock.Now()
-	ca, caKey, err := parseCA(old)
-	caPEM, caKeyPEM := old[KeyCACert], old[KeyCAKey]
-	if err != nil || now.Add(certValidity+renewBefore).After(ca.NotAfter) {
-		ca, caKey, caPEM, caKeyPEM, err = newCA(now)
-		if err != nil {
-			return nil, err
-		}
+// generate issues a serving certificate for the hosts from the current
+// operator CA.
+func (m *Manager) generate() (map[string][]byte, error) {
+	ca := m.authority.Current()
+	if ca == nil {
+		return nil, errors.New("webhook certificate: the operator CA is not loaded")
 	}
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	pair, err := ca.IssueServing(m.opts.Hosts, certValidity)
+	if err != nil {
+		return nil, fmt.Errorf("issuing the webhook certificate: %w", err)
+	}
+	certPEM, keyPEM, err := operatorca.EncodeKeyPair(pair)
 	if err != nil {
 		return nil, err
 	}
-	tmpl := &x509.Certificate{
-		SerialNumber: serial(),
-		Subject:      pkix.Name{CommonName: m.opts.Hosts[0]},
-		NotBefore:    now.Add(-time.Hour),
-		NotAfter:     now.Add(certValidity),
-		KeyUsage:     x509.KeyUsageDigitalSignature,
-		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
-	}
-	for _, h := range m.opts.Hosts {
-		if ip := net.ParseIP(h); ip != nil {
-			tmpl.IPAddresses = append(tmpl.IPAddresses, ip)
-		} else {
-			tmpl.DNSNames = append(tmpl.DNSNames, h)
-		}
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca, &key.PublicKey, caKey)
-	if err != nil {
-		return nil, fmt.Errorf("signing the webhook certificate: %w", err)
-	}
-	keyDER, err := x509.MarshalECPrivateKey(key)
-	if err != nil {
-		return nil, err
-	}
-	return map[string][]byte{
-		KeyCACert: caPEM,
-		KeyCAKey:  caKeyPEM,
-		KeyCert:   pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}),
-		KeyKey:    pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: keyDER}),
-	}, nil
-}
-
-func newCA(now time.Time) (*x509.Certificate, *ecdsa.PrivateKey, []byte, []byte, error) {
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		return nil, nil, nil, nil, err
-	}
-	tmpl := &x509.Certificate{
-		SerialNumber:          serial(),
-		Subject:               pkix.Name{CommonName: "code-sandbox-webhook-ca"},
-		NotBefore:             now.Add(-time.Hour),
-		NotAfter:              now.Add(caValidity),
-		KeyUsage:              x509.KeyUsageCertSign | x509.KeyUsageDigitalSignature,
-		BasicConstraintsValid: true,
-		IsCA:                  true,
-		MaxPathLenZero:        true,
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
-	if err != nil {
-		return nil, nil, nil, nil, fmt.Errorf("creating the webhook CA: %w", err)
-	}
-	ca, err := x509.ParseCertificate(der)
-	if err != nil {
-		return nil, nil, nil, nil, err
-	}
-	keyDER, err := x509.MarshalECPrivateKey(key)
-	if err != nil {
-		return nil, nil, nil, nil, err
-	}
-	return ca, key,
-		pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}),
-		pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: keyDER}), nil
-}
-
-func parseCA(data map[string][]byte) (*x509.Certificate, *ecdsa.PrivateKey, error) {
-	block, _ := pem.Decode(data[KeyCACert])
-	if block == nil {
-		return nil, nil, errors.New("no CA certificate")
-	}
-	ca, err := x509.ParseCertificate(block.Bytes)
-	if err != nil {
-		return nil, nil, err
-	}
-	keyBlock, _ := pem.Decode(data[KeyCAKey])
-	if keyBlock == nil {
-		return nil, nil, errors.New("no CA key")
-	}
-	key, err := x509.ParseECPrivateKey(keyBlock.Bytes)
-	if err != nil {
-		return nil, nil, err
-	}
-	if !key.PublicKey.Equal(ca.PublicKey) {
-		return nil, nil, errors.New("the CA key does not match the CA certificate")
-	}
-	return ca, key, nil
-}
-
-func serial() *big.Int {
-	n, err := rand.Int(rand.Reader, new(big.Int).Lsh(big.NewInt(1), 127))
-	if err != nil {
-		panic(err) // crypto/rand does not fail on supported platforms
-	}
-	return n
+	return map[string][]byte{KeyCACert: ca.CertPEM(), KeyCert: certPEM, KeyKey: keyPEM}, nil
 }
 
 // writeFiles writes the pair atomically (rename), only when it changed, so
@@ -361,34 +298,63 @@ func (m *Manager) writeFiles(secret *corev1.Secret) error {
 	return nil
 }
 
-// inject puts the CA into every webhook of the configuration.
-func (m *Manager) inject(ctx context.Context, caPEM []byte) error {
+// injectWebhook puts the CA bundle into every webhook of the
+// configuration.
+func (m *Manager) injectWebhook(ctx context.Context, bundle []byte) error {
 	if m.opts.WebhookConfiguration == "" {
 		return nil
 	}
-	for attempt := 0; attempt < 5; attempt++ {
-		cfg := &admissionregistrationv1.ValidatingWebhookConfiguration{}
-		if err := m.client.Get(ctx, client.ObjectKey{Name: m.opts.WebhookConfiguration}, cfg); err != nil {
-			return fmt.Errorf("reading ValidatingWebhookConfiguration %s: %w", m.opts.WebhookConfiguration, err)
-		}
+	cfg := &admissionregistrationv1.ValidatingWebhookConfiguration{ObjectMeta: metav1.ObjectMeta{Name: m.opts.WebhookConfiguration}}
+	return m.updateCABundle(ctx, cfg, "ValidatingWebhookConfiguration "+cfg.Name, func() bool {
 		changed := false
 		for i := range cfg.Webhooks {
-			if !bytes.Equal(cfg.Webhooks[i].ClientConfig.CABundle, caPEM) {
-				cfg.Webhooks[i].ClientConfig.CABundle = slices.Clone(caPEM)
+			if !bytes.Equal(cfg.Webhooks[i].ClientConfig.CABundle, bundle) {
+				cfg.Webhooks[i].ClientConfig.CABundle = slices.Clone(bundle)
 				changed = true
 			}
 		}
-		if !changed {
+		return changed
+	})
+}
+
+// injectAPIService puts the CA bundle into the APIService's spec.caBundle.
+func (m *Manager) injectAPIService(ctx context.Context, bundle []byte) error {
+	if m.opts.APIService == "" {
+		return nil
+	}
+	svc := &unstructured.Unstructured{}
+	svc.SetGroupVersionKind(APIServiceGVK)
+	svc.SetName(m.opts.APIService)
+	want := base64.StdEncoding.EncodeToString(bundle)
+	return m.updateCABundle(ctx, svc, "APIService "+m.opts.APIService, func() bool {
+		if cur, _, _ := unstructured.NestedString(svc.Object, "spec", "caBundle"); cur == want {
+			return false
+		}
+		// A missing spec is the API server's business to refuse.
+		_ = unstructured.SetNestedField(svc.Object, want, "spec", "caBundle")
+		return true
+	})
+}
+
+// updateCABundle reads obj, lets set change it, and writes it back when
+// set reports a change, retrying on conflicts.
+func (m *Manager) updateCABundle(ctx context.Context, obj client.Object, what string, set func() bool) error {
+	key := client.ObjectKeyFromObject(obj)
+	for attempt := 0; attempt < 5; attempt++ {
+		if err := m.client.Get(ctx, key, obj); err != nil {
+			return fmt.Errorf("reading %s: %w", what, err)
+		}
+		if !set() {
 			return nil
 		}
-		err := m.client.Update(ctx, cfg)
+		err := m.client.Update(ctx, obj)
 		if apierrors.IsConflict(err) {
 			continue
 		}
 		if err != nil {
-			return fmt.Errorf("injecting the CA into ValidatingWebhookConfiguration %s: %w", m.opts.WebhookConfiguration, err)
+			return fmt.Errorf("injecting the CA into %s: %w", what, err)
 		}
 		return nil
 	}
-	return fmt.Errorf("ValidatingWebhookConfiguration %s kept changing under us", m.opts.WebhookConfiguration)
+	return fmt.Errorf("%s kept changing under us", what)
 }

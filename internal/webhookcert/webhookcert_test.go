@@ -10,6 +10,7 @@ import (
 	"context"
 	"crypto/tls"
 	"crypto/x509"
+	"encoding/base64"
 	"encoding/pem"
 	"fmt"
 	"io"
@@ -26,10 +27,13 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/utils/clock"
 	clocktesting "k8s.io/utils/clock/testing"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/code-sandbox/code-sandbox-operator/internal/operatorca"
 	"github.com/code-sandbox/code-sandbox-operator/internal/webhookcert"
 )
 
@@ -42,15 +46,46 @@ func uniqueName(prefix string) string {
 
 var defaultHosts = []string{"webhook-service.system.svc", "webhook-service.system.svc.cluster.local", "127.0.0.1"}
 
+// newManager returns a Manager with its own Authority for the operator CA
+// in ns (the default Secret and ConfigMap names), as a replica or a restart
+// has. The Authority shares the Manager's clock.
 func newManager(ns, secret string, hosts []string, certDir string, mutate ...func(*webhookcert.Options)) *webhookcert.Manager {
 	GinkgoHelper()
 	opts := webhookcert.Options{Namespace: ns, SecretName: secret, Hosts: hosts, CertDir: certDir}
 	for _, m := range mutate {
 		m(&opts)
 	}
-	m, err := webhookcert.New(cp.Client, opts)
+	m, err := webhookcert.New(cp.Client, newAuthority(ns, opts.Clock), opts)
 	Expect(err).NotTo(HaveOccurred())
 	return m
+}
+
+func newAuthority(ns string, clk clock.PassiveClock) *operatorca.Authority {
+	GinkgoHelper()
+	a, err := operatorca.NewAuthority(cp.Client, operatorca.AuthorityOptions{Namespace: ns, Clock: clk})
+	Expect(err).NotTo(HaveOccurred())
+	return a
+}
+
+// published is the operator CA bundle as the Authority published it.
+func published(ns string) []byte {
+	GinkgoHelper()
+	cm := &corev1.ConfigMap{}
+	Expect(cp.Client.Get(context.Background(), client.ObjectKey{Namespace: ns, Name: operatorca.DefaultBundleConfigMap}, cm)).To(Succeed())
+	return []byte(cm.Data[operatorca.BundleKey])
+}
+
+// operatorCA is the CA certificate in the operator CA Secret of ns.
+func operatorCA(ns string) []byte {
+	GinkgoHelper()
+	return getSecret(ns, operatorca.DefaultCASecret).Data[operatorca.BundleKey]
+}
+
+func parseBundle(b []byte) []*x509.Certificate {
+	GinkgoHelper()
+	certs, err := operatorca.ParseCertificates(b)
+	Expect(err).NotTo(HaveOccurred())
+	return certs
 }
 
 func getSecret(ns, name string) *corev1.Secret {
@@ -182,11 +217,16 @@ var _ = Describe("webhook certificate", func() {
 
 	Describe("New", func() {
 		valid := webhookcert.Options{Namespace: "ns", SecretName: "s", Hosts: []string{"h"}, CertDir: "/tmp/x"}
+		It("needs an operator CA", func() {
+			m, err := webhookcert.New(cp.Client, nil, valid)
+			Expect(err).To(MatchError("webhook certificate: no operator CA to issue it"))
+			Expect(m).To(BeNil())
+		})
 		DescribeTable("rejects incomplete options with a clear error",
 			func(mutate func(*webhookcert.Options), want string) {
 				opts := valid
 				mutate(&opts)
-				m, err := webhookcert.New(cp.Client, opts)
+				m, err := webhookcert.New(cp.Client, newAuthority("ns", nil), opts)
 				Expect(err).To(MatchError(want))
 				Expect(m).To(BeNil())
 			},
@@ -203,7 +243,7 @@ var _ = Describe("webhook certificate", func() {
 		)
 
 		It("accepts complete options, defaults the clock and needs no leader election", func() {
-			m, err := webhookcert.New(cp.Client, valid)
+			m, err := webhookcert.New(cp.Client, newAuthority("ns", nil), valid)
 			Expect(err).NotTo(HaveOccurred())
 			Expect(m.NeedLeaderElection()).To(BeFalse())
 		})
@@ -220,11 +260,14 @@ var _ = Describe("webhook certificate", func() {
 
 			secret := getSecret(ns, secretName)
 			Expect(secret.Type).To(Equal(corev1.SecretTypeTLS))
-			Expect(secret.Data).To(HaveLen(4))
+			Expect(secret.Data).To(HaveLen(3), "no CA key: the operator CA Secret alone holds it")
 			Expect(secret.Data).To(HaveKey(webhookcert.KeyCACert))
-			Expect(secret.Data).To(HaveKey(webhookcert.KeyCAKey))
 			Expect(secret.Data).To(HaveKey(webhookcert.KeyCert))
 			Expect(secret.Data).To(HaveKey(webhookcert.KeyKey))
+			// Issued by the operator CA, and the bundle it returns is the
+			// published one, which holds that CA.
+			Expect(secret.Data[webhookcert.KeyCACert]).To(Equal(operatorCA(ns)))
+			Expect(caPEM).To(Equal(published(ns)))
 			Expect(caPEM).To(Equal(secret.Data[webhookcert.KeyCACert]))
 
 			verifyServing(secret.Data, defaultHosts, time.Now())
@@ -414,7 +457,6 @@ var _ = Describe("webhook certificate", func() {
 			Expect(after.UID).To(Equal(before.UID))
 			Expect(after.ResourceVersion).NotTo(Equal(before.ResourceVersion))
 			Expect(after.Data[webhookcert.KeyCACert]).To(Equal(before.Data[webhookcert.KeyCACert]))
-			Expect(after.Data[webhookcert.KeyCAKey]).To(Equal(before.Data[webhookcert.KeyCAKey]))
 			Expect(after.Data[webhookcert.KeyCert]).NotTo(Equal(before.Data[webhookcert.KeyCert]))
 			Expect(after.Data[webhookcert.KeyKey]).NotTo(Equal(before.Data[webhookcert.KeyKey]))
 			Expect(caPEM).To(Equal(before.Data[webhookcert.KeyCACert]))
@@ -454,7 +496,7 @@ var _ = Describe("webhook certificate", func() {
 			Expect(getSecret(ns, secretName).ResourceVersion).To(Equal(renewed.ResourceVersion))
 		})
 
-		It("replaces the CA as well when it nears its own expiry", func() {
+		It("re-issues from the new operator CA when the CA is rotated a year before its expiry", func() {
 			secretName := uniqueName("cert")
 			dir := GinkgoT().TempDir()
 			clk := clocktesting.NewFakeClock(time.Now())
@@ -462,39 +504,80 @@ var _ = Describe("webhook certificate", func() {
 			_, err := m.Prepare(ctx)
 			Expect(err).NotTo(HaveOccurred())
 			first := getSecret(ns, secretName)
-			ca := parseCert(first.Data[webhookcert.KeyCACert])
-			Expect(ca.NotAfter).To(BeTemporally(">", time.Now().Add(9*365*24*time.Hour)))
+			oldCA := parseCert(first.Data[webhookcert.KeyCACert])
+			Expect(oldCA.NotAfter).To(BeTemporally(">", time.Now().Add(9*365*24*time.Hour)))
 
-			clk.SetTime(ca.NotAfter.Add(-89 * 24 * time.Hour))
-			caPEM, err := m.Prepare(ctx)
+			// 364 days left: the Authority rotates; the serving certificate
+			// (expired long ago) comes from the new CA, and the bundle holds
+			// both CAs until the old one expires.
+			clk.SetTime(oldCA.NotAfter.Add(-364 * 24 * time.Hour))
+			bundle, err := m.Prepare(ctx)
 			Expect(err).NotTo(HaveOccurred())
 			renewed := getSecret(ns, secretName)
 			Expect(renewed.Data[webhookcert.KeyCACert]).NotTo(Equal(first.Data[webhookcert.KeyCACert]))
-			Expect(renewed.Data[webhookcert.KeyCAKey]).NotTo(Equal(first.Data[webhookcert.KeyCAKey]))
-			Expect(caPEM).To(Equal(renewed.Data[webhookcert.KeyCACert]))
-			newCA := parseCert(caPEM)
+			Expect(renewed.Data[webhookcert.KeyCACert]).To(Equal(operatorCA(ns)))
+			newCA := parseCert(renewed.Data[webhookcert.KeyCACert])
 			Expect(newCA.NotAfter).To(BeTemporally(">", clk.Now().Add(9*365*24*time.Hour)))
+			Expect(bundle).To(Equal(published(ns)))
+			Expect(parseBundle(bundle)).To(HaveExactElements(oldCA, newCA))
 			verifyServing(renewed.Data, defaultHosts, clk.Now())
 			expectFilesMatch(dir, renewed)
 		})
 
-		It("re-issues with a new CA when the old CA could not cover a full certificate lifetime", func() {
+		It("keeps a certificate from a rotated-out CA that is still in the bundle until its own renewal, and never outlives its CA", func() {
 			secretName := uniqueName("cert")
 			clk := clocktesting.NewFakeClock(time.Now())
 			m := newManager(ns, secretName, defaultHosts, GinkgoT().TempDir(), func(o *webhookcert.Options) { o.Clock = clk })
 			_, err := m.Prepare(ctx)
 			Expect(err).NotTo(HaveOccurred())
-			first := getSecret(ns, secretName)
-			ca := parseCert(first.Data[webhookcert.KeyCACert])
+			oldCA := parseCert(getSecret(ns, secretName).Data[webhookcert.KeyCACert])
 
-			// The CA has 400 days left, the serving certificate expired long
-			// ago: a new one-year certificate must not outlive the CA.
-			clk.SetTime(ca.NotAfter.Add(-400 * 24 * time.Hour))
+			// The CA has 366 days left and the serving certificate expired
+			// long ago: a one-year certificate still fits in the CA.
+			clk.SetTime(oldCA.NotAfter.Add(-366 * 24 * time.Hour))
+			_, err = m.Prepare(ctx)
+			Expect(err).NotTo(HaveOccurred())
+			issued := getSecret(ns, secretName)
+			Expect(parseCert(issued.Data[webhookcert.KeyCACert]).Equal(oldCA)).To(BeTrue(), "the CA is not rotated yet")
+			leaf := parseCert(issued.Data[webhookcert.KeyCert])
+			Expect(leaf.NotAfter).To(BeTemporally("<=", oldCA.NotAfter))
+
+			// Two days on the CA is rotated, but the certificate chains to
+			// the bundle and has almost a year left: it is kept.
+			clk.Step(2 * 24 * time.Hour)
+			bundle, err := m.Prepare(ctx)
+			Expect(err).NotTo(HaveOccurred())
+			Expect(parseBundle(bundle)).To(HaveLen(2))
+			Expect(operatorCA(ns)).NotTo(Equal(issued.Data[webhookcert.KeyCACert]))
+			Expect(getSecret(ns, secretName).ResourceVersion).To(Equal(issued.ResourceVersion))
+
+			// At its renewal it moves to the new CA.
+			clk.SetTime(leaf.NotAfter.Add(-89 * 24 * time.Hour))
 			_, err = m.Prepare(ctx)
 			Expect(err).NotTo(HaveOccurred())
 			renewed := getSecret(ns, secretName)
-			Expect(renewed.Data[webhookcert.KeyCACert]).NotTo(Equal(first.Data[webhookcert.KeyCACert]))
+			Expect(renewed.Data[webhookcert.KeyCACert]).To(Equal(operatorCA(ns)))
 			verifyServing(renewed.Data, defaultHosts, clk.Now())
+		})
+
+		It("replaces the certificate at once when its CA is no longer in the bundle (a revoked CA)", func() {
+			secretName := uniqueName("cert")
+			m := newManager(ns, secretName, defaultHosts, GinkgoT().TempDir())
+			_, err := m.Prepare(ctx)
+			Expect(err).NotTo(HaveOccurred())
+			before := getSecret(ns, secretName)
+
+			// What an administrator does to revoke the CA.
+			Expect(cp.Client.Delete(ctx, getSecret(ns, operatorca.DefaultCASecret))).To(Succeed())
+			Expect(cp.Client.Delete(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: operatorca.DefaultBundleConfigMap}})).To(Succeed())
+
+			bundle, err := m.Prepare(ctx)
+			Expect(err).NotTo(HaveOccurred())
+			after := getSecret(ns, secretName)
+			Expect(parseBundle(bundle)).To(HaveLen(1))
+			Expect(after.Data[webhookcert.KeyCACert]).To(Equal(bundle))
+			Expect(after.Data[webhookcert.KeyCACert]).NotTo(Equal(before.Data[webhookcert.KeyCACert]))
+			verifyServing(after.Data, defaultHosts, time.Now())
 		})
 
 		DescribeTable("repairs a Secret that holds no usable certificate",
@@ -520,12 +603,13 @@ var _ = Describe("webhook certificate", func() {
 				Expect(repaired.UID).To(Equal(created.UID), "repaired in place")
 				Expect(repaired.ResourceVersion).NotTo(Equal(created.ResourceVersion))
 				Expect(caPEM).To(Equal(repaired.Data[webhookcert.KeyCACert]))
+				Expect(repaired.Data).To(HaveLen(3), "nothing else is kept, no old CA key in particular")
 				verifyServing(repaired.Data, defaultHosts, time.Now())
 				expectFilesMatch(dir, repaired)
 			},
 			Entry("garbage everywhere", func(map[string][]byte) map[string][]byte {
 				return map[string][]byte{
-					webhookcert.KeyCACert: []byte("garbage"), webhookcert.KeyCAKey: []byte("garbage"),
+					webhookcert.KeyCACert: []byte("garbage"), "ca.key": []byte("garbage"),
 					webhookcert.KeyCert: []byte("garbage"), webhookcert.KeyKey: []byte("garbage"),
 				}
 			}),
@@ -537,31 +621,30 @@ var _ = Describe("webhook certificate", func() {
 				out[webhookcert.KeyCACert] = pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: []byte("not DER")})
 				return out
 			}),
-			Entry("a CA key that does not match the CA", func(good map[string][]byte) map[string][]byte {
-				out := clone(good)
-				out[webhookcert.KeyCAKey] = good[webhookcert.KeyKey]
-				return out
-			}),
 			Entry("a serving key that does not match the certificate", func(good map[string][]byte) map[string][]byte {
 				out := clone(good)
-				out[webhookcert.KeyKey] = good[webhookcert.KeyCAKey]
+				_, _, out[webhookcert.KeyKey] = foreignServing()
 				return out
 			}),
-			Entry("a serving certificate signed by another CA", func(good map[string][]byte) map[string][]byte {
-				// The CA is a fresh one from a third Secret.
-				other := uniqueName("donor")
-				_, err := newManager(ns, other, defaultHosts, GinkgoT().TempDir()).Prepare(ctx)
-				Expect(err).NotTo(HaveOccurred())
-				otherData := getSecret(ns, other).Data
+			Entry("a serving certificate from a CA outside the bundle", func(good map[string][]byte) map[string][]byte {
 				out := clone(good)
-				out[webhookcert.KeyCACert] = otherData[webhookcert.KeyCACert]
-				out[webhookcert.KeyCAKey] = otherData[webhookcert.KeyCAKey]
+				out[webhookcert.KeyCACert], out[webhookcert.KeyCert], out[webhookcert.KeyKey] = foreignServing()
+				return out
+			}),
+			Entry("a ca.crt that did not issue the serving certificate", func(good map[string][]byte) map[string][]byte {
+				out := clone(good)
+				out[webhookcert.KeyCACert], _, _ = foreignServing()
 				return out
 			}),
 			Entry("the serving certificate used as the CA", func(good map[string][]byte) map[string][]byte {
 				out := clone(good)
 				out[webhookcert.KeyCACert] = good[webhookcert.KeyCert]
-				out[webhookcert.KeyCAKey] = good[webhookcert.KeyKey]
+				return out
+			}),
+			Entry("the format before the operator CA: the Secret's own CA and its key", func(map[string][]byte) map[string][]byte {
+				out := map[string][]byte{}
+				out[webhookcert.KeyCACert], out[webhookcert.KeyCert], out[webhookcert.KeyKey] = foreignServing()
+				out["ca.key"] = []byte("-----BEGIN EC PRIVATE KEY-----\n...\n-----END EC PRIVATE KEY-----\n")
 				return out
 			}),
 		)
@@ -615,7 +698,7 @@ var _ = Describe("webhook certificate", func() {
 			Expect(caBundles(cfgName)).To(Equal([][]byte{caPEM, caPEM}))
 		})
 
-		It("injects the new CA when the CA is replaced", func() {
+		It("injects both CAs while a rotated CA overlaps the new one, then only the new one", func() {
 			cfgName := uniqueName("webhookcert-test")
 			createWebhookConfiguration(cfgName)
 			secretName := uniqueName("cert")
@@ -626,11 +709,46 @@ var _ = Describe("webhook certificate", func() {
 			})
 			Expect(m.Ensure(ctx)).To(Succeed())
 			oldCA := getSecret(ns, secretName).Data[webhookcert.KeyCACert]
+			Expect(caBundles(cfgName)).To(Equal([][]byte{oldCA, oldCA}))
+
 			clk.SetTime(parseCert(oldCA).NotAfter.Add(-time.Hour))
 			Expect(m.Ensure(ctx)).To(Succeed())
 			newCA := getSecret(ns, secretName).Data[webhookcert.KeyCACert]
 			Expect(newCA).NotTo(Equal(oldCA))
+			both := append(append([]byte{}, oldCA...), newCA...)
+			Expect(published(ns)).To(Equal(both))
+			Expect(caBundles(cfgName)).To(Equal([][]byte{both, both}))
+
+			clk.Step(2 * time.Hour)
+			Expect(m.Ensure(ctx)).To(Succeed())
+			Expect(published(ns)).To(Equal(newCA))
 			Expect(caBundles(cfgName)).To(Equal([][]byte{newCA, newCA}))
+		})
+
+		It("injects the CA bundle into the named APIService and restores it after it is wiped", func() {
+			name := createAPIService(ns)
+			secretName := uniqueName("cert")
+			m := newManager(ns, secretName, defaultHosts, GinkgoT().TempDir(), func(o *webhookcert.Options) { o.APIService = name })
+			Expect(m.Ensure(ctx)).To(Succeed())
+			bundle := published(ns)
+			Expect(apiServiceCABundle(name)).To(Equal(bundle))
+			rv := getAPIService(name).GetResourceVersion()
+			Expect(m.Ensure(ctx)).To(Succeed())
+			Expect(getAPIService(name).GetResourceVersion()).To(Equal(rv), "nothing to do: not written again")
+
+			svc := getAPIService(name)
+			Expect(unstructured.SetNestedField(svc.Object, base64.StdEncoding.EncodeToString([]byte("stale")), "spec", "caBundle")).To(Succeed())
+			Expect(cp.Client.Update(ctx, svc)).To(Succeed())
+			Expect(apiServiceCABundle(name)).To(Equal([]byte("stale")))
+			Expect(m.Ensure(ctx)).To(Succeed())
+			Expect(apiServiceCABundle(name)).To(Equal(bundle))
+		})
+
+		It("names the APIService when it does not exist", func() {
+			m := newManager(ns, uniqueName("cert"), defaultHosts, GinkgoT().TempDir(), func(o *webhookcert.Options) { o.APIService = "v1.absent.webhookcert.test" })
+			err := m.Ensure(ctx)
+			Expect(err).To(MatchError(ContainSubstring("APIService v1.absent.webhookcert.test")))
+			Expect(apierrors.IsNotFound(err)).To(BeTrue(), "the cause is kept: %v", err)
 		})
 
 		It("names the webhook configuration when it does not exist, after preparing the certificate", func() {
@@ -697,6 +815,57 @@ var _ = Describe("webhook certificate", func() {
 		})
 	})
 })
+
+// createAPIService registers an APIService for a group nothing uses,
+// backed by a Service that does not exist: it is never called.
+func createAPIService(ns string) string {
+	GinkgoHelper()
+	version := fmt.Sprintf("v%d", secretSeq.Add(1))
+	svc := &unstructured.Unstructured{Object: map[string]any{
+		"spec": map[string]any{
+			"group": "nothing.webhookcert.test", "version": version,
+			"groupPriorityMinimum": int64(1000), "versionPriority": int64(15),
+			"service": map[string]any{"namespace": ns, "name": "nothing", "port": int64(443)},
+		},
+	}}
+	svc.SetGroupVersionKind(webhookcert.APIServiceGVK)
+	svc.SetName(version + ".nothing.webhookcert.test")
+	Expect(cp.Client.Create(context.Background(), svc)).To(Succeed())
+	DeferCleanup(func() {
+		Expect(client.IgnoreNotFound(cp.Client.Delete(context.Background(), svc))).To(Succeed())
+	})
+	return svc.GetName()
+}
+
+func getAPIService(name string) *unstructured.Unstructured {
+	GinkgoHelper()
+	svc := &unstructured.Unstructured{}
+	svc.SetGroupVersionKind(webhookcert.APIServiceGVK)
+	Expect(cp.Client.Get(context.Background(), client.ObjectKey{Name: name}, svc)).To(Succeed())
+	return svc
+}
+
+func apiServiceCABundle(name string) []byte {
+	GinkgoHelper()
+	s, _, err := unstructured.NestedString(getAPIService(name).Object, "spec", "caBundle")
+	Expect(err).NotTo(HaveOccurred())
+	b, err := base64.StdEncoding.DecodeString(s)
+	Expect(err).NotTo(HaveOccurred())
+	return b
+}
+
+// foreignServing is a serving certificate for defaultHosts from a CA that
+// is not the operator's, PEM-encoded with that CA.
+func foreignServing() (caPEM, certPEM, keyPEM []byte) {
+	GinkgoHelper()
+	ca, err := operatorca.NewCA("not-the-operator-ca", 2*365*24*time.Hour, time.Now())
+	Expect(err).NotTo(HaveOccurred())
+	pair, err := ca.IssueServing(defaultHosts, 365*24*time.Hour)
+	Expect(err).NotTo(HaveOccurred())
+	certPEM, keyPEM, err = operatorca.EncodeKeyPair(pair)
+	Expect(err).NotTo(HaveOccurred())
+	return ca.CertPEM(), certPEM, keyPEM
+}
 
 func clone(m map[string][]byte) map[string][]byte {
 	out := make(map[string][]byte, len(m))

@@ -225,7 +225,7 @@ var _ = Describe("code-sandbox-mcp --backend kubernetes", Ordered, func() {
 
 		BeforeAll(func(ctx SpecContext) {
 			for _, sa := range []string{"agent-a", "agent-b", "agent-noexec"} {
-				out, err := kubectl(ctx, "create", "token", sa, "-n", kmcpNamespace, "--duration=1h")
+				out, err := kubectl(ctx, "create", "token", sa, "-n", kmcpNamespace, "--duration=1h", "--audience", "code-sandbox-mcp")
 				Expect(err).NotTo(HaveOccurred())
 				tokens[sa] = strings.TrimSpace(out)
 			}

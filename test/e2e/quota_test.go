@@ -129,7 +129,7 @@ spec:
 		_, err = kubectl(ctx, "create", "rolebinding", "agent-editor", "-n", quotaNS,
 			"--clusterrole=sandbox-editor-role", "--serviceaccount="+quotaNS+":agent")
 		Expect(err).NotTo(HaveOccurred())
-		out, err := kubectl(ctx, "create", "token", "agent", "-n", quotaNS, "--duration=1h")
+		out, err := kubectl(ctx, "create", "token", "agent", "-n", quotaNS, "--duration=1h", "--audience", "code-sandbox-mcp")
 		Expect(err).NotTo(HaveOccurred())
 		token = strings.TrimSpace(out)
 

@@ -37,7 +37,7 @@ var _ = Describe("Every kustomization under config/", func() {
 	It("includes the overlays this suite knows about", func() {
 		Expect(dirs).To(ContainElements(
 			"config/crd", "config/rbac", "config/manager", "config/webhook",
-			"config/mcp", "config/default", "config/samples"))
+			"config/mcp", "config/policy", "config/default", "config/samples"))
 	})
 
 	for _, dir := range dirs {
@@ -120,6 +120,9 @@ var _ = Describe("The default overlay (make deploy, make build-installer)", func
 			"ClusterRoleBinding code-sandbox-mcp-server-rolebinding",
 			"Deployment "+ns+"code-sandbox-mcp-server",
 			"Service "+ns+"code-sandbox-mcp-server",
+			// Only the node managers write Sandbox status (config/policy).
+			"ValidatingAdmissionPolicy code-sandbox-sandbox-status-writers",
+			"ValidatingAdmissionPolicyBinding code-sandbox-sandbox-status-writers",
 		))
 		for _, o := range objs {
 			Expect(o.GetLabels()).To(HaveKeyWithValue("app.kubernetes.io/part-of", "code-sandbox-operator"), describe(o))

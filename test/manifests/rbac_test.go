@@ -225,7 +225,7 @@ var _ = Describe("RBAC of the default overlay, applied for real", Ordered, func(
 		}, []access{
 			in(team, "create", "sandboxquotas"), in(team, "update", "sandboxquotas"), in(team, "patch", "sandboxquotas"),
 			in(team, "delete", "sandboxquotas"), in(team, "update", "sandboxquotas/status"),
-			in(team, "update", "sandboxes/status"),
+			in(team, "update", "sandboxes/status"), in(team, "patch", "sandboxes/status"),
 			// Only where bound.
 			in("default", "create", "sandboxes"), in("default", "create", "sandboxes/exec"),
 		})
@@ -240,15 +240,18 @@ var _ = Describe("RBAC of the default overlay, applied for real", Ordered, func(
 			in(team, "create", "sandboxes"), in(team, "delete", "sandboxes"), in(team, "update", "sandboxes"),
 			in(team, "create", "sandboxes/exec"), in(team, "create", "sandboxes/files"), in(team, "get", "sandboxes/files"),
 			in(team, "update", "sandboxquotas"), in(team, "create", "sandboxquotas"),
+			in(team, "update", "sandboxes/status"), in(team, "patch", "sandboxes/status"),
 		})
 	})
 
-	It("lets admin do everything with Sandboxes but still not change quotas", func(ctx SpecContext) {
+	It("lets admin do everything with Sandboxes but write their status, and still not change quotas", func(ctx SpecContext) {
 		expectAccess(ctx, carol, []access{
 			in(team, "create", "sandboxes"), in(team, "deletecollection", "sandboxes"),
-			in(team, "update", "sandboxes/status"), in(team, "create", "sandboxes/exec"),
+			in(team, "get", "sandboxes/status"), in(team, "create", "sandboxes/exec"),
 			in(team, "get", "sandboxes/log"), in(team, "list", "sandboxquotas"),
 		}, []access{
+			// Only the node managers write status (config/policy).
+			in(team, "update", "sandboxes/status"), in(team, "patch", "sandboxes/status"),
 			in(team, "create", "sandboxquotas"), in(team, "update", "sandboxquotas"), in(team, "patch", "sandboxquotas"),
 			in(team, "delete", "sandboxquotas"), in(team, "deletecollection", "sandboxquotas"),
 			in(team, "patch", "sandboxquotas/status"),

@@ -71,7 +71,7 @@ func startStatus(sbx *sandboxv1alpha1.Sandbox) (startState, error) {
 	switch {
 	case ready == nil:
 		return starting, errors.New("no manager has picked it up yet (is a manager running with spare capacity?)")
-	case ready.Status == metav1.ConditionTrue && sbx.Status.AgentEndpoint == "":
+	case ready.Status == metav1.ConditionTrue && sbx.Status.NodeAPIEndpoint == "":
 		return starting, fmt.Errorf("it runs on node %q, whose manager has not published its node API yet", sbx.Status.NodeName)
 	case ready.Status == metav1.ConditionTrue:
 		return started, nil

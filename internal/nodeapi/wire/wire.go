@@ -8,14 +8,32 @@ import (
 	"github.com/code-sandbox/code-sandbox-operator/internal/execio"
 )
 
-// URL layout. Every path is below
-// /v1/namespaces/{namespace}/sandboxes/{name}/.
+// URL layout. On a node API every path is below
+// /v1/namespaces/{namespace}/sandboxes/{name}/; through the API server (the
+// operator's aggregated API) the same subresources are below
+// AggregatedPathPrefix{namespace}/sandboxes/{name}/.
 const (
 	PathPrefix = "/v1/namespaces/"
+
+	// AggregatedGroup and AggregatedVersion are the aggregated API that
+	// kube-apiserver proxies to the operator. Callers need RBAC on both this
+	// group (kube-apiserver checks it) and sandbox.code-sandbox.dev (the
+	// aggregated server checks the same subresource there).
+	AggregatedGroup      = "subresources.sandbox.code-sandbox.dev"
+	AggregatedVersion    = "v1alpha1"
+	AggregatedPathPrefix = "/apis/" + AggregatedGroup + "/" + AggregatedVersion + "/namespaces/"
+
+	// Front-proxy headers: the identity that the aggregated API server
+	// authenticated and authorised, as kube-apiserver passes it on.
+	HeaderRemoteUser        = "X-Remote-User"
+	HeaderRemoteUID         = "X-Remote-Uid"
+	HeaderRemoteGroup       = "X-Remote-Group"
+	HeaderRemoteExtraPrefix = "X-Remote-Extra-"
+
 	// POST, body execio.Request (JSON); response application/x-ndjson Frames.
 	// RBAC: create sandboxes/exec.
 	SubresourceExec = "exec"
-	// PUT ?path=P: body application/x-tar extracts a tree into directory P;
+	// POST ?path=P: body application/x-tar extracts a tree into directory P;
 	// body application/octet-stream writes one file at P (?mode=0644).
 	// Response: execio.TransferStats (JSON). RBAC: create sandboxes/files.
 	// GET ?path=P: response application/x-tar of the file or tree at P, its

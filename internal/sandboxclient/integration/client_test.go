@@ -13,6 +13,7 @@ import (
 
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
+	rbacv1 "k8s.io/api/rbac/v1"
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
@@ -89,7 +90,7 @@ func readTree(r io.Reader) (tree, map[string]int64) {
 	}
 }
 
-var _ = Describe("sandboxclient against the real node API", Ordered, Label("integration"), func() {
+var _ = Describe("sandboxclient through the API server and the aggregated API", Ordered, Label("integration"), func() {
 	var (
 		ns    string
 		sbx   *sandboxv1alpha1.Sandbox
@@ -101,8 +102,8 @@ var _ = Describe("sandboxclient against the real node API", Ordered, Label("inte
 		ns = newNamespace()
 		sbx = createSandbox(ns, "box")
 		waitReady(sbx)
-		// envtest's admin: a client certificate, accepted by the node API
-		// through its client CA.
+		// envtest's admin: a client certificate, which only the API server
+		// sees.
 		admin = newClient(cfg)
 	})
 
@@ -305,17 +306,31 @@ var _ = Describe("sandboxclient against the real node API", Ordered, Label("inte
 			Expect(err.Error()).To(ContainSubstring("sandbox " + ns + "/box"))
 		})
 
-		It("refuses a ServiceAccount that may read Sandboxes but not exec, at the node API", func() {
+		It("refuses a ServiceAccount that may read Sandboxes but not exec, at the API server", func() {
 			reader := serviceAccountConfig(ns, "reader")
 			bind(ns, "sandbox-reader", saSubject(ns, "reader"))
-			var err error
-			Eventually(func() bool {
-				_, err = newClient(reader).Exec(ctx, ns, "box", shell("true"), nil, nil)
-				var ae *sandboxclient.APIError
-				return errors.As(err, &ae) && ae.Source == "node API"
-			}, 10*time.Second, 500*time.Millisecond).Should(BeTrue(), "%v", err)
+			_, err := newClient(reader).Exec(ctx, ns, "box", shell("true"), nil, nil)
 			Expect(sandboxclient.IsForbidden(err)).To(BeTrue(), "%v", err)
-			Expect(err.Error()).To(ContainSubstring("sandboxes/exec"))
+			Expect(err.Error()).To(ContainSubstring(`"sandboxes/exec" in API group "subresources.sandbox.code-sandbox.dev"`))
+		})
+
+		It("checks RBAC on sandbox.code-sandbox.dev too, in the aggregated API server", func() {
+			// Allowed by kube-apiserver's check of the aggregated group,
+			// but not on the Sandbox's own group: the shipped roles grant
+			// both, and the aggregated server insists on the second.
+			cp.CreateClusterRole("aggregated-only-exec", rbacv1.PolicyRule{
+				APIGroups: []string{"subresources.sandbox.code-sandbox.dev"}, Resources: []string{"sandboxes/exec"}, Verbs: []string{"create"}})
+			half := serviceAccountConfig(ns, "half")
+			bind(ns, "aggregated-only-exec", saSubject(ns, "half"))
+			var err error
+			Eventually(func() string {
+				_, err = newClient(half).Exec(ctx, ns, "box", shell("true"), nil, nil)
+				if err == nil {
+					return ""
+				}
+				return err.Error()
+			}, 15*time.Second, 500*time.Millisecond).Should(ContainSubstring(`in API group "sandbox.code-sandbox.dev"`))
+			Expect(sandboxclient.IsForbidden(err)).To(BeTrue(), "%v", err)
 		})
 
 		It("acts as the user named in rest.Config.Impersonate", func() {
@@ -361,10 +376,10 @@ var _ = Describe("sandboxclient against the real node API", Ordered, Label("inte
 			s.Spec.Image = "code-sandbox-test/does-not-exist:1"
 			s.Spec.ImagePullPolicy = sandboxv1alpha1.PullNever
 		})
-		Eventually(readyState(broken), 60*time.Second).Should(Equal("False/ImageNotFound"))
+		Eventually(readyState(broken), 60*time.Second).Should(HavePrefix("False/ImageNotFound"))
 		_, err := admin.Exec(ctx, ns, "broken", shell("true"), nil, nil)
 		Expect(sandboxclient.IsNotReady(err)).To(BeTrue(), "%v", err)
-		Expect(err.Error()).To(HavePrefix("sandbox " + ns + "/broken is not ready: ImageNotFound: "))
+		Expect(err.Error()).To(ContainSubstring("sandbox " + ns + "/broken is not Ready: ImageNotFound: "))
 	})
 
 	It("reports a Sandbox that does not exist", func() {

@@ -1,6 +1,8 @@
-// Package integration_test drives sandboxclient against the real node API:
-// a kube-apiserver (envtest), the Sandbox reconciler and the node API server
-// of one manager, and the node's real Docker Engine. It lives apart from the
+// Package integration_test drives sandboxclient through the real data path:
+// a kube-apiserver (envtest) with the front proxy configured, the operator's
+// aggregated API server behind its APIService, the Sandbox reconciler and
+// the node API server of one manager (mutual TLS with the operator CA), and
+// the node's real Docker Engine. It lives apart from the
 // client's unit suite so that that one runs anywhere.
 package integration_test
 
@@ -43,7 +45,8 @@ var (
 	// execRole is the shipped ClusterRole for using Sandboxes.
 	execRole string
 
-	node *testnode.Node
+	node     *testnode.Node
+	operator *testnode.Operator
 )
 
 func TestIntegration(t *testing.T) {
@@ -53,7 +56,7 @@ func TestIntegration(t *testing.T) {
 
 var _ = BeforeSuite(func() {
 	rawDocker = testenv.RequireDocker(busyboxImage)
-	cp = testenv.StartControlPlane()
+	cp = testenv.StartControlPlane(testenv.WithAggregation())
 	cfg, testEnv, k8sClient = cp.Config, cp.Env, cp.Client
 
 	// The exec ClusterRole as shipped, so that these tests prove it too.
@@ -63,14 +66,15 @@ var _ = BeforeSuite(func() {
 	cp.CreateClusterRole("impersonator",
 		rbacv1.PolicyRule{APIGroups: []string{""}, Resources: []string{"users", "groups"}, Verbs: []string{"impersonate"}})
 
-	// The node API as the manager runs it, on loopback. It accepts client
-	// certificates from envtest's client CA, so that the admin rest.Config
-	// envtest hands out (a client certificate) works against it too.
-	node = testnode.Start(cp, testnode.NodeOptions{Name: nodeName, ClientCAFile: cp.ClientCAFile()})
+	// The aggregated API server and the node API as the operator runs
+	// them, on loopback.
+	operator = testnode.StartOperator(cp)
+	node = testnode.Start(cp, operator, testnode.NodeOptions{Name: nodeName})
 })
 
 var _ = AfterSuite(func() {
 	node.Stop()
+	operator.Stop(cp)
 	if rawDocker != nil {
 		testenv.RemoveNodeContainers(rawDocker, testNodePrefix)
 	}
@@ -110,7 +114,7 @@ func readyState(sbx *sandboxv1alpha1.Sandbox) func() string {
 			return ""
 		}
 		s := string(c.Status) + "/" + c.Reason
-		if latest.Status.AgentEndpoint != "" && latest.Status.AgentCertSHA256 != "" {
+		if latest.Status.NodeAPIEndpoint != "" {
 			s += "/endpoint"
 		}
 		return s

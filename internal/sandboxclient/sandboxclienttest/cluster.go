@@ -1,104 +1,226 @@
-// Package sandboxclienttest fakes what a sandboxclient talks to: an API
-// server that serves Sandboxes, and one node API over TLS whose certificate
-// the Sandboxes pin. It lets tests of the client and of its users (the
-// kubectl plugin, the MCP server) run without a control plane or Docker.
+// Package sandboxclienttest fakes what a sandboxclient talks to: the API
+// server. One TLS server answers GET on Sandboxes (for Resolve and
+// WaitReady) and the Sandbox subresources of the operator's aggregated API
+// (/apis/subresources.sandbox.code-sandbox.dev/v1alpha1/namespaces/{ns}/
+// sandboxes/{name}/{exec,files,log,history}), authenticating callers as
+// kube-apiserver does (bearer tokens, client certificates) and recording
+// every request. A second listener stands for the node API that the
+// Sandboxes' status.nodeAPIEndpoint names: clients must never reach it. It
+// lets tests of the client and of its users (the kubectl plugin, the MCP
+// server) run without a control plane or Docker.
 package sandboxclienttest
 
 import (
+	"bytes"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
 	"crypto/sha256"
 	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
 	"encoding/hex"
 	"encoding/json"
 	"encoding/pem"
 	"fmt"
+	"io"
+	"math/big"
+	"net"
 	"net/http"
 	"net/http/httptest"
+	"net/url"
 	"os"
 	"strings"
 	"sync"
+	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
+
+	"github.com/code-sandbox/code-sandbox-operator/internal/nodeapi/wire"
 )
 
-// Cluster is a fake API server plus one fake node API.
-type Cluster struct {
-	// API serves GET on Sandboxes (TLS: clientcmd sends no credentials to
-	// a plain-HTTP server).
-	API *httptest.Server
-	// Node is the node API (TLS, asks for but does not require a client
-	// certificate); its handler is set with SetNodeHandler.
-	Node *httptest.Server
-	// Pin is the SHA-256 of Node's certificate, as status.agentCertSHA256.
-	Pin string
+// Handler answers a subresource request that passed authentication and
+// the Sandbox checks; body is the request body, already read.
+type Handler func(w http.ResponseWriter, r *http.Request, body []byte)
 
-	mu        sync.Mutex
-	sandboxes map[string]map[string]any
-	node      http.Handler
-	apiCalls  int
+// Request is one request the fake API server received, as it arrived.
+type Request struct {
+	Method string
+	// Path is the URL path as received, including any path prefix.
+	Path     string
+	RawQuery string
+	Query    url.Values
+	Header   http.Header
+	Body     []byte
+	// RemoteAddr tells connections apart.
+	RemoteAddr string
+	// User is who the request authenticated as ("" if it did not).
+	User string
+	// ClientCertCN is the CN of the verified client certificate, if any.
+	ClientCertCN string
+	// Subresource is exec, files, log or history for a subresource call,
+	// "" for anything else (a GET of a Sandbox).
+	Namespace, Name, Subresource string
 }
 
-// New starts both servers; Close stops them.
+// Cluster is a fake API server serving Sandboxes and their subresources.
+type Cluster struct {
+	// API is the API server (TLS and HTTP/2; clientcmd sends no
+	// credentials to a plain-HTTP server). It accepts client certificates
+	// signed by its client CA (see ClientCertificate) and bearer tokens
+	// admitted with AllowToken.
+	API *httptest.Server
+	// Decoy is a TLS server that every Sandbox's status.nodeAPIEndpoint
+	// names, as a node API would be. A client of the API server must never
+	// reach it: DecoyConnections counts the connections it accepted.
+	Decoy *httptest.Server
+	// DecoyPin is the SHA-256 of Decoy's certificate, as the removed
+	// status.agentCertSHA256 carried it.
+	DecoyPin string
+
+	clientCA    *x509.Certificate
+	clientCAKey *ecdsa.PrivateKey
+
+	mu            sync.Mutex
+	sandboxes     map[string]map[string]any
+	tokens        map[string]string
+	handler       Handler
+	prefix        string
+	requests      []Request
+	decoyConns    int
+	decoyRequests []Request
+}
+
+// New starts the API server and the decoy; Close stops them.
 func New() *Cluster {
-	c := &Cluster{sandboxes: map[string]map[string]any{}}
-	c.API = httptest.NewTLSServer(http.HandlerFunc(c.serveAPI))
-	c.Node = httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	c := &Cluster{sandboxes: map[string]map[string]any{}, tokens: map[string]string{}}
+	c.clientCA, c.clientCAKey = newCA("fake-apiserver-client-ca")
+	pool := x509.NewCertPool()
+	pool.AddCert(c.clientCA)
+
+	c.API = httptest.NewUnstartedServer(http.HandlerFunc(c.serveAPI))
+	c.API.EnableHTTP2 = true
+	// StartTLS keeps these settings and adds its own certificate.
+	c.API.TLS = &tls.Config{ClientAuth: tls.VerifyClientCertIfGiven, ClientCAs: pool}
+	c.API.StartTLS()
+
+	c.Decoy = httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, _ := io.ReadAll(r.Body)
 		c.mu.Lock()
-		h := c.node
+		c.decoyRequests = append(c.decoyRequests, Request{Method: r.Method, Path: r.URL.Path, RawQuery: r.URL.RawQuery,
+			Query: r.URL.Query(), Header: r.Header.Clone(), Body: body, RemoteAddr: r.RemoteAddr})
 		c.mu.Unlock()
-		if h == nil {
-			http.Error(w, "no node handler set", http.StatusNotImplemented)
-			return
-		}
-		h.ServeHTTP(w, r)
+		writeStatus(w, http.StatusTeapot, metav1.StatusReasonUnknown, "this is a decoy node API: no client may reach it")
 	}))
-	c.Node.EnableHTTP2 = true
-	// StartTLS keeps this setting and adds its own certificate.
-	c.Node.TLS = &tls.Config{ClientAuth: tls.RequestClientCert}
-	c.Node.StartTLS()
-	sum := sha256.Sum256(c.Node.Certificate().Raw)
-	c.Pin = hex.EncodeToString(sum[:])
+	c.Decoy.EnableHTTP2 = true
+	c.Decoy.TLS = &tls.Config{ClientAuth: tls.RequestClientCert}
+	// Counted on accept, before any TLS handshake: even a connection that
+	// sends nothing is a failure.
+	c.Decoy.Config.ConnState = func(_ net.Conn, st http.ConnState) {
+		if st == http.StateNew {
+			c.mu.Lock()
+			c.decoyConns++
+			c.mu.Unlock()
+		}
+	}
+	c.Decoy.StartTLS()
+	sum := sha256.Sum256(c.Decoy.Certificate().Raw)
+	c.DecoyPin = hex.EncodeToString(sum[:])
 	return c
 }
 
 // Close stops both servers.
 func (c *Cluster) Close() {
 	c.API.Close()
-	c.Node.Close()
+	c.Decoy.Close()
 }
 
-// SetNodeHandler decides how the node API answers.
-func (c *Cluster) SetNodeHandler(h http.Handler) {
+// Handle decides how subresource calls are answered once they passed
+// authentication and the Sandbox checks; without a handler they get 501.
+func (c *Cluster) Handle(h Handler) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	c.node = h
+	c.handler = h
 }
 
-// NodeCAPEM is the node certificate in PEM, usable as a CA bundle.
-func (c *Cluster) NodeCAPEM() []byte {
-	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: c.Node.Certificate().Raw})
+// ServeUnder makes the API server answer only below prefix (e.g. "/k8s"),
+// as kubectl proxy --api-prefix does; clients then need a Host of
+// API.URL+prefix.
+func (c *Cluster) ServeUnder(prefix string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.prefix = strings.TrimSuffix(prefix, "/")
 }
 
-func (c *Cluster) apiCAPEM() []byte {
-	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: c.API.Certificate().Raw})
+// AllowToken makes the API server accept a bearer token as user.
+func (c *Cluster) AllowToken(token, user string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.tokens[token] = user
 }
 
-// APICalls counts the requests the API server answered.
+// Requests returns every request the API server received, oldest first.
+func (c *Cluster) Requests() []Request {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return append([]Request(nil), c.requests...)
+}
+
+// SubresourceRequests returns the subresource calls the API server
+// received, oldest first.
+func (c *Cluster) SubresourceRequests() []Request {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var out []Request
+	for _, r := range c.requests {
+		if r.Subresource != "" {
+			out = append(out, r)
+		}
+	}
+	return out
+}
+
+// LastSubresourceRequest returns the latest subresource call; ok is false
+// when there was none.
+func (c *Cluster) LastSubresourceRequest() (r Request, ok bool) {
+	reqs := c.SubresourceRequests()
+	if len(reqs) == 0 {
+		return Request{}, false
+	}
+	return reqs[len(reqs)-1], true
+}
+
+// APICalls counts the requests the API server received.
 func (c *Cluster) APICalls() int {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	return c.apiCalls
+	return len(c.requests)
 }
 
-// AddSandbox stores a Ready Sandbox that points at Node with the right pin.
-// mutate may change its status (a map as in JSON) before it is stored.
+// DecoyConnections counts the connections the decoy node API accepted.
+func (c *Cluster) DecoyConnections() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.decoyConns
+}
+
+// DecoyRequests returns what reached the decoy, to explain a failure.
+func (c *Cluster) DecoyRequests() []Request {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return append([]Request(nil), c.decoyRequests...)
+}
+
+// AddSandbox stores a Ready Sandbox whose status.nodeAPIEndpoint names the
+// decoy. mutate may change its status (a map as in JSON) before it is
+// stored.
 func (c *Cluster) AddSandbox(ns, name string, mutate ...func(status map[string]any)) {
 	status := map[string]any{
 		"nodeName":        "fake-node",
-		"agentEndpoint":   c.Node.URL,
-		"agentCertSHA256": c.Pin,
+		"nodeAPIEndpoint": c.Decoy.URL,
 		"conditions": []any{map[string]any{
 			"type": "Ready", "status": "True", "reason": "Running", "message": "the container runs",
 			"lastTransitionTime": "2026-01-01T00:00:00Z",
@@ -130,14 +252,114 @@ func NotReady(reason, message string) func(map[string]any) {
 }
 
 func (c *Cluster) serveAPI(w http.ResponseWriter, r *http.Request) {
+	body, _ := io.ReadAll(r.Body)
+	rec := Request{Method: r.Method, Path: r.URL.Path, RawQuery: r.URL.RawQuery, Query: r.URL.Query(),
+		Header: r.Header.Clone(), Body: body, RemoteAddr: r.RemoteAddr}
+	if r.TLS != nil && len(r.TLS.VerifiedChains) > 0 {
+		rec.ClientCertCN = r.TLS.VerifiedChains[0][0].Subject.CommonName
+	}
 	c.mu.Lock()
-	c.apiCalls++
+	prefix, handler := c.prefix, c.handler
+	// Like kube-apiserver's union authenticator: a verified client
+	// certificate first, then a bearer token; nothing else is accepted.
+	switch {
+	case rec.ClientCertCN != "":
+		rec.User = rec.ClientCertCN
+	default:
+		if tok, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer "); ok {
+			rec.User = c.tokens[tok]
+		}
+	}
+	path, underPrefix := strings.CutPrefix(r.URL.Path, prefix)
+	var rt wire.Route
+	var rerr *wire.RouteError
+	if underPrefix && strings.HasPrefix(path, wire.AggregatedPathPrefix) {
+		// The route is parsed without the prefix, as the API server sees it
+		// behind kubectl proxy.
+		pr := r.Clone(r.Context())
+		pr.URL.Path = path
+		rt, rerr = wire.ParseRoute(wire.AggregatedPathPrefix, pr)
+		rec.Namespace, rec.Name, rec.Subresource = rt.Namespace, rt.Name, rt.Subresource
+	}
+	c.requests = append(c.requests, rec)
 	c.mu.Unlock()
-	// /apis/sandbox.code-sandbox.dev/v1alpha1/namespaces/NS/sandboxes/NAME
-	parts := strings.Split(strings.TrimPrefix(r.URL.Path, "/"), "/")
+
+	switch {
+	case !underPrefix:
+		writeStatus(w, http.StatusNotFound, metav1.StatusReasonNotFound, "the fake API server serves only below "+prefix)
+	case rec.User == "":
+		writeStatus(w, http.StatusUnauthorized, metav1.StatusReasonUnauthorized, "Unauthorized")
+	case rerr != nil:
+		reason := metav1.StatusReasonNotFound
+		switch rerr.Code {
+		case http.StatusBadRequest:
+			reason = metav1.StatusReasonBadRequest
+		case http.StatusMethodNotAllowed:
+			reason = metav1.StatusReasonMethodNotAllowed
+		}
+		writeStatus(w, rerr.Code, reason, rerr.Message)
+	case rec.Subresource != "":
+		c.serveSubresource(w, r, rt, handler, body)
+	default:
+		c.serveSandbox(w, r, path)
+	}
+}
+
+// serveSubresource checks the Sandbox as the operator's aggregated API
+// server does (internal/aggregatedapi) before handing over to h.
+func (c *Cluster) serveSubresource(w http.ResponseWriter, r *http.Request, rt wire.Route, h Handler, body []byte) {
+	key := rt.Namespace + "/" + rt.Name
+	c.mu.Lock()
+	obj, ok := c.sandboxes[key]
+	var status map[string]any
+	if ok {
+		status, _ = obj["status"].(map[string]any)
+	}
+	nodeName, _ := status["nodeName"].(string)
+	endpoint, _ := status["nodeAPIEndpoint"].(string)
+	var ready map[string]any
+	conds, _ := status["conditions"].([]any)
+	for _, cd := range conds {
+		if m, _ := cd.(map[string]any); m != nil && m["type"] == "Ready" {
+			ready = m
+		}
+	}
+	c.mu.Unlock()
+	switch {
+	case !ok:
+		writeStatus(w, http.StatusNotFound, metav1.StatusReasonNotFound, fmt.Sprintf("sandbox %s not found", key))
+		return
+	case nodeName == "":
+		writeStatus(w, http.StatusConflict, metav1.StatusReasonConflict, fmt.Sprintf("sandbox %s is not Ready: no node has claimed it yet", key))
+		return
+	case rt.Subresource == wire.SubresourceExec || rt.Subresource == wire.SubresourceFiles:
+		if ready == nil || ready["status"] != "True" {
+			why := "no manager has reported on it yet"
+			if ready != nil {
+				why = fmt.Sprintf("%v: %v", ready["reason"], ready["message"])
+			}
+			writeStatus(w, http.StatusConflict, metav1.StatusReasonConflict, fmt.Sprintf("sandbox %s is not Ready: %s", key, why))
+			return
+		}
+	}
+	if endpoint == "" {
+		writeStatus(w, http.StatusServiceUnavailable, metav1.StatusReasonServiceUnavailable,
+			fmt.Sprintf("sandbox %s: node %s has not published its node API", key, nodeName))
+		return
+	}
+	if h == nil {
+		writeStatus(w, http.StatusNotImplemented, metav1.StatusReasonUnknown, "the fake API server has no subresource handler")
+		return
+	}
+	h(w, r, body)
+}
+
+// serveSandbox answers GET /apis/sandbox.code-sandbox.dev/v1alpha1/namespaces/NS/sandboxes/NAME.
+func (c *Cluster) serveSandbox(w http.ResponseWriter, r *http.Request, path string) {
+	parts := strings.Split(strings.TrimPrefix(path, "/"), "/")
 	if r.Method != http.MethodGet || len(parts) != 7 || parts[0] != "apis" || parts[1] != "sandbox.code-sandbox.dev" ||
 		parts[3] != "namespaces" || parts[5] != "sandboxes" {
-		writeStatus(w, http.StatusNotFound, metav1.StatusReasonNotFound, "the fake API server only serves GET on sandboxes: "+r.URL.Path)
+		writeStatus(w, http.StatusNotFound, metav1.StatusReasonNotFound, "the fake API server serves only GET on sandboxes and their subresources: "+r.URL.Path)
 		return
 	}
 	ns, name := parts[4], parts[6]
@@ -170,22 +392,104 @@ func writeStatus(w http.ResponseWriter, code int, reason metav1.StatusReason, me
 	})
 }
 
-// RESTConfig reaches the fake API server with a bearer token.
+func (c *Cluster) apiCAPEM() []byte {
+	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: c.API.Certificate().Raw})
+}
+
+// RESTConfig reaches the fake API server with a bearer token, which it
+// admits as user token+"-user". An empty token sets no credentials.
 func (c *Cluster) RESTConfig(token string) *rest.Config {
+	if token != "" {
+		c.AllowToken(token, token+"-user")
+	}
 	return &rest.Config{Host: c.API.URL, BearerToken: token, TLSClientConfig: rest.TLSClientConfig{CAData: c.apiCAPEM()}}
 }
 
+// CertConfig reaches the fake API server with a client certificate for
+// user cn and no token.
+func (c *Cluster) CertConfig(cn string) *rest.Config {
+	cfg := c.RESTConfig("")
+	cfg.CertData, cfg.KeyData = c.ClientCertificate(cn)
+	return cfg
+}
+
+// ClientCertificate issues a client certificate (PEM) for user cn that the
+// API server accepts.
+func (c *Cluster) ClientCertificate(cn string) (certPEM, keyPEM []byte) {
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		panic(err)
+	}
+	tmpl := &x509.Certificate{
+		SerialNumber: serial(), Subject: pkix.Name{CommonName: cn},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
+		KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth},
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, c.clientCA, &key.PublicKey, c.clientCAKey)
+	if err != nil {
+		panic(err)
+	}
+	return pemCertAndKey(der, key)
+}
+
 // WriteKubeconfig writes a kubeconfig for the fake API server with a bearer
-// token and a current namespace.
+// token (which it admits, as RESTConfig does) and a current namespace.
 func (c *Cluster) WriteKubeconfig(path, namespace, token string) error {
-	cfg := clientcmdapi.NewConfig()
-	cfg.Clusters["fake"] = &clientcmdapi.Cluster{Server: c.API.URL, CertificateAuthorityData: c.apiCAPEM()}
-	cfg.AuthInfos["fake"] = &clientcmdapi.AuthInfo{Token: token}
-	cfg.Contexts["fake"] = &clientcmdapi.Context{Cluster: "fake", AuthInfo: "fake", Namespace: namespace}
-	cfg.CurrentContext = "fake"
-	data, err := clientcmd.Write(*cfg)
+	return WriteKubeconfigFor(path, c.RESTConfig(token), namespace)
+}
+
+// WriteKubeconfigFor writes a kubeconfig with cfg's server (including any
+// path prefix), CA, token or token file, and client certificate.
+func WriteKubeconfigFor(path string, cfg *rest.Config, namespace string) error {
+	kc := clientcmdapi.NewConfig()
+	kc.Clusters["fake"] = &clientcmdapi.Cluster{Server: cfg.Host, CertificateAuthorityData: cfg.CAData}
+	kc.AuthInfos["fake"] = &clientcmdapi.AuthInfo{Token: cfg.BearerToken, TokenFile: cfg.BearerTokenFile,
+		ClientCertificateData: cfg.CertData, ClientKeyData: cfg.KeyData}
+	kc.Contexts["fake"] = &clientcmdapi.Context{Cluster: "fake", AuthInfo: "fake", Namespace: namespace}
+	kc.CurrentContext = "fake"
+	data, err := clientcmd.Write(*kc)
 	if err != nil {
 		return fmt.Errorf("encoding the kubeconfig: %w", err)
 	}
 	return os.WriteFile(path, data, 0o600)
+}
+
+func newCA(cn string) (*x509.Certificate, *ecdsa.PrivateKey) {
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		panic(err)
+	}
+	tmpl := &x509.Certificate{
+		SerialNumber: serial(), Subject: pkix.Name{CommonName: cn},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(24 * time.Hour),
+		KeyUsage: x509.KeyUsageCertSign | x509.KeyUsageDigitalSignature, IsCA: true, BasicConstraintsValid: true,
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		panic(err)
+	}
+	cert, err := x509.ParseCertificate(der)
+	if err != nil {
+		panic(err)
+	}
+	return cert, key
+}
+
+func serial() *big.Int {
+	n, err := rand.Int(rand.Reader, new(big.Int).Lsh(big.NewInt(1), 62))
+	if err != nil {
+		panic(err)
+	}
+	return n
+}
+
+func pemCertAndKey(der []byte, key *ecdsa.PrivateKey) (certPEM, keyPEM []byte) {
+	keyDER, err := x509.MarshalECPrivateKey(key)
+	if err != nil {
+		panic(err)
+	}
+	var cb, kb bytes.Buffer
+	_ = pem.Encode(&cb, &pem.Block{Type: "CERTIFICATE", Bytes: der})
+	_ = pem.Encode(&kb, &pem.Block{Type: "EC PRIVATE KEY", Bytes: keyDER})
+	return cb.Bytes(), kb.Bytes()
 }

@@ -11,7 +11,9 @@ package testnode
 
 import (
 	"context"
+	"crypto/tls"
 	"net"
+	"net/http"
 	"time"
 
 	. "github.com/onsi/ginkgo/v2"
@@ -25,6 +27,7 @@ import (
 	"github.com/code-sandbox/code-sandbox-operator/internal/dockerruntime"
 	"github.com/code-sandbox/code-sandbox-operator/internal/history"
 	"github.com/code-sandbox/code-sandbox-operator/internal/nodeapi"
+	"github.com/code-sandbox/code-sandbox-operator/internal/operatorca"
 	"github.com/code-sandbox/code-sandbox-operator/internal/testenv"
 )
 
@@ -34,49 +37,38 @@ type NodeAPIOptions struct {
 	Runtime           nodeapi.Runtime
 	Reader, APIReader client.Reader
 	History           nodeapi.HistoryStore
-	// ClientCAFile, when set, makes the server accept client certificates.
-	ClientCAFile       string
 	FileTransferLimit  int64
 	MaxExecsPerSandbox int
-	// AllowCacheTTL and DenyCacheTTL default to 5 s and 1 s: short, so that
-	// a test that changes RBAC sees it soon.
-	AllowCacheTTL, DenyCacheTTL time.Duration
 	// DockerCheckTimeout defaults to 5 s.
 	DockerCheckTimeout time.Duration
+	// Middleware, when set, wraps the server's handler, so that a test can
+	// see which requests reach HTTP and what the server left of them.
+	Middleware func(http.Handler) http.Handler
 }
 
-// NodeAPI is a node API server listening on 127.0.0.1; run Runnable and
-// Auth (in a manager, or with Start).
+// NodeAPI is a node API server listening on 127.0.0.1 with a serving
+// certificate for its node from the operator CA; run Runnable (in a
+// manager, or with Start).
 type NodeAPI struct {
 	Endpoint string
-	Cert     nodeapi.ServingCert
 	Server   *nodeapi.Server
 	Runnable *nodeapi.Runnable
-	Auth     *nodeapi.Auth
 }
 
-// NewNodeAPI builds a node API server as the manager builds it, with the
-// delegating authenticator and authorizer of this control plane.
-func NewNodeAPI(cp *testenv.ControlPlane, o NodeAPIOptions) *NodeAPI {
+// NewNodeAPI builds a node API server as the manager builds it: mutual TLS
+// with the operator CA, serving only the aggregated API server's client
+// certificate. Its certificate is issued directly by ca; the CSR path that
+// a real manager takes is tested in internal/operatorca and e2e.
+func NewNodeAPI(ca *operatorca.CA, o NodeAPIOptions) *NodeAPI {
 	GinkgoHelper()
-	if o.AllowCacheTTL == 0 {
-		o.AllowCacheTTL = 5 * time.Second
-	}
-	if o.DenyCacheTTL == 0 {
-		o.DenyCacheTTL = time.Second
-	}
 	if o.DockerCheckTimeout == 0 {
 		o.DockerCheckTimeout = 5 * time.Second
 	}
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	Expect(err).NotTo(HaveOccurred())
-	cert, err := nodeapi.GenerateServingCert(nodeapi.CertHosts("127.0.0.1", o.Node), time.Hour)
+	cert, err := ca.IssueNode(o.Node, time.Hour)
 	Expect(err).NotTo(HaveOccurred())
-	auth, err := nodeapi.NewDelegatingAuth(cp.Clientset, nodeapi.AuthOptions{
-		ClientCAFile:  o.ClientCAFile,
-		AllowCacheTTL: o.AllowCacheTTL,
-		DenyCacheTTL:  o.DenyCacheTTL,
-	})
+	authn, err := nodeapi.NewFrontProxyAuthenticator(ca.Pool, []string{operatorca.AggregatorCommonName})
 	Expect(err).NotTo(HaveOccurred())
 	srv, err := nodeapi.NewServer(nodeapi.Config{
 		NodeName:           o.Node,
@@ -84,39 +76,41 @@ func NewNodeAPI(cp *testenv.ControlPlane, o NodeAPIOptions) *NodeAPI {
 		APIReader:          o.APIReader,
 		Runtime:            o.Runtime,
 		History:            o.History,
-		Authenticator:      auth.Authenticator,
-		Authorizer:         auth.Authorizer,
+		Authenticator:      authn,
 		FileTransferLimit:  o.FileTransferLimit,
 		MaxExecsPerSandbox: o.MaxExecsPerSandbox,
 		DockerCheckTimeout: o.DockerCheckTimeout,
 	})
 	Expect(err).NotTo(HaveOccurred())
+	tlsConfig, err := nodeapi.ServerTLSConfig(nodeapi.TLSOptions{
+		GetCertificate: func(*tls.ClientHelloInfo) (*tls.Certificate, error) { return cert, nil },
+		ClientCAs:      ca.Pool,
+	})
+	Expect(err).NotTo(HaveOccurred())
+	var handler http.Handler = srv
+	if o.Middleware != nil {
+		handler = o.Middleware(srv)
+	}
 	return &NodeAPI{
 		Endpoint: "https://" + l.Addr().String(),
-		Cert:     cert,
 		Server:   srv,
-		Runnable: nodeapi.NewRunnable(l, srv, cert, auth.RequestsClientCerts()),
-		Auth:     auth,
+		Runnable: nodeapi.NewRunnable("nodeapi", l, handler, tlsConfig),
 	}
 }
 
-// Start runs the server (and its client-CA reloader) outside a manager
-// until the current spec or container ends.
+// Start runs the server outside a manager until the current spec or
+// container ends.
 func (a *NodeAPI) Start() *NodeAPI {
 	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{}, 2)
-	for _, r := range []interface{ Start(context.Context) error }{a.Runnable, a.Auth} {
-		go func() {
-			defer GinkgoRecover()
-			defer func() { done <- struct{}{} }()
-			Expect(r.Start(ctx)).To(Succeed())
-		}()
-	}
+	done := make(chan struct{})
+	go func() {
+		defer GinkgoRecover()
+		defer close(done)
+		Expect(a.Runnable.Start(ctx)).To(Succeed())
+	}()
 	DeferCleanup(func() {
 		cancel()
-		for range 2 {
-			Eventually(done, 10*time.Second).Should(Receive())
-		}
+		Eventually(done, 10*time.Second).Should(BeClosed())
 	})
 	return a
 }
@@ -124,8 +118,7 @@ func (a *NodeAPI) Start() *NodeAPI {
 // NodeOptions configure Start.
 type NodeOptions struct {
 	Name string
-	// ClientCAFile, FileTransferLimit: as in NodeAPIOptions.
-	ClientCAFile      string
+	// FileTransferLimit: as in NodeAPIOptions.
 	FileTransferLimit int64
 	// History defaults to a store in a temporary directory.
 	History *history.Store
@@ -144,9 +137,10 @@ type Node struct {
 	done chan struct{}
 }
 
-// Start starts a manager for opts.Name and waits for its cache. Stop it
-// in AfterSuite (it is usually suite-wide).
-func Start(cp *testenv.ControlPlane, opts NodeOptions) *Node {
+// Start starts a manager for opts.Name, with its node API reachable
+// through op's aggregated API, and waits for its cache. Stop it in
+// AfterSuite (it is usually suite-wide).
+func Start(cp *testenv.ControlPlane, op *Operator, opts NodeOptions) *Node {
 	GinkgoHelper()
 	n := &Node{Name: opts.Name, History: opts.History, done: make(chan struct{})}
 	var err error
@@ -162,9 +156,9 @@ func Start(cp *testenv.ControlPlane, opts NodeOptions) *Node {
 		HealthProbeBindAddress: "0",
 	})
 	Expect(err).NotTo(HaveOccurred())
-	n.API = NewNodeAPI(cp, NodeAPIOptions{
+	n.API = NewNodeAPI(op.Authority.Current(), NodeAPIOptions{
 		Node: opts.Name, Runtime: n.Docker, Reader: n.Manager.GetClient(), APIReader: n.Manager.GetAPIReader(),
-		History: n.History, ClientCAFile: opts.ClientCAFile, FileTransferLimit: opts.FileTransferLimit,
+		History: n.History, FileTransferLimit: opts.FileTransferLimit,
 	})
 	r, err := controllers.NewSandboxReconciler(n.Manager.GetClient(), n.Manager.GetAPIReader(), n.Docker,
 		n.Manager.GetEventRecorder("sandbox-manager-"+opts.Name), clock.RealClock{}, controllers.Options{
@@ -173,14 +167,12 @@ func Start(cp *testenv.ControlPlane, opts NodeOptions) *Node {
 			RetryBackoffBase:   200 * time.Millisecond,
 			RetryBackoffMax:    2 * time.Second,
 			SkipNameValidation: true,
-			AgentEndpoint:      n.API.Endpoint,
-			AgentCertSHA256:    n.API.Cert.SHA256,
+			NodeAPIEndpoint:    n.API.Endpoint,
 			History:            n.History,
 		})
 	Expect(err).NotTo(HaveOccurred())
 	Expect(r.SetupWithManager(n.Manager, time.Hour)).To(Succeed())
 	Expect(n.Manager.Add(n.API.Runnable)).To(Succeed())
-	Expect(n.Manager.Add(n.API.Auth)).To(Succeed())
 
 	ctx, cancel := context.WithCancel(context.Background())
 	n.stop = cancel

@@ -1,0 +1,377 @@
+/*
+Copyright 2026 The code-sandbox-operator Authors.
+
+Licensed under the MIT License; see the LICENSE file.
+*/
+
+// Package aggregatedapi is the operator's aggregated API server: the one
+// way into a sandbox. kube-apiserver authenticates the caller (tokens,
+// client certificates, OIDC exec plugins, kubectl proxy: whatever the
+// cluster accepts), checks RBAC on subresources.sandbox.code-sandbox.dev,
+// audits the request, and proxies it here with the caller's identity in
+// front-proxy headers (the APIService). This server authenticates that proxy
+// with k8s.io/apiserver's delegating authenticator, authorises the caller
+// with a SubjectAccessReview on the same subresource of
+// sandbox.code-sandbox.dev (so the shipped roles keep their meaning), and
+// forwards the request to the node API of the Sandbox's node over mutual TLS
+// with the operator CA. No caller credential ever leaves the API server: a
+// node sees only the operator's client certificate and the caller's name.
+//
+// It follows KubeVirt's virt-api and metrics-server, but serves plain HTTP
+// handlers rather than a generic API server: its resources are streaming
+// subresources with no storage.
+package aggregatedapi
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"net/http/httputil"
+	"net/url"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/go-logr/logr"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apiserver/pkg/authentication/authenticator"
+	"k8s.io/apiserver/pkg/authentication/user"
+	"k8s.io/apiserver/pkg/authorization/authorizer"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	logf "sigs.k8s.io/controller-runtime/pkg/log"
+
+	sandboxv1alpha1 "github.com/code-sandbox/code-sandbox-operator/api/v1alpha1"
+	"github.com/code-sandbox/code-sandbox-operator/internal/nodeapi"
+	"github.com/code-sandbox/code-sandbox-operator/internal/nodeapi/wire"
+	"github.com/code-sandbox/code-sandbox-operator/internal/operatorca"
+)
+
+// Config configures a Server.
+type Config struct {
+	// Sandboxes reads Sandboxes, normally from an informer cache;
+	// APIReader is asked when the cache does not know one yet.
+	Sandboxes client.Reader
+	APIReader client.Reader
+	// Authenticator authenticates kube-apiserver's front-proxy requests
+	// (and, for direct callers, tokens and client certificates); see
+	// NewDelegatingAuth.
+	Authenticator authenticator.Request
+	// Authorizer answers SubjectAccessReviews.
+	Authorizer authorizer.Authorizer
+	// ClientCertificate is the operator CA's client certificate for
+	// AggregatorCommonName, presented to node APIs.
+	ClientCertificate func(*tls.CertificateRequestInfo) (*tls.Certificate, error)
+	// NodeCAs is the operator CA bundle that node serving certificates must
+	// chain to.
+	NodeCAs func() *x509.CertPool
+	// Logger defaults to logf.Log.WithName("aggregatedapi").
+	Logger logr.Logger
+}
+
+// Server is the aggregated API's HTTP handler.
+type Server struct {
+	cfg Config
+	log logr.Logger
+
+	mu         sync.Mutex
+	transports map[nodeKey]*http.Transport
+}
+
+// nodeKey names one node API: a transport only ever talks to the endpoint
+// it was made for and accepts only the certificate of the node it names.
+type nodeKey struct{ node, host string }
+
+// maxTransports bounds the kept connections pools; nodes change rarely.
+const maxTransports = 256
+
+// New validates cfg.
+func New(cfg Config) (*Server, error) {
+	switch {
+	case cfg.Sandboxes == nil:
+		return nil, errors.New("aggregated API: a Sandbox reader is required")
+	case cfg.Authenticator == nil || cfg.Authorizer == nil:
+		return nil, errors.New("aggregated API: an authenticator and an authorizer are required")
+	case cfg.ClientCertificate == nil || cfg.NodeCAs == nil:
+		return nil, errors.New("aggregated API: the operator CA's client certificate and bundle are required")
+	}
+	log := cfg.Logger
+	if log.GetSink() == nil {
+		log = logf.Log.WithName("aggregatedapi")
+	}
+	return &Server{cfg: cfg, log: log, transports: map[nodeKey]*http.Transport{}}, nil
+}
+
+// ServeHTTP answers discovery, health and the Sandbox subresources.
+func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	w.Header().Set("Cache-Control", "no-store")
+	switch strings.TrimSuffix(r.URL.Path, "/") {
+	case "/healthz", "/livez", "/readyz":
+		w.Header().Set("Content-Type", "text/plain")
+		_, _ = w.Write([]byte("ok"))
+		return
+	case "/apis":
+		writeJSON(w, apiGroupList())
+		return
+	case "/apis/" + wire.AggregatedGroup:
+		writeJSON(w, apiGroup())
+		return
+	case "/apis/" + wire.AggregatedGroup + "/" + wire.AggregatedVersion:
+		writeJSON(w, apiResourceList())
+		return
+	}
+	rt, err := nodeapi.ParseRoute(wire.AggregatedPathPrefix, r)
+	if err != nil {
+		nodeapi.WriteError(w, err)
+		return
+	}
+	resp, ok, err := s.cfg.Authenticator.AuthenticateRequest(r)
+	if err != nil || !ok {
+		if err != nil {
+			s.log.V(1).Info("authentication failed", "path", r.URL.Path, "remote", r.RemoteAddr, "error", err.Error())
+		}
+		nodeapi.WriteError(w, nodeapi.NewError(http.StatusUnauthorized, metav1.StatusReasonUnauthorized, "Unauthorized"))
+		return
+	}
+	u := resp.User
+	ctx := logf.IntoContext(r.Context(), s.log.WithValues("namespace", rt.Namespace, "sandbox", rt.Name,
+		"subresource", rt.Subresource, "user", u.GetName()))
+	if err := s.authorize(ctx, u, rt); err != nil {
+		nodeapi.WriteError(w, err)
+		return
+	}
+	sbx, err := s.sandbox(ctx, rt)
+	if err != nil {
+		nodeapi.WriteError(w, err)
+		return
+	}
+	s.forward(w, r.WithContext(ctx), u, rt, sbx)
+}
+
+// authorize asks whether u may do rt on the Sandbox in
+// sandbox.code-sandbox.dev: kube-apiserver already checked the same verb on
+// this aggregated group, and the shipped roles grant both together.
+func (s *Server) authorize(ctx context.Context, u user.Info, rt wire.Route) error {
+	attrs := authorizer.AttributesRecord{
+		User:            u,
+		Verb:            rt.Verb,
+		Namespace:       rt.Namespace,
+		APIGroup:        sandboxv1alpha1.GroupVersion.Group,
+		APIVersion:      sandboxv1alpha1.GroupVersion.Version,
+		Resource:        "sandboxes",
+		Subresource:     rt.RBACSubresource,
+		Name:            rt.Name,
+		ResourceRequest: true,
+	}
+	decision, reason, err := s.cfg.Authorizer.Authorize(ctx, attrs)
+	if decision == authorizer.DecisionAllow {
+		return nil
+	}
+	if err != nil {
+		logf.FromContext(ctx).Error(err, "authorisation check failed")
+	}
+	msg := fmt.Sprintf("sandboxes %q is forbidden: User %q cannot %s resource \"sandboxes/%s\" in API group %q in the namespace %q",
+		rt.Name, u.GetName(), rt.Verb, rt.RBACSubresource, sandboxv1alpha1.GroupVersion.Group, rt.Namespace)
+	if reason != "" {
+		msg += ": " + reason
+	}
+	return nodeapi.NewError(http.StatusForbidden, metav1.StatusReasonForbidden, "%s", msg)
+}
+
+// sandbox reads the Sandbox and checks that a node serves it and, for exec
+// and files, that it is Ready (the node checks again against the
+// container); logs and history are served for Sandboxes that are not.
+func (s *Server) sandbox(ctx context.Context, rt wire.Route) (*sandboxv1alpha1.Sandbox, error) {
+	key := types.NamespacedName{Namespace: rt.Namespace, Name: rt.Name}
+	sbx := &sandboxv1alpha1.Sandbox{}
+	err := s.cfg.Sandboxes.Get(ctx, key, sbx)
+	if apierrors.IsNotFound(err) && s.cfg.APIReader != nil {
+		err = s.cfg.APIReader.Get(ctx, key, sbx)
+	}
+	switch {
+	case apierrors.IsNotFound(err):
+		return nil, nodeapi.NewError(http.StatusNotFound, metav1.StatusReasonNotFound, "sandbox %s not found", key)
+	case err != nil:
+		return nil, fmt.Errorf("reading sandbox %s: %w", key, err)
+	}
+	if sbx.Status.NodeName == "" {
+		return nil, nodeapi.NewError(http.StatusConflict, metav1.StatusReasonConflict,
+			"sandbox %s is not Ready: no node has claimed it yet", key)
+	}
+	if rt.Subresource == wire.SubresourceExec || rt.Subresource == wire.SubresourceFiles {
+		if !sbx.DeletionTimestamp.IsZero() {
+			return nil, nodeapi.NewError(http.StatusConflict, metav1.StatusReasonConflict, "sandbox %s is not Ready: it is being deleted", key)
+		}
+		ready := meta.FindStatusCondition(sbx.Status.Conditions, string(sandboxv1alpha1.SandboxConditionReady))
+		if ready == nil || ready.Status != metav1.ConditionTrue {
+			why := "no manager has reported on it yet"
+			if ready != nil {
+				why = ready.Reason + ": " + ready.Message
+			}
+			return nil, nodeapi.NewError(http.StatusConflict, metav1.StatusReasonConflict, "sandbox %s is not Ready: %s", key, why)
+		}
+	}
+	if sbx.Status.NodeAPIEndpoint == "" {
+		return nil, nodeapi.NewError(http.StatusServiceUnavailable, metav1.StatusReasonServiceUnavailable,
+			"sandbox %s: node %s has not published its node API", key, sbx.Status.NodeName)
+	}
+	return sbx, nil
+}
+
+// forward proxies the request to the node API of the Sandbox's node.
+func (s *Server) forward(w http.ResponseWriter, r *http.Request, u user.Info, rt wire.Route, sbx *sandboxv1alpha1.Sandbox) {
+	endpoint, err := parseEndpoint(sbx.Status.NodeAPIEndpoint)
+	if err != nil {
+		nodeapi.WriteError(w, nodeapi.NewError(http.StatusServiceUnavailable, metav1.StatusReasonServiceUnavailable,
+			"sandbox %s/%s: status.nodeAPIEndpoint: %v", sbx.Namespace, sbx.Name, err))
+		return
+	}
+	node := sbx.Status.NodeName
+	proxy := &httputil.ReverseProxy{
+		Transport: s.transport(node, endpoint.Host),
+		// Exec output and followed logs stream: pass every write on.
+		FlushInterval: -1,
+		Rewrite: func(pr *httputil.ProxyRequest) {
+			out := pr.Out
+			out.URL = &url.URL{
+				Scheme:   "https",
+				Host:     endpoint.Host,
+				Path:     wire.PathPrefix + rt.Namespace + "/sandboxes/" + rt.Name + "/" + rt.Subresource,
+				RawQuery: pr.In.URL.RawQuery,
+			}
+			out.Host = ""
+			// Nothing the caller sent about identity travels on: the
+			// node learns only who this server authenticated.
+			for k := range out.Header {
+				lk := strings.ToLower(k)
+				if lk == "authorization" || strings.HasPrefix(lk, "impersonate-") || strings.HasPrefix(lk, "x-remote-") {
+					out.Header.Del(k)
+				}
+			}
+			out.Header.Set(wire.HeaderRemoteUser, u.GetName())
+			if uid := u.GetUID(); uid != "" {
+				out.Header.Set(wire.HeaderRemoteUID, uid)
+			}
+			for _, g := range u.GetGroups() {
+				out.Header.Add(wire.HeaderRemoteGroup, g)
+			}
+			for k, vs := range u.GetExtra() {
+				for _, v := range vs {
+					out.Header.Add(wire.HeaderRemoteExtraPrefix+url.PathEscape(k), v)
+				}
+			}
+		},
+		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
+			if errors.Is(err, context.Canceled) {
+				return // the caller went away
+			}
+			logf.FromContext(r.Context()).Info("node API unreachable", "node", node, "endpoint", endpoint.Host, "error", err.Error())
+			nodeapi.WriteError(w, nodeapi.NewError(http.StatusServiceUnavailable, metav1.StatusReasonServiceUnavailable,
+				"sandbox %s/%s: the node API of node %s is unreachable: %v", sbx.Namespace, sbx.Name, node, err))
+		},
+	}
+	proxy.ServeHTTP(w, r)
+}
+
+// transport returns the connection pool for one node API. It presents the
+// operator client certificate and accepts only a server certificate that
+// chains to the operator CA and names node; the address alone proves
+// nothing, so a forged endpoint gets no request and no credential.
+func (s *Server) transport(node, host string) *http.Transport {
+	key := nodeKey{node: node, host: host}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if t, ok := s.transports[key]; ok {
+		return t
+	}
+	if len(s.transports) >= maxTransports {
+		for k, t := range s.transports {
+			t.CloseIdleConnections()
+			delete(s.transports, k)
+		}
+	}
+	dialer := &net.Dialer{Timeout: 10 * time.Second, KeepAlive: 30 * time.Second}
+	t := &http.Transport{
+		DialContext: dialer.DialContext,
+		TLSClientConfig: &tls.Config{
+			MinVersion:           tls.VersionTLS12,
+			GetClientCertificate: s.cfg.ClientCertificate,
+			// The chain and the node name are checked by VerifyNode
+			// against the current bundle; the host name of the address
+			// is not what identifies a node.
+			InsecureSkipVerify: true, //nolint:gosec // verified in VerifyConnection
+			VerifyConnection:   operatorca.VerifyNode(s.cfg.NodeCAs, node),
+		},
+		ForceAttemptHTTP2:   true,
+		TLSHandshakeTimeout: 10 * time.Second,
+		MaxIdleConnsPerHost: 64,
+		IdleConnTimeout:     90 * time.Second,
+	}
+	s.transports[key] = t
+	return t
+}
+
+// Close drops idle node connections.
+func (s *Server) Close() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for k, t := range s.transports {
+		t.CloseIdleConnections()
+		delete(s.transports, k)
+	}
+}
+
+// parseEndpoint checks status.nodeAPIEndpoint: https://HOST:PORT.
+func parseEndpoint(s string) (*url.URL, error) {
+	u, err := url.Parse(s)
+	if err != nil {
+		return nil, err
+	}
+	if u.Scheme != "https" || u.Host == "" || u.User != nil || u.RawQuery != "" || u.Fragment != "" || (u.Path != "" && u.Path != "/") {
+		return nil, fmt.Errorf("%q is not https://HOST:PORT", s)
+	}
+	if _, port, err := net.SplitHostPort(u.Host); err != nil || port == "" {
+		return nil, fmt.Errorf("%q is not https://HOST:PORT", s)
+	}
+	return &url.URL{Scheme: "https", Host: u.Host}, nil
+}
+
+func writeJSON(w http.ResponseWriter, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	_ = json.NewEncoder(w).Encode(v)
+}
+
+func apiGroupList() *metav1.APIGroupList {
+	return &metav1.APIGroupList{TypeMeta: metav1.TypeMeta{Kind: "APIGroupList", APIVersion: "v1"}, Groups: []metav1.APIGroup{*apiGroup()}}
+}
+
+func apiGroup() *metav1.APIGroup {
+	gv := metav1.GroupVersionForDiscovery{GroupVersion: wire.AggregatedGroup + "/" + wire.AggregatedVersion, Version: wire.AggregatedVersion}
+	return &metav1.APIGroup{TypeMeta: metav1.TypeMeta{Kind: "APIGroup", APIVersion: "v1"},
+		Name: wire.AggregatedGroup, Versions: []metav1.GroupVersionForDiscovery{gv}, PreferredVersion: gv}
+}
+
+// apiResourceList lists the subresources, as the core group lists
+// pods/exec: for discovery and `kubectl api-resources`, not for storage.
+func apiResourceList() *metav1.APIResourceList {
+	sub := func(name string, verbs ...string) metav1.APIResource {
+		return metav1.APIResource{Name: "sandboxes/" + name, Namespaced: true, Kind: "Sandbox", Verbs: verbs}
+	}
+	return &metav1.APIResourceList{
+		TypeMeta:     metav1.TypeMeta{Kind: "APIResourceList", APIVersion: "v1"},
+		GroupVersion: wire.AggregatedGroup + "/" + wire.AggregatedVersion,
+		APIResources: []metav1.APIResource{
+			sub(wire.SubresourceExec, "create"),
+			sub(wire.SubresourceFiles, "create", "get"),
+			sub(wire.SubresourceLog, "get"),
+			sub(wire.SubresourceHistory, "get"),
+		},
+	}
+}

@@ -1,0 +1,230 @@
+/*
+Copyright 2026 The code-sandbox-operator Authors.
+
+Licensed under the MIT License; see the LICENSE file.
+*/
+
+// Package accessreview asks the Kubernetes API server, with a
+// SubjectAccessReview, whether an MCP caller (a Kubernetes identity from
+// TokenReview) may do something with Sandboxes, and caches the answers.
+// The kubernetes backend reviews every operation with it; the docker
+// backend under --auth kubernetes admits callers with it (Gate).
+package accessreview
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"slices"
+	"sync"
+	"time"
+
+	authzv1 "k8s.io/api/authorization/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	authzclient "k8s.io/client-go/kubernetes/typed/authorization/v1"
+	"k8s.io/client-go/rest"
+
+	sandboxv1alpha1 "github.com/code-sandbox/code-sandbox-operator/api/v1alpha1"
+	"github.com/code-sandbox/code-sandbox-operator/internal/mcpserver"
+)
+
+// Decision cache lifetimes: a revoked RoleBinding takes effect within
+// seconds, while a burst of tool calls (an exec per command, a Get before a
+// download) costs one review.
+const (
+	TTL           = 10 * time.Second
+	cacheMax      = 10000
+	reviewTimeout = 10 * time.Second
+)
+
+// Permission is one RBAC check: a verb on sandboxes
+// (sandbox.code-sandbox.dev) or one of their subresources.
+type Permission struct {
+	Verb        string
+	Subresource string
+}
+
+func (p Permission) String() string {
+	if p.Subresource == "" {
+		return p.Verb + " sandboxes"
+	}
+	return p.Verb + " sandboxes/" + p.Subresource
+}
+
+// Reviewer is the part of the Kubernetes API the Authorizer uses; tests
+// substitute it.
+type Reviewer interface {
+	Create(ctx context.Context, review *authzv1.SubjectAccessReview, opts metav1.CreateOptions) (*authzv1.SubjectAccessReview, error)
+}
+
+// Authorizer asks the API server whether a Kubernetes caller may do
+// something in a namespace. The MCP server then acts with its own
+// credentials: it never forwards the caller's token and needs no
+// impersonate rights, which would make its ServiceAccount as powerful as any
+// user it could name. Decisions, allowed or denied, are cached for TTL.
+type Authorizer struct {
+	reviewer Reviewer
+
+	mu    sync.Mutex
+	cache map[[sha256.Size]byte]decision
+}
+
+type decision struct {
+	allowed bool
+	reason  string
+	expires time.Time
+}
+
+// New returns an Authorizer that reviews through r.
+func New(r Reviewer) *Authorizer {
+	return &Authorizer{reviewer: r, cache: map[[sha256.Size]byte]decision{}}
+}
+
+// NewForConfig returns an Authorizer that reviews through cfg's API server
+// (its identity needs create on subjectaccessreviews).
+func NewForConfig(cfg *rest.Config) (*Authorizer, error) {
+	c, err := authzclient.NewForConfig(cfg)
+	if err != nil {
+		return nil, fmt.Errorf("SubjectAccessReview client: %w", err)
+	}
+	return New(c.SubjectAccessReviews()), nil
+}
+
+// DeniedError is a review the API server answered with no.
+type DeniedError struct {
+	User       string
+	Permission Permission
+	Namespace  string
+	// Name is the Sandbox reviewed; empty for create and list.
+	Name string
+	// Reason is the authorizer's reason, often empty.
+	Reason string
+}
+
+func (e *DeniedError) Error() string {
+	msg := fmt.Sprintf("user %q may not %s in namespace %q", e.User, e.Permission, e.Namespace)
+	if e.Name != "" {
+		msg = fmt.Sprintf("user %q may not %s (sandbox %s) in namespace %q", e.User, e.Permission, e.Name, e.Namespace)
+	}
+	if e.Reason != "" {
+		msg += " (" + e.Reason + ")"
+	}
+	return msg
+}
+
+// ReviewFor builds the SubjectAccessReview for caller doing p on the
+// Sandbox name (empty for create and list) in namespace: the user, UID,
+// groups and extra of the TokenReview, so the API server decides for
+// exactly that user.
+func ReviewFor(caller mcpserver.Caller, namespace string, p Permission, name string) *authzv1.SubjectAccessReview {
+	sar := &authzv1.SubjectAccessReview{Spec: authzv1.SubjectAccessReviewSpec{
+		User:   caller.Username,
+		UID:    caller.UID,
+		Groups: slices.Clone(caller.Groups),
+		ResourceAttributes: &authzv1.ResourceAttributes{
+			Namespace:   namespace,
+			Verb:        p.Verb,
+			Group:       sandboxv1alpha1.GroupVersion.Group,
+			Version:     sandboxv1alpha1.GroupVersion.Version,
+			Resource:    "sandboxes",
+			Subresource: p.Subresource,
+			Name:        name,
+		},
+	}}
+	if len(caller.Extra) > 0 {
+		sar.Spec.Extra = make(map[string]authzv1.ExtraValue, len(caller.Extra))
+		for k, v := range caller.Extra {
+			sar.Spec.Extra[k] = slices.Clone(v)
+		}
+	}
+	return sar
+}
+
+// Check returns nil when caller may do p on name in namespace, a
+// *DeniedError when RBAC says no, and an error matching
+// mcpserver.ErrUnavailable when the API server cannot say. The caller must
+// be a Kubernetes identity (Caller.IsKubernetesUser); anyone else is
+// denied.
+func (a *Authorizer) Check(ctx context.Context, caller mcpserver.Caller, namespace string, p Permission, name string) error {
+	if !caller.IsKubernetesUser() {
+		return &DeniedError{User: caller.ID, Permission: p, Namespace: namespace, Name: name, Reason: "not a Kubernetes identity"}
+	}
+	sar := ReviewFor(caller, namespace, p, name)
+	key, err := cacheKey(sar)
+	if err != nil {
+		return fmt.Errorf("building the access review cache key: %w", err)
+	}
+	now := time.Now()
+	a.mu.Lock()
+	d, ok := a.cache[key]
+	a.mu.Unlock()
+	if !ok || now.After(d.expires) {
+		rctx, cancel := context.WithTimeout(ctx, reviewTimeout)
+		res, err := a.reviewer.Create(rctx, sar, metav1.CreateOptions{})
+		cancel()
+		if err != nil {
+			if errors.Is(err, context.Canceled) && ctx.Err() != nil {
+				return ctx.Err()
+			}
+			return fmt.Errorf("%w: SubjectAccessReview for %s failed: %w", mcpserver.ErrUnavailable, caller.Username, err)
+		}
+		d = decision{allowed: res.Status.Allowed && !res.Status.Denied, reason: res.Status.Reason, expires: now.Add(TTL)}
+		a.store(key, d, now)
+	}
+	if d.allowed {
+		return nil
+	}
+	return &DeniedError{User: caller.Username, Permission: p, Namespace: namespace, Name: name, Reason: d.reason}
+}
+
+func (a *Authorizer) store(key [sha256.Size]byte, d decision, now time.Time) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if len(a.cache) >= cacheMax {
+		for k, old := range a.cache {
+			if now.After(old.expires) {
+				delete(a.cache, k)
+			}
+		}
+		if len(a.cache) >= cacheMax {
+			clear(a.cache)
+		}
+	}
+	a.cache[key] = d
+}
+
+// cacheKey digests the whole review spec: user, uid, groups, extra and the
+// attributes. encoding/json sorts map keys, so equal specs hash equally.
+func cacheKey(sar *authzv1.SubjectAccessReview) ([sha256.Size]byte, error) {
+	b, err := json.Marshal(sar.Spec)
+	if err != nil {
+		return [sha256.Size]byte{}, err
+	}
+	return sha256.Sum256(b), nil
+}
+
+// Gate admits to the whole server the callers who have Permission in
+// Namespace. It implements mcpserver.CallerAuthorizer: the docker backend's
+// authorization under --auth kubernetes when no allow-list is given, since
+// its containers are no Kubernetes objects that RBAC could guard one by
+// one.
+type Gate struct {
+	Authorizer *Authorizer
+	Namespace  string
+	Permission Permission
+}
+
+// Authorize implements mcpserver.CallerAuthorizer: nil, an error matching
+// mcpserver.ErrForbidden naming the missing permission, or one matching
+// mcpserver.ErrUnavailable.
+func (g Gate) Authorize(ctx context.Context, caller mcpserver.Caller) error {
+	err := g.Authorizer.Check(ctx, caller, g.Namespace, g.Permission, "")
+	var denied *DeniedError
+	if errors.As(err, &denied) {
+		return fmt.Errorf("%w: %w; this server admits callers who may %s (group %s) in namespace %q: ask a cluster administrator for that permission (RBAC), for example a RoleBinding to the sandbox editor ClusterRole there",
+			mcpserver.ErrForbidden, denied, g.Permission, sandboxv1alpha1.GroupVersion.Group, g.Namespace)
+	}
+	return err
+}

@@ -1,0 +1,452 @@
+/*
+Copyright 2026 The code-sandbox-operator Authors.
+
+Licensed under the MIT License; see the LICENSE file.
+*/
+
+package manifests
+
+import (
+	"encoding/json"
+	"time"
+
+	. "github.com/onsi/ginkgo/v2"
+	. "github.com/onsi/gomega"
+	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
+	appsv1 "k8s.io/api/apps/v1"
+	authenticationv1 "k8s.io/api/authentication/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/code-sandbox/code-sandbox-operator/internal/testenv"
+)
+
+// What config/policy installs, as config/default renders it.
+const (
+	policyName   = "code-sandbox-sandbox-status-writers"
+	managerSA    = "code-sandbox-controller-manager"
+	managerUser  = "system:serviceaccount:" + installNamespace + ":" + managerSA
+	nodeNameKey  = "authentication.kubernetes.io/node-name"
+	policyDenied = "ValidatingAdmissionPolicy '" + policyName + "' with binding '" + policyName + "' denied request"
+	// The node managers' nodes in these specs.
+	nodeA = "policy-node-a"
+	nodeB = "policy-node-b"
+)
+
+var _ = Describe("The Sandbox status policy as config/default renders it", func() {
+	It("is cluster-scoped, fails closed, denies, matches only status updates and names the rendered manager ServiceAccount", func() {
+		objs := render("config/default")
+		vap := &admissionregistrationv1.ValidatingAdmissionPolicy{}
+		convert(find(objs, "ValidatingAdmissionPolicy", policyName), vap)
+		binding := &admissionregistrationv1.ValidatingAdmissionPolicyBinding{}
+		convert(find(objs, "ValidatingAdmissionPolicyBinding", policyName), binding)
+
+		Expect(vap.Namespace).To(BeEmpty(), "a ValidatingAdmissionPolicy is cluster-scoped")
+		Expect(binding.Namespace).To(BeEmpty(), "a ValidatingAdmissionPolicyBinding is cluster-scoped")
+		Expect(binding.Spec.PolicyName).To(Equal(vap.Name))
+		Expect(binding.Spec.ValidationActions).To(Equal([]admissionregistrationv1.ValidationAction{admissionregistrationv1.Deny}))
+		Expect(binding.Spec.ParamRef).To(BeNil())
+		Expect(binding.Spec.MatchResources).To(BeNil(), "the binding applies wherever the policy matches")
+
+		Expect(vap.Spec.FailurePolicy).To(HaveValue(Equal(admissionregistrationv1.Fail)))
+		Expect(vap.Spec.MatchConditions).To(BeEmpty())
+		Expect(vap.Spec.MatchConstraints.ResourceRules).To(HaveLen(1))
+		rule := vap.Spec.MatchConstraints.ResourceRules[0]
+		Expect(rule.APIGroups).To(Equal([]string{group}))
+		Expect(rule.Operations).To(Equal([]admissionregistrationv1.OperationType{admissionregistrationv1.Update}),
+			"only UPDATE (a PATCH arrives as one): never DELETE, and nothing on the main resource")
+		Expect(rule.Resources).To(Equal([]string{"sandboxes/status"}))
+		Expect(vap.Spec.MatchConstraints.ExcludeResourceRules).To(BeEmpty())
+		for _, v := range vap.Spec.Validations {
+			Expect(v.Reason).To(HaveValue(Equal(metav1.StatusReasonForbidden)), v.Expression)
+			Expect(v.MessageExpression).NotTo(BeEmpty(), v.Expression)
+		}
+
+		// The ServiceAccount the DaemonSet runs as, rendered by namespace
+		// and namePrefix, is the one the policy's CEL names.
+		sa := find(objs, "ServiceAccount", managerSA)
+		Expect(sa.GetNamespace()).To(Equal(installNamespace))
+		ds := &appsv1.DaemonSet{}
+		convert(find(objs, "DaemonSet", managerSA), ds)
+		Expect(ds.Spec.Template.Spec.ServiceAccountName).To(Equal(managerSA))
+		vars := map[string]string{}
+		for _, v := range vap.Spec.Variables {
+			vars[v.Name] = v.Expression
+		}
+		Expect(vars).To(HaveKeyWithValue("managerNamespace", "'"+installNamespace+"'"))
+		Expect(vars).To(HaveKeyWithValue("managerAccount", "'"+managerSA+"'"))
+		Expect(vars).To(HaveKeyWithValue("manager", "'system:serviceaccount:' + variables.managerNamespace + ':' + variables.managerAccount"))
+		Expect(vars).To(HaveKeyWithValue("nodeNames", ContainSubstring("'"+nodeNameKey+"'")))
+
+		// Alone, config/policy names the unrendered ServiceAccount.
+		alone := &admissionregistrationv1.ValidatingAdmissionPolicy{}
+		convert(find(render("config/policy"), "ValidatingAdmissionPolicy", "sandbox-status-writers"), alone)
+		for _, v := range alone.Spec.Variables {
+			switch v.Name {
+			case "managerNamespace":
+				Expect(v.Expression).To(Equal("'system'"))
+			case "managerAccount":
+				Expect(v.Expression).To(Equal("'controller-manager'"))
+			}
+		}
+	})
+})
+
+// The policy, the CRDs and the RBAC of config/default installed for real,
+// with node managers whose tokens are bound to Pods on two nodes, as a
+// DaemonSet's are. RBAC lets the manager ServiceAccount write any Sandbox's
+// status, so the policy alone decides between the managers.
+var _ = Describe("The Sandbox status policy of the default overlay, applied for real", Ordered, func() {
+	var (
+		ns string
+		// Bound to Pods on nodeA and nodeB; not bound to any Pod.
+		managerA, managerB, managerUnbound client.Client
+		// carol is namespace admin through the built-in admin role (with
+		// the shipped roles aggregated into it), erin through the shipped
+		// sandbox-admin-role bound directly; dave holds a role that does
+		// allow status writes.
+		carol, erin, dave client.Client
+		// A ServiceAccount named like the manager, in another namespace,
+		// with a Pod-bound token and status RBAC.
+		impostor client.Client
+		// Created unbound in BeforeAll: claimed by nodeA in the specs.
+		sbxA = "claimed-by-a"
+	)
+
+	BeforeAll(func(ctx SpecContext) {
+		objs := render("config/default")
+		prepare(ctx, objs)
+		for _, o := range objs {
+			switch o.GetKind() {
+			case "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding", "ServiceAccount":
+				Expect(applyForReal(ctx, o)).To(Succeed(), describe(o))
+			}
+		}
+		// envtest runs no kube-controller-manager, so no aggregation
+		// controller: fold the shipped roles into admin, edit and view as
+		// it would (see aggregate in rbac_test.go).
+		aggregate(ctx)
+
+		ns = cp.NewNamespace("policy-")
+		cp.Bind(ns, "admin", testenv.UserSubject("carol"))
+		cp.Bind(ns, "code-sandbox-sandbox-admin-role", testenv.UserSubject("erin"))
+		statusWriter := "policy-test-status-writer"
+		cp.CreateClusterRole(statusWriter,
+			rbacv1.PolicyRule{APIGroups: []string{group}, Resources: []string{"sandboxes"}, Verbs: []string{"get", "list"}},
+			rbacv1.PolicyRule{APIGroups: []string{group}, Resources: []string{"sandboxes/status"}, Verbs: []string{"get", "update", "patch"}})
+		cp.Bind(ns, statusWriter, testenv.UserSubject("dave"))
+		cp.BindCluster(statusWriter, testenv.ServiceAccountSubject(ns, managerSA))
+
+		carol, erin, dave = impersonate("carol"), impersonate("erin"), impersonate("dave")
+		managerA = tokenClient(cp.NodeBoundToken(installNamespace, managerSA, nodeA))
+		managerB = tokenClient(cp.NodeBoundToken(installNamespace, managerSA, nodeB))
+		impostor = tokenClient(cp.NodeBoundToken(ns, managerSA, nodeA))
+		tr, err := cp.Clientset.CoreV1().ServiceAccounts(installNamespace).CreateToken(ctx, managerSA,
+			&authenticationv1.TokenRequest{Spec: authenticationv1.TokenRequestSpec{ExpirationSeconds: ptr.To[int64](3600)}}, metav1.CreateOptions{})
+		Expect(err).NotTo(HaveOccurred())
+		managerUnbound = tokenClient(tr.Status.Token)
+
+		// RBAC lets them all write status, so that only the policy can
+		// refuse them.
+		for _, s := range []subject{serviceAccount(installNamespace, managerSA), serviceAccount(ns, managerSA), user("dave")} {
+			expectAccess(ctx, s, []access{in(ns, "update", "sandboxes/status"), in(ns, "patch", "sandboxes/status")}, nil)
+		}
+
+		Expect(cp.Client.Create(ctx, newSandbox(ns, sbxA, ""))).To(Succeed())
+		Expect(cp.Client.Create(ctx, newSandbox(ns, "probe", ""))).To(Succeed())
+
+		// The API server loads policies asynchronously: wait until it
+		// refuses even the cluster administrator, and after the specs
+		// (cleanups run last first) until it no longer does, so that other
+		// specs can write status.
+		probe := func(ctx SpecContext) error {
+			return patchStatus(ctx, cp.Client, ns, "probe", map[string]any{"containerID": "probe"}, client.DryRunAll)
+		}
+		DeferCleanup(func(ctx SpecContext) {
+			Eventually(probe).WithContext(ctx).WithTimeout(30 * time.Second).Should(Succeed())
+		})
+		for _, kind := range []string{"ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"} {
+			o := find(objs, kind, policyName)
+			Expect(applyForReal(ctx, o)).To(Succeed(), describe(o))
+			DeferCleanup(func(ctx SpecContext) {
+				Expect(client.IgnoreNotFound(cp.Client.Delete(ctx, o))).To(Succeed())
+			})
+		}
+		Eventually(probe).WithContext(ctx).WithTimeout(30 * time.Second).Should(MatchError(ContainSubstring(policyDenied)))
+	})
+
+	It("gives a Pod-bound manager token the node's name, and an unbound one none", func(ctx SpecContext) {
+		for _, tc := range []struct {
+			token string
+			nodes []string
+		}{
+			{cp.NodeBoundToken(installNamespace, managerSA, nodeA), []string{nodeA}},
+			{cp.NodeBoundToken(installNamespace, managerSA, nodeB), []string{nodeB}},
+		} {
+			info := whoAmI(ctx, tc.token)
+			Expect(info.Username).To(Equal(managerUser))
+			Expect(info.Extra).To(HaveKeyWithValue(nodeNameKey, BeEquivalentTo(tc.nodes)))
+		}
+		tr, err := cp.Clientset.CoreV1().ServiceAccounts(installNamespace).CreateToken(ctx, managerSA,
+			&authenticationv1.TokenRequest{Spec: authenticationv1.TokenRequestSpec{ExpirationSeconds: ptr.To[int64](600)}}, metav1.CreateOptions{})
+		Expect(err).NotTo(HaveOccurred())
+		info := whoAmI(ctx, tr.Status.Token)
+		Expect(info.Username).To(Equal(managerUser))
+		Expect(info.Extra).NotTo(HaveKey(nodeNameKey))
+	})
+
+	It("leaves namespace admins without RBAC to patch or update status (403 from RBAC, before any policy)", func(ctx SpecContext) {
+		for who, c := range map[string]client.Client{"carol (built-in admin)": carol, "erin (sandbox-admin-role)": erin} {
+			// They do manage Sandboxes, and may read the status.
+			sbx := getSandbox(ctx, c, ns, sbxA)
+
+			err := patchStatus(ctx, c, ns, sbxA, map[string]any{"nodeName": "nowhere"})
+			Expect(apierrors.IsForbidden(err)).To(BeTrue(), "%s: %v", who, err)
+			Expect(err).To(MatchError(ContainSubstring(`cannot patch resource "sandboxes/status"`)), who)
+			Expect(err).NotTo(MatchError(ContainSubstring("ValidatingAdmissionPolicy")), who)
+
+			Expect(unstructured.SetNestedField(sbx.Object, "nowhere", "status", "nodeName")).To(Succeed())
+			err = c.Status().Update(ctx, sbx)
+			Expect(err).To(MatchError(ContainSubstring(`cannot update resource "sandboxes/status"`)), who)
+		}
+		expectAccess(ctx, user("carol"), nil, []access{in(ns, "update", "sandboxes/status"), in(ns, "patch", "sandboxes/status")})
+		Expect(nodeOf(ctx, ns, sbxA)).To(BeEmpty())
+	})
+
+	It("refuses a user whose role does allow status writes, and the cluster administrator (the policy)", func(ctx SpecContext) {
+		err := patchStatus(ctx, dave, ns, sbxA, map[string]any{"nodeName": "nowhere", "conditions": conditions("Ready", "True")})
+		expectPolicyRefusal(err, "only the node managers ("+managerUser+") may write the status of Sandbox "+ns+"/"+sbxA+"; dave may not")
+
+		err = patchStatus(ctx, cp.Client, ns, sbxA, map[string]any{"nodeName": "nowhere"})
+		expectPolicyRefusal(err, "only the node managers ("+managerUser+") may write the status")
+		Expect(nodeOf(ctx, ns, sbxA)).To(BeEmpty())
+	})
+
+	It("refuses a ServiceAccount named like the manager in another namespace, even with a Pod-bound token", func(ctx SpecContext) {
+		err := patchStatus(ctx, impostor, ns, sbxA, map[string]any{"nodeName": nodeA})
+		expectPolicyRefusal(err, "system:serviceaccount:"+ns+":"+managerSA+" may not")
+		Expect(nodeOf(ctx, ns, sbxA)).To(BeEmpty())
+	})
+
+	It("refuses the manager ServiceAccount with a token not bound to a Pod (no node name)", func(ctx SpecContext) {
+		err := patchStatus(ctx, managerUnbound, ns, sbxA, map[string]any{"nodeName": nodeA})
+		expectPolicyRefusal(err, managerUser+" may write the status of Sandbox "+ns+"/"+sbxA+" only with a token bound to its Pod")
+		Expect(err).To(MatchError(ContainSubstring("this request names 0 nodes")))
+		Expect(nodeOf(ctx, ns, sbxA)).To(BeEmpty())
+	})
+
+	It("lets a manager report on an unbound Sandbox without claiming it, but claim it only for its own node", func(ctx SpecContext) {
+		// What a full node does (Ready=False, Pending): allowed for any node.
+		Expect(patchStatus(ctx, managerB, ns, sbxA, map[string]any{"conditions": conditions("Ready", "False")})).To(Succeed())
+		err := patchStatus(ctx, managerA, ns, sbxA, map[string]any{"nodeName": nodeB})
+		expectPolicyRefusal(err, "the manager of node "+nodeA+" ("+managerUser+") may claim Sandbox "+ns+"/"+sbxA+" only for its own node, not for node "+nodeB)
+		Expect(nodeOf(ctx, ns, sbxA)).To(BeEmpty())
+	})
+
+	It("lets the manager of node A claim an unbound Sandbox", func(ctx SpecContext) {
+		Expect(patchStatus(ctx, managerA, ns, sbxA, map[string]any{
+			"nodeName": nodeA, "conditions": conditions("Ready", "False"),
+		})).To(Succeed())
+		Expect(nodeOf(ctx, ns, sbxA)).To(Equal(nodeA))
+	})
+
+	It("refuses the manager of node B any status write to node A's Sandbox, claims included", func(ctx SpecContext) {
+		for _, status := range []map[string]any{
+			{"conditions": conditions("Ready", "False")},
+			{"nodeName": nodeB},
+			{"nodeAPIEndpoint": "https://203.0.113.7:9443"},
+		} {
+			err := patchStatus(ctx, managerB, ns, sbxA, status)
+			expectPolicyRefusal(err, "the manager of node "+nodeB+" ("+managerUser+") may not write the status of Sandbox "+ns+"/"+sbxA+", which is bound to node "+nodeA)
+		}
+		Expect(nodeOf(ctx, ns, sbxA)).To(Equal(nodeA))
+	})
+
+	It("refuses the manager of node A rebinding its Sandbox to node B, or unbinding it", func(ctx SpecContext) {
+		err := patchStatus(ctx, managerA, ns, sbxA, map[string]any{"nodeName": nodeB})
+		expectPolicyRefusal(err, "may not rebind Sandbox "+ns+"/"+sbxA+" from node "+nodeA+" to node "+nodeB)
+		err = patchStatus(ctx, managerA, ns, sbxA, map[string]any{"nodeName": nil})
+		expectPolicyRefusal(err, "may not rebind Sandbox "+ns+"/"+sbxA+" from node "+nodeA+" to no node")
+		Expect(nodeOf(ctx, ns, sbxA)).To(Equal(nodeA))
+	})
+
+	It("lets the manager of node A update its Sandbox's status, with PATCH and with PUT", func(ctx SpecContext) {
+		Expect(patchStatus(ctx, managerA, ns, sbxA, map[string]any{"conditions": conditions("Ready", "True")})).To(Succeed())
+		sbx := getSandbox(ctx, managerA, ns, sbxA)
+		Expect(unstructured.SetNestedField(sbx.Object, "container-1", "status", "containerID")).To(Succeed())
+		Expect(managerA.Status().Update(ctx, sbx)).To(Succeed())
+		sbx = getSandbox(ctx, cp.Client, ns, sbxA)
+		Expect(sbx.Object).To(HaveKeyWithValue("status", And(
+			HaveKeyWithValue("containerID", "container-1"),
+			HaveKeyWithValue("nodeName", nodeA))))
+		Expect(condition(sbx, "Ready")).To(Equal("True"))
+	})
+
+	It("refuses a forged Expired=True from anyone but node A's manager", func(ctx SpecContext) {
+		expired := map[string]any{"conditions": append(conditions("Ready", "False"), conditions("Expired", "True")...)}
+		expectPolicyRefusal(patchStatus(ctx, dave, ns, sbxA, expired), "dave may not")
+		expectPolicyRefusal(patchStatus(ctx, cp.Client, ns, sbxA, expired), "only the node managers")
+		expectPolicyRefusal(patchStatus(ctx, managerUnbound, ns, sbxA, expired), "only with a token bound to its Pod")
+		expectPolicyRefusal(patchStatus(ctx, impostor, ns, sbxA, expired), "system:serviceaccount:"+ns+":"+managerSA+" may not")
+		expectPolicyRefusal(patchStatus(ctx, managerB, ns, sbxA, expired), "which is bound to node "+nodeA)
+		sbx := getSandbox(ctx, cp.Client, ns, sbxA)
+		Expect(condition(sbx, "Expired")).To(BeEmpty())
+		Expect(condition(sbx, "Ready")).To(Equal("True"))
+		// The node's own manager does expire it.
+		Expect(patchStatus(ctx, managerA, ns, sbxA, expired)).To(Succeed())
+		Expect(condition(getSandbox(ctx, cp.Client, ns, sbxA), "Expired")).To(Equal("True"))
+	})
+
+	It("keeps a Sandbox pinned by spec.nodeName from other nodes' managers", func(ctx SpecContext) {
+		Expect(cp.Client.Create(ctx, newSandbox(ns, "pinned-to-b", nodeB))).To(Succeed())
+		err := patchStatus(ctx, managerA, ns, "pinned-to-b", map[string]any{"nodeName": nodeA})
+		expectPolicyRefusal(err, "which spec.nodeName pins to node "+nodeB)
+		err = patchStatus(ctx, managerA, ns, "pinned-to-b", map[string]any{"conditions": conditions("Ready", "False")})
+		expectPolicyRefusal(err, "which spec.nodeName pins to node "+nodeB)
+		Expect(patchStatus(ctx, managerB, ns, "pinned-to-b", map[string]any{"nodeName": nodeB})).To(Succeed())
+	})
+
+	It("drops a status that a user sends when creating a Sandbox", func(ctx SpecContext) {
+		sbx := newSandbox(ns, "created-with-status", "")
+		sbx.Object["status"] = map[string]any{"nodeName": "nowhere", "conditions": conditions("Expired", "True")}
+		Expect(carol.Create(ctx, sbx)).To(Succeed())
+		got := getSandbox(ctx, cp.Client, ns, "created-with-status")
+		Expect(got.Object).NotTo(HaveKey("status"))
+	})
+
+	It("never stands in the way of finalizers or deletion", func(ctx SpecContext) {
+		const finalizer = "sandbox.code-sandbox.dev/finalizer"
+		// The manager adds its finalizer (a main-resource update).
+		sbx := getSandbox(ctx, managerA, ns, sbxA)
+		sbx.SetFinalizers(append(sbx.GetFinalizers(), finalizer))
+		Expect(managerA.Update(ctx, sbx)).To(Succeed())
+
+		// The namespace admin deletes it; the manager reports and removes
+		// the finalizer.
+		Expect(carol.Delete(ctx, getSandbox(ctx, carol, ns, sbxA))).To(Succeed())
+		sbx = getSandbox(ctx, managerA, ns, sbxA)
+		Expect(sbx.GetDeletionTimestamp()).NotTo(BeNil())
+		Expect(patchStatus(ctx, managerA, ns, sbxA, map[string]any{"conditions": conditions("Ready", "False")})).To(Succeed())
+		sbx = getSandbox(ctx, managerA, ns, sbxA)
+		sbx.SetFinalizers(nil)
+		Expect(managerA.Update(ctx, sbx)).To(Succeed())
+		Eventually(func(ctx SpecContext) bool {
+			return apierrors.IsNotFound(cp.Client.Get(ctx, client.ObjectKeyFromObject(sbx), &unstructured.Unstructured{Object: sandboxTypeMeta()}))
+		}).WithContext(ctx).WithTimeout(10 * time.Second).Should(BeTrue())
+
+		// Deleting one without a finalizer is immediate, for a user too.
+		Expect(carol.Delete(ctx, getSandbox(ctx, carol, ns, "pinned-to-b"))).To(Succeed())
+		Expect(apierrors.IsNotFound(cp.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: "pinned-to-b"},
+			&unstructured.Unstructured{Object: sandboxTypeMeta()}))).To(BeTrue())
+	})
+})
+
+// sandboxTypeMeta is the apiVersion and kind of a Sandbox, for unstructured
+// objects; these specs use no typed Sandbox, so that they test the CRD as
+// rendered and the policy's field names, not the Go types.
+func sandboxTypeMeta() map[string]any {
+	return map[string]any{"apiVersion": group + "/v1alpha1", "kind": "Sandbox"}
+}
+
+// newSandbox is a Sandbox in ns, pinned to node unless it is "".
+func newSandbox(ns, name, node string) *unstructured.Unstructured {
+	spec := map[string]any{"image": "python:3.12-slim-bookworm", "activeDeadlineSeconds": int64(3600)}
+	if node != "" {
+		spec["nodeName"] = node
+	}
+	u := &unstructured.Unstructured{Object: sandboxTypeMeta()}
+	u.SetNamespace(ns)
+	u.SetName(name)
+	u.Object["spec"] = spec
+	return u
+}
+
+func getSandbox(ctx SpecContext, c client.Client, ns, name string) *unstructured.Unstructured {
+	GinkgoHelper()
+	u := &unstructured.Unstructured{Object: sandboxTypeMeta()}
+	Expect(c.Get(ctx, client.ObjectKey{Namespace: ns, Name: name}, u)).To(Succeed())
+	return u
+}
+
+// nodeOf is status.nodeName of Sandbox ns/name, as the API server stores it.
+func nodeOf(ctx SpecContext, ns, name string) string {
+	GinkgoHelper()
+	node, _, _ := unstructured.NestedString(getSandbox(ctx, cp.Client, ns, name).Object, "status", "nodeName")
+	return node
+}
+
+// condition is the status of condition type t, or "".
+func condition(u *unstructured.Unstructured, t string) string {
+	conds, _, _ := unstructured.NestedSlice(u.Object, "status", "conditions")
+	for _, c := range conds {
+		if m, ok := c.(map[string]any); ok && m["type"] == t {
+			s, _ := m["status"].(string)
+			return s
+		}
+	}
+	return ""
+}
+
+// conditions is a status.conditions list with one condition.
+func conditions(t, status string) []any {
+	return []any{map[string]any{
+		"type": t, "status": status, "reason": "Test", "message": "written by " + CurrentSpecReport().LeafNodeText,
+		"lastTransitionTime": metav1.Now().UTC().Format(time.RFC3339),
+	}}
+}
+
+// patchStatus sends a JSON merge patch of status to the status subresource
+// of Sandbox ns/name as c's user.
+func patchStatus(ctx SpecContext, c client.Client, ns, name string, status map[string]any, opts ...client.SubResourcePatchOption) error {
+	data, err := json.Marshal(map[string]any{"status": status})
+	Expect(err).NotTo(HaveOccurred())
+	u := &unstructured.Unstructured{Object: sandboxTypeMeta()}
+	u.SetNamespace(ns)
+	u.SetName(name)
+	return c.Status().Patch(ctx, u, client.RawPatch(types.MergePatchType, data), opts...)
+}
+
+// expectPolicyRefusal checks that err is the policy's 403 with message.
+func expectPolicyRefusal(err error, message string) {
+	GinkgoHelper()
+	Expect(err).To(HaveOccurred(), "the policy should have refused this")
+	Expect(apierrors.IsForbidden(err)).To(BeTrue(), "403 Forbidden expected: %v", err)
+	Expect(err).To(MatchError(ContainSubstring(policyDenied)))
+	Expect(err).To(MatchError(ContainSubstring(message)))
+}
+
+// impersonate is a client acting as user name (authenticated, no groups
+// beyond that and no extras).
+func impersonate(name string) client.Client {
+	GinkgoHelper()
+	cfg := rest.CopyConfig(cp.Config)
+	cfg.Impersonate = rest.ImpersonationConfig{UserName: name, Groups: []string{"system:authenticated"}}
+	c, err := client.New(cfg, client.Options{Scheme: cp.Scheme})
+	Expect(err).NotTo(HaveOccurred())
+	return c
+}
+
+// tokenClient is a client that authenticates with token alone.
+func tokenClient(token string) client.Client {
+	GinkgoHelper()
+	c, err := client.New(cp.ConfigForToken(token), client.Options{Scheme: cp.Scheme})
+	Expect(err).NotTo(HaveOccurred())
+	return c
+}
+
+// whoAmI asks the API server who token is (kubectl auth whoami).
+func whoAmI(ctx SpecContext, token string) authenticationv1.UserInfo {
+	GinkgoHelper()
+	cs, err := kubernetes.NewForConfig(cp.ConfigForToken(token))
+	Expect(err).NotTo(HaveOccurred())
+	review, err := cs.AuthenticationV1().SelfSubjectReviews().Create(ctx, &authenticationv1.SelfSubjectReview{}, metav1.CreateOptions{})
+	Expect(err).NotTo(HaveOccurred())
+	return review.Status.UserInfo
+}
