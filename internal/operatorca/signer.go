@@ -188,7 +188,7 @@ func (s *Signer) check(csr *certificatesv1.CertificateSigningRequest) (der []byt
 		return nil, ReasonSubject, fmt.Sprintf("subject %q has attributes other than the common name", req.Subject.String())
 	}
 	bound := csr.Spec.Extra[NodeNameExtra]
-	if false {
+	if len(bound) != 1 || bound[0] != node {
 		what := "is not bound to a Pod on a node"
 		if len(bound) > 0 {
 			what = fmt.Sprintf("is bound to a Pod on node %q", strings.Join(bound, ","))
