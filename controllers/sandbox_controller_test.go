@@ -323,7 +323,7 @@ var _ = Describe("Sandbox controller", func() {
 		Eventually(func() error {
 			_, err := docker.ContainerInspect(ctx, id)
 			return err
-		}, 30*time.Second, 10*time.Millisecond).Should(MatchError(cerrdefs.IsNotFound, "IsNotFound"))
+		}, 10*time.Second, 10*time.Millisecond).Should(MatchError(cerrdefs.IsNotFound, "IsNotFound"))
 		return time.Since(start)
 	}
 

@@ -10,7 +10,6 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -99,38 +98,36 @@ var _ = Describe("History lines", Label("unit"), func() {
 	)
 })
 
-// cli runs the plugin in-process against a fake cluster.
+// cli runs the plugin in-process against a fake API server.
 type cli struct {
 	cluster    *sandboxclienttest.Cluster
 	kubeconfig string
-	node       *fakeNode
-}
-
-type fakeNode struct {
-	mu     sync.Mutex
-	last   *http.Request
-	body   []byte
-	answer func(w http.ResponseWriter, r *http.Request, body []byte)
-}
-
-func (n *fakeNode) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	body, _ := io.ReadAll(r.Body)
-	n.mu.Lock()
-	n.last, n.body = r, body
-	answer := n.answer
-	n.mu.Unlock()
-	answer(w, r, body)
 }
 
 func newCLI() *cli {
 	GinkgoHelper()
-	c := &cli{cluster: sandboxclienttest.New(), node: &fakeNode{}}
+	c := &cli{cluster: sandboxclienttest.New()}
 	DeferCleanup(c.cluster.Close)
-	c.cluster.SetNodeHandler(c.node)
 	c.cluster.AddSandbox("team-a", "box")
 	c.kubeconfig = filepath.Join(GinkgoT().TempDir(), "kubeconfig")
 	Expect(c.cluster.WriteKubeconfig(c.kubeconfig, "team-a", "user-token")).To(Succeed())
+	// Runs before the cluster closes: nothing reached the node API that
+	// the Sandbox's status names.
+	DeferCleanup(func() {
+		Expect(c.cluster.DecoyConnections()).To(BeZero(), "the plugin connected to status.nodeAPIEndpoint: %+v", c.cluster.DecoyRequests())
+	})
 	return c
+}
+
+// answer sets how the API server answers subresource calls.
+func (c *cli) answer(h sandboxclienttest.Handler) { c.cluster.Handle(h) }
+
+// last is the latest subresource call the API server received.
+func (c *cli) last() sandboxclienttest.Request {
+	GinkgoHelper()
+	r, ok := c.cluster.LastSubresourceRequest()
+	Expect(ok).To(BeTrue(), "the API server got no subresource call")
+	return r
 }
 
 func (c *cli) run(stdin string, args ...string) (code int, stdout, stderr string) {
@@ -148,36 +145,43 @@ func frames(w http.ResponseWriter, fs ...map[string]any) {
 	}
 }
 
+// aggregated is where the subresources of team-a/box live on the API server.
+const aggregated = "/apis/subresources.sandbox.code-sandbox.dev/v1alpha1/namespaces/team-a/sandboxes/box/"
+
 var _ = Describe("kubectl sandbox", Label("unit"), func() {
 	var c *cli
 	BeforeEach(func() { c = newCLI() })
 
 	Describe("exec", func() {
 		It("streams output and exits with the command's exit code", func() {
-			c.node.answer = func(w http.ResponseWriter, _ *http.Request, _ []byte) {
+			c.answer(func(w http.ResponseWriter, _ *http.Request, _ []byte) {
 				frames(w, map[string]any{"stream": "stdout", "data": []byte("out\n")}, map[string]any{"stream": "stderr", "data": []byte("err\n")},
 					map[string]any{"result": execio.Result{ExitCode: 3}})
-			}
+			})
 			code, stdout, stderr := c.run("", "exec", "box", "-e", "A=1", "-w", "/tmp", "--timeout=90s", "--", "sh", "-c", "exit 3")
 			Expect(code).To(Equal(3))
 			Expect(stdout).To(Equal("out\n"))
 			Expect(stderr).To(Equal("err\n"))
 
+			r := c.last()
 			var req execio.Request
-			Expect(json.Unmarshal(c.node.body, &req)).To(Succeed())
+			Expect(json.Unmarshal(r.Body, &req)).To(Succeed())
 			Expect(req).To(Equal(execio.Request{Command: []string{"sh", "-c", "exit 3"}, Env: []string{"A=1"}, WorkingDir: "/tmp", TimeoutSeconds: 90}))
-			Expect(c.node.last.URL.Path).To(Equal("/v1/namespaces/team-a/sandboxes/box/exec"))
-			Expect(c.node.last.Header.Get("Authorization")).To(Equal("Bearer user-token"))
+			Expect(r.Method).To(Equal(http.MethodPost))
+			Expect(r.Path).To(Equal(aggregated + "exec"))
+			Expect(r.Header.Get("Authorization")).To(Equal("Bearer user-token"))
+			Expect(r.Header.Get("User-Agent")).To(HavePrefix("kubectl-sandbox/"))
+			Expect(c.cluster.Requests()).To(HaveLen(1), "one request: the plugin does not read the Sandbox first")
 		})
 
 		It("sends stdin with -i and a shell line with --shell", func() {
-			c.node.answer = func(w http.ResponseWriter, _ *http.Request, _ []byte) {
+			c.answer(func(w http.ResponseWriter, _ *http.Request, _ []byte) {
 				frames(w, map[string]any{"result": execio.Result{}})
-			}
+			})
 			code, _, stderr := c.run("print(1)\n", "exec", "box", "-i", "--shell", "python3 -")
 			Expect(code).To(BeZero(), stderr)
 			var req execio.Request
-			Expect(json.Unmarshal(c.node.body, &req)).To(Succeed())
+			Expect(json.Unmarshal(c.last().Body, &req)).To(Succeed())
 			Expect(req.Shell).To(Equal("python3 -"))
 			Expect(req.Command).To(BeEmpty())
 			Expect(string(req.Stdin)).To(Equal("print(1)\n"))
@@ -185,9 +189,9 @@ var _ = Describe("kubectl sandbox", Label("unit"), func() {
 		})
 
 		It("exits 124 with a note when the command timed out, and warns about truncation", func() {
-			c.node.answer = func(w http.ResponseWriter, _ *http.Request, _ []byte) {
+			c.answer(func(w http.ResponseWriter, _ *http.Request, _ []byte) {
 				frames(w, map[string]any{"result": execio.Result{ExitCode: 137, TimedOut: true, StdoutTruncated: true, StdoutBytes: 5 << 20}})
-			}
+			})
 			code, _, stderr := c.run("", "exec", "box", "--timeout=2s", "--", "yes")
 			Expect(code).To(Equal(124))
 			Expect(stderr).To(ContainSubstring("warning: stdout was truncated: the command wrote 5242880 bytes"))
@@ -198,16 +202,51 @@ var _ = Describe("kubectl sandbox", Label("unit"), func() {
 			c.cluster.AddSandbox("team-a", "box", sandboxclienttest.NotReady("OOMKilled", "killed for exceeding resources.memory"))
 			code, _, stderr := c.run("", "exec", "box", "--", "true")
 			Expect(code).To(Equal(1))
-			Expect(stderr).To(Equal("error: sandbox team-a/box is not ready: OOMKilled: killed for exceeding resources.memory\n"))
+			Expect(stderr).To(HavePrefix("error: sandbox team-a/box: "))
+			Expect(stderr).To(ContainSubstring("is not Ready: OOMKilled: killed for exceeding resources.memory"))
+			Expect(stderr).To(HaveSuffix("(sandbox API, HTTP 409)\n"))
 		})
 
 		It("reports a refusal like kubectl", func() {
-			c.node.answer = func(w http.ResponseWriter, _ *http.Request, _ []byte) {
+			c.answer(func(w http.ResponseWriter, _ *http.Request, _ []byte) {
 				sandboxclienttest.WriteStatus(w, http.StatusForbidden, metav1.StatusReasonForbidden, `sandboxes "box" is forbidden: User "bob" cannot create resource "sandboxes/exec"`)
-			}
+			})
 			code, _, stderr := c.run("", "-n", "team-a", "exec", "box", "--", "true")
 			Expect(code).To(Equal(1))
 			Expect(stderr).To(HavePrefix(`error: sandbox team-a/box: sandboxes "box" is forbidden`))
+		})
+
+		It("reports credentials the API server refuses", func() {
+			code, _, stderr := c.run("", "--token", "stolen", "exec", "box", "--", "true")
+			Expect(code).To(Equal(1))
+			Expect(stderr).To(Equal("error: sandbox team-a/box: Unauthorized (sandbox API, HTTP 401)\n"))
+		})
+
+		It("works with a client-certificate kubeconfig", func() {
+			c.answer(func(w http.ResponseWriter, _ *http.Request, _ []byte) {
+				frames(w, map[string]any{"stream": "stdout", "data": []byte("hi\n")}, map[string]any{"result": execio.Result{}})
+			})
+			Expect(sandboxclienttest.WriteKubeconfigFor(c.kubeconfig, c.cluster.CertConfig("alice"), "team-a")).To(Succeed())
+			code, stdout, stderr := c.run("", "exec", "box", "--", "echo", "hi")
+			Expect(code).To(BeZero(), stderr)
+			Expect(stdout).To(Equal("hi\n"))
+			r := c.last()
+			Expect(r.User).To(Equal("alice"))
+			Expect(r.ClientCertCN).To(Equal("alice"))
+			Expect(r.Header.Get("Authorization")).To(BeEmpty())
+		})
+
+		It("works through a server URL with a path prefix, as kubectl proxy --api-prefix gives", func() {
+			c.answer(func(w http.ResponseWriter, _ *http.Request, _ []byte) {
+				frames(w, map[string]any{"result": execio.Result{}})
+			})
+			c.cluster.ServeUnder("/proxy")
+			cfg := c.cluster.RESTConfig("user-token")
+			cfg.Host += "/proxy"
+			Expect(sandboxclienttest.WriteKubeconfigFor(c.kubeconfig, cfg, "team-a")).To(Succeed())
+			code, _, stderr := c.run("", "exec", "box", "--", "true")
+			Expect(code).To(BeZero(), stderr)
+			Expect(c.last().Path).To(Equal("/proxy" + aggregated + "exec"))
 		})
 
 		DescribeTable("refuses bad command lines with a pointer to the help",
@@ -230,54 +269,61 @@ var _ = Describe("kubectl sandbox", Label("unit"), func() {
 	})
 
 	Describe("cp", func() {
-		It("uploads a directory's contents as a tar", func() {
-			c.node.answer = func(w http.ResponseWriter, _ *http.Request, _ []byte) {
+		It("uploads a directory's contents as a tar with POST", func() {
+			c.answer(func(w http.ResponseWriter, _ *http.Request, _ []byte) {
 				_ = json.NewEncoder(w).Encode(execio.TransferStats{Files: 1})
-			}
+			})
 			src := GinkgoT().TempDir()
 			Expect(os.WriteFile(filepath.Join(src, "main.py"), []byte("print(1)"), 0o644)).To(Succeed())
 			code, _, stderr := c.run("", "cp", src, "box:/app/src")
 			Expect(code).To(BeZero(), stderr)
-			Expect(c.node.last.Method).To(Equal(http.MethodPut))
-			Expect(c.node.last.URL.Query().Get("path")).To(Equal("/app/src"))
-			Expect(c.node.last.Header.Get("Content-Type")).To(Equal("application/x-tar"))
-			hdr, err := tar.NewReader(bytes.NewReader(c.node.body)).Next()
+			r := c.last()
+			Expect(r.Method).To(Equal(http.MethodPost))
+			Expect(r.Path).To(Equal(aggregated + "files"))
+			Expect(r.Query.Get("path")).To(Equal("/app/src"))
+			Expect(r.Header.Get("Content-Type")).To(Equal("application/x-tar"))
+			Expect(r.Header.Get("Authorization")).To(Equal("Bearer user-token"))
+			hdr, err := tar.NewReader(bytes.NewReader(r.Body)).Next()
 			Expect(err).NotTo(HaveOccurred())
 			Expect(hdr.Name).To(Equal("main.py"))
 		})
 
 		It("uploads a file into a directory path ending in /", func() {
-			c.node.answer = func(w http.ResponseWriter, _ *http.Request, _ []byte) {
+			c.answer(func(w http.ResponseWriter, _ *http.Request, _ []byte) {
 				_ = json.NewEncoder(w).Encode(execio.TransferStats{Files: 1})
-			}
+			})
 			src := filepath.Join(GinkgoT().TempDir(), "run.sh")
 			Expect(os.WriteFile(src, []byte("#!/bin/sh\n"), 0o755)).To(Succeed())
 			code, _, stderr := c.run("", "cp", src, "team-a/box:/tmp/")
 			Expect(code).To(BeZero(), stderr)
-			q := c.node.last.URL.Query()
-			Expect(q.Get("path")).To(Equal("/tmp/run.sh"))
-			Expect(q.Get("mode")).To(Equal("0755"))
-			Expect(string(c.node.body)).To(Equal("#!/bin/sh\n"))
+			r := c.last()
+			Expect(r.Method).To(Equal(http.MethodPost))
+			Expect(r.Query.Get("path")).To(Equal("/tmp/run.sh"))
+			Expect(r.Query.Get("mode")).To(Equal("0755"))
+			Expect(string(r.Body)).To(Equal("#!/bin/sh\n"))
 		})
 
 		It("downloads and extracts a tree", func() {
-			c.node.answer = func(w http.ResponseWriter, r *http.Request, _ []byte) {
-				Expect(r.URL.Query().Get("path")).To(Equal("/app/out"))
+			c.answer(func(w http.ResponseWriter, _ *http.Request, _ []byte) {
 				w.Header().Set("Trailer", "Sandbox-Transfer-Error")
 				_, _ = io.Copy(w, tarOf(dir("out/"), file("out/r.txt", "result")))
-			}
+			})
 			dst := filepath.Join(GinkgoT().TempDir(), "local")
 			code, _, stderr := c.run("", "cp", "box:/app/out", dst)
 			Expect(code).To(BeZero(), stderr)
 			Expect(readFile(filepath.Join(dst, "r.txt"))).To(Equal("result"))
+			r := c.last()
+			Expect(r.Method).To(Equal(http.MethodGet))
+			Expect(r.Path).To(Equal(aggregated + "files"))
+			Expect(r.Query.Get("path")).To(Equal("/app/out"))
 		})
 
 		It("fails a download cut off by the node, saying the copy is incomplete", func() {
-			c.node.answer = func(w http.ResponseWriter, _ *http.Request, _ []byte) {
+			c.answer(func(w http.ResponseWriter, _ *http.Request, _ []byte) {
 				w.Header().Set("Trailer", "Sandbox-Transfer-Error")
 				_, _ = io.Copy(w, tarOf(dir("out/"), file("out/a", "a")))
 				w.Header().Set("Sandbox-Transfer-Error", "too large: the download exceeds 8388608 bytes")
-			}
+			})
 			dst := filepath.Join(GinkgoT().TempDir(), "local")
 			code, _, stderr := c.run("", "cp", "box:/app/out", dst)
 			Expect(code).To(Equal(1))
@@ -286,12 +332,12 @@ var _ = Describe("kubectl sandbox", Label("unit"), func() {
 		})
 
 		It("reports a missing sandbox path", func() {
-			c.node.answer = func(w http.ResponseWriter, _ *http.Request, _ []byte) {
+			c.answer(func(w http.ResponseWriter, _ *http.Request, _ []byte) {
 				sandboxclienttest.WriteStatus(w, http.StatusNotFound, metav1.StatusReasonNotFound, "path not found: /app/nope")
-			}
+			})
 			code, _, stderr := c.run("", "cp", "box:/app/nope", GinkgoT().TempDir())
 			Expect(code).To(Equal(1))
-			Expect(stderr).To(Equal("error: sandbox team-a/box: path not found: /app/nope (node API, HTTP 404)\n"))
+			Expect(stderr).To(Equal("error: sandbox team-a/box: path not found: /app/nope (sandbox API, HTTP 404)\n"))
 		})
 
 		DescribeTable("refuses copies that are not local↔sandbox",
@@ -308,22 +354,27 @@ var _ = Describe("kubectl sandbox", Label("unit"), func() {
 
 	Describe("logs", func() {
 		It("prints the container's output with --tail and -f", func() {
-			c.node.answer = func(w http.ResponseWriter, _ *http.Request, _ []byte) { _, _ = w.Write([]byte("hello\n")) }
+			c.answer(func(w http.ResponseWriter, _ *http.Request, _ []byte) { _, _ = w.Write([]byte("hello\n")) })
 			code, stdout, _ := c.run("", "logs", "box", "--tail=5", "-f")
 			Expect(code).To(BeZero())
 			Expect(stdout).To(Equal("hello\n"))
-			Expect(c.node.last.URL.Query().Get("tail")).To(Equal("5"))
-			Expect(c.node.last.URL.Query().Get("follow")).To(Equal("true"))
+			r := c.last()
+			Expect(r.Method).To(Equal(http.MethodGet))
+			Expect(r.Path).To(Equal(aggregated + "log"))
+			Expect(r.Query.Get("tail")).To(Equal("5"))
+			Expect(r.Query.Get("follow")).To(Equal("true"))
 		})
 
 		It("prints the exec history with --history", func() {
-			c.node.answer = func(w http.ResponseWriter, _ *http.Request, _ []byte) {
+			c.answer(func(w http.ResponseWriter, _ *http.Request, _ []byte) {
 				_ = json.NewEncoder(w).Encode(history.Record{Command: []string{"ls"}, StartedAt: time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC), DurationMillis: 20})
-			}
+			})
 			code, stdout, _ := c.run("", "logs", "sbx/box", "--history")
 			Expect(code).To(BeZero())
 			Expect(stdout).To(Equal("2026-01-02T03:04:05Z exit=0 20ms ls\n"))
-			Expect(c.node.last.URL.Path).To(HaveSuffix("/history"))
+			r := c.last()
+			Expect(r.Method).To(Equal(http.MethodGet))
+			Expect(r.Path).To(Equal(aggregated + "history"))
 		})
 
 		It("refuses --tail=0", func() {

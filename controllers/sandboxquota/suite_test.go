@@ -56,7 +56,7 @@ var _ = BeforeSuite(func() {
 	testenv.RemoveNodeContainers(docker, nodeName)
 	// A real node provisions the admitted Sandboxes, so that expiry is the
 	// manager's doing, not the test's.
-	node = testnode.Start(cp, testnode.NodeOptions{Name: nodeName})
+	node = testnode.Start(cp, nil, testnode.NodeOptions{Name: nodeName})
 	webhookServer = startWebhook()
 })
 

@@ -10,6 +10,14 @@ Licensed under the MIT License; see the LICENSE file.
 // kubelet, scheduler or controller-manager; the Sandbox managers are the only
 // controllers, and they run next to it as plain processes (see make dev-up).
 //
+// kube-apiserver is configured as a cluster's is for aggregated API servers
+// (the front proxy): a front-proxy CA of its own, the client certificate it
+// presents when it proxies a request to an APIService, and the
+// request-header flags, which it publishes in
+// kube-system/extension-apiserver-authentication. The operator's aggregated
+// API (sandboxes/exec, files, log, history) is served that way by the local
+// `bin/manager --role webhook` (hack/dev-up-system.sh).
+//
 // It runs until SIGINT or SIGTERM, then stops etcd and kube-apiserver and
 // removes their data, so every start is a fresh cluster.
 package main
@@ -32,7 +40,14 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
+
+	"github.com/code-sandbox/code-sandbox-operator/internal/operatorca"
 )
+
+// frontProxyClientName is the CommonName of kube-apiserver's front-proxy
+// client certificate, the only name aggregated API servers accept request
+// headers from (--requestheader-allowed-names).
+const frontProxyClientName = "front-proxy-client"
 
 func main() {
 	// A private FlagSet: controller-runtime registers its own --kubeconfig
@@ -76,6 +91,16 @@ func run(kubeconfigPath, crdDir string, startTimeout time.Duration) (retErr erro
 		ControlPlaneStartTimeout: startTimeout,
 		ControlPlaneStopTimeout:  30 * time.Second,
 	}
+	// The front proxy's CA and client key live only as long as this
+	// control plane: nothing else needs them.
+	frontProxyDir, err := os.MkdirTemp("", "code-sandbox-front-proxy-")
+	if err != nil {
+		return fmt.Errorf("creating a directory for the front-proxy certificates: %w", err)
+	}
+	defer os.RemoveAll(frontProxyDir)
+	if err := configureFrontProxy(env, frontProxyDir); err != nil {
+		return err
+	}
 	logf("starting etcd and kube-apiserver from %s", assets)
 	cfg, err := env.Start()
 	// Start can fail after etcd or kube-apiserver is already running (for
@@ -114,17 +139,6 @@ func run(kubeconfigPath, crdDir string, startTimeout time.Duration) (retErr erro
 		return err
 	}
 
-	// The managers' node APIs accept the same client certificates as the
-	// API server (as kubelet does), so the dev admin's kubeconfig works with
-	// kubectl-sandbox too.
-	clientCA, err := os.ReadFile(filepath.Join(env.ControlPlane.APIServer.CertDir, "client-cert-auth-ca.crt"))
-	if err != nil {
-		return fmt.Errorf("reading the API server's client CA: %w", err)
-	}
-	clientCAPath := filepath.Join(filepath.Dir(kubeconfigPath), "client-ca.crt")
-	if err := writeFileAtomic(clientCAPath, clientCA, 0o644); err != nil {
-		return fmt.Errorf("writing the client CA: %w", err)
-	}
 	if err := writeFileAtomic(kubeconfigPath, kubeconfig, 0o600); err != nil {
 		return fmt.Errorf("writing the kubeconfig: %w", err)
 	}
@@ -139,6 +153,39 @@ func run(kubeconfigPath, crdDir string, startTimeout time.Duration) (retErr erro
 	logf("ready: kube-apiserver at %s, kubeconfig %s (pid %d)", cfg.Host, kubeconfigPath, os.Getpid())
 	<-ctx.Done()
 	logf("received a stop signal")
+	return nil
+}
+
+// configureFrontProxy sets kube-apiserver's aggregation flags, as kubeadm
+// does, with a fresh front-proxy CA and client certificate written to dir.
+func configureFrontProxy(env *envtest.Environment, dir string) error {
+	ca, err := operatorca.NewCA("code-sandbox-dev-front-proxy-ca", 365*24*time.Hour, time.Now())
+	if err != nil {
+		return fmt.Errorf("creating the front-proxy CA: %w", err)
+	}
+	client, err := ca.IssueClient(frontProxyClientName, nil, 365*24*time.Hour)
+	if err != nil {
+		return fmt.Errorf("issuing the front-proxy client certificate: %w", err)
+	}
+	certPEM, keyPEM, err := operatorca.EncodeKeyPair(client)
+	if err != nil {
+		return err
+	}
+	files := map[string][]byte{"front-proxy-ca.crt": ca.CertPEM(), "front-proxy-client.crt": certPEM, "front-proxy-client.key": keyPEM}
+	for name, data := range files {
+		if err := os.WriteFile(filepath.Join(dir, name), data, 0o600); err != nil {
+			return fmt.Errorf("writing %s: %w", name, err)
+		}
+	}
+	args := env.ControlPlane.GetAPIServer().Configure()
+	args.Set("requestheader-client-ca-file", filepath.Join(dir, "front-proxy-ca.crt"))
+	args.Set("requestheader-allowed-names", frontProxyClientName)
+	args.Set("requestheader-username-headers", "X-Remote-User")
+	args.Set("requestheader-uid-headers", "X-Remote-Uid")
+	args.Set("requestheader-group-headers", "X-Remote-Group")
+	args.Set("requestheader-extra-headers-prefix", "X-Remote-Extra-")
+	args.Set("proxy-client-cert-file", filepath.Join(dir, "front-proxy-client.crt"))
+	args.Set("proxy-client-key-file", filepath.Join(dir, "front-proxy-client.key"))
 	return nil
 }
 
@@ -174,7 +221,20 @@ func prepareCluster(ctx context.Context, cfg *rest.Config) error {
 	if _, err := cs.CoreV1().ServiceAccounts(metav1.NamespaceDefault).CreateToken(ctx, "default", tr, metav1.CreateOptions{}); err != nil {
 		return fmt.Errorf("issuing a ServiceAccount token (is the token issuer configured?): %w", err)
 	}
-	return nil
+
+	// Aggregated API servers read the front proxy's CA and header names
+	// from here; kube-apiserver writes it shortly after it starts.
+	for {
+		cm, err := cs.CoreV1().ConfigMaps(metav1.NamespaceSystem).Get(ctx, "extension-apiserver-authentication", metav1.GetOptions{})
+		if err == nil && cm.Data["requestheader-client-ca-file"] != "" {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("kube-apiserver did not publish the front-proxy configuration in kube-system/extension-apiserver-authentication (last error: %v)", err)
+		case <-time.After(250 * time.Millisecond):
+		}
+	}
 }
 
 // writeFileAtomic makes sure a reader never sees a half-written kubeconfig.

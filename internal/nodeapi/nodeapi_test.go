@@ -11,6 +11,7 @@ import (
 	"bytes"
 	"context"
 	"crypto/rand"
+	"crypto/tls"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -22,12 +23,8 @@ import (
 	"sync"
 	"time"
 
-	"github.com/code-sandbox/code-sandbox-operator/internal/nodeapi/wire"
-
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
-	authenticationv1 "k8s.io/api/authentication/v1"
-	rbacv1 "k8s.io/api/rbac/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -36,175 +33,259 @@ import (
 	"github.com/code-sandbox/code-sandbox-operator/internal/dockerruntime"
 	"github.com/code-sandbox/code-sandbox-operator/internal/execio"
 	"github.com/code-sandbox/code-sandbox-operator/internal/history"
+	"github.com/code-sandbox/code-sandbox-operator/internal/nodeapi/wire"
+	"github.com/code-sandbox/code-sandbox-operator/internal/operatorca"
+	"github.com/code-sandbox/code-sandbox-operator/internal/testenv"
 )
 
 var _ = Describe("Node API", Ordered, ContinueOnFailure, func() {
 	var (
 		ns, otherNS string
 		sbx         *sandboxv1alpha1.Sandbox
-		// execToken may exec in ns (sandbox-exec-role).
-		execToken string
-		// logToken may only read logs in ns.
-		logToken string
-		// strangerToken has no binding at all.
-		strangerToken string
-		// otherNSToken is bound to the exec role in otherNS only.
-		otherNSToken string
-		// impersonatorToken may impersonate users; noImpersonateToken has
-		// the exec role but may not impersonate.
-		impersonatorToken, noImpersonateToken string
 	)
 
 	BeforeAll(func() {
 		ns, otherNS = newNamespace(), newNamespace()
-		execToken = serviceAccountToken(ns, "runner")
-		bind(ns, "sandbox-exec-role", saSubject(ns, "runner"))
-		logToken = serviceAccountToken(ns, "log-reader")
-		bind(ns, "sandbox-log-only", saSubject(ns, "log-reader"))
-		strangerToken = serviceAccountToken(ns, "stranger")
-		otherNSToken = serviceAccountToken(otherNS, "runner")
-		bind(otherNS, "sandbox-exec-role", saSubject(otherNS, "runner"))
-		impersonatorToken = serviceAccountToken(ns, "mcp")
-		Expect(k8sClient.Create(context.Background(), &rbacv1.ClusterRoleBinding{
-			ObjectMeta: metav1.ObjectMeta{GenerateName: "mcp-impersonates-"},
-			RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: "impersonate-users"},
-			Subjects:   []rbacv1.Subject{saSubject(ns, "mcp")},
-		})).To(Succeed())
-		noImpersonateToken = serviceAccountToken(ns, "no-impersonate")
-		bind(ns, "sandbox-exec-role", saSubject(ns, "no-impersonate"))
-		// alice may exec in ns; bob may not.
-		bind(ns, "sandbox-exec-role", userSubject("alice"))
-		bind(ns, "sandbox-exec-role", userSubject("carol"))
-
 		sbx = waitReady(createSandbox(ns, uniqueName("main")))
 	})
 
 	echo := execio.Request{Command: []string{"echo", "hi"}}
 
-	It("publishes the endpoint and certificate pin in the status of a Running Sandbox", func() {
-		Expect(sbx.Status.AgentEndpoint).To(Equal(api.Endpoint))
-		Expect(sbx.Status.AgentCertSHA256).To(Equal(api.Cert.SHA256))
-		Expect(sbx.Status.AgentCertSHA256).To(MatchRegexp(`^[0-9a-f]{64}$`))
+	It("publishes the endpoint in the status of a Running Sandbox", func() {
+		Expect(sbx.Status.NodeAPIEndpoint).To(Equal(api.Endpoint))
 	})
 
-	Context("authentication and authorisation", func() {
-		It("runs a command for a caller with the exec role", func() {
-			res := api.exec(ns, sbx.Name, execToken, echo)
-			Expect(res.status).To(Equal(http.StatusOK), res.stdout.String())
-			Expect(res.stdout.String()).To(Equal("hi\n"))
-			Expect(res.result).NotTo(BeNil())
-			Expect(res.result.ExitCode).To(Equal(0))
+	// The node API serves only the operator's aggregated API server, which
+	// authenticated and authorised the end user and names them in the
+	// front-proxy headers. Each spec here fails if its check is removed.
+	Context("who may call it", func() {
+		// guarded is a server for nodeName built exactly as the manager's,
+		// which also logs every request that reaches its HTTP layer.
+		var guarded *testServer
+		BeforeEach(func() {
+			guarded = newTestServer(serverOptions{node: nodeName, runtime: docker, reader: k8sClient, recordRequests: true}).start()
 		})
 
-		It("answers 401 without a token or with a bad one, and runs nothing", func() {
+		// touch is an exec that leaves /app/<marker> behind if it runs.
+		touch := func(marker string) request {
+			return request{method: http.MethodPost, namespace: ns, name: sbx.Name, subresource: wire.SubresourceExec,
+				body: strings.NewReader(`{"command":["touch","/app/` + marker + `"]}`)}
+		}
+		exists := func(marker string) bool {
+			GinkgoHelper()
+			res := api.exec(ns, sbx.Name, execio.Request{Command: []string{"test", "-e", "/app/" + marker}})
+			Expect(res.status).To(Equal(http.StatusOK), res.stdout.String())
+			Expect(res.result).NotTo(BeNil(), res.errorFrame)
+			return res.result.ExitCode == 0
+		}
+		// refusedInHandshake: the server aborted the TLS handshake with an
+		// alert, and no HTTP request reached it.
+		refusedInHandshake := func(err error) {
+			GinkgoHelper()
+			Expect(err).To(MatchError(ContainSubstring("remote error: tls: ")))
+			Expect(guarded.seen.requests()).To(BeEmpty())
+		}
+
+		It("fails the handshake of a client without a certificate: no HTTP request reaches the server", func() {
 			before := historyLen(sbx)
-			for _, token := range []string{"", "garbage", execToken + "x"} {
-				resp := api.do(request{method: http.MethodPost, namespace: ns, name: sbx.Name, subresource: "exec", token: token,
-					body: strings.NewReader(`{"command":["touch","/app/pwned"]}`)})
-				Expect(resp.StatusCode).To(Equal(http.StatusUnauthorized), "token %q", token)
-				st := statusOf(resp)
-				Expect(st.Reason).To(Equal(metav1.StatusReasonUnauthorized))
+			for _, version := range []uint16{tls.VersionTLS12, tls.VersionTLS13} {
+				noCert := guarded.as(nil)
+				noCert.client.Transport.(*http.Transport).TLSClientConfig.MaxVersion = version
+				_, err := noCert.try(touch("no-cert"))
+				refusedInHandshake(err)
 			}
 			Expect(historyLen(sbx)).To(Equal(before))
-			res := api.exec(ns, sbx.Name, execToken, execio.Request{Command: []string{"ls", "/app/pwned"}})
-			Expect(res.result.ExitCode).NotTo(Equal(0))
+			Expect(exists("no-cert")).To(BeFalse())
 		})
 
-		DescribeTable("answers 403 when RBAC does not allow it",
-			func(token func() string, namespace func() string, subresource, method string) {
-				resp := api.do(request{method: method, namespace: namespace(), name: sbx.Name, subresource: subresource, token: token(),
-					query: "path=x", body: strings.NewReader(`{"command":["touch","/app/pwned"]}`)})
-				Expect(resp.StatusCode).To(Equal(http.StatusForbidden))
-				st := statusOf(resp)
-				Expect(st.Reason).To(Equal(metav1.StatusReasonForbidden))
-				Expect(st.Message).To(ContainSubstring("sandboxes/" + subresource))
+		It("never takes a bearer token instead of a certificate, even a cluster admin's", func() {
+			cp.BindCluster("cluster-admin", testenv.ServiceAccountSubject(ns, "admin"))
+			token := cp.ServiceAccountToken(ns, "admin")
+			r := touch("bearer")
+			r.header = http.Header{"Authorization": {"Bearer " + token}}
+			_, err := guarded.as(nil).try(r)
+			refusedInHandshake(err)
+
+			// Nor does it stand in for the aggregator's certificate or for
+			// the user it names: nobody asks the API server about it.
+			resp := guarded.as(issueClient(ca, "someone")).do(r)
+			Expect(resp.StatusCode).To(Equal(http.StatusUnauthorized))
+			resp.Body.Close()
+			r = touch("bearer")
+			r.header, r.as = http.Header{"Authorization": {"Bearer " + token}}, anonymous
+			resp = guarded.do(r)
+			Expect(resp.StatusCode).To(Equal(http.StatusUnauthorized))
+			resp.Body.Close()
+			Expect(exists("bearer")).To(BeFalse())
+		})
+
+		DescribeTable("fails the handshake of a certificate that is not an operator CA client certificate",
+			func(cert func() *tls.Certificate) {
+				before := historyLen(sbx)
+				_, err := guarded.as(cert()).try(touch("foreign-cert"))
+				refusedInHandshake(err)
+				Expect(historyLen(sbx)).To(Equal(before))
+				Expect(exists("foreign-cert")).To(BeFalse())
 			},
-			Entry("a ServiceAccount without a binding", func() string { return strangerToken }, func() string { return ns }, "exec", http.MethodPost),
-			Entry("a log reader trying exec", func() string { return logToken }, func() string { return ns }, "exec", http.MethodPost),
-			Entry("a log reader trying an upload", func() string { return logToken }, func() string { return ns }, "files", http.MethodPut),
-			Entry("a runner of another namespace", func() string { return otherNSToken }, func() string { return ns }, "exec", http.MethodPost),
+			Entry("self-signed, with the aggregator's name", func() *tls.Certificate {
+				return selfSignedClient(operatorca.AggregatorCommonName)
+			}),
+			Entry("from another CA that has the operator CA's name, with the aggregator's name", func() *tls.Certificate {
+				rogue, err := operatorca.NewCA(ca.Certificate().Subject.CommonName, time.Hour, time.Now())
+				Expect(err).NotTo(HaveOccurred())
+				return issueClient(rogue, operatorca.AggregatorCommonName)
+			}),
+			Entry("from the operator CA, but a node's serving certificate (server auth only)", func() *tls.Certificate {
+				c, err := ca.IssueNode(nodeName, time.Hour)
+				Expect(err).NotTo(HaveOccurred())
+				return c
+			}),
+			Entry("from the operator CA, but a serving certificate with the aggregator's name", func() *tls.Certificate {
+				c, err := ca.IssueServing([]string{operatorca.AggregatorCommonName, "localhost"}, time.Hour)
+				Expect(err).NotTo(HaveOccurred())
+				return c
+			}),
 		)
 
-		It("lets a log reader read logs and history", func() {
-			resp := api.do(request{method: http.MethodGet, namespace: ns, name: sbx.Name, subresource: "history", token: logToken})
-			Expect(resp.StatusCode).To(Equal(http.StatusOK))
-			resp.Body.Close()
-			resp = api.do(request{method: http.MethodGet, namespace: ns, name: sbx.Name, subresource: "log", token: logToken})
-			Expect(resp.StatusCode).To(Equal(http.StatusOK))
-			resp.Body.Close()
-		})
+		DescribeTable("answers 401 to an operator CA client certificate issued to anyone but the aggregated API server, and runs nothing",
+			func(commonName string) {
+				before := historyLen(sbx)
+				resp := guarded.as(issueClient(ca, commonName)).do(touch("other-cn"))
+				Expect(resp.StatusCode).To(Equal(http.StatusUnauthorized))
+				Expect(statusOf(resp).Reason).To(Equal(metav1.StatusReasonUnauthorized))
+				// It passed the handshake (the chain is good) and was
+				// refused by name.
+				Expect(guarded.seen.requests()).To(ConsistOf(HaveField("ClientCN", commonName)))
+				Expect(historyLen(sbx)).To(Equal(before))
+				Expect(exists("other-cn")).To(BeFalse())
+			},
+			Entry("a stranger", "someone"),
+			Entry("a node's name", operatorca.NodeCommonName(nodeName)),
+			Entry("kube-apiserver's front proxy", testenv.FrontProxyClientName),
+			Entry("the aggregator's name and more", operatorca.AggregatorCommonName+"-not"),
+		)
 
-		It("answers 403 for the same name in a namespace the caller is not bound in", func() {
-			other := waitReady(createSandbox(otherNS, sbx.Name))
-			Expect(api.exec(otherNS, other.Name, execToken, echo).status).To(Equal(http.StatusForbidden))
-			Expect(api.exec(otherNS, other.Name, otherNSToken, echo).status).To(Equal(http.StatusOK))
-		})
-
-		It("refuses impersonation to a caller without the impersonate permission", func() {
-			resp := api.do(request{method: http.MethodPost, namespace: ns, name: sbx.Name, subresource: "exec", token: noImpersonateToken,
-				header: http.Header{"Impersonate-User": {"alice"}, "Accept": {wire.ContentTypeNDJSON}}, body: strings.NewReader(`{"command":["true"]}`)})
-			Expect(resp.StatusCode).To(Equal(http.StatusForbidden))
-			st := statusOf(resp)
-			Expect(st.Message).To(ContainSubstring("impersonate"))
-		})
-
-		It("acts as the impersonated user, with that user's RBAC", func() {
-			impersonate := func(user string) int {
-				resp := api.do(request{method: http.MethodPost, namespace: ns, name: sbx.Name, subresource: "exec", token: impersonatorToken,
-					header: http.Header{authenticationv1.ImpersonateUserHeader: {user}}, body: strings.NewReader(`{"command":["echo","as-` + user + `"]}`)})
-				defer resp.Body.Close()
-				_, _ = io.Copy(io.Discard, resp.Body)
-				return resp.StatusCode
-			}
-			Expect(impersonate("alice")).To(Equal(http.StatusOK))
+		It("runs a command for the user that the aggregated API server names, and records that user", func() {
+			alice := &caller{user: "alice@example.com", uid: "alice-uid", groups: []string{"devs", "system:authenticated"},
+				extra: map[string][]string{"scopes": {"sandbox"}}}
+			body, err := json.Marshal(execio.Request{Command: []string{"echo", "as-alice"}})
+			Expect(err).NotTo(HaveOccurred())
+			// An impersonation header means nothing here.
+			resp := guarded.do(request{method: http.MethodPost, namespace: ns, name: sbx.Name, subresource: wire.SubresourceExec, as: alice,
+				header: http.Header{"Impersonate-User": {"system:admin"}, "Impersonate-Group": {"system:masters"}}, body: bytes.NewReader(body)})
+			Expect(resp.StatusCode).To(Equal(http.StatusOK), lazyBody(resp))
+			Expect(readAll(resp)).To(ContainSubstring(`"result":{`))
 			recs, err := hist.Tail(string(sbx.UID), 1)
 			Expect(err).NotTo(HaveOccurred())
 			Expect(recs).To(HaveLen(1))
-			Expect(recs[0].Caller).To(Equal("alice"))
 			Expect(recs[0].Command).To(Equal([]string{"echo", "as-alice"}))
-			// bob has no binding: impersonating him gives his rights.
-			Expect(impersonate("bob")).To(Equal(http.StatusForbidden))
-			// The impersonator itself has no exec role.
-			resp := api.do(request{method: http.MethodPost, namespace: ns, name: sbx.Name, subresource: "exec", token: impersonatorToken,
-				body: strings.NewReader(`{"command":["true"]}`)})
-			Expect(resp.StatusCode).To(Equal(http.StatusForbidden))
-			resp.Body.Close()
-		})
+			Expect(recs[0].Caller).To(Equal(alice.user))
+			Expect(guarded.seen.requests()).To(ConsistOf(HaveField("ClientCN", operatorca.AggregatorCommonName)))
 
-		It("accepts client certificates signed by the client CA and refuses others", func() {
-			client := pinnedClient(api.Cert.SHA256, clientCA.clientCert("carol"))
-			ts := *api
-			ts.client = client
-			res := ts.exec(ns, sbx.Name, "", echo)
+			res := guarded.exec(ns, sbx.Name, echo)
 			Expect(res.status).To(Equal(http.StatusOK))
-			Expect(res.stdout.String()).To(Equal("hi\n"))
-
-			ts.client = pinnedClient(api.Cert.SHA256, newTestCA("rogue").clientCert("carol"))
-			Expect(ts.exec(ns, sbx.Name, "", echo).status).To(Equal(http.StatusUnauthorized))
-			ts.client = pinnedClient(api.Cert.SHA256, clientCA.clientCert("mallory"))
-			Expect(ts.exec(ns, sbx.Name, "", echo).status).To(Equal(http.StatusForbidden))
+			recs, err = hist.Tail(string(sbx.UID), 1)
+			Expect(err).NotTo(HaveOccurred())
+			Expect(recs[0].Caller).To(Equal(runner.user))
 		})
 
-		It("fails the TLS handshake for a client pinning another certificate", func() {
-			ts := *api
-			ts.client = pinnedClient(strings.Repeat("0", 64), nil)
-			_, err := ts.try(request{method: http.MethodPost, namespace: ns, name: sbx.Name, subresource: "exec", token: execToken,
-				body: strings.NewReader(`{"command":["true"]}`)})
-			Expect(err).To(MatchError(ContainSubstring("does not match the pinned")))
+		It("needs no Authorization header from the aggregator, ignores one, and strips it before serving", func() {
+			token := cp.ServiceAccountToken(ns, "bystander")
+			for i, authz := range []string{"", "Bearer " + token, "Bearer garbage"} {
+				r := request{method: http.MethodPost, namespace: ns, name: sbx.Name, subresource: wire.SubresourceExec,
+					body: strings.NewReader(fmt.Sprintf(`{"command":["echo","authz-%d"]}`, i))}
+				if authz != "" {
+					r.header = http.Header{"Authorization": {authz}}
+				}
+				resp := guarded.do(r)
+				Expect(resp.StatusCode).To(Equal(http.StatusOK), lazyBody(resp))
+				Expect(readAll(resp)).To(ContainSubstring(`"exitCode":0`))
+				recs, err := hist.Tail(string(sbx.UID), 1)
+				Expect(err).NotTo(HaveOccurred())
+				Expect(recs[0].Command).To(Equal([]string{"echo", fmt.Sprintf("authz-%d", i)}))
+				Expect(recs[0].Caller).To(Equal(runner.user), "the token's owner is not the caller")
+			}
+			Eventually(guarded.seen.requests).Should(HaveEach(HaveField("Done", true)))
+			seen := guarded.seen.requests()
+			Expect(seen).To(HaveLen(3))
+			for i, s := range seen[1:] {
+				Expect(s.AuthBefore).NotTo(BeEmpty(), "request %d", i+1)
+				Expect(s.AuthAfter).To(BeEmpty(), "request %d kept its Authorization header", i+1)
+			}
+		})
+
+		It("answers 401 to the aggregated API server when it names no user, and runs nothing", func() {
+			before := historyLen(sbx)
+			for _, as := range []*caller{anonymous, {groups: []string{"system:masters"}}, {uid: "someone", extra: map[string][]string{"scopes": {"all"}}}} {
+				r := touch("no-user")
+				r.as = as
+				resp := guarded.do(r)
+				Expect(resp.StatusCode).To(Equal(http.StatusUnauthorized), "as %+v", *as)
+				Expect(statusOf(resp).Reason).To(Equal(metav1.StatusReasonUnauthorized))
+			}
+			Expect(guarded.seen.requests()).To(HaveLen(3))
+			Expect(historyLen(sbx)).To(Equal(before))
+			Expect(exists("no-user")).To(BeFalse())
+		})
+
+		It("serves a certificate from the operator CA that names its node, and only that node", func() {
+			dial := func(endpoint string, verify func(tls.ConnectionState) error) (tls.ConnectionState, error) {
+				conn, err := tls.Dial("tcp", strings.TrimPrefix(endpoint, "https://"), &tls.Config{
+					MinVersion: tls.VersionTLS12, Certificates: []tls.Certificate{*aggregatorCert},
+					InsecureSkipVerify: true, //nolint:gosec // verified in VerifyConnection
+					VerifyConnection:   verify,
+				})
+				if err != nil {
+					return tls.ConnectionState{}, err
+				}
+				defer conn.Close()
+				return conn.ConnectionState(), nil
+			}
+			// The manager's server.
+			state, err := dial(api.Endpoint, operatorca.VerifyNode(ca.Pool, nodeName))
+			Expect(err).NotTo(HaveOccurred())
+			leaf := state.PeerCertificates[0]
+			Expect(leaf.Subject.CommonName).To(Equal(operatorca.NodeCommonName(nodeName)))
+			Expect(ca.Signed(leaf)).To(BeTrue())
+			_, err = dial(api.Endpoint, operatorca.VerifyNode(ca.Pool, testNodePrefix+"elsewhere"))
+			Expect(err).To(MatchError(ContainSubstring("names %q", operatorca.NodeCommonName(nodeName))))
+			rogue, err := operatorca.NewCA(ca.Certificate().Subject.CommonName, time.Hour, time.Now())
+			Expect(err).NotTo(HaveOccurred())
+			_, err = dial(api.Endpoint, operatorca.VerifyNode(rogue.Pool, nodeName))
+			Expect(err).To(MatchError(ContainSubstring("not from the operator CA")))
+
+			// A client that expects another node sends it nothing.
+			_, err = wrapServer(guarded.NodeAPI, testNodePrefix+"elsewhere").try(touch("wrong-node"))
+			Expect(err).To(MatchError(ContainSubstring("names")))
+			Expect(guarded.seen.requests()).To(BeEmpty())
+			Expect(exists("wrong-node")).To(BeFalse())
 		})
 	})
 
 	Context("which Sandboxes it serves", func() {
 		It("answers 404 for a missing Sandbox", func() {
-			res := api.exec(ns, "does-not-exist", execToken, echo)
+			res := api.exec(ns, "does-not-exist", echo)
 			Expect(res.status).To(Equal(http.StatusNotFound))
 			Expect(res.stdout.String()).To(ContainSubstring("not found"))
+		})
+
+		It("serves the Sandbox of the path's namespace, not another of the same name", func() {
+			other := waitReady(createSandbox(otherNS, sbx.Name))
+			res := api.exec(otherNS, other.Name, execio.Request{Shell: "echo other > /app/which && echo ok"})
+			Expect(res.stdout.String()).To(Equal("ok\n"), res.stderr.String())
+			res = api.exec(ns, sbx.Name, execio.Request{Shell: "cat /app/which 2>/dev/null || echo none"})
+			Expect(res.stdout.String()).To(Equal("none\n"))
+			res = api.exec(otherNS, other.Name, execio.Request{Command: []string{"cat", "/app/which"}})
+			Expect(res.stdout.String()).To(Equal("other\n"))
+			recs, err := hist.Tail(string(other.UID), 0)
+			Expect(err).NotTo(HaveOccurred())
+			Expect(recs).To(HaveLen(2))
 		})
 
 		It("answers 404 for a Sandbox on another node, even one claiming our container", func() {
 			other := createSandbox(ns, uniqueName("elsewhere"), func(s *sandboxv1alpha1.Sandbox) { s.Spec.NodeName = "" + testNodePrefix + "nobody" })
 			setStatus(other, testNodePrefix+"nobody", sbx.Status.ContainerID)
-			res := api.exec(ns, other.Name, execToken, echo)
+			res := api.exec(ns, other.Name, echo)
 			Expect(res.status).To(Equal(http.StatusNotFound))
 			Expect(res.stdout.String()).To(ContainSubstring("runs on node " + testNodePrefix + "nobody"))
 		})
@@ -215,9 +296,14 @@ var _ = Describe("Node API", Ordered, ContinueOnFailure, func() {
 				s.Spec.ImagePullPolicy = sandboxv1alpha1.PullNever
 			})
 			Eventually(readyReason(broken), 30*time.Second).Should(Equal("False/ImageNotFound"))
-			res := api.exec(ns, broken.Name, execToken, echo)
-			Expect(res.status).To(Equal(http.StatusConflict))
-			Expect(res.stdout.String()).To(ContainSubstring("ImageNotFound"))
+			// The server reads through the manager's cache, which may be a
+			// moment behind (still Provisioning): 409 either way.
+			Eventually(func(g Gomega) {
+				res := api.exec(ns, broken.Name, echo)
+				g.Expect(res.status).To(Equal(http.StatusConflict))
+				g.Expect(res.stdout.String()).To(ContainSubstring("ImageNotFound"))
+			}, 5*time.Second, 100*time.Millisecond).Should(Succeed())
+			Expect(historyLen(broken)).To(BeZero())
 		})
 
 		It("refuses a container that is not the Sandbox's own, whatever status.containerID says", func() {
@@ -228,7 +314,7 @@ var _ = Describe("Node API", Ordered, ContinueOnFailure, func() {
 			forged := createSandbox(ns, uniqueName("forged"), func(s *sandboxv1alpha1.Sandbox) { s.Spec.NodeName = ghostNode })
 			setStatus(forged, ghostNode, sbx.Status.ContainerID)
 			before := historyLen(sbx)
-			res := ghost.exec(ns, forged.Name, execToken, execio.Request{Command: []string{"touch", "/app/forged"}})
+			res := ghost.exec(ns, forged.Name, execio.Request{Command: []string{"touch", "/app/forged"}})
 			Expect(res.status).To(Equal(http.StatusConflict))
 			Expect(res.stdout.String()).To(ContainSubstring("not the sandbox's own container"))
 			Expect(historyLen(sbx)).To(Equal(before))
@@ -240,7 +326,7 @@ var _ = Describe("Node API", Ordered, ContinueOnFailure, func() {
 			defer dead.Close()
 			down := newTestServer(serverOptions{node: nodeName, runtime: dead, reader: k8sClient}).start()
 			start := time.Now()
-			resp := down.do(request{method: http.MethodPost, namespace: ns, name: sbx.Name, subresource: "exec", token: execToken,
+			resp := down.do(request{method: http.MethodPost, namespace: ns, name: sbx.Name, subresource: "exec",
 				body: strings.NewReader(`{"command":["true"]}`)})
 			Expect(time.Since(start)).To(BeNumerically("<", 3*time.Second))
 			Expect(resp.StatusCode).To(Equal(http.StatusServiceUnavailable))
@@ -248,17 +334,17 @@ var _ = Describe("Node API", Ordered, ContinueOnFailure, func() {
 			st := statusOf(resp)
 			Expect(st.Message).To(ContainSubstring("Docker Engine is unavailable"))
 			for _, sub := range []string{"log", "files"} {
-				resp := down.do(request{method: http.MethodGet, namespace: ns, name: sbx.Name, subresource: sub, token: execToken, query: "path=."})
+				resp := down.do(request{method: http.MethodGet, namespace: ns, name: sbx.Name, subresource: sub, query: "path=."})
 				Expect(resp.StatusCode).To(Equal(http.StatusServiceUnavailable), sub)
 				resp.Body.Close()
 			}
-			Expect(api.exec(ns, sbx.Name, execToken, echo).status).To(Equal(http.StatusOK))
+			Expect(api.exec(ns, sbx.Name, echo).status).To(Equal(http.StatusOK))
 		})
 
 		It("refuses more concurrent commands than the per-Sandbox limit with 429", func() {
 			limited := newTestServer(serverOptions{node: nodeName, runtime: docker, reader: k8sClient, maxExecsPerSandbox: 1}).start()
 			body, _ := json.Marshal(execio.Request{Shell: "echo started; sleep 2"})
-			resp := limited.do(request{method: http.MethodPost, namespace: ns, name: sbx.Name, subresource: "exec", token: execToken, body: bytes.NewReader(body)})
+			resp := limited.do(request{method: http.MethodPost, namespace: ns, name: sbx.Name, subresource: "exec", body: bytes.NewReader(body)})
 			Expect(resp.StatusCode).To(Equal(http.StatusOK))
 			defer resp.Body.Close()
 			frames := make(chan wire.Frame, 10)
@@ -269,32 +355,37 @@ var _ = Describe("Node API", Ordered, ContinueOnFailure, func() {
 			}()
 			Eventually(frames, 5*time.Second).Should(Receive(HaveField("Stream", wire.StreamStdout)))
 			// The first command holds the only slot until it ends.
-			busy := limited.do(request{method: http.MethodPost, namespace: ns, name: sbx.Name, subresource: "exec", token: execToken, body: strings.NewReader(`{"command":["true"]}`)})
+			busy := limited.do(request{method: http.MethodPost, namespace: ns, name: sbx.Name, subresource: "exec", body: strings.NewReader(`{"command":["true"]}`)})
 			Expect(busy.StatusCode).To(Equal(http.StatusTooManyRequests))
 			Expect(busy.Header.Get("Retry-After")).To(Equal("1"))
 			Expect(statusOf(busy).Message).To(ContainSubstring("limit"))
 			Eventually(frames, 5*time.Second).Should(Receive(HaveField("Result.ExitCode", 0)))
-			Expect(limited.exec(ns, sbx.Name, execToken, echo).status).To(Equal(http.StatusOK))
+			Expect(limited.exec(ns, sbx.Name, echo).status).To(Equal(http.StatusOK))
 		})
 
 		It("answers 400 for invalid requests, naming the problem", func() {
-			res := api.exec(ns, sbx.Name, execToken, execio.Request{Command: []string{"echo"}, Shell: "echo"})
+			res := api.exec(ns, sbx.Name, execio.Request{Command: []string{"echo"}, Shell: "echo"})
 			Expect(res.status).To(Equal(http.StatusBadRequest))
 			Expect(res.stdout.String()).To(ContainSubstring("exactly one of command and shell"))
-			res = api.exec(ns, sbx.Name, execToken, execio.Request{Command: []string{"true"}, WorkingDir: "/proc/self/fd/7"})
+			res = api.exec(ns, sbx.Name, execio.Request{Command: []string{"true"}, WorkingDir: "/proc/self/fd/7"})
 			Expect(res.status).To(Equal(http.StatusBadRequest))
-			resp := api.do(request{method: http.MethodPost, namespace: ns, name: sbx.Name, subresource: "exec", token: execToken, body: strings.NewReader("{not json")})
+			resp := api.do(request{method: http.MethodPost, namespace: ns, name: sbx.Name, subresource: "exec", body: strings.NewReader("{not json")})
 			Expect(resp.StatusCode).To(Equal(http.StatusBadRequest))
 			resp.Body.Close()
-			resp = api.do(request{method: http.MethodGet, namespace: ns, name: sbx.Name, subresource: "exec", token: execToken})
+			resp = api.do(request{method: http.MethodGet, namespace: ns, name: sbx.Name, subresource: "exec"})
 			Expect(resp.StatusCode).To(Equal(http.StatusMethodNotAllowed))
 			resp.Body.Close()
+			// Uploads are POST; PUT is not an upload.
+			resp = api.do(request{method: http.MethodPut, namespace: ns, name: sbx.Name, subresource: "files", query: "path=put",
+				header: http.Header{"Content-Type": {wire.ContentTypeBinary}}, body: strings.NewReader("x")})
+			Expect(resp.StatusCode).To(Equal(http.StatusMethodNotAllowed))
+			Expect(statusOf(resp).Message).To(ContainSubstring("POST"))
 		})
 	})
 
 	Context("exec", func() {
 		It("streams output as it arrives, in order, and reports the exit code", func() {
-			res := api.exec(ns, sbx.Name, execToken, execio.Request{Shell: "echo one; sleep 1.5; echo two >&2; echo three; exit 3"})
+			res := api.exec(ns, sbx.Name, execio.Request{Shell: "echo one; sleep 1.5; echo two >&2; echo three; exit 3"})
 			Expect(res.status).To(Equal(http.StatusOK))
 			Expect(res.stdout.String()).To(Equal("one\nthree\n"))
 			Expect(res.stderr.String()).To(Equal("two\n"))
@@ -306,7 +397,7 @@ var _ = Describe("Node API", Ordered, ContinueOnFailure, func() {
 		})
 
 		It("kills the whole tree on timeout and says so", func() {
-			res := api.exec(ns, sbx.Name, execToken, execio.Request{Shell: "sleep 1000 & sleep 1000", TimeoutSeconds: 1})
+			res := api.exec(ns, sbx.Name, execio.Request{Shell: "sleep 1000 & sleep 1000", TimeoutSeconds: 1})
 			Expect(res.status).To(Equal(http.StatusOK))
 			Expect(res.result).NotTo(BeNil(), "error frame: %s", res.errorFrame)
 			Expect(res.result.TimedOut).To(BeTrue())
@@ -315,7 +406,7 @@ var _ = Describe("Node API", Ordered, ContinueOnFailure, func() {
 			Expect(err).NotTo(HaveOccurred())
 			Expect(recs[0].Shell).To(Equal("sleep 1000 & sleep 1000"))
 			Expect(recs[0].TimedOut).To(BeTrue())
-			Eventually(sleepers(ns, sbx.Name, execToken), 5*time.Second).Should(Equal("0"))
+			Eventually(sleepers(ns, sbx.Name), 5*time.Second).Should(Equal("0"))
 		})
 
 		It("caps a 100 MiB flood at the output limit with bounded memory", func() {
@@ -338,7 +429,7 @@ var _ = Describe("Node API", Ordered, ContinueOnFailure, func() {
 					}
 				}
 			}()
-			res := api.exec(ns, sbx.Name, execToken, execio.Request{Shell: "head -c 104857600 /dev/zero"})
+			res := api.exec(ns, sbx.Name, execio.Request{Shell: "head -c 104857600 /dev/zero"})
 			close(stop)
 			<-sampled
 			Expect(res.status).To(Equal(http.StatusOK))
@@ -360,7 +451,7 @@ var _ = Describe("Node API", Ordered, ContinueOnFailure, func() {
 				go func() {
 					defer GinkgoRecover()
 					defer wg.Done()
-					results[i] = api.exec(ns, sbx.Name, execToken, execio.Request{Command: []string{"echo", fmt.Sprint(i)}})
+					results[i] = api.exec(ns, sbx.Name, execio.Request{Command: []string{"echo", fmt.Sprint(i)}})
 				}()
 			}
 			wg.Wait()
@@ -375,16 +466,16 @@ var _ = Describe("Node API", Ordered, ContinueOnFailure, func() {
 			ctx, cancel := context.WithCancel(context.Background())
 			defer cancel()
 			body, _ := json.Marshal(execio.Request{Shell: "echo started; sleep 1000"})
-			resp := api.do(request{ctx: ctx, method: http.MethodPost, namespace: ns, name: sbx.Name, subresource: "exec", token: execToken, body: bytes.NewReader(body)})
+			resp := api.do(request{ctx: ctx, method: http.MethodPost, namespace: ns, name: sbx.Name, subresource: "exec", body: bytes.NewReader(body)})
 			Expect(resp.StatusCode).To(Equal(http.StatusOK))
 			line := make([]byte, 4096)
 			n, err := resp.Body.Read(line)
 			Expect(err).NotTo(HaveOccurred())
 			Expect(string(line[:n])).To(ContainSubstring(`"stream":"stdout"`))
-			Expect(sleepers(ns, sbx.Name, execToken)()).To(Equal("1"))
+			Expect(sleepers(ns, sbx.Name)()).To(Equal("1"))
 			cancel()
 			resp.Body.Close()
-			Eventually(sleepers(ns, sbx.Name, execToken), 10*time.Second, 200*time.Millisecond).Should(Equal("0"))
+			Eventually(sleepers(ns, sbx.Name), 10*time.Second, 200*time.Millisecond).Should(Equal("0"))
 			Eventually(func() string {
 				recs, _ := hist.Tail(string(sbx.UID), 10)
 				for _, r := range recs {
@@ -398,16 +489,16 @@ var _ = Describe("Node API", Ordered, ContinueOnFailure, func() {
 	})
 
 	Context("files", func() {
-		put := func(path, contentType string, body []byte, extra string) *http.Response {
+		upload := func(path, contentType string, body []byte, extra string) *http.Response {
 			q := "path=" + url.QueryEscape(path)
 			if extra != "" {
 				q += "&" + extra
 			}
-			return api.do(request{method: http.MethodPut, namespace: ns, name: sbx.Name, subresource: "files", token: execToken, query: q,
+			return api.do(request{method: http.MethodPost, namespace: ns, name: sbx.Name, subresource: "files", query: q,
 				header: http.Header{"Content-Type": {contentType}}, body: bytes.NewReader(body)})
 		}
 		get := func(path string) *http.Response {
-			return api.do(request{method: http.MethodGet, namespace: ns, name: sbx.Name, subresource: "files", token: execToken, query: "path=" + url.QueryEscape(path)})
+			return api.do(request{method: http.MethodGet, namespace: ns, name: sbx.Name, subresource: "files", query: "path=" + url.QueryEscape(path)})
 		}
 
 		It("round-trips a tar tree byte for byte", func() {
@@ -422,7 +513,7 @@ var _ = Describe("Node API", Ordered, ContinueOnFailure, func() {
 				Expect(err).NotTo(HaveOccurred())
 			}
 			Expect(tw.Close()).To(Succeed())
-			resp := put("tree", wire.ContentTypeTar, buf.Bytes(), "")
+			resp := upload("tree", wire.ContentTypeTar, buf.Bytes(), "")
 			Expect(resp.StatusCode).To(Equal(http.StatusOK), lazyBody(resp))
 			var stats execio.TransferStats
 			Expect(json.NewDecoder(resp.Body).Decode(&stats)).To(Succeed())
@@ -443,10 +534,10 @@ var _ = Describe("Node API", Ordered, ContinueOnFailure, func() {
 
 		It("writes a single file with its mode and reads it back", func() {
 			data := randomBytes(123457)
-			resp := put("single/dir/file.bin", wire.ContentTypeBinary, data, "mode=0600")
+			resp := upload("single/dir/file.bin", wire.ContentTypeBinary, data, "mode=0600")
 			Expect(resp.StatusCode).To(Equal(http.StatusOK), lazyBody(resp))
 			resp.Body.Close()
-			res := api.exec(ns, sbx.Name, execToken, execio.Request{Command: []string{"stat", "-c", "%a %s", "/app/single/dir/file.bin"}})
+			res := api.exec(ns, sbx.Name, execio.Request{Command: []string{"stat", "-c", "%a %s", "/app/single/dir/file.bin"}})
 			Expect(res.stdout.String()).To(Equal(fmt.Sprintf("600 %d\n", len(data))))
 			resp = get("single/dir/file.bin")
 			Expect(resp.StatusCode).To(Equal(http.StatusOK))
@@ -461,7 +552,7 @@ var _ = Describe("Node API", Ordered, ContinueOnFailure, func() {
 				resp := get(path)
 				Expect(resp.StatusCode).To(Equal(http.StatusBadRequest), path)
 				Expect(statusOf(resp).Message).To(ContainSubstring("invalid path"))
-				resp = put(path, wire.ContentTypeBinary, []byte("x"), "")
+				resp = upload(path, wire.ContentTypeBinary, []byte("x"), "")
 				Expect(resp.StatusCode).To(Equal(http.StatusBadRequest), path)
 				resp.Body.Close()
 			},
@@ -473,7 +564,7 @@ var _ = Describe("Node API", Ordered, ContinueOnFailure, func() {
 		)
 
 		It("never follows a symlink out of the sandbox's directories", func() {
-			res := api.exec(ns, sbx.Name, execToken, execio.Request{Shell: "ln -s / /app/out && ln -s /etc /app/etc-link && echo ok"})
+			res := api.exec(ns, sbx.Name, execio.Request{Shell: "ln -s / /app/out && ln -s /etc /app/etc-link && echo ok"})
 			Expect(res.stdout.String()).To(Equal("ok\n"))
 			for _, p := range []string{"out/etc/passwd", "etc-link/passwd"} {
 				resp := get(p)
@@ -492,19 +583,19 @@ var _ = Describe("Node API", Ordered, ContinueOnFailure, func() {
 			Expect(err).To(Equal(io.EOF))
 			resp.Body.Close()
 			for _, p := range []string{"out/tmp/escaped", "etc-link/escaped"} {
-				resp := put(p, wire.ContentTypeBinary, []byte("x"), "")
-				Expect(resp.StatusCode).To(BeNumerically(">=", 400), "PUT %s", p)
+				resp := upload(p, wire.ContentTypeBinary, []byte("x"), "")
+				Expect(resp.StatusCode).To(BeNumerically(">=", 400), "POST %s", p)
 				resp.Body.Close()
 			}
-			res = api.exec(ns, sbx.Name, execToken, execio.Request{Shell: "ls /tmp/escaped /etc/escaped 2>&1 | grep -c 'No such file'"})
+			res = api.exec(ns, sbx.Name, execio.Request{Shell: "ls /tmp/escaped /etc/escaped 2>&1 | grep -c 'No such file'"})
 			Expect(res.stdout.String()).To(Equal("2\n"))
 		})
 
 		It("refuses uploads and downloads beyond the transfer limit with 413", func() {
-			resp := put("too-big", wire.ContentTypeBinary, make([]byte, testTransferLimit+1), "")
+			resp := upload("too-big", wire.ContentTypeBinary, make([]byte, testTransferLimit+1), "")
 			Expect(resp.StatusCode).To(Equal(http.StatusRequestEntityTooLarge))
 			resp.Body.Close()
-			res := api.exec(ns, sbx.Name, execToken, execio.Request{Shell: fmt.Sprintf("head -c %d /dev/zero > /app/big && echo ok", testTransferLimit+(1<<20))})
+			res := api.exec(ns, sbx.Name, execio.Request{Shell: fmt.Sprintf("head -c %d /dev/zero > /app/big && echo ok", testTransferLimit+(1<<20))})
 			Expect(res.stdout.String()).To(Equal("ok\n"))
 			resp = get("big")
 			if resp.StatusCode == http.StatusOK {
@@ -529,15 +620,15 @@ var _ = Describe("Node API", Ordered, ContinueOnFailure, func() {
 				s.Spec.Command = []string{"sh", "-c", `echo first; i=0; while true; do i=$((i+1)); echo "tick $i"; sleep 0.2; done`}
 			}))
 			Eventually(func() string {
-				resp := api.do(request{method: http.MethodGet, namespace: ns, name: talker.Name, subresource: "log", token: logToken})
+				resp := api.do(request{method: http.MethodGet, namespace: ns, name: talker.Name, subresource: "log"})
 				return readAll(resp)
 			}, 10*time.Second).Should(ContainSubstring("tick 3"))
-			resp := api.do(request{method: http.MethodGet, namespace: ns, name: talker.Name, subresource: "log", token: logToken, query: "tail=1"})
+			resp := api.do(request{method: http.MethodGet, namespace: ns, name: talker.Name, subresource: "log", query: "tail=1"})
 			Expect(strings.Count(readAll(resp), "\n")).To(Equal(1))
 
 			ctx, cancel := context.WithCancel(context.Background())
 			defer cancel()
-			resp = api.do(request{ctx: ctx, method: http.MethodGet, namespace: ns, name: talker.Name, subresource: "log", token: logToken, query: "tail=1&follow=true"})
+			resp = api.do(request{ctx: ctx, method: http.MethodGet, namespace: ns, name: talker.Name, subresource: "log", query: "tail=1&follow=true"})
 			Expect(resp.StatusCode).To(Equal(http.StatusOK))
 			var seen bytes.Buffer
 			buf := make([]byte, 1024)
@@ -553,21 +644,21 @@ var _ = Describe("Node API", Ordered, ContinueOnFailure, func() {
 		It("tails and follows the exec history", func() {
 			h := waitReady(createSandbox(ns, uniqueName("hist")))
 			for i := range 3 {
-				Expect(api.exec(ns, h.Name, execToken, execio.Request{Command: []string{"echo", fmt.Sprint(i)}}).status).To(Equal(http.StatusOK))
+				Expect(api.exec(ns, h.Name, execio.Request{Command: []string{"echo", fmt.Sprint(i)}}).status).To(Equal(http.StatusOK))
 			}
-			resp := api.do(request{method: http.MethodGet, namespace: ns, name: h.Name, subresource: "history", token: logToken, query: "tail=2"})
+			resp := api.do(request{method: http.MethodGet, namespace: ns, name: h.Name, subresource: "history", query: "tail=2"})
 			Expect(resp.Header.Get("Content-Type")).To(Equal(wire.ContentTypeNDJSON))
 			recs := decodeRecords(resp.Body)
 			resp.Body.Close()
 			Expect(recs).To(HaveLen(2))
 			Expect(recs[0].Command).To(Equal([]string{"echo", "1"}))
 			Expect(recs[1].Command).To(Equal([]string{"echo", "2"}))
-			Expect(recs[1].Caller).To(Equal("system:serviceaccount:" + ns + ":runner"))
+			Expect(recs[1].Caller).To(Equal(runner.user))
 			Expect(recs[1].ExitCode).To(Equal(0))
 
 			ctx, cancel := context.WithCancel(context.Background())
 			defer cancel()
-			resp = api.do(request{ctx: ctx, method: http.MethodGet, namespace: ns, name: h.Name, subresource: "history", token: logToken, query: "tail=1&follow=true"})
+			resp = api.do(request{ctx: ctx, method: http.MethodGet, namespace: ns, name: h.Name, subresource: "history", query: "tail=1&follow=true"})
 			Expect(resp.StatusCode).To(Equal(http.StatusOK))
 			lines := make(chan history.Record, 10)
 			go func() {
@@ -582,7 +673,7 @@ var _ = Describe("Node API", Ordered, ContinueOnFailure, func() {
 				}
 			}()
 			Eventually(lines, 5*time.Second).Should(Receive(WithTransform(func(r history.Record) []string { return r.Command }, Equal([]string{"echo", "2"}))))
-			Expect(api.exec(ns, h.Name, execToken, execio.Request{Command: []string{"false"}}).status).To(Equal(http.StatusOK))
+			Expect(api.exec(ns, h.Name, execio.Request{Command: []string{"false"}}).status).To(Equal(http.StatusOK))
 			var next history.Record
 			Eventually(lines, 5*time.Second).Should(Receive(&next))
 			Expect(next.Command).To(Equal([]string{"false"}))
@@ -593,7 +684,7 @@ var _ = Describe("Node API", Ordered, ContinueOnFailure, func() {
 
 		It("deletes the history when the Sandbox is deleted", func() {
 			h := waitReady(createSandbox(ns, uniqueName("gone")))
-			Expect(api.exec(ns, h.Name, execToken, echo).status).To(Equal(http.StatusOK))
+			Expect(api.exec(ns, h.Name, echo).status).To(Equal(http.StatusOK))
 			Expect(hist.Tail(string(h.UID), 0)).To(HaveLen(1))
 			Expect(k8sClient.Delete(context.Background(), h)).To(Succeed())
 			Eventually(func() bool {
@@ -604,20 +695,27 @@ var _ = Describe("Node API", Ordered, ContinueOnFailure, func() {
 		})
 	})
 
-	It("clears the endpoint when the Sandbox stops running", func() {
+	It("keeps the endpoint of a Sandbox that stopped running, serving its logs and history but not exec", func() {
 		h := waitReady(createSandbox(ns, uniqueName("exits"), func(s *sandboxv1alpha1.Sandbox) {
-			s.Spec.Command = []string{"sh", "-c", "sleep 2; exit 4"}
+			s.Spec.Command = []string{"sh", "-c", "echo last words; sleep 3; exit 4"}
 		}))
-		Expect(h.Status.AgentEndpoint).To(Equal(api.Endpoint))
+		Expect(h.Status.NodeAPIEndpoint).To(Equal(api.Endpoint))
+		Expect(api.exec(ns, h.Name, echo).status).To(Equal(http.StatusOK))
 		Eventually(readyReason(h), 30*time.Second).Should(Equal("False/ContainerExited"))
+		// The endpoint is the node's: the aggregated API server still needs
+		// it to reach the logs and history of the dead container.
 		latest := getSandbox(h)
-		Expect(latest.Status.AgentEndpoint).To(BeEmpty())
-		Expect(latest.Status.AgentCertSHA256).To(BeEmpty())
-		// Logs of the dead container stay readable; exec is refused.
-		Expect(api.exec(ns, h.Name, execToken, echo).status).To(Equal(http.StatusConflict))
-		resp := api.do(request{method: http.MethodGet, namespace: ns, name: h.Name, subresource: "log", token: execToken})
+		Expect(latest.Status.NodeAPIEndpoint).To(Equal(api.Endpoint))
+		Expect(api.exec(ns, h.Name, echo).status).To(Equal(http.StatusConflict))
+		resp := api.do(request{method: http.MethodGet, namespace: ns, name: h.Name, subresource: "log"})
 		Expect(resp.StatusCode).To(Equal(http.StatusOK))
+		Expect(readAll(resp)).To(ContainSubstring("last words"))
+		resp = api.do(request{method: http.MethodGet, namespace: ns, name: h.Name, subresource: "history"})
+		Expect(resp.StatusCode).To(Equal(http.StatusOK))
+		recs := decodeRecords(resp.Body)
 		resp.Body.Close()
+		Expect(recs).To(HaveLen(1))
+		Expect(recs[0].Command).To(Equal(echo.Command))
 	})
 })
 
@@ -641,9 +739,9 @@ func setStatus(sbx *sandboxv1alpha1.Sandbox, node, containerID string) {
 }
 
 // sleepers counts `sleep 1000` processes in the sandbox.
-func sleepers(ns, name, token string) func() string {
+func sleepers(ns, name string) func() string {
 	return func() string {
-		res := api.exec(ns, name, token, execio.Request{Shell: "ps -o args | grep -c '^[s]leep 1000'"})
+		res := api.exec(ns, name, execio.Request{Shell: "ps -o args | grep -c '^[s]leep 1000'"})
 		return strings.TrimSpace(res.stdout.String())
 	}
 }

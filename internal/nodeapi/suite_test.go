@@ -17,25 +17,19 @@ import (
 	"crypto/x509"
 	"crypto/x509/pkix"
 	"encoding/json"
-	"encoding/pem"
 	"fmt"
 	"io"
 	"math/big"
 	"net/http"
-	"os"
-	"path/filepath"
+	"sync"
 	"testing"
 	"time"
-
-	"github.com/code-sandbox/code-sandbox-operator/internal/testenv"
-	"github.com/code-sandbox/code-sandbox-operator/internal/testenv/testnode"
-
-	"github.com/code-sandbox/code-sandbox-operator/internal/nodeapi/wire"
 
 	dockerclient "github.com/docker/docker/client"
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
-	rbacv1 "k8s.io/api/rbac/v1"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -45,6 +39,10 @@ import (
 	"github.com/code-sandbox/code-sandbox-operator/internal/execio"
 	"github.com/code-sandbox/code-sandbox-operator/internal/history"
 	"github.com/code-sandbox/code-sandbox-operator/internal/nodeapi"
+	"github.com/code-sandbox/code-sandbox-operator/internal/nodeapi/wire"
+	"github.com/code-sandbox/code-sandbox-operator/internal/operatorca"
+	"github.com/code-sandbox/code-sandbox-operator/internal/testenv"
+	"github.com/code-sandbox/code-sandbox-operator/internal/testenv/testnode"
 )
 
 // Every node name starts with this, so that AfterSuite can remove whatever
@@ -62,10 +60,18 @@ var (
 
 	busyboxImage = testenv.BusyboxImage
 
+	// ca is the operator CA, kept in its Secret by a real Authority; it
+	// issues the node APIs' serving certificates and the client
+	// certificates of the specs.
+	ca *operatorca.CA
+	// aggregatorCert is the operator's aggregated API server's client
+	// certificate: the only client the node APIs serve.
+	aggregatorCert *tls.Certificate
+
 	// nodeName is the node of the manager and the main node API server.
 	nodeName = fmt.Sprintf("%s%d-%x", testNodePrefix, GinkgoParallelProcess(), time.Now().UnixNano()&0xffff)
 	// node is the manager for nodeName; api is its node API server, whose
-	// endpoint and pin the reconciler publishes.
+	// endpoint the reconciler publishes.
 	node *testnode.Node
 	api  *testServer
 	// hist is the history store shared by the main server and the
@@ -73,8 +79,6 @@ var (
 	hist *history.Store
 	// docker is the manager's runtime client.
 	docker *dockerruntime.Client
-	// clientCA signs client certificates the main server accepts.
-	clientCA *testCA
 )
 
 func TestNodeAPI(t *testing.T) {
@@ -87,20 +91,23 @@ var _ = BeforeSuite(func() {
 	cp = testenv.StartControlPlane()
 	k8sClient = cp.Client
 
-	// The ClusterRoles as shipped, so that the tests prove them.
-	cp.CreateShippedClusterRole("sandbox_exec_role.yaml")
-	cp.CreateShippedClusterRole("sandbox_editor_role.yaml")
-	cp.CreateClusterRole("sandbox-log-only",
-		rbacv1.PolicyRule{APIGroups: []string{sandboxv1alpha1.GroupVersion.Group}, Resources: []string{"sandboxes/log"}, Verbs: []string{"get"}})
-	cp.CreateClusterRole("impersonate-users",
-		rbacv1.PolicyRule{APIGroups: []string{""}, Resources: []string{"users", "groups"}, Verbs: []string{"impersonate"}})
+	// The operator CA as the control plane keeps it. The node API needs
+	// only the CA, not the aggregated API server (whose own suite covers
+	// authorisation), so the Operator carries just the Authority.
+	ctx := context.Background()
+	err := k8sClient.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: testnode.OperatorNamespace}})
+	if !apierrors.IsAlreadyExists(err) {
+		Expect(err).NotTo(HaveOccurred())
+	}
+	authority, err := operatorca.NewAuthority(k8sClient, operatorca.AuthorityOptions{Namespace: testnode.OperatorNamespace})
+	Expect(err).NotTo(HaveOccurred())
+	Expect(authority.Ensure(ctx)).To(Succeed())
+	ca = authority.Current()
+	aggregatorCert = issueClient(ca, operatorca.AggregatorCommonName)
 
-	clientCA = newTestCA("node-api-test-client-ca")
-	caFile := filepath.Join(GinkgoT().TempDir(), "client-ca.crt")
-	Expect(os.WriteFile(caFile, clientCA.certPEM, 0o600)).To(Succeed())
-
-	node = testnode.Start(cp, testnode.NodeOptions{Name: nodeName, ClientCAFile: caFile, FileTransferLimit: testTransferLimit})
-	api = wrapServer(node.API)
+	node = testnode.Start(cp, &testnode.Operator{Authority: authority},
+		testnode.NodeOptions{Name: nodeName, FileTransferLimit: testTransferLimit})
+	api = wrapServer(node.API, nodeName)
 	hist, docker = node.History, node.Docker
 })
 
@@ -112,15 +119,65 @@ var _ = AfterSuite(func() {
 	cp.Stop()
 })
 
-// testServer is one node API server on loopback with a client that pins
-// its certificate.
-type testServer struct {
-	*testnode.NodeAPI
-	client *http.Client
+// caller is an end user as the aggregated API server vouches for them, in
+// the front-proxy headers.
+type caller struct {
+	user, uid string
+	groups    []string
+	extra     map[string][]string
 }
 
-func wrapServer(a *testnode.NodeAPI) *testServer {
-	return &testServer{NodeAPI: a, client: pinnedClient(a.Cert.SHA256, nil)}
+// runner is the user of every spec that is not about identity.
+var runner = &caller{
+	user:   "system:serviceaccount:napi-callers:runner",
+	uid:    "0b8c6a1e-runner",
+	groups: []string{"system:serviceaccounts", "system:serviceaccounts:napi-callers", "system:authenticated"},
+}
+
+// anonymous sends no identity headers at all.
+var anonymous = &caller{}
+
+// setHeaders writes c as the aggregated API server does.
+func (c *caller) setHeaders(h http.Header) {
+	if c.user != "" {
+		h.Set(wire.HeaderRemoteUser, c.user)
+	}
+	if c.uid != "" {
+		h.Set(wire.HeaderRemoteUID, c.uid)
+	}
+	for _, g := range c.groups {
+		h.Add(wire.HeaderRemoteGroup, g)
+	}
+	for k, vs := range c.extra {
+		for _, v := range vs {
+			h.Add(wire.HeaderRemoteExtraPrefix+k, v)
+		}
+	}
+}
+
+// testServer is one node API server on loopback and a client that calls
+// it as the aggregated API server does: mutual TLS with the aggregator's
+// client certificate, trusting only the operator CA's certificate for the
+// server's node.
+type testServer struct {
+	*testnode.NodeAPI
+	node   string
+	client *http.Client
+	// seen is the log of requests that reached HTTP, for servers built
+	// with serverOptions.recordRequests.
+	seen *requestLog
+}
+
+func wrapServer(a *testnode.NodeAPI, node string) *testServer {
+	return &testServer{NodeAPI: a, node: node, client: nodeClient(node, aggregatorCert)}
+}
+
+// as is a copy of ts whose client presents cert (nil: none) instead of the
+// aggregator's.
+func (ts *testServer) as(cert *tls.Certificate) *testServer {
+	cp := *ts
+	cp.client = nodeClient(ts.node, cert)
+	return &cp
 }
 
 type serverOptions struct {
@@ -128,16 +185,26 @@ type serverOptions struct {
 	runtime            nodeapi.Runtime
 	reader             client.Reader
 	maxExecsPerSandbox int
+	// recordRequests logs every request that reaches the HTTP layer.
+	recordRequests bool
 }
 
-// newTestServer builds another server for this control plane, sharing the
+// newTestServer builds another server with the operator CA, sharing the
 // main server's history; start runs it.
 func newTestServer(o serverOptions) *testServer {
 	GinkgoHelper()
-	return wrapServer(testnode.NewNodeAPI(cp, testnode.NodeAPIOptions{
+	opts := testnode.NodeAPIOptions{
 		Node: o.node, Runtime: o.runtime, Reader: o.reader, History: hist,
 		FileTransferLimit: testTransferLimit, MaxExecsPerSandbox: o.maxExecsPerSandbox, DockerCheckTimeout: 3 * time.Second,
-	}))
+	}
+	var seen *requestLog
+	if o.recordRequests {
+		seen = &requestLog{}
+		opts.Middleware = seen.wrap
+	}
+	ts := wrapServer(testnode.NewNodeAPI(ca, opts), o.node)
+	ts.seen = seen
+	return ts
 }
 
 // start runs a server outside the manager until the test ends.
@@ -146,28 +213,117 @@ func (ts *testServer) start() *testServer {
 	return ts
 }
 
-// pinnedClient is a plain HTTP client that trusts exactly the certificate
-// with SHA-256 pin, optionally presenting a client certificate.
-func pinnedClient(pin string, clientCert *tls.Certificate) *http.Client {
-	tlsConfig := nodeapi.PinnedTLSConfig(pin)
-	if clientCert != nil {
-		tlsConfig.Certificates = []tls.Certificate{*clientCert}
+// nodeTLSConfig is the aggregated API server's client TLS configuration
+// for node: the server must prove it is that node with a certificate from
+// the operator CA; the client presents cert unless it is nil.
+func nodeTLSConfig(node string, cert *tls.Certificate) *tls.Config {
+	c := &tls.Config{
+		MinVersion: tls.VersionTLS12,
+		// VerifyNode checks the chain and the node name in place of Go's
+		// host name check (node certificates name no host).
+		InsecureSkipVerify: true, //nolint:gosec // verified in VerifyConnection
+		VerifyConnection:   operatorca.VerifyNode(ca.Pool, node),
 	}
+	if cert != nil {
+		c.Certificates = []tls.Certificate{*cert}
+	}
+	return c
+}
+
+func nodeClient(node string, cert *tls.Certificate) *http.Client {
 	return &http.Client{Transport: &http.Transport{
-		TLSClientConfig:     tlsConfig,
+		TLSClientConfig:     nodeTLSConfig(node, cert),
 		MaxIdleConnsPerHost: 100,
 	}}
+}
+
+// issueClient issues a client certificate from issuer for commonName.
+func issueClient(issuer *operatorca.CA, commonName string) *tls.Certificate {
+	GinkgoHelper()
+	c, err := issuer.IssueClient(commonName, nil, time.Hour)
+	Expect(err).NotTo(HaveOccurred())
+	return c
+}
+
+// selfSignedClient is a self-signed client-auth certificate for
+// commonName: no CA vouches for it.
+func selfSignedClient(commonName string) *tls.Certificate {
+	GinkgoHelper()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	Expect(err).NotTo(HaveOccurred())
+	tmpl := &x509.Certificate{
+		SerialNumber: big.NewInt(time.Now().UnixNano()), Subject: pkix.Name{CommonName: commonName},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
+		KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth},
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	Expect(err).NotTo(HaveOccurred())
+	return &tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key}
+}
+
+// seenRequest is a request that reached the server's HTTP layer.
+// Its fields are exported for Gomega's HaveField.
+type seenRequest struct {
+	Method, Path string
+	// ClientCN is the common name of the client certificate.
+	ClientCN string
+	// AuthBefore is the Authorization header as it arrived; AuthAfter is
+	// what the server left in the request once it had served it (it
+	// shares the header map with the request the handlers saw).
+	AuthBefore, AuthAfter string
+	// Done: the server has finished with the request.
+	Done bool
+}
+
+// requestLog records the requests a server's HTTP layer received.
+type requestLog struct {
+	mu   sync.Mutex
+	reqs []*seenRequest
+}
+
+func (l *requestLog) wrap(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		s := &seenRequest{Method: r.Method, Path: r.URL.Path, AuthBefore: r.Header.Get("Authorization")}
+		if r.TLS != nil && len(r.TLS.PeerCertificates) > 0 {
+			s.ClientCN = r.TLS.PeerCertificates[0].Subject.CommonName
+		}
+		l.mu.Lock()
+		l.reqs = append(l.reqs, s)
+		l.mu.Unlock()
+		next.ServeHTTP(w, r)
+		l.mu.Lock()
+		s.AuthAfter, s.Done = r.Header.Get("Authorization"), true
+		l.mu.Unlock()
+	})
+}
+
+// requests returns copies of the requests seen so far.
+func (l *requestLog) requests() []seenRequest {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	out := make([]seenRequest, len(l.reqs))
+	for i, r := range l.reqs {
+		out[i] = *r
+	}
+	return out
+}
+
+func (l *requestLog) len() int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return len(l.reqs)
 }
 
 // request is one call to the node API.
 type request struct {
 	method, namespace, name, subresource string
 	query                                string
-	token                                string
-	header                               http.Header
-	body                                 io.Reader
-	contentLength                        int64
-	ctx                                  context.Context
+	// as is the end user in the front-proxy headers; nil means runner.
+	as            *caller
+	header        http.Header
+	body          io.Reader
+	contentLength int64
+	ctx           context.Context
 }
 
 func (ts *testServer) do(r request) *http.Response {
@@ -178,7 +334,7 @@ func (ts *testServer) do(r request) *http.Response {
 }
 
 func (ts *testServer) try(r request) (*http.Response, error) {
-	url := fmt.Sprintf("%s/v1/namespaces/%s/sandboxes/%s/%s", ts.Endpoint, r.namespace, r.name, r.subresource)
+	url := fmt.Sprintf("%s%s%s/sandboxes/%s/%s", ts.Endpoint, wire.PathPrefix, r.namespace, r.name, r.subresource)
 	if r.query != "" {
 		url += "?" + r.query
 	}
@@ -193,11 +349,13 @@ func (ts *testServer) try(r request) (*http.Response, error) {
 	if r.contentLength > 0 {
 		req.ContentLength = r.contentLength
 	}
+	as := r.as
+	if as == nil {
+		as = runner
+	}
+	as.setHeaders(req.Header)
 	for k, v := range r.header {
 		req.Header[k] = v
-	}
-	if r.token != "" {
-		req.Header.Set("Authorization", "Bearer "+r.token)
 	}
 	return ts.client.Do(req)
 }
@@ -214,12 +372,18 @@ type execResult struct {
 	total      time.Duration
 }
 
-func (ts *testServer) exec(ns, name, token string, req execio.Request) *execResult {
+// exec runs req as runner.
+func (ts *testServer) exec(ns, name string, req execio.Request) *execResult {
+	GinkgoHelper()
+	return ts.execAs(runner, ns, name, req)
+}
+
+func (ts *testServer) execAs(as *caller, ns, name string, req execio.Request) *execResult {
 	GinkgoHelper()
 	body, err := json.Marshal(req)
 	Expect(err).NotTo(HaveOccurred())
 	start := time.Now()
-	resp := ts.do(request{method: http.MethodPost, namespace: ns, name: name, subresource: wire.SubresourceExec, token: token, body: bytes.NewReader(body)})
+	resp := ts.do(request{method: http.MethodPost, namespace: ns, name: name, subresource: wire.SubresourceExec, as: as, body: bytes.NewReader(body)})
 	defer resp.Body.Close()
 	out := &execResult{status: resp.StatusCode}
 	if resp.StatusCode != http.StatusOK {
@@ -284,16 +448,6 @@ func uniqueName(prefix string) string {
 
 func newNamespace() string { return cp.NewNamespace("napi-") }
 
-// serviceAccountToken creates a ServiceAccount and returns a token for it.
-func serviceAccountToken(ns, name string) string { return cp.ServiceAccountToken(ns, name) }
-
-// bind grants a ClusterRole to subject in ns.
-func bind(ns, clusterRole string, subject rbacv1.Subject) { cp.Bind(ns, clusterRole, subject) }
-
-func saSubject(ns, name string) rbacv1.Subject { return testenv.ServiceAccountSubject(ns, name) }
-
-func userSubject(name string) rbacv1.Subject { return testenv.UserSubject(name) }
-
 // createSandbox creates a Sandbox on nodeName and removes it after the test.
 func createSandbox(ns, name string, mutate ...func(*sandboxv1alpha1.Sandbox)) *sandboxv1alpha1.Sandbox {
 	GinkgoHelper()
@@ -341,43 +495,4 @@ func waitReady(sbx *sandboxv1alpha1.Sandbox) *sandboxv1alpha1.Sandbox {
 	GinkgoHelper()
 	Eventually(readyReason(sbx), 90*time.Second, 100*time.Millisecond).Should(Equal("True/Running"))
 	return getSandbox(sbx)
-}
-
-// testCA issues client certificates.
-type testCA struct {
-	cert    *x509.Certificate
-	key     *ecdsa.PrivateKey
-	certPEM []byte
-}
-
-func newTestCA(cn string) *testCA {
-	GinkgoHelper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	Expect(err).NotTo(HaveOccurred())
-	tmpl := &x509.Certificate{
-		SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: cn},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
-		IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign,
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
-	Expect(err).NotTo(HaveOccurred())
-	cert, err := x509.ParseCertificate(der)
-	Expect(err).NotTo(HaveOccurred())
-	return &testCA{cert: cert, key: key, certPEM: pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})}
-}
-
-// clientCert issues a client certificate for user (CommonName) in groups
-// (Organization).
-func (ca *testCA) clientCert(user string, groups ...string) *tls.Certificate {
-	GinkgoHelper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	Expect(err).NotTo(HaveOccurred())
-	tmpl := &x509.Certificate{
-		SerialNumber: big.NewInt(time.Now().UnixNano()), Subject: pkix.Name{CommonName: user, Organization: groups},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
-		KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth},
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca.cert, &key.PublicKey, ca.key)
-	Expect(err).NotTo(HaveOccurred())
-	return &tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key}
 }

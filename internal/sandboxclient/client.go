@@ -75,6 +75,11 @@ func New(cfg *rest.Config, opts Options) (*Client, error) {
 	if err != nil {
 		return nil, fmt.Errorf("sandboxclient: credentials from the rest.Config: %w", err)
 	}
+	// client-go's auth round trippers add the credentials to every request,
+	// a redirected one too, so following a redirect (which the API server
+	// passes on from the aggregated server and the node) would send them to
+	// whatever host it names.
+	hc.CheckRedirect = func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }
 	base, _, err := rest.DefaultServerUrlFor(cfg)
 	if err != nil {
 		return nil, fmt.Errorf("sandboxclient: API server address: %w", err)
@@ -105,11 +110,11 @@ func (c *Client) resolve(ctx context.Context, ns, name string) error {
 func validateNames(ns, name string) error {
 	if errs := validation.IsDNS1123Label(ns); len(errs) > 0 {
 		return &APIError{Namespace: ns, Name: name, Code: http.StatusBadRequest, Reason: metav1.StatusReasonBadRequest,
-			Source: sourceClient, Message: fmt.Sprintf("invalid namespace %q: %s", ns, strings.Join(errs, "; "))}
+			Source: SourceClient, Message: fmt.Sprintf("invalid namespace %q: %s", ns, strings.Join(errs, "; "))}
 	}
 	if errs := validation.IsDNS1123Subdomain(name); len(errs) > 0 {
 		return &APIError{Namespace: ns, Name: name, Code: http.StatusBadRequest, Reason: metav1.StatusReasonBadRequest,
-			Source: sourceClient, Message: fmt.Sprintf("invalid sandbox name %q: %s", name, strings.Join(errs, "; "))}
+			Source: SourceClient, Message: fmt.Sprintf("invalid sandbox name %q: %s", name, strings.Join(errs, "; "))}
 	}
 	return nil
 }
@@ -147,7 +152,7 @@ func readiness(obj *unstructured.Unstructured) error {
 	if endpoint, _, _ := unstructured.NestedString(obj.Object, "status", "nodeAPIEndpoint"); endpoint == "" {
 		node, _, _ := unstructured.NestedString(obj.Object, "status", "nodeName")
 		return &APIError{Namespace: ns, Name: name, Code: http.StatusServiceUnavailable,
-			Reason: metav1.StatusReasonServiceUnavailable, Source: sourceClient,
+			Reason: metav1.StatusReasonServiceUnavailable, Source: SourceClient,
 			Message: fmt.Sprintf("the manager on node %q has not published its node API yet", node)}
 	}
 	return nil
@@ -250,7 +255,7 @@ func transportError(ns, name, host, sub string, err error) error {
 	var op *net.OpError
 	if errors.As(err, &op) && op.Op == "dial" && !errors.Is(err, context.Canceled) && !errors.Is(err, context.DeadlineExceeded) {
 		return &APIError{Namespace: ns, Name: name, Code: http.StatusServiceUnavailable,
-			Reason: metav1.StatusReasonServiceUnavailable, Source: sourceClient,
+			Reason: metav1.StatusReasonServiceUnavailable, Source: SourceClient,
 			Message: fmt.Sprintf("the API server %s is unreachable: %v", host, op.Err), err: err}
 	}
 	return fmt.Errorf("sandbox %s/%s: %s: %w", ns, name, sub, unwrapURLError(err))

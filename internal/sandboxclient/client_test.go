@@ -4,17 +4,10 @@ import (
 	"archive/tar"
 	"bytes"
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
-	"crypto/x509"
-	"crypto/x509/pkix"
 	"encoding/json"
-	"encoding/pem"
 	"errors"
 	"fmt"
 	"io"
-	"math/big"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -40,40 +33,13 @@ import (
 const (
 	ns   = "team-a"
 	name = "box"
+	// aggregated is where the subresources of team-a/box live on the API
+	// server; spelled out rather than taken from package wire, so that the
+	// test pins the contract.
+	aggregated = "/apis/subresources.sandbox.code-sandbox.dev/v1alpha1/namespaces/team-a/sandboxes/box/"
+	// sandboxPath is the Sandbox object itself.
+	sandboxPath = "/apis/sandbox.code-sandbox.dev/v1alpha1/namespaces/team-a/sandboxes/box"
 )
-
-// recorder is a node API handler that keeps what it was sent.
-type recorder struct {
-	mu       sync.Mutex
-	requests []*http.Request
-	bodies   [][]byte
-	answer   func(w http.ResponseWriter, r *http.Request, body []byte)
-}
-
-func (rec *recorder) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	body, _ := io.ReadAll(r.Body)
-	rec.mu.Lock()
-	rec.requests = append(rec.requests, r)
-	rec.bodies = append(rec.bodies, body)
-	answer := rec.answer
-	rec.mu.Unlock()
-	if answer != nil {
-		answer(w, r, body)
-	}
-}
-
-func (rec *recorder) count() int {
-	rec.mu.Lock()
-	defer rec.mu.Unlock()
-	return len(rec.requests)
-}
-
-func (rec *recorder) last() (*http.Request, []byte) {
-	rec.mu.Lock()
-	defer rec.mu.Unlock()
-	Expect(rec.requests).NotTo(BeEmpty(), "the node API got no request")
-	return rec.requests[len(rec.requests)-1], rec.bodies[len(rec.bodies)-1]
-}
 
 func writeFrames(w http.ResponseWriter, frames ...wire.Frame) {
 	w.Header().Set("Content-Type", "application/x-ndjson")
@@ -84,46 +50,55 @@ func writeFrames(w http.ResponseWriter, frames ...wire.Frame) {
 	}
 }
 
-// answerOK answers every exec with some output and exit code 0.
+// answerOK answers every call like a successful exec.
 func answerOK(w http.ResponseWriter, _ *http.Request, _ []byte) {
 	writeFrames(w,
 		wire.Frame{Stream: "stdout", Data: []byte("hello\n")},
 		wire.Frame{Result: &execio.Result{ExitCode: 0}})
 }
 
-func selfSignedPEM(cn string) (certPEM, keyPEM []byte) {
-	GinkgoHelper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	Expect(err).NotTo(HaveOccurred())
-	tmpl := &x509.Certificate{
-		SerialNumber: big.NewInt(time.Now().UnixNano()), Subject: pkix.Name{CommonName: cn},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
-		KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth},
+// answerAll answers each subresource as the aggregated API would.
+func answerAll(w http.ResponseWriter, r *http.Request, body []byte) {
+	sub := r.URL.Path[strings.LastIndex(r.URL.Path, "/")+1:]
+	switch {
+	case sub == "exec":
+		answerOK(w, r, body)
+	case sub == "files" && r.Method == http.MethodPost:
+		_ = json.NewEncoder(w).Encode(execio.TransferStats{Files: 1, Bytes: int64(len(body))})
+	case sub == "files":
+		w.Header().Set("Trailer", wire.TrailerTransferError)
+		w.Header().Set("Content-Type", "application/x-tar")
+		_, _ = w.Write([]byte("archive bytes"))
+	case sub == "log":
+		_, _ = w.Write([]byte("log line\n"))
+	case sub == "history":
+		_ = json.NewEncoder(w).Encode(history.Record{ID: "1", Command: []string{"ls"}})
+	default:
+		http.Error(w, "unexpected "+r.Method+" "+r.URL.Path, http.StatusTeapot)
 	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
-	Expect(err).NotTo(HaveOccurred())
-	keyDER, err := x509.MarshalECPrivateKey(key)
-	Expect(err).NotTo(HaveOccurred())
-	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}),
-		pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: keyDER})
 }
 
 var _ = Describe("Client", Label("unit"), func() {
 	var (
 		cluster *sandboxclienttest.Cluster
-		node    *recorder
 		ctx     context.Context
 	)
 
 	BeforeEach(func() {
 		cluster = sandboxclienttest.New()
 		DeferCleanup(cluster.Close)
-		node = &recorder{answer: answerOK}
-		cluster.SetNodeHandler(node)
+		cluster.Handle(answerOK)
 		cluster.AddSandbox(ns, name)
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(context.Background(), 30*time.Second)
 		DeferCleanup(cancel)
+		// Runs before cluster.Close (cleanups run last in, first out):
+		// whatever a test did, nothing reached the node API that the
+		// Sandbox's status names.
+		DeferCleanup(func() {
+			Expect(cluster.DecoyConnections()).To(BeZero(),
+				"a client connected to status.nodeAPIEndpoint; it sent %d requests there: %+v", len(cluster.DecoyRequests()), cluster.DecoyRequests())
+		})
 	})
 
 	newClient := func(cfg *rest.Config, opts sandboxclient.Options) *sandboxclient.Client {
@@ -140,109 +115,149 @@ var _ = Describe("Client", Label("unit"), func() {
 		return out.String(), err
 	}
 
-	Describe("authenticating the node API", func() {
-		It("talks to the node whose certificate matches status.agentCertSHA256", func() {
-			out, err := execHello(newClient(cluster.RESTConfig("t"), sandboxclient.Options{}))
+	last := func() sandboxclienttest.Request {
+		GinkgoHelper()
+		r, ok := cluster.LastSubresourceRequest()
+		Expect(ok).To(BeTrue(), "the API server got no subresource call")
+		return r
+	}
+
+	Describe("reaching the subresources through the API server", func() {
+		It("sends every call to the API server's aggregated path with its method, never to the node the status names", func() {
+			cluster.Handle(answerAll)
+			// The node API that the status names would answer, and so would
+			// a server at the removed agentEndpoint with a matching pin:
+			// an old client would have sent the token there.
+			cluster.AddSandbox(ns, name, func(st map[string]any) {
+				st["agentEndpoint"] = cluster.Decoy.URL
+				st["agentCertSHA256"] = cluster.DecoyPin
+			})
+			c := newClient(cluster.RESTConfig("caller-token"), sandboxclient.Options{})
+
+			_, err := execHello(c)
 			Expect(err).NotTo(HaveOccurred())
-			Expect(out).To(Equal("hello\n"))
-		})
-
-		It("refuses a node whose certificate does not match, before sending anything", func() {
-			cluster.AddSandbox(ns, name, func(st map[string]any) { st["agentCertSHA256"] = strings.Repeat("ab", 32) })
-			_, err := execHello(newClient(cluster.RESTConfig("secret-token"), sandboxclient.Options{}))
-			Expect(err).To(MatchError(sandboxclient.ErrCertificateMismatch))
-			Expect(err.Error()).To(ContainSubstring("sandbox team-a/box"))
-			Expect(node.count()).To(BeZero(), "the token must not reach an unauthenticated server")
-		})
-
-		It("refuses a Sandbox without a pin when no CA bundle is configured", func() {
-			cluster.AddSandbox(ns, name, func(st map[string]any) { delete(st, "agentCertSHA256") })
-			_, err := execHello(newClient(cluster.RESTConfig("secret-token"), sandboxclient.Options{}))
-			Expect(err).To(MatchError(sandboxclient.ErrNoPin))
-			Expect(err.Error()).To(ContainSubstring("sandbox team-a/box"))
-			Expect(node.count()).To(BeZero())
-		})
-
-		It("verifies against Options.CABundle when the Sandbox has no pin", func() {
-			cluster.AddSandbox(ns, name, func(st map[string]any) { delete(st, "agentCertSHA256") })
-			out, err := execHello(newClient(cluster.RESTConfig("t"), sandboxclient.Options{CABundle: cluster.NodeCAPEM()}))
+			_, err = c.Upload(ctx, ns, name, "/app/src", bytes.NewReader(tarOf("a.txt", "abc")))
 			Expect(err).NotTo(HaveOccurred())
-			Expect(out).To(Equal("hello\n"))
+			_, err = c.UploadFile(ctx, ns, name, "/app/run.sh", 0o755, strings.NewReader("#!/bin/sh\n"))
+			Expect(err).NotTo(HaveOccurred())
+			var archive bytes.Buffer
+			Expect(c.Download(ctx, ns, name, "/app/out", &archive)).To(Succeed())
+			Expect(archive.String()).To(Equal("archive bytes"))
+			var logs bytes.Buffer
+			Expect(c.Logs(ctx, ns, name, sandboxclient.LogOptions{}, &logs)).To(Succeed())
+			Expect(logs.String()).To(Equal("log line\n"))
+			Expect(c.History(ctx, ns, name, sandboxclient.LogOptions{}, func(history.Record) error { return nil })).To(Succeed())
+
+			type call struct{ Method, Path, Path2, User, Auth string }
+			var calls []call
+			for _, r := range cluster.Requests() {
+				calls = append(calls, call{r.Method, r.Path, r.Query.Get("path"), r.User, r.Header.Get("Authorization")})
+			}
+			auth := "Bearer caller-token"
+			Expect(calls).To(Equal([]call{
+				{"POST", aggregated + "exec", "", "caller-token-user", auth},
+				{"POST", aggregated + "files", "/app/src", "caller-token-user", auth},
+				{"POST", aggregated + "files", "/app/run.sh", "caller-token-user", auth},
+				{"GET", aggregated + "files", "/app/out", "caller-token-user", auth},
+				{"GET", aggregated + "log", "", "caller-token-user", auth},
+				{"GET", aggregated + "history", "", "caller-token-user", auth},
+			}), "one request per call, to the API server only: the Sandbox is not read first")
+			Expect(cluster.DecoyConnections()).To(BeZero())
 		})
 
-		It("fails chain verification against a CA bundle that did not sign the node's certificate", func() {
-			cluster.AddSandbox(ns, name, func(st map[string]any) { delete(st, "agentCertSHA256") })
-			otherCA, _ := selfSignedPEM("someone else")
-			_, err := execHello(newClient(cluster.RESTConfig("t"), sandboxclient.Options{CABundle: otherCA}))
-			Expect(err).To(HaveOccurred())
-			Expect(err.Error()).To(ContainSubstring("certificate"))
-			Expect(node.count()).To(BeZero())
-		})
-
-		It("ignores the API server's CA and insecure flag for the node", func() {
-			cfg := cluster.RESTConfig("t")
-			cfg.CAData = nil
-			cfg.Insecure = true
-			cluster.AddSandbox(ns, name, func(st map[string]any) { st["agentCertSHA256"] = strings.Repeat("cd", 32) })
-			_, err := execHello(newClient(cfg, sandboxclient.Options{}))
-			Expect(err).To(MatchError(sandboxclient.ErrCertificateMismatch))
-		})
-
-		DescribeTable("refuses endpoints that are not https://HOST:PORT",
-			func(endpoint string) {
-				cluster.AddSandbox(ns, name, func(st map[string]any) { st["agentEndpoint"] = endpoint })
-				_, err := execHello(newClient(cluster.RESTConfig("t"), sandboxclient.Options{}))
-				Expect(err).To(MatchError(sandboxclient.ErrInvalidEndpoint))
-				Expect(node.count()).To(BeZero())
+		DescribeTable("honours a path prefix in the server URL, as behind kubectl proxy --api-prefix",
+			func(prefix string) {
+				cluster.ServeUnder("/k8s/proxy")
+				cfg := cluster.RESTConfig("t")
+				cfg.Host = cluster.API.URL + prefix
+				c := newClient(cfg, sandboxclient.Options{})
+				Expect(c.Resolve(ctx, ns, name)).To(Succeed())
+				out, err := execHello(c)
+				Expect(err).NotTo(HaveOccurred())
+				Expect(out).To(Equal("hello\n"))
+				var paths []string
+				for _, r := range cluster.Requests() {
+					paths = append(paths, r.Method+" "+r.Path)
+				}
+				Expect(paths).To(Equal([]string{"GET /k8s/proxy" + sandboxPath, "POST /k8s/proxy" + aggregated + "exec"}))
 			},
-			Entry("plain http", "http://127.0.0.1:9443"),
-			Entry("no port", "https://127.0.0.1"),
-			Entry("a path", "https://127.0.0.1:9443/elsewhere"),
-			Entry("user info", "https://user:pw@127.0.0.1:9443"),
+			Entry("without a trailing slash", "/k8s/proxy"),
+			Entry("with a trailing slash", "/k8s/proxy/"),
 		)
 
-		It("refuses a malformed pin", func() {
-			cluster.AddSandbox(ns, name, func(st map[string]any) { st["agentCertSHA256"] = "abc" })
-			_, err := execHello(newClient(cluster.RESTConfig("t"), sandboxclient.Options{}))
-			Expect(err).To(MatchError(ContainSubstring("agentCertSHA256")))
+		It("does not follow a redirect, which would carry the credentials to another host", func() {
+			cluster.Handle(func(w http.ResponseWriter, r *http.Request, _ []byte) {
+				http.Redirect(w, r, cluster.Decoy.URL+"/steal", http.StatusTemporaryRedirect)
+			})
+			c := newClient(cluster.RESTConfig("t"), sandboxclient.Options{})
+			_, err := execHello(c)
+			Expect(err).To(HaveOccurred())
+			Expect(c.Logs(ctx, ns, name, sandboxclient.LogOptions{}, io.Discard)).NotTo(Succeed())
+			Expect(cluster.SubresourceRequests()).To(HaveLen(2))
+			Expect(cluster.DecoyConnections()).To(BeZero(), "the redirect was followed: %+v", cluster.DecoyRequests())
 		})
 
-		It("does not follow redirects, which would carry the credentials elsewhere", func() {
-			node.answer = func(w http.ResponseWriter, r *http.Request, _ []byte) {
-				http.Redirect(w, r, "https://example.invalid/steal", http.StatusTemporaryRedirect)
+		It("reuses connections to the API server", func() {
+			c := newClient(cluster.RESTConfig("t"), sandboxclient.Options{})
+			for range 3 {
+				_, err := execHello(c)
+				Expect(err).NotTo(HaveOccurred())
 			}
-			_, err := execHello(newClient(cluster.RESTConfig("t"), sandboxclient.Options{}))
-			Expect(err).To(HaveOccurred())
-			Expect(node.count()).To(Equal(1))
+			reqs := cluster.SubresourceRequests()
+			Expect(reqs).To(HaveLen(3))
+			Expect(reqs[1].RemoteAddr).To(Equal(reqs[0].RemoteAddr))
+			Expect(reqs[2].RemoteAddr).To(Equal(reqs[0].RemoteAddr))
 		})
 
-		It("computes pins as the manager publishes them", func() {
-			Expect(sandboxclient.CertificatePin(cluster.Node.Certificate().Raw)).To(Equal(cluster.Pin))
-			pin, err := sandboxclient.ParsePin(cluster.Pin)
+		It("sends Options.UserAgent on every request", func() {
+			c := newClient(cluster.RESTConfig("t"), sandboxclient.Options{UserAgent: "sandbox-test/1"})
+			Expect(c.Resolve(ctx, ns, name)).To(Succeed())
+			_, err := execHello(c)
 			Expect(err).NotTo(HaveOccurred())
-			Expect(pin).To(HaveLen(32))
-			_, err = sandboxclient.ParsePin(strings.Repeat("zz", 32))
-			Expect(err).To(HaveOccurred())
+			reqs := cluster.Requests()
+			Expect(reqs).To(HaveLen(2))
+			Expect(reqs[0].Header.Get("User-Agent")).To(Equal("sandbox-test/1"))
+			Expect(reqs[1].Header.Get("User-Agent")).To(Equal("sandbox-test/1"))
 		})
 	})
 
-	Describe("sending the caller's credentials", func() {
+	Describe("authenticating to the API server with the caller's credentials", func() {
 		It("sends the bearer token", func() {
 			_, err := execHello(newClient(cluster.RESTConfig("my-token"), sandboxclient.Options{}))
 			Expect(err).NotTo(HaveOccurred())
-			r, _ := node.last()
+			r := last()
 			Expect(r.Header.Get("Authorization")).To(Equal("Bearer my-token"))
+			Expect(r.User).To(Equal("my-token-user"))
 		})
 
 		It("reads a token file", func() {
+			cluster.AllowToken("file-token", "file-user")
 			file := filepath.Join(GinkgoT().TempDir(), "token")
 			Expect(os.WriteFile(file, []byte("file-token\n"), 0o600)).To(Succeed())
 			cfg := cluster.RESTConfig("")
 			cfg.BearerTokenFile = file
-			_, err := execHello(newClient(cfg, sandboxclient.Options{}))
+			c := newClient(cfg, sandboxclient.Options{})
+			Expect(c.Resolve(ctx, ns, name)).To(Succeed())
+			_, err := execHello(c)
 			Expect(err).NotTo(HaveOccurred())
-			r, _ := node.last()
-			Expect(r.Header.Get("Authorization")).To(Equal("Bearer file-token"))
+			for _, r := range cluster.Requests() {
+				Expect(r.Header.Get("Authorization")).To(Equal("Bearer file-token"), r.Path)
+				Expect(r.User).To(Equal("file-user"), r.Path)
+			}
+		})
+
+		It("presents the client certificate of the rest.Config, and no token", func() {
+			c := newClient(cluster.CertConfig("cert-user"), sandboxclient.Options{})
+			Expect(c.Resolve(ctx, ns, name)).To(Succeed())
+			_, err := execHello(c)
+			Expect(err).NotTo(HaveOccurred())
+			reqs := cluster.Requests()
+			Expect(reqs).To(HaveLen(2))
+			for _, r := range reqs {
+				Expect(r.ClientCertCN).To(Equal("cert-user"), r.Path)
+				Expect(r.User).To(Equal("cert-user"), r.Path)
+				Expect(r.Header.Get("Authorization")).To(BeEmpty(), r.Path)
+			}
 		})
 
 		It("sends the impersonation headers of rest.Config.Impersonate", func() {
@@ -253,24 +268,12 @@ var _ = Describe("Client", Label("unit"), func() {
 			}
 			_, err := execHello(newClient(cfg, sandboxclient.Options{}))
 			Expect(err).NotTo(HaveOccurred())
-			r, _ := node.last()
+			r := last()
 			Expect(r.Header.Get("Authorization")).To(Equal("Bearer mcp-server-token"))
 			Expect(r.Header.Get("Impersonate-User")).To(Equal("alice"))
 			Expect(r.Header.Get("Impersonate-Uid")).To(Equal("1234"))
 			Expect(r.Header.Values("Impersonate-Group")).To(ConsistOf("devs", "agents"))
 			Expect(r.Header.Values("Impersonate-Extra-Scopes")).To(ConsistOf("a", "b"))
-		})
-
-		It("presents the client certificate", func() {
-			certPEM, keyPEM := selfSignedPEM("cert-user")
-			cfg := cluster.RESTConfig("")
-			cfg.CertData, cfg.KeyData = certPEM, keyPEM
-			_, err := execHello(newClient(cfg, sandboxclient.Options{}))
-			Expect(err).NotTo(HaveOccurred())
-			r, _ := node.last()
-			Expect(r.TLS.PeerCertificates).NotTo(BeEmpty())
-			Expect(r.TLS.PeerCertificates[0].Subject.CommonName).To(Equal("cert-user"))
-			Expect(r.Header.Get("Authorization")).To(BeEmpty())
 		})
 
 		writePlugin := func(status map[string]any) string {
@@ -291,68 +294,81 @@ var _ = Describe("Client", Label("unit"), func() {
 		}
 
 		It("runs an exec credential plugin for a token", func() {
+			cluster.AllowToken("plugin-token", "oidc:alice")
 			cfg := cluster.RESTConfig("")
 			cfg.ExecProvider = execProvider(writePlugin(map[string]any{"token": "plugin-token"}))
 			_, err := execHello(newClient(cfg, sandboxclient.Options{}))
 			Expect(err).NotTo(HaveOccurred())
-			r, _ := node.last()
+			r := last()
 			Expect(r.Header.Get("Authorization")).To(Equal("Bearer plugin-token"))
+			Expect(r.User).To(Equal("oidc:alice"))
 		})
 
 		It("runs an exec credential plugin for a client certificate", func() {
-			certPEM, keyPEM := selfSignedPEM("plugin-cert-user")
+			certPEM, keyPEM := cluster.ClientCertificate("plugin-cert-user")
 			cfg := cluster.RESTConfig("")
 			cfg.ExecProvider = execProvider(writePlugin(map[string]any{
 				"clientCertificateData": string(certPEM), "clientKeyData": string(keyPEM)}))
 			_, err := execHello(newClient(cfg, sandboxclient.Options{}))
 			Expect(err).NotTo(HaveOccurred())
-			r, _ := node.last()
-			Expect(r.TLS.PeerCertificates).NotTo(BeEmpty())
-			Expect(r.TLS.PeerCertificates[0].Subject.CommonName).To(Equal("plugin-cert-user"))
+			r := last()
+			Expect(r.ClientCertCN).To(Equal("plugin-cert-user"))
+			Expect(r.User).To(Equal("plugin-cert-user"))
+		})
+
+		It("reports a token the API server does not accept as unauthorized", func() {
+			cfg := cluster.RESTConfig("")
+			cfg.BearerToken = "expired-token"
+			_, err := execHello(newClient(cfg, sandboxclient.Options{}))
+			Expect(sandboxclient.IsUnauthorized(err)).To(BeTrue(), "%v", err)
+			Expect(last().Path).To(Equal(aggregated + "exec"))
+		})
+
+		It("reports missing credentials as unauthorized", func() {
+			_, err := execHello(newClient(cluster.RESTConfig(""), sandboxclient.Options{}))
+			Expect(sandboxclient.IsUnauthorized(err)).To(BeTrue(), "%v", err)
 		})
 	})
 
 	Describe("resolving the Sandbox", func() {
+		It("reads it through the API server with the caller's credentials", func() {
+			Expect(newClient(cluster.RESTConfig("t"), sandboxclient.Options{}).Resolve(ctx, ns, name)).To(Succeed())
+			reqs := cluster.Requests()
+			Expect(reqs).To(HaveLen(1))
+			Expect(reqs[0].Method).To(Equal(http.MethodGet))
+			Expect(reqs[0].Path).To(Equal(sandboxPath))
+			Expect(reqs[0].Header.Get("Authorization")).To(Equal("Bearer t"))
+		})
+
 		It("explains a Sandbox that is not Ready with its condition's reason and message", func() {
 			cluster.AddSandbox(ns, name, sandboxclienttest.NotReady("ContainerExited", "the main process exited with code 3"))
-			_, err := execHello(newClient(cluster.RESTConfig("t"), sandboxclient.Options{}))
+			err := newClient(cluster.RESTConfig("t"), sandboxclient.Options{}).Resolve(ctx, ns, name)
 			Expect(sandboxclient.IsNotReady(err)).To(BeTrue())
 			Expect(err).To(MatchError("sandbox team-a/box is not ready: ContainerExited: the main process exited with code 3"))
 			var nr *sandboxclient.NotReadyError
 			Expect(errors.As(err, &nr)).To(BeTrue())
 			Expect(nr.Reason).To(Equal("ContainerExited"))
-			Expect(node.count()).To(BeZero())
 		})
 
 		It("explains a Sandbox no manager has reported on", func() {
 			cluster.AddSandbox(ns, name, func(st map[string]any) { delete(st, "conditions") })
-			_, err := execHello(newClient(cluster.RESTConfig("t"), sandboxclient.Options{}))
+			err := newClient(cluster.RESTConfig("t"), sandboxclient.Options{}).Resolve(ctx, ns, name)
 			Expect(sandboxclient.IsNotReady(err)).To(BeTrue())
 			Expect(err).To(MatchError(ContainSubstring("sandbox team-a/box is not ready: no manager has reported on it yet")))
 		})
 
-		It("reports a Ready Sandbox without an endpoint as unavailable", func() {
-			cluster.AddSandbox(ns, name, func(st map[string]any) { delete(st, "agentEndpoint") })
-			_, err := execHello(newClient(cluster.RESTConfig("t"), sandboxclient.Options{}))
+		It("reports a Ready Sandbox whose node has not published its node API as unavailable", func() {
+			cluster.AddSandbox(ns, name, func(st map[string]any) { delete(st, "nodeAPIEndpoint") })
+			err := newClient(cluster.RESTConfig("t"), sandboxclient.Options{}).Resolve(ctx, ns, name)
 			Expect(sandboxclient.IsUnavailable(err)).To(BeTrue())
 			Expect(err).To(MatchError(ContainSubstring(`the manager on node "fake-node" has not published its node API`)))
 		})
 
 		It("reports a missing Sandbox as not found, naming it", func() {
-			_, err := newClient(cluster.RESTConfig("t"), sandboxclient.Options{}).Exec(ctx, ns, "nope", execio.Request{Command: []string{"true"}}, nil, nil)
+			err := newClient(cluster.RESTConfig("t"), sandboxclient.Options{}).Resolve(ctx, ns, "nope")
 			Expect(sandboxclient.IsNotFound(err)).To(BeTrue())
 			Expect(err.Error()).To(HavePrefix("sandbox team-a/nope: "))
 			Expect(err.Error()).To(ContainSubstring("kube-apiserver, HTTP 404"))
-		})
-
-		It("reports an unreachable node as unavailable", func() {
-			dead := httptest.NewUnstartedServer(http.NotFoundHandler())
-			addr := dead.Listener.Addr().String()
-			dead.Listener.Close()
-			cluster.AddSandbox(ns, name, func(st map[string]any) { st["agentEndpoint"] = "https://" + addr })
-			_, err := execHello(newClient(cluster.RESTConfig("t"), sandboxclient.Options{}))
-			Expect(sandboxclient.IsUnavailable(err)).To(BeTrue(), "%v", err)
-			Expect(err.Error()).To(ContainSubstring("sandbox team-a/box"))
 		})
 
 		It("refuses invalid names before asking anyone", func() {
@@ -362,11 +378,23 @@ var _ = Describe("Client", Label("unit"), func() {
 			Expect(err.Error()).To(ContainSubstring(`invalid sandbox name "../etc"`))
 			_, err = c.Exec(ctx, "", name, execio.Request{Command: []string{"true"}}, nil, nil)
 			Expect(err).To(MatchError(ContainSubstring("invalid namespace")))
+			Expect(c.Resolve(ctx, "Team_A", name)).To(MatchError(ContainSubstring("invalid namespace")))
+			Expect(c.Download(ctx, ns, "a/b", "/x", io.Discard)).To(MatchError(ContainSubstring("invalid sandbox name")))
 			Expect(cluster.APICalls()).To(BeZero())
 		})
 
 		It("waits for a Sandbox to become Ready", func() {
 			cluster.AddSandbox(ns, name, sandboxclienttest.NotReady("Provisioning", "pulling"))
+			go func() {
+				defer GinkgoRecover()
+				time.Sleep(300 * time.Millisecond)
+				cluster.AddSandbox(ns, name)
+			}()
+			Expect(newClient(cluster.RESTConfig("t"), sandboxclient.Options{}).WaitReady(ctx, ns, name)).To(Succeed())
+		})
+
+		It("waits for a Ready Sandbox's node API to be published", func() {
+			cluster.AddSandbox(ns, name, func(st map[string]any) { delete(st, "nodeAPIEndpoint") })
 			go func() {
 				defer GinkgoRecover()
 				time.Sleep(300 * time.Millisecond)
@@ -381,6 +409,14 @@ var _ = Describe("Client", Label("unit"), func() {
 			Expect(sandboxclient.IsNotReady(err)).To(BeTrue())
 		})
 
+		It("stops waiting when the API server refuses the caller", func() {
+			cfg := cluster.RESTConfig("")
+			cfg.BearerToken = "bogus"
+			err := newClient(cfg, sandboxclient.Options{}).WaitReady(ctx, ns, name)
+			Expect(sandboxclient.IsUnauthorized(err)).To(BeTrue(), "%v", err)
+			Expect(cluster.APICalls()).To(Equal(1))
+		})
+
 		It("reports the deadline and the last reason when waiting times out", func() {
 			cluster.AddSandbox(ns, name, sandboxclienttest.NotReady("Provisioning", "pulling"))
 			wctx, cancel := context.WithTimeout(ctx, 500*time.Millisecond)
@@ -390,12 +426,12 @@ var _ = Describe("Client", Label("unit"), func() {
 		})
 	})
 
-	Describe("decoding node API refusals", func() {
-		DescribeTable("into typed errors that name the sandbox",
+	Describe("errors from the subresource path", func() {
+		DescribeTable("decode a metav1.Status into typed errors that name the sandbox",
 			func(code int, reason metav1.StatusReason, is func(error) bool) {
-				node.answer = func(w http.ResponseWriter, _ *http.Request, _ []byte) {
+				cluster.Handle(func(w http.ResponseWriter, _ *http.Request, _ []byte) {
 					sandboxclienttest.WriteStatus(w, code, reason, "the server says no")
-				}
+				})
 				_, err := execHello(newClient(cluster.RESTConfig("t"), sandboxclient.Options{}))
 				Expect(is(err)).To(BeTrue(), "%v", err)
 				var ae *sandboxclient.APIError
@@ -403,7 +439,7 @@ var _ = Describe("Client", Label("unit"), func() {
 				Expect(ae.Code).To(BeEquivalentTo(code))
 				Expect(ae.Reason).To(Equal(reason))
 				Expect(ae.Message).To(Equal("the server says no"))
-				Expect(err.Error()).To(Equal(fmt.Sprintf("sandbox team-a/box: the server says no (node API, HTTP %d)", code)))
+				Expect(err.Error()).To(Equal(fmt.Sprintf("sandbox team-a/box: the server says no (sandbox API, HTTP %d)", code)))
 			},
 			Entry("400", http.StatusBadRequest, metav1.StatusReasonBadRequest, sandboxclient.IsBadRequest),
 			Entry("401", http.StatusUnauthorized, metav1.StatusReasonUnauthorized, sandboxclient.IsUnauthorized),
@@ -416,24 +452,61 @@ var _ = Describe("Client", Label("unit"), func() {
 			Entry("503", http.StatusServiceUnavailable, metav1.StatusReasonServiceUnavailable, sandboxclient.IsUnavailable),
 		)
 
-		It("keeps a body that is not a Status as the message", func() {
-			node.answer = func(w http.ResponseWriter, _ *http.Request, _ []byte) {
-				http.Error(w, "upstream proxy broke", http.StatusBadGateway)
-			}
+		It("reports the server's 409 for a Sandbox that is not Ready, without reading the Sandbox itself", func() {
+			cluster.AddSandbox(ns, name, sandboxclienttest.NotReady("ContainerExited", "the main process exited with code 3"))
 			_, err := execHello(newClient(cluster.RESTConfig("t"), sandboxclient.Options{}))
-			Expect(err).To(MatchError("sandbox team-a/box: upstream proxy broke (node API, HTTP 502)"))
+			Expect(sandboxclient.IsNotReady(err)).To(BeTrue(), "%v", err)
+			Expect(sandboxclient.IsConflict(err)).To(BeTrue(), "%v", err)
+			Expect(err).To(MatchError(ContainSubstring("is not Ready: ContainerExited: the main process exited with code 3")))
+			Expect(err.Error()).To(HavePrefix("sandbox team-a/box: "))
+			Expect(cluster.APICalls()).To(Equal(1))
+			Expect(last().Path).To(Equal(aggregated + "exec"))
+		})
+
+		It("reports a missing Sandbox as not found, naming it", func() {
+			_, err := newClient(cluster.RESTConfig("t"), sandboxclient.Options{}).Exec(ctx, ns, "nope", execio.Request{Command: []string{"true"}}, nil, nil)
+			Expect(sandboxclient.IsNotFound(err)).To(BeTrue(), "%v", err)
+			Expect(err.Error()).To(HavePrefix("sandbox team-a/nope: "))
+			Expect(err.Error()).To(ContainSubstring("sandbox API, HTTP 404"))
+		})
+
+		It("reports the server's 503 for a node that has not published its node API as unavailable", func() {
+			cluster.AddSandbox(ns, name, func(st map[string]any) { delete(st, "nodeAPIEndpoint") })
+			_, err := execHello(newClient(cluster.RESTConfig("t"), sandboxclient.Options{}))
+			Expect(sandboxclient.IsUnavailable(err)).To(BeTrue(), "%v", err)
+			Expect(err).To(MatchError(ContainSubstring("node fake-node has not published its node API")))
+		})
+
+		It("reports an unreachable API server as unavailable", func() {
+			dead := httptest.NewUnstartedServer(http.NotFoundHandler())
+			addr := dead.Listener.Addr().String()
+			Expect(dead.Listener.Close()).To(Succeed())
+			cfg := cluster.RESTConfig("t")
+			cfg.Host = "https://" + addr
+			_, err := execHello(newClient(cfg, sandboxclient.Options{}))
+			Expect(sandboxclient.IsUnavailable(err)).To(BeTrue(), "%v", err)
+			Expect(err.Error()).To(ContainSubstring("sandbox team-a/box"))
+			Expect(err.Error()).To(ContainSubstring("the API server " + addr + " is unreachable"))
+		})
+
+		It("keeps a body that is not a Status as the message", func() {
+			cluster.Handle(func(w http.ResponseWriter, _ *http.Request, _ []byte) {
+				http.Error(w, "upstream proxy broke", http.StatusBadGateway)
+			})
+			_, err := execHello(newClient(cluster.RESTConfig("t"), sandboxclient.Options{}))
+			Expect(err).To(MatchError("sandbox team-a/box: upstream proxy broke (sandbox API, HTTP 502)"))
 		})
 	})
 
 	Describe("Exec", func() {
 		It("sends the request and returns the result", func() {
-			node.answer = func(w http.ResponseWriter, _ *http.Request, _ []byte) {
+			cluster.Handle(func(w http.ResponseWriter, _ *http.Request, _ []byte) {
 				writeFrames(w,
 					wire.Frame{Stream: "stdout", Data: []byte("a")},
 					wire.Frame{Stream: "stderr", Data: []byte("b")},
 					wire.Frame{Stream: "stdout", Data: []byte("c")},
 					wire.Frame{Result: &execio.Result{ExitCode: 7, DurationMillis: 5, StdoutBytes: 2, StderrBytes: 1}})
-			}
+			})
 			var stdout, stderr bytes.Buffer
 			req := execio.Request{Command: []string{"sh", "-c", "x"}, Stdin: []byte("in"), Env: []string{"A=1"}, WorkingDir: "/tmp", TimeoutSeconds: 5}
 			res, err := newClient(cluster.RESTConfig("t"), sandboxclient.Options{}).Exec(ctx, ns, name, req, &stdout, &stderr)
@@ -442,19 +515,45 @@ var _ = Describe("Client", Label("unit"), func() {
 			Expect(stdout.String()).To(Equal("ac"))
 			Expect(stderr.String()).To(Equal("b"))
 
-			r, body := node.last()
+			r := last()
 			Expect(r.Method).To(Equal(http.MethodPost))
-			Expect(r.URL.Path).To(Equal("/v1/namespaces/team-a/sandboxes/box/exec"))
-			Expect(r.Header.Get("Accept")).To(Equal("application/x-ndjson"))
+			Expect(r.Path).To(Equal(aggregated + "exec"))
+			Expect(r.RawQuery).To(BeEmpty())
+			Expect(r.Header.Get("Content-Type")).To(Equal("application/json"))
+			Expect(r.Header.Get("Accept")).To(HavePrefix("application/x-ndjson"))
 			var sent execio.Request
-			Expect(json.Unmarshal(body, &sent)).To(Succeed())
+			Expect(json.Unmarshal(r.Body, &sent)).To(Succeed())
 			Expect(sent).To(Equal(req))
 		})
 
+		It("delivers output as the server flushes it, before the command ends", func() {
+			release := make(chan struct{})
+			var once sync.Once
+			unblock := func() { once.Do(func() { close(release) }) }
+			DeferCleanup(unblock)
+			cluster.Handle(func(w http.ResponseWriter, _ *http.Request, _ []byte) {
+				writeFrames(w, wire.Frame{Stream: "stdout", Data: []byte("first")})
+				<-release
+				writeFrames(w, wire.Frame{Stream: "stdout", Data: []byte(" second")}, wire.Frame{Result: &execio.Result{ExitCode: 0}})
+			})
+			c := newClient(cluster.RESTConfig("t"), sandboxclient.Options{})
+			stdout := &gbytesBuffer{}
+			done := make(chan error, 1)
+			go func() {
+				_, err := c.Exec(ctx, ns, name, execio.Request{Shell: "echo first; sleep 1; echo second"}, stdout, nil)
+				done <- err
+			}()
+			Eventually(stdout.String).Should(Equal("first"))
+			Consistently(done, 100*time.Millisecond).ShouldNot(Receive())
+			unblock()
+			Eventually(done).Should(Receive(BeNil()))
+			Expect(stdout.String()).To(Equal("first second"))
+		})
+
 		It("returns an ExecError when the stream ends with an error frame", func() {
-			node.answer = func(w http.ResponseWriter, _ *http.Request, _ []byte) {
+			cluster.Handle(func(w http.ResponseWriter, _ *http.Request, _ []byte) {
 				writeFrames(w, wire.Frame{Stream: "stdout", Data: []byte("x")}, wire.Frame{Error: "docker went away"})
-			}
+			})
 			_, err := execHello(newClient(cluster.RESTConfig("t"), sandboxclient.Options{}))
 			var ee *sandboxclient.ExecError
 			Expect(errors.As(err, &ee)).To(BeTrue())
@@ -462,9 +561,9 @@ var _ = Describe("Client", Label("unit"), func() {
 		})
 
 		It("fails when the stream is cut before the result", func() {
-			node.answer = func(w http.ResponseWriter, _ *http.Request, _ []byte) {
+			cluster.Handle(func(w http.ResponseWriter, _ *http.Request, _ []byte) {
 				writeFrames(w, wire.Frame{Stream: "stdout", Data: []byte("x")})
-			}
+			})
 			_, err := execHello(newClient(cluster.RESTConfig("t"), sandboxclient.Options{}))
 			Expect(err).To(MatchError(io.ErrUnexpectedEOF))
 			Expect(err.Error()).To(ContainSubstring("sandbox team-a/box"))
@@ -517,8 +616,8 @@ var _ = Describe("Client", Label("unit"), func() {
 			_ = json.NewEncoder(w).Encode(execio.TransferStats{Files: 1, Bytes: int64(len(body))})
 		}
 
-		It("streams an upload archive", func() {
-			node.answer = answerStats
+		It("streams an upload archive with POST", func() {
+			cluster.Handle(answerStats)
 			pr, pw := io.Pipe()
 			go func() {
 				tw := tar.NewWriter(pw)
@@ -529,31 +628,32 @@ var _ = Describe("Client", Label("unit"), func() {
 			stats, err := newClient(cluster.RESTConfig("t"), sandboxclient.Options{}).Upload(ctx, ns, name, "/app/src", pr)
 			Expect(err).NotTo(HaveOccurred())
 			Expect(stats.Files).To(Equal(1))
-			r, body := node.last()
-			Expect(r.Method).To(Equal(http.MethodPut))
-			Expect(r.URL.Path).To(Equal("/v1/namespaces/team-a/sandboxes/box/files"))
-			Expect(r.URL.Query().Get("path")).To(Equal("/app/src"))
+			r := last()
+			Expect(r.Method).To(Equal(http.MethodPost))
+			Expect(r.Path).To(Equal(aggregated + "files"))
+			Expect(r.Query.Get("path")).To(Equal("/app/src"))
 			Expect(r.Header.Get("Content-Type")).To(Equal("application/x-tar"))
-			tr := tar.NewReader(bytes.NewReader(body))
+			tr := tar.NewReader(bytes.NewReader(r.Body))
 			hdr, err := tr.Next()
 			Expect(err).NotTo(HaveOccurred())
 			Expect(hdr.Name).To(Equal("a.txt"))
 		})
 
 		It("uploads one file with its length and mode", func() {
-			node.answer = answerStats
+			cluster.Handle(answerStats)
 			stats, err := newClient(cluster.RESTConfig("t"), sandboxclient.Options{}).UploadFile(ctx, ns, name, "bin/run.sh", 0o755, strings.NewReader("#!/bin/sh\n"))
 			Expect(err).NotTo(HaveOccurred())
 			Expect(stats.Bytes).To(BeEquivalentTo(10))
-			r, _ := node.last()
-			Expect(r.ContentLength).To(BeEquivalentTo(10))
+			r := last()
+			Expect(r.Method).To(Equal(http.MethodPost))
+			Expect(r.Header.Get("Content-Length")).To(Equal("10"))
 			Expect(r.Header.Get("Content-Type")).To(Equal("application/octet-stream"))
-			Expect(r.URL.Query().Get("path")).To(Equal("bin/run.sh"))
-			Expect(r.URL.Query().Get("mode")).To(Equal("0755"))
+			Expect(r.Query.Get("path")).To(Equal("bin/run.sh"))
+			Expect(r.Query.Get("mode")).To(Equal("0755"))
 		})
 
 		It("uploads the rest of a file from its current offset", func() {
-			node.answer = answerStats
+			cluster.Handle(answerStats)
 			f, err := os.CreateTemp(GinkgoT().TempDir(), "src")
 			Expect(err).NotTo(HaveOccurred())
 			defer f.Close()
@@ -563,13 +663,13 @@ var _ = Describe("Client", Label("unit"), func() {
 			Expect(err).NotTo(HaveOccurred())
 			_, err = newClient(cluster.RESTConfig("t"), sandboxclient.Options{}).UploadFile(ctx, ns, name, "x", 0o600, f)
 			Expect(err).NotTo(HaveOccurred())
-			r, body := node.last()
-			Expect(r.ContentLength).To(BeEquivalentTo(4))
-			Expect(string(body)).To(Equal("keep"))
+			r := last()
+			Expect(r.Header.Get("Content-Length")).To(Equal("4"))
+			Expect(string(r.Body)).To(Equal("keep"))
 		})
 
 		It("gives content of unknown length a Content-Length by spooling it", func() {
-			node.answer = answerStats
+			cluster.Handle(answerStats)
 			pr, pw := io.Pipe()
 			go func() {
 				_, _ = pw.Write([]byte("streamed"))
@@ -577,38 +677,44 @@ var _ = Describe("Client", Label("unit"), func() {
 			}()
 			_, err := newClient(cluster.RESTConfig("t"), sandboxclient.Options{}).UploadFile(ctx, ns, name, "x", 0o644, pr)
 			Expect(err).NotTo(HaveOccurred())
-			r, body := node.last()
-			Expect(r.ContentLength).To(BeEquivalentTo(8))
-			Expect(string(body)).To(Equal("streamed"))
+			r := last()
+			Expect(r.Header.Get("Content-Length")).To(Equal("8"))
+			Expect(string(r.Body)).To(Equal("streamed"))
 		})
 
 		It("uploads an empty file", func() {
-			node.answer = answerStats
+			cluster.Handle(answerStats)
 			_, err := newClient(cluster.RESTConfig("t"), sandboxclient.Options{}).UploadFile(ctx, ns, name, "empty", 0o644, strings.NewReader(""))
 			Expect(err).NotTo(HaveOccurred())
-			r, _ := node.last()
-			Expect(r.ContentLength).To(BeZero())
+			r := last()
+			Expect(r.Method).To(Equal(http.MethodPost))
+			Expect(r.Body).To(BeEmpty())
+			Expect(r.Header.Get("Content-Length")).To(Or(BeEmpty(), Equal("0")))
 		})
 
-		It("downloads an archive", func() {
-			node.answer = func(w http.ResponseWriter, r *http.Request, _ []byte) {
-				Expect(r.URL.Query().Get("path")).To(Equal("/app/out"))
+		It("downloads an archive with GET", func() {
+			cluster.Handle(func(w http.ResponseWriter, _ *http.Request, _ []byte) {
 				w.Header().Set("Trailer", "Sandbox-Transfer-Error")
 				w.Header().Set("Content-Type", "application/x-tar")
 				_, _ = w.Write([]byte("archive bytes"))
-			}
+			})
 			var out bytes.Buffer
 			Expect(newClient(cluster.RESTConfig("t"), sandboxclient.Options{}).Download(ctx, ns, name, "/app/out", &out)).To(Succeed())
 			Expect(out.String()).To(Equal("archive bytes"))
+			r := last()
+			Expect(r.Method).To(Equal(http.MethodGet))
+			Expect(r.Path).To(Equal(aggregated + "files"))
+			Expect(r.Query.Get("path")).To(Equal("/app/out"))
+			Expect(r.Header.Get("Accept")).To(HavePrefix("application/x-tar"))
 		})
 
 		It("fails a download whose trailer reports an error", func() {
-			node.answer = func(w http.ResponseWriter, _ *http.Request, _ []byte) {
+			cluster.Handle(func(w http.ResponseWriter, _ *http.Request, _ []byte) {
 				w.Header().Set("Trailer", "Sandbox-Transfer-Error")
 				_, _ = w.Write([]byte("partial"))
 				w.(http.Flusher).Flush()
 				w.Header().Set("Sandbox-Transfer-Error", "too large: big.bin takes the download past its 8388608-byte limit")
-			}
+			})
 			var out bytes.Buffer
 			err := newClient(cluster.RESTConfig("t"), sandboxclient.Options{}).Download(ctx, ns, name, "/app", &out)
 			var te *sandboxclient.TransferError
@@ -621,73 +727,78 @@ var _ = Describe("Client", Label("unit"), func() {
 
 	Describe("logs and history", func() {
 		It("streams logs with tail and follow", func() {
-			node.answer = func(w http.ResponseWriter, _ *http.Request, _ []byte) {
+			cluster.Handle(func(w http.ResponseWriter, _ *http.Request, _ []byte) {
 				_, _ = w.Write([]byte("line 1\nline 2\n"))
-			}
+			})
 			var out bytes.Buffer
 			c := newClient(cluster.RESTConfig("t"), sandboxclient.Options{})
 			Expect(c.Logs(ctx, ns, name, sandboxclient.LogOptions{Tail: 2, Follow: true}, &out)).To(Succeed())
 			Expect(out.String()).To(Equal("line 1\nline 2\n"))
-			r, _ := node.last()
-			Expect(r.URL.Path).To(Equal("/v1/namespaces/team-a/sandboxes/box/log"))
-			Expect(r.URL.Query().Get("tail")).To(Equal("2"))
-			Expect(r.URL.Query().Get("follow")).To(Equal("true"))
+			r := last()
+			Expect(r.Method).To(Equal(http.MethodGet))
+			Expect(r.Path).To(Equal(aggregated + "log"))
+			Expect(r.Query.Get("tail")).To(Equal("2"))
+			Expect(r.Query.Get("follow")).To(Equal("true"))
 
 			Expect(c.Logs(ctx, ns, name, sandboxclient.LogOptions{}, io.Discard)).To(Succeed())
-			r, _ = node.last()
-			Expect(r.URL.RawQuery).To(BeEmpty(), "no tail means everything")
+			Expect(last().RawQuery).To(BeEmpty(), "no tail means everything")
+		})
+
+		It("serves logs of a Sandbox that is not Ready", func() {
+			cluster.AddSandbox(ns, name, sandboxclienttest.NotReady("ContainerExited", "exit code 1"))
+			cluster.Handle(func(w http.ResponseWriter, _ *http.Request, _ []byte) { _, _ = w.Write([]byte("last words\n")) })
+			var out bytes.Buffer
+			Expect(newClient(cluster.RESTConfig("t"), sandboxclient.Options{}).Logs(ctx, ns, name, sandboxclient.LogOptions{}, &out)).To(Succeed())
+			Expect(out.String()).To(Equal("last words\n"))
 		})
 
 		It("decodes history records until the stream ends, or fn says stop", func() {
-			node.answer = func(w http.ResponseWriter, _ *http.Request, _ []byte) {
+			cluster.Handle(func(w http.ResponseWriter, _ *http.Request, _ []byte) {
 				enc := json.NewEncoder(w)
 				_ = enc.Encode(history.Record{ID: "1", Command: []string{"ls"}, ExitCode: 0})
 				_ = enc.Encode(history.Record{ID: "2", Shell: "exit 3", ExitCode: 3})
-			}
+			})
 			c := newClient(cluster.RESTConfig("t"), sandboxclient.Options{})
 			var ids []string
-			Expect(c.History(ctx, ns, name, sandboxclient.LogOptions{}, func(r history.Record) error {
+			Expect(c.History(ctx, ns, name, sandboxclient.LogOptions{Tail: 5}, func(r history.Record) error {
 				ids = append(ids, r.ID)
 				return nil
 			})).To(Succeed())
 			Expect(ids).To(Equal([]string{"1", "2"}))
-			r, _ := node.last()
-			Expect(r.URL.Path).To(Equal("/v1/namespaces/team-a/sandboxes/box/history"))
+			r := last()
+			Expect(r.Method).To(Equal(http.MethodGet))
+			Expect(r.Path).To(Equal(aggregated + "history"))
+			Expect(r.Query.Get("tail")).To(Equal("5"))
 
 			stop := errors.New("stop")
 			Expect(c.History(ctx, ns, name, sandboxclient.LogOptions{}, func(history.Record) error { return stop })).To(MatchError(stop))
 		})
 
 		It("returns the context's error when a follow is cancelled", func() {
-			node.answer = func(w http.ResponseWriter, r *http.Request, _ []byte) {
+			cluster.Handle(func(w http.ResponseWriter, r *http.Request, _ []byte) {
 				w.WriteHeader(http.StatusOK)
 				w.(http.Flusher).Flush()
 				<-r.Context().Done()
-			}
+			})
 			lctx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
 			defer cancel()
 			err := newClient(cluster.RESTConfig("t"), sandboxclient.Options{}).Logs(lctx, ns, name, sandboxclient.LogOptions{Follow: true}, io.Discard)
 			Expect(err).To(MatchError(context.DeadlineExceeded))
 		})
 	})
-
-	It("reuses connections to a node", func() {
-		c := newClient(cluster.RESTConfig("t"), sandboxclient.Options{})
-		for range 3 {
-			_, err := execHello(c)
-			Expect(err).NotTo(HaveOccurred())
-		}
-		Expect(node.count()).To(Equal(3))
-		var remotes []string
-		node.mu.Lock()
-		for _, r := range node.requests {
-			remotes = append(remotes, r.RemoteAddr)
-		}
-		node.mu.Unlock()
-		Expect(remotes[1]).To(Equal(remotes[0]))
-		Expect(remotes[2]).To(Equal(remotes[0]))
-	})
 })
+
+// tarOf is an archive with one regular file.
+func tarOf(name, content string) []byte {
+	GinkgoHelper()
+	var buf bytes.Buffer
+	tw := tar.NewWriter(&buf)
+	Expect(tw.WriteHeader(&tar.Header{Name: name, Mode: 0o644, Size: int64(len(content)), Typeflag: tar.TypeReg})).To(Succeed())
+	_, err := tw.Write([]byte(content))
+	Expect(err).NotTo(HaveOccurred())
+	Expect(tw.Close()).To(Succeed())
+	return buf.Bytes()
+}
 
 type failingWriter struct{}
 

@@ -39,7 +39,7 @@ func (e *APIError) Error() string {
 	if msg == "" {
 		msg = strings.ToLower(http.StatusText(int(e.Code)))
 	}
-	if e.Source == sourceClient {
+	if e.Source == SourceClient {
 		// Decided locally: no server answered with this code.
 		return fmt.Sprintf("sandbox %s/%s: %s", e.Namespace, e.Name, msg)
 	}
@@ -143,13 +143,18 @@ func IsNotReady(err error) bool {
 		return true
 	}
 	var ae *APIError
-	return errors.As(err, &ae) && ae.Source == sourceNodeAPI && ae.Code == http.StatusConflict
+	return errors.As(err, &ae) && ae.Source == SourceSubresources && ae.Code == http.StatusConflict
 }
 
+// Values of APIError.Source.
 const (
-	sourceAPIServer = "kube-apiserver"
-	sourceNodeAPI   = "sandbox API"
-	sourceClient    = "client"
+	// SourceAPIServer: reading the Sandbox itself.
+	SourceAPIServer = "kube-apiserver"
+	// SourceSubresources: the exec, files, log and history subresources,
+	// answered by the API server, the aggregated API server or the node.
+	SourceSubresources = "sandbox API"
+	// SourceClient: decided by the client without an answer.
+	SourceClient = "client"
 )
 
 // maxErrorBody bounds how much of an error response is read: a Status is
@@ -161,7 +166,7 @@ const maxErrorBody = 64 << 10
 // otherwise.
 func decodeErrorResponse(ns, name string, resp *http.Response) error {
 	body, _ := io.ReadAll(io.LimitReader(resp.Body, maxErrorBody))
-	ae := &APIError{Namespace: ns, Name: name, Code: int32(resp.StatusCode), Source: sourceNodeAPI}
+	ae := &APIError{Namespace: ns, Name: name, Code: int32(resp.StatusCode), Source: SourceSubresources}
 	var st metav1.Status
 	if err := json.Unmarshal(body, &st); err == nil && (st.Kind == "Status" || st.Message != "" || st.Reason != "") {
 		ae.Reason = st.Reason
@@ -208,7 +213,7 @@ func apiServerError(ns, name string, err error) error {
 	var st apierrors.APIStatus
 	if errors.As(err, &st) {
 		s := st.Status()
-		return &APIError{Namespace: ns, Name: name, Code: s.Code, Reason: s.Reason, Message: s.Message, Source: sourceAPIServer, err: err}
+		return &APIError{Namespace: ns, Name: name, Code: s.Code, Reason: s.Reason, Message: s.Message, Source: SourceAPIServer, err: err}
 	}
 	return fmt.Errorf("sandbox %s/%s: reading the Sandbox from the API server: %w", ns, name, err)
 }

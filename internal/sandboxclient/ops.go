@@ -165,7 +165,7 @@ func (c *Client) UploadFile(ctx context.Context, ns, name, path string, mode os.
 		}
 		if n > execio.DefaultUploadLimit {
 			return execio.TransferStats{}, &APIError{Namespace: ns, Name: name, Code: http.StatusRequestEntityTooLarge,
-				Reason: metav1.StatusReasonRequestEntityTooLarge, Source: sourceClient,
+				Reason: metav1.StatusReasonRequestEntityTooLarge, Source: SourceClient,
 				Message: fmt.Sprintf("the content for %s is larger than %d bytes, the node API's default upload cap", path, execio.DefaultUploadLimit)}
 		}
 		if _, err := spool.Seek(0, io.SeekStart); err != nil {

@@ -29,9 +29,9 @@ func withReady(status metav1.ConditionStatus, reason, message string) *sandboxv1
 	return &sandboxv1alpha1.Sandbox{
 		ObjectMeta: metav1.ObjectMeta{Name: "mcp-abc"},
 		Status: sandboxv1alpha1.SandboxStatus{
-			NodeName:      "n1",
-			AgentEndpoint: "https://127.0.0.1:9443",
-			Conditions:    []metav1.Condition{{Type: "Ready", Status: status, Reason: reason, Message: message}},
+			NodeName:        "n1",
+			NodeAPIEndpoint: "https://127.0.0.1:9443",
+			Conditions:      []metav1.Condition{{Type: "Ready", Status: status, Reason: reason, Message: message}},
 		},
 	}
 }
@@ -65,7 +65,7 @@ var _ = Describe("startStatus", Label("unit"), func() {
 
 	It("keeps waiting for the node API when Ready has no endpoint", func() {
 		noEndpoint := withReady(metav1.ConditionTrue, "Running", "")
-		noEndpoint.Status.AgentEndpoint = ""
+		noEndpoint.Status.NodeAPIEndpoint = ""
 		state, err := startStatus(noEndpoint)
 		Expect(state).To(Equal(starting), "Ready without endpoint: want starting, waiting for the node API (err %v)", err)
 		Expect(err).To(MatchError(ContainSubstring("node API")), "Ready without endpoint: want starting, waiting for the node API")
@@ -160,14 +160,14 @@ var _ = Describe("apiError", Label("unit"), func() {
 
 var _ = Describe("clientError", Label("unit"), func() {
 	node := func(code int32, msg string) error {
-		return &sandboxclient.APIError{Namespace: "ns", Name: "mcp-x", Code: code, Message: msg, Source: "node API"}
+		return &sandboxclient.APIError{Namespace: "ns", Name: "mcp-x", Code: code, Message: msg, Source: sandboxclient.SourceSubresources}
 	}
 	DescribeTable("classifies node API and client errors",
 		func(op nodeOp, in, kind error) {
 			err := clientError(op, in)
 			Expect(err).To(MatchError(kind), "%v is not %v", err, kind)
 		},
-		Entry("sandbox gone", opExec, &sandboxclient.APIError{Code: 404, Message: "not found", Source: "kube-apiserver"}, mcpserver.ErrNotFound),
+		Entry("sandbox gone", opExec, &sandboxclient.APIError{Code: 404, Message: "not found", Source: sandboxclient.SourceAPIServer}, mcpserver.ErrNotFound),
 		Entry("path missing", opFiles, node(404, "downloading /app/nope from sandbox 0123: open nope: no such file or directory"), execio.ErrPathNotFound),
 		Entry("sandbox gone from node", opFiles, node(404, "sandbox ns/mcp-x not found"), mcpserver.ErrNotFound),
 		Entry("not ready", opExec, &sandboxclient.NotReadyError{Namespace: "ns", Name: "mcp-x", Reason: "OOMKilled", Message: "memory"}, mcpserver.ErrNotRunning),

@@ -230,7 +230,7 @@ func clientError(op nodeOp, err error) error {
 // through the API server just before, so on a file transfer it is almost
 // always the path.
 func pathMissing(ae *sandboxclient.APIError) bool {
-	return ae.Source == "node API" &&
+	return ae.Source == sandboxclient.SourceSubresources &&
 		!strings.HasPrefix(ae.Message, "sandbox "+ae.Namespace+"/") &&
 		!strings.HasPrefix(ae.Message, "no such ")
 }

@@ -4,15 +4,23 @@ import (
 	"archive/tar"
 	"bytes"
 	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
 	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
 	"errors"
 	"io"
+	"math/big"
+	"net"
 	"strings"
 	"sync"
 	"time"
 
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
@@ -20,6 +28,7 @@ import (
 	sandboxv1alpha1 "github.com/code-sandbox/code-sandbox-operator/api/v1alpha1"
 	"github.com/code-sandbox/code-sandbox-operator/internal/execio"
 	"github.com/code-sandbox/code-sandbox-operator/internal/history"
+	"github.com/code-sandbox/code-sandbox-operator/internal/operatorca"
 	"github.com/code-sandbox/code-sandbox-operator/internal/sandboxclient"
 )
 
@@ -385,5 +394,102 @@ var _ = Describe("sandboxclient through the API server and the aggregated API", 
 	It("reports a Sandbox that does not exist", func() {
 		_, err := admin.Exec(ctx, ns, "nope", shell("true"), nil, nil)
 		Expect(sandboxclient.IsNotFound(err)).To(BeTrue(), "%v", err)
+	})
+})
+
+var _ = Describe("a forged node API endpoint", Label("integration"), func() {
+	// A Sandbox's status names its node API's address. Whoever could write
+	// that address (only the node's manager, under the status policy) still
+	// cannot make the aggregated API server talk to an impostor: the server
+	// certificate must chain to the operator CA and name status.nodeName.
+	// The impostor must receive nothing but a TLS handshake: no request
+	// line, no identity headers, no credential.
+	impostor := func(cert tls.Certificate) (endpoint string, received func() int) {
+		GinkgoHelper()
+		l, err := tls.Listen("tcp", "127.0.0.1:0", &tls.Config{Certificates: []tls.Certificate{cert}})
+		Expect(err).NotTo(HaveOccurred())
+		var mu sync.Mutex
+		n := 0
+		go func() {
+			for {
+				conn, err := l.Accept()
+				if err != nil {
+					return
+				}
+				go func() {
+					defer conn.Close()
+					_ = conn.SetDeadline(time.Now().Add(10 * time.Second))
+					buf := make([]byte, 4096)
+					for {
+						k, err := conn.Read(buf)
+						mu.Lock()
+						n += k
+						mu.Unlock()
+						if err != nil {
+							return
+						}
+					}
+				}()
+			}
+		}()
+		DeferCleanup(l.Close)
+		return "https://" + l.Addr().String(), func() int { mu.Lock(); defer mu.Unlock(); return n }
+	}
+
+	forge := func(ns, node, endpoint string) {
+		GinkgoHelper()
+		sbx := createSandbox(ns, "forged", func(s *sandboxv1alpha1.Sandbox) { s.Spec.NodeName = node })
+		// envtest runs without the status policy, so the test can write
+		// the status a (compromised) manager of node would write.
+		sbx.Status = sandboxv1alpha1.SandboxStatus{
+			NodeName: node, NodeAPIEndpoint: endpoint, ContainerID: "c0ffee",
+			Conditions: []metav1.Condition{{Type: string(sandboxv1alpha1.SandboxConditionReady), Status: metav1.ConditionTrue,
+				Reason: sandboxv1alpha1.SandboxReasonRunning, Message: "forged", LastTransitionTime: metav1.Now()}},
+		}
+		Expect(k8sClient.Status().Update(context.Background(), sbx)).To(Succeed())
+	}
+
+	execIn := func(ns string) error {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		runner := serviceAccountConfig(ns, "runner")
+		bind(ns, execRole, saSubject(ns, "runner"))
+		var err error
+		// The RoleBinding reaches the authorizer's cache within seconds.
+		Eventually(func() bool {
+			_, err = newClient(runner).Exec(ctx, ns, "forged", shell("echo hi"), nil, nil)
+			return err != nil && !sandboxclient.IsForbidden(err)
+		}, 15*time.Second, 500*time.Millisecond).Should(BeTrue(), "%v", err)
+		return err
+	}
+
+	It("gets no bytes from a self-signed impostor", func() {
+		ns := newNamespace()
+		key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+		Expect(err).NotTo(HaveOccurred())
+		tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: operatorca.NodeCommonName("fake-node")},
+			NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
+			ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}, IPAddresses: []net.IP{net.ParseIP("127.0.0.1")}}
+		der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+		Expect(err).NotTo(HaveOccurred())
+		endpoint, received := impostor(tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key})
+		forge(ns, "fake-node", endpoint)
+		err = execIn(ns)
+		Expect(sandboxclient.IsUnavailable(err)).To(BeTrue(), "%v", err)
+		Expect(err.Error()).To(ContainSubstring("fake-node"))
+		Consistently(received, time.Second).Should(BeZero())
+	})
+
+	It("gets no bytes from a real node's certificate used for another node", func() {
+		ns := newNamespace()
+		// A certificate the operator CA issued to "other-node", served
+		// for a Sandbox bound to "fake-node-2".
+		cert, err := operator.Authority.Current().IssueNode("other-node", time.Hour)
+		Expect(err).NotTo(HaveOccurred())
+		endpoint, received := impostor(*cert)
+		forge(ns, "fake-node-2", endpoint)
+		err = execIn(ns)
+		Expect(sandboxclient.IsUnavailable(err)).To(BeTrue(), "%v", err)
+		Consistently(received, time.Second).Should(BeZero())
 	})
 })

@@ -33,10 +33,10 @@ import (
 
 // NodeAPIOptions configure one node API server on loopback.
 type NodeAPIOptions struct {
-	Node              string
-	Runtime           nodeapi.Runtime
-	Reader, APIReader client.Reader
-	History           nodeapi.HistoryStore
+	Node               string
+	Runtime            nodeapi.Runtime
+	Reader, APIReader  client.Reader
+	History            nodeapi.HistoryStore
 	FileTransferLimit  int64
 	MaxExecsPerSandbox int
 	// DockerCheckTimeout defaults to 5 s.
@@ -138,8 +138,8 @@ type Node struct {
 }
 
 // Start starts a manager for opts.Name, with its node API reachable
-// through op's aggregated API, and waits for its cache. Stop it in
-// AfterSuite (it is usually suite-wide).
+// through op's aggregated API (no node API when op is nil), and waits for
+// its cache. Stop it in AfterSuite (it is usually suite-wide).
 func Start(cp *testenv.ControlPlane, op *Operator, opts NodeOptions) *Node {
 	GinkgoHelper()
 	n := &Node{Name: opts.Name, History: opts.History, done: make(chan struct{})}
@@ -156,10 +156,15 @@ func Start(cp *testenv.ControlPlane, op *Operator, opts NodeOptions) *Node {
 		HealthProbeBindAddress: "0",
 	})
 	Expect(err).NotTo(HaveOccurred())
-	n.API = NewNodeAPI(op.Authority.Current(), NodeAPIOptions{
-		Node: opts.Name, Runtime: n.Docker, Reader: n.Manager.GetClient(), APIReader: n.Manager.GetAPIReader(),
-		History: n.History, FileTransferLimit: opts.FileTransferLimit,
-	})
+	endpoint := ""
+	if op != nil {
+		n.API = NewNodeAPI(op.Authority.Current(), NodeAPIOptions{
+			Node: opts.Name, Runtime: n.Docker, Reader: n.Manager.GetClient(), APIReader: n.Manager.GetAPIReader(),
+			History: n.History, FileTransferLimit: opts.FileTransferLimit,
+		})
+		endpoint = n.API.Endpoint
+		Expect(n.Manager.Add(n.API.Runnable)).To(Succeed())
+	}
 	r, err := controllers.NewSandboxReconciler(n.Manager.GetClient(), n.Manager.GetAPIReader(), n.Docker,
 		n.Manager.GetEventRecorder("sandbox-manager-"+opts.Name), clock.RealClock{}, controllers.Options{
 			NodeName:           opts.Name,
@@ -167,12 +172,11 @@ func Start(cp *testenv.ControlPlane, op *Operator, opts NodeOptions) *Node {
 			RetryBackoffBase:   200 * time.Millisecond,
 			RetryBackoffMax:    2 * time.Second,
 			SkipNameValidation: true,
-			NodeAPIEndpoint:    n.API.Endpoint,
+			NodeAPIEndpoint:    endpoint,
 			History:            n.History,
 		})
 	Expect(err).NotTo(HaveOccurred())
 	Expect(r.SetupWithManager(n.Manager, time.Hour)).To(Succeed())
-	Expect(n.Manager.Add(n.API.Runnable)).To(Succeed())
 
 	ctx, cancel := context.WithCancel(context.Background())
 	n.stop = cancel
