@@ -121,11 +121,8 @@ docker-build: build docker-up ## Build the manager image IMG and the MCP server 
 	docker build -t $(MCP_IMG) -f Dockerfile.mcp .
 
 .PHONY: run
-run: build ## Run the manager for node $$NODE_NAME (default n1) against the local control plane (make dev-up first).
-	bin/manager --kubeconfig bin/dev/kubeconfig --node-name $${NODE_NAME:-n1} \
-		--node-api-bind-address 127.0.0.1:9443 --node-api-advertise-address 127.0.0.1 \
-		--node-api-client-ca-file bin/dev/client-ca.crt --state-dir bin/dev/state \
-		--metrics-bind-address 0 --health-probe-bind-address 127.0.0.1:8081
+run: build kustomize ## Run the manager for node $$NODE_NAME (default n1) against the local control plane (make dev-up first), the operator's webhook and aggregated API in the background.
+	KUSTOMIZE="$(KUSTOMIZE)" hack/dev-run.sh
 
 ##@ Local control plane
 

@@ -9,7 +9,7 @@
 #      restarts, so they are deleted while their managers still run, which
 #      removes their Docker containers instead of leaving them behind
 #      (deletes do not need the quota webhook);
-#   3. the managers and the webhook;
+#   3. the managers and the operator's webhook / aggregated API server;
 #   4. the control plane.
 set -euo pipefail
 
@@ -70,6 +70,16 @@ stop_file() {
   rm -f "${f}"
 }
 
+# remove_bookkeeping: devcluster removes its kubeconfig on a clean stop, but
+# not when killed. The rest is dev-up-system's and make run's bookkeeping
+# for what was stopped: the node managers' kubeconfigs and their Pod-bound
+# tokens (for a control plane that is gone), health addresses, the cluster
+# stamp, and the client CA file that earlier versions wrote.
+remove_bookkeeping() {
+  rm -f "${DEV_DIR}/kubeconfig" "${DEV_DIR}"/*.health "${DEV_DIR}/system.cluster" \
+    "${DEV_DIR}"/manager-*.kubeconfig "${DEV_DIR}"/manager-*.kubeconfig.token "${DEV_DIR}/client-ca.crt"
+}
+
 shopt -s nullglob
 pid_files=()
 # Managers and the webhook go before the control plane so that they do not
@@ -83,6 +93,9 @@ done
 
 if ((${#pid_files[@]} == 0)) && [[ ! -e "${DEV_DIR}/mcp.pid" && ! -e "${DEV_DIR}/devcluster.pid" ]]; then
   log "nothing to stop"
+  # A kubeconfig without a control plane would make dev-up-system think
+  # one runs.
+  [[ -e "${DEV_DIR}/kubeconfig" ]] && ! timeout 5 "${KUBECTL}" --kubeconfig "${DEV_DIR}/kubeconfig" version >/dev/null 2>&1 && remove_bookkeeping
   exit 0
 fi
 
@@ -105,7 +118,5 @@ for f in "${pid_files[@]}"; do
 done
 [[ -e "${DEV_DIR}/devcluster.pid" ]] && stop_file "${DEV_DIR}/devcluster.pid"
 
-# devcluster removes its kubeconfig on a clean stop, but not when killed.
-# The rest is dev-up-system's bookkeeping for what was just stopped.
-rm -f "${DEV_DIR}/kubeconfig" "${DEV_DIR}"/*.health "${DEV_DIR}/system.cluster"
+remove_bookkeeping
 log "done"

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Starts the local control plane (hack/devcluster: etcd + kube-apiserver on
-# loopback with the Sandbox CRD installed) in the background and waits until
-# it answers. Safe to rerun: a healthy control plane is left alone, and a
+# loopback with the Sandbox CRD installed and the front proxy configured for
+# aggregated API servers) in the background and waits until it answers. Safe to rerun: a healthy control plane is left alone, and a
 # stale pid file from a crashed one is cleaned up.
 #
 # Needs KUBEBUILDER_ASSETS (make dev-up sets it from hack/setup-envtest.sh).
@@ -51,8 +51,9 @@ print_next_steps() {
   [[ "${DEV_UP_NEXT_STEPS:-1}" == 1 ]] || return 0
   cat >&2 <<EOF
 dev-up: the control plane is up. Next:
-  make run        # the manager for node n1, its node API on 127.0.0.1:9443
-                  # (or make dev-up-system: manager, quota webhook and MCP server)
+  make run        # the manager for node n1, its node API on 127.0.0.1:9443, and in the
+                  # background the operator's quota webhook and aggregated API
+                  # (or make dev-up-system: all of that for node dev-node, and the MCP server)
   kubectl --kubeconfig ${KUBECONFIG_PATH} apply -f config/samples/
   kubectl --kubeconfig ${KUBECONFIG_PATH} get sandboxes
   bin/kubectl-sandbox --kubeconfig ${KUBECONFIG_PATH} exec sandbox-sample -- python3 -c 'print(6*7)'

@@ -202,8 +202,8 @@ var _ = Describe("kubectl sandbox", Label("unit"), func() {
 			c.cluster.AddSandbox("team-a", "box", sandboxclienttest.NotReady("OOMKilled", "killed for exceeding resources.memory"))
 			code, _, stderr := c.run("", "exec", "box", "--", "true")
 			Expect(code).To(Equal(1))
-			Expect(stderr).To(HavePrefix("error: sandbox team-a/box: "))
-			Expect(stderr).To(ContainSubstring("is not Ready: OOMKilled: killed for exceeding resources.memory"))
+			// The server's message names the Sandbox; it is not repeated.
+			Expect(stderr).To(HavePrefix("error: sandbox team-a/box is not Ready: OOMKilled: killed for exceeding resources.memory"))
 			Expect(stderr).To(HaveSuffix("(sandbox API, HTTP 409)\n"))
 		})
 

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"strings"
 
@@ -39,11 +40,16 @@ func (e *APIError) Error() string {
 	if msg == "" {
 		msg = strings.ToLower(http.StatusText(int(e.Code)))
 	}
+	// The servers' messages usually name the Sandbox already.
+	subject := fmt.Sprintf("sandbox %s/%s", e.Namespace, e.Name)
+	if !strings.HasPrefix(msg, subject) {
+		msg = subject + ": " + msg
+	}
 	if e.Source == SourceClient {
 		// Decided locally: no server answered with this code.
-		return fmt.Sprintf("sandbox %s/%s: %s", e.Namespace, e.Name, msg)
+		return msg
 	}
-	return fmt.Sprintf("sandbox %s/%s: %s (%s, HTTP %d)", e.Namespace, e.Name, msg, e.Source, e.Code)
+	return fmt.Sprintf("%s (%s, HTTP %d)", msg, e.Source, e.Code)
 }
 
 func (e *APIError) Unwrap() error { return e.err }
@@ -214,6 +220,12 @@ func apiServerError(ns, name string, err error) error {
 	if errors.As(err, &st) {
 		s := st.Status()
 		return &APIError{Namespace: ns, Name: name, Code: s.Code, Reason: s.Reason, Message: s.Message, Source: SourceAPIServer, err: err}
+	}
+	var op *net.OpError
+	if errors.As(err, &op) && op.Op == "dial" {
+		// Unreachable: retryable like a 503, so WaitReady keeps waiting.
+		return &APIError{Namespace: ns, Name: name, Code: http.StatusServiceUnavailable, Reason: metav1.StatusReasonServiceUnavailable,
+			Source: SourceClient, Message: fmt.Sprintf("the API server is unreachable: %v", op.Err), err: err}
 	}
 	return fmt.Errorf("sandbox %s/%s: reading the Sandbox from the API server: %w", ns, name, err)
 }

@@ -97,6 +97,8 @@ var _ = Describe("The default overlay (make deploy, make build-installer)", func
 			"ServiceAccount "+ns+"code-sandbox-controller-manager",
 			"ClusterRole code-sandbox-manager-role",
 			"ClusterRoleBinding code-sandbox-manager-rolebinding",
+			"Role "+ns+"code-sandbox-manager-role",
+			"RoleBinding "+ns+"code-sandbox-manager-rolebinding",
 			"DaemonSet "+ns+"code-sandbox-controller-manager",
 			// User-facing roles.
 			"ClusterRole code-sandbox-sandbox-admin-role",
@@ -114,6 +116,13 @@ var _ = Describe("The default overlay (make deploy, make build-installer)", func
 			"PodDisruptionBudget "+ns+"code-sandbox-webhook",
 			"Service "+ns+"code-sandbox-webhook-service",
 			"ValidatingWebhookConfiguration code-sandbox-validating-webhook-configuration",
+			// The aggregated API (exec, files, log, history), served by the
+			// webhook's Deployment.
+			"APIService v1alpha1.subresources.sandbox.code-sandbox.dev",
+			"Service "+ns+"code-sandbox-apiserver",
+			"ClusterRole code-sandbox-apiserver-auth-reader",
+			"ClusterRoleBinding code-sandbox-apiserver-auth-delegator",
+			"ClusterRoleBinding code-sandbox-apiserver-auth-reader",
 			// The MCP server.
 			"ServiceAccount "+ns+"code-sandbox-mcp-server",
 			"ClusterRole code-sandbox-mcp-server-role",
