@@ -105,6 +105,7 @@ func run() error {
 	case "node":
 	case "webhook":
 		ctrl.SetLogger(zap.New(zap.UseFlagOptions(&zapOpts)))
+		webhook.caBundle = nodeAPI.bundleConfigMap
 		return runWebhook(webhook, metricsAddr, probeAddr)
 	default:
 		return fmt.Errorf("--role must be node or webhook, got %q", role)
@@ -208,7 +209,7 @@ func (f *nodeAPIFlags) bind(fs *flag.FlagSet) {
 	fs.StringVar(&f.bindAddress, "node-api-bind-address", ":9443", "Address of the node API (HTTPS with mutual TLS: exec, files, logs for the operator's aggregated API server); 0 disables it.")
 	fs.StringVar(&f.advertiseAddress, "node-api-advertise-address", advertise, "Host or IP the aggregated API server uses to reach the node API, published in status.nodeAPIEndpoint (default $POD_IP, else the node name).")
 	fs.StringVar(&f.namespace, "operator-namespace", os.Getenv("POD_NAMESPACE"), "Namespace of the operator CA bundle ConfigMap (default $POD_NAMESPACE).")
-	fs.StringVar(&f.bundleConfigMap, "ca-bundle-configmap", operatorca.DefaultBundleConfigMap, "ConfigMap (in --operator-namespace) with the operator CA bundle that node API clients must chain to.")
+	fs.StringVar(&f.bundleConfigMap, "ca-bundle-configmap", operatorca.DefaultBundleConfigMap, "ConfigMap with the operator CA bundle: the webhook role publishes it in --webhook-namespace, node managers read it from --operator-namespace to check node API clients.")
 	fs.StringVar(&f.allowedClients, "node-api-allowed-clients", operatorca.AggregatorCommonName, "Comma-separated client certificate names (issued by the operator CA) the node API serves.")
 	fs.Var(&quantityFlag{&f.execOutputLimit}, "exec-output-limit", "Largest output of one exec, per stream (stdout and stderr each); a request may ask for less.")
 	fs.Var(&quantityFlag{&f.fileTransferLimit}, "file-transfer-limit", "Largest file content of one upload or download.")

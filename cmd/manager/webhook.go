@@ -40,11 +40,13 @@ import (
 
 // webhookFlags configure the webhook role.
 type webhookFlags struct {
-	bindAddress        string
-	apiserverAddress   string
-	apiserverService   string
-	apiService         string
-	caSecret           string
+	bindAddress      string
+	apiserverAddress string
+	apiserverService string
+	apiService       string
+	caSecret         string
+	// caBundle is --ca-bundle-configmap, which both roles read (see
+	// nodeAPIFlags).
 	caBundle           string
 	managerUsername    string
 	certDir            string
@@ -70,7 +72,6 @@ func (f *webhookFlags) bind(fs *flag.FlagSet) {
 	fs.StringVar(&f.apiserverService, "apiserver-service", "code-sandbox-apiserver", "webhook role: Service in front of the aggregated API server; its cluster DNS names go into the serving certificate.")
 	fs.StringVar(&f.apiService, "apiservice", "v1alpha1."+wire.AggregatedGroup, "webhook role: APIService that receives the operator CA as its caBundle; empty leaves it alone.")
 	fs.StringVar(&f.caSecret, "ca-secret", operatorca.DefaultCASecret, "webhook role: Secret (in --webhook-namespace) holding the operator CA; readable only by this component.")
-	fs.StringVar(&f.caBundle, "ca-bundle-configmap", operatorca.DefaultBundleConfigMap, "ConfigMap with the operator CA bundle, published for the node managers.")
 	fs.StringVar(&f.managerUsername, "node-manager-username", "", "webhook role: the node managers' ServiceAccount user (system:serviceaccount:NS:NAME), the only identity whose node-bound CSRs are signed. Default: system:serviceaccount:<--webhook-namespace>:code-sandbox-controller-manager.")
 	fs.DurationVar(&f.reservationTimeout, "quota-reservation-timeout", sandboxquota.DefaultReservationTimeout, "webhook role: how long quota charged at admission waits for its Sandbox to appear before the API server is asked whether the create failed.")
 }

@@ -9,11 +9,13 @@ package aggregatedapi
 import (
 	"context"
 	"crypto/tls"
+	"errors"
 	"fmt"
 	"time"
 
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/apiserver/pkg/authentication/authenticator"
+	"k8s.io/apiserver/pkg/authentication/authenticatorfactory"
 	"k8s.io/apiserver/pkg/authorization/authorizer"
 	"k8s.io/apiserver/pkg/authorization/authorizerfactory"
 	genericserver "k8s.io/apiserver/pkg/server"
@@ -21,14 +23,18 @@ import (
 	"k8s.io/client-go/kubernetes"
 )
 
-// Auth is the delegating authentication and authorisation of the
-// aggregated API server, built by k8s.io/apiserver exactly as for any
-// extension API server: kube-apiserver's front-proxy certificate and
-// allowed names, its client CA and the X-Remote-* header names are read
-// from the kube-system/extension-apiserver-authentication ConfigMap and
-// followed as they change; bearer tokens of direct callers go to
-// TokenReview; decisions come from SubjectAccessReview. Answers are cached
-// briefly, so a busy agent costs the API server little.
+// Auth is the authentication and authorisation of the aggregated API
+// server, built by k8s.io/apiserver as for any extension API server:
+// kube-apiserver's front-proxy CA, allowed names and X-Remote-* header names
+// are read from the kube-system/extension-apiserver-authentication ConfigMap
+// and followed as they change, and decisions come from SubjectAccessReview,
+// cached briefly so that a busy agent costs the API server little.
+//
+// Only kube-apiserver's front proxy authenticates: there is no TokenReview,
+// no client-certificate login and no anonymous user. A caller who reaches
+// the Service directly, even with a valid token, is refused, so every
+// request has passed kube-apiserver's authentication, RBAC and audit log,
+// and no caller credential reaches this server either.
 type Auth struct {
 	Authenticator authenticator.Request
 	Authorizer    authorizer.Authorizer
@@ -38,26 +44,32 @@ type Auth struct {
 	}
 }
 
-// Cache lifetimes of the reviews: short, so that a revoked RoleBinding
-// stops working within seconds.
+// Cache lifetimes of the access reviews: short, so that a revoked
+// RoleBinding stops working within seconds.
 const (
-	tokenCacheTTL = 10 * time.Second
 	allowCacheTTL = 10 * time.Second
 	denyCacheTTL  = 5 * time.Second
 )
 
 // NewDelegatingAuth builds Auth. kubeconfig is the file the server's own
 // client uses (empty: the in-cluster configuration); k8s.io/apiserver's
-// options read it themselves.
+// options read it themselves to find the front-proxy configuration.
 func NewDelegatingAuth(kubeconfig string, cs kubernetes.Interface) (*Auth, error) {
 	authnOpts := options.NewDelegatingAuthenticationOptions()
 	authnOpts.RemoteKubeConfigFile = kubeconfig
-	authnOpts.CacheTTL = tokenCacheTTL
 	var (
 		authnInfo   genericserver.AuthenticationInfo
 		servingInfo genericserver.SecureServingInfo
 	)
 	if err := authnOpts.ApplyTo(&authnInfo, &servingInfo, nil); err != nil {
+		return nil, fmt.Errorf("aggregated API authentication: %w", err)
+	}
+	if authnInfo.RequestHeaderConfig == nil {
+		return nil, errors.New("aggregated API authentication: kube-apiserver publishes no front-proxy configuration (kube-system/extension-apiserver-authentication has no requestheader-client-ca-file); start it with --requestheader-client-ca-file and --proxy-client-cert-file")
+	}
+	// Of everything ApplyTo offers, keep the front proxy alone.
+	authn, _, err := authenticatorfactory.DelegatingAuthenticatorConfig{RequestHeaderConfig: authnInfo.RequestHeaderConfig}.New()
+	if err != nil {
 		return nil, fmt.Errorf("aggregated API authentication: %w", err)
 	}
 	backoff := wait.Backoff{Duration: 200 * time.Millisecond, Factor: 2, Jitter: 0.2, Steps: 3}
@@ -70,7 +82,7 @@ func NewDelegatingAuth(kubeconfig string, cs kubernetes.Interface) (*Auth, error
 	if err != nil {
 		return nil, fmt.Errorf("aggregated API authorisation: %w", err)
 	}
-	a := &Auth{Authenticator: authnInfo.Authenticator, Authorizer: authz}
+	a := &Auth{Authenticator: authn, Authorizer: authz}
 	if r, ok := servingInfo.ClientCA.(interface {
 		RunOnce(context.Context) error
 		Run(context.Context, int)
@@ -81,9 +93,8 @@ func NewDelegatingAuth(kubeconfig string, cs kubernetes.Interface) (*Auth, error
 }
 
 // TLSConfig asks every client for a certificate without checking it in
-// the handshake: kube-apiserver's front-proxy certificate and callers'
-// client certificates are verified by the authenticator against CAs that
-// may change while the server runs.
+// the handshake: kube-apiserver's front-proxy certificate is verified by the
+// authenticator against a CA that may change while the server runs.
 func (a *Auth) TLSConfig(getCertificate func(*tls.ClientHelloInfo) (*tls.Certificate, error)) *tls.Config {
 	return &tls.Config{
 		MinVersion:     tls.VersionTLS12,
@@ -93,7 +104,7 @@ func (a *Auth) TLSConfig(getCertificate func(*tls.ClientHelloInfo) (*tls.Certifi
 	}
 }
 
-// Start follows changes of the front-proxy and client CAs until ctx ends.
+// Start follows changes of the front-proxy configuration until ctx ends.
 // It is a manager Runnable.
 func (a *Auth) Start(ctx context.Context) error {
 	if a.clientCA != nil {

@@ -38,7 +38,6 @@ import (
 	"time"
 
 	"github.com/go-logr/logr"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -190,16 +189,9 @@ func (s *Server) authorize(ctx context.Context, u user.Info, rt wire.Route) erro
 // container); logs and history are served for Sandboxes that are not.
 func (s *Server) sandbox(ctx context.Context, rt wire.Route) (*sandboxv1alpha1.Sandbox, error) {
 	key := types.NamespacedName{Namespace: rt.Namespace, Name: rt.Name}
-	sbx := &sandboxv1alpha1.Sandbox{}
-	err := s.cfg.Sandboxes.Get(ctx, key, sbx)
-	if apierrors.IsNotFound(err) && s.cfg.APIReader != nil {
-		err = s.cfg.APIReader.Get(ctx, key, sbx)
-	}
-	switch {
-	case apierrors.IsNotFound(err):
-		return nil, nodeapi.NewError(http.StatusNotFound, metav1.StatusReasonNotFound, "sandbox %s not found", key)
-	case err != nil:
-		return nil, fmt.Errorf("reading sandbox %s: %w", key, err)
+	sbx, err := nodeapi.GetSandbox(ctx, s.cfg.Sandboxes, s.cfg.APIReader, key)
+	if err != nil {
+		return nil, err
 	}
 	if sbx.Status.NodeName == "" {
 		return nil, nodeapi.NewError(http.StatusConflict, metav1.StatusReasonConflict,

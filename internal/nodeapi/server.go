@@ -223,19 +223,30 @@ func (s *Server) serve(w http.ResponseWriter, r *http.Request) {
 	}
 }
 
-// sandbox looks the Sandbox up and checks that this node serves it.
-func (s *Server) sandbox(ctx context.Context, rt wire.Route, needReady bool) (*sandboxv1alpha1.Sandbox, error) {
-	key := types.NamespacedName{Namespace: rt.Namespace, Name: rt.Name}
+// GetSandbox reads a Sandbox from cache, or from apiReader (when not nil)
+// if the cache has not caught up with it yet. A missing Sandbox is a 404
+// for WriteError.
+func GetSandbox(ctx context.Context, cache, apiReader client.Reader, key types.NamespacedName) (*sandboxv1alpha1.Sandbox, error) {
 	sbx := &sandboxv1alpha1.Sandbox{}
-	err := s.cfg.Sandboxes.Get(ctx, key, sbx)
-	if apierrors.IsNotFound(err) && s.cfg.APIReader != nil {
-		err = s.cfg.APIReader.Get(ctx, key, sbx)
+	err := cache.Get(ctx, key, sbx)
+	if apierrors.IsNotFound(err) && apiReader != nil {
+		err = apiReader.Get(ctx, key, sbx)
 	}
 	switch {
 	case apierrors.IsNotFound(err):
 		return nil, notFound("sandbox %s not found", key)
 	case err != nil:
 		return nil, fmt.Errorf("reading sandbox %s: %w", key, err)
+	}
+	return sbx, nil
+}
+
+// sandbox looks the Sandbox up and checks that this node serves it.
+func (s *Server) sandbox(ctx context.Context, rt wire.Route, needReady bool) (*sandboxv1alpha1.Sandbox, error) {
+	key := types.NamespacedName{Namespace: rt.Namespace, Name: rt.Name}
+	sbx, err := GetSandbox(ctx, s.cfg.Sandboxes, s.cfg.APIReader, key)
+	if err != nil {
+		return nil, err
 	}
 	if sbx.Status.NodeName != s.cfg.NodeName {
 		where := "is not bound to any node yet"

@@ -14,14 +14,15 @@ import (
 	"io"
 	"math/big"
 	"net"
+	"net/http"
 	"strings"
 	"sync"
 	"time"
 
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
@@ -491,5 +492,37 @@ var _ = Describe("a forged node API endpoint", Label("integration"), func() {
 		err = execIn(ns)
 		Expect(sandboxclient.IsUnavailable(err)).To(BeTrue(), "%v", err)
 		Consistently(received, time.Second).Should(BeZero())
+	})
+})
+
+var _ = Describe("the aggregated API server reached directly", Label("integration"), func() {
+	// Only kube-apiserver's front proxy authenticates there: a caller who
+	// reaches the Service directly, even with a token that kube-apiserver
+	// would accept and RBAC that allows exec, gets 401 and is never
+	// reviewed, so every exec passes kube-apiserver's RBAC and audit log.
+	It("refuses a valid token, a forged X-Remote-User and no credentials alike", func() {
+		ns := newNamespace()
+		bind(ns, execRole, saSubject(ns, "direct"))
+		token := cp.ServiceAccountToken(ns, "direct")
+		hc := &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{
+			RootCAs: operator.Authority.Pool(), ServerName: "localhost"}}}
+		for name, headers := range map[string]map[string]string{
+			"token":         {"Authorization": "Bearer " + token},
+			"forged header": {"X-Remote-User": "system:admin", "X-Remote-Group": "system:masters"},
+			"nothing":       {},
+		} {
+			req, err := http.NewRequest(http.MethodPost,
+				"https://"+operator.Address+"/apis/subresources.sandbox.code-sandbox.dev/v1alpha1/namespaces/"+ns+"/sandboxes/box/exec",
+				strings.NewReader(`{"command":["true"]}`))
+			Expect(err).NotTo(HaveOccurred())
+			for k, v := range headers {
+				req.Header.Set(k, v)
+			}
+			resp, err := hc.Do(req)
+			Expect(err).NotTo(HaveOccurred(), name)
+			body, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			Expect(resp.StatusCode).To(Equal(http.StatusUnauthorized), "%s: %s", name, body)
+		}
 	})
 })
