@@ -180,10 +180,15 @@ func (r *SandboxReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ct
 		return r.finalize(ctx, sbx)
 	}
 
-	if controllerutil.AddFinalizer(sbx, Finalizer) {
+	if base := sbx.DeepCopy(); controllerutil.AddFinalizer(sbx, Finalizer) {
 		// The finalizer must be stored before any container exists, or a
-		// quick delete could leave the container behind.
-		if err := r.client.Update(ctx, sbx); err != nil {
+		// quick delete could leave the container behind. A patch of the
+		// finalizers alone, not an update of the whole object: the Go
+		// client normalises quantities ("0.5" becomes "500m") and drops
+		// empty env values, which the CRD's immutability rules would see
+		// as a spec change, and the manager policy allows managers to
+		// change finalizers only.
+		if err := r.client.Patch(ctx, sbx, client.MergeFromWithOptions(base, client.MergeFromWithOptimisticLock{})); err != nil {
 			if apierrors.IsNotFound(err) {
 				r.claims.release(req.NamespacedName)
 				return ctrl.Result{}, nil
@@ -416,8 +421,9 @@ func (r *SandboxReconciler) finalize(ctx context.Context, sbx *sandboxv1alpha1.S
 	}
 	// Before the finalizer goes, so that a crash in between retries it.
 	r.deleteHistory(ctx, sbx)
+	base := sbx.DeepCopy()
 	controllerutil.RemoveFinalizer(sbx, Finalizer)
-	if err := r.client.Update(ctx, sbx); err != nil && !apierrors.IsNotFound(err) {
+	if err := r.client.Patch(ctx, sbx, client.MergeFromWithOptions(base, client.MergeFromWithOptimisticLock{})); err != nil && !apierrors.IsNotFound(err) {
 		return ctrl.Result{}, ignoreConflict(fmt.Errorf("removing finalizer: %w", err))
 	}
 	r.claims.release(client.ObjectKeyFromObject(sbx))

@@ -25,6 +25,7 @@ import (
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
 	eventsv1 "k8s.io/api/events/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/api/resource"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
@@ -141,6 +142,38 @@ var _ = Describe("Sandbox controller", func() {
 		By("deleting the Sandbox")
 		Expect(k8sClient.Delete(ctx, sbx)).To(Succeed())
 		Eventually(isGone(key), 30*time.Second, 100*time.Millisecond).Should(BeTrue())
+		Expect(containersOf(sbx.UID)).To(BeEmpty())
+	})
+
+	It("runs a Sandbox whose spec the Go client would re-encode (quantities, empty env values)", func() {
+		// Written as a user's YAML would be: "0.5" and an env entry with
+		// no value. The typed client reads them back as "500m" and without
+		// the value, so a full update by the manager looks like a spec
+		// change that the CRD's immutability rules refuse; the finalizer
+		// goes on with a patch of the finalizers alone.
+		node := testNodePrefix + "encoding"
+		startManager(node, managerConfig{})
+		raw := &unstructured.Unstructured{Object: map[string]any{
+			"apiVersion": sandboxv1alpha1.GroupVersion.String(),
+			"kind":       "Sandbox",
+			"metadata":   map[string]any{"namespace": ns, "name": "encoding"},
+			"spec": map[string]any{
+				"image":     busyboxImage,
+				"nodeName":  node,
+				"resources": map[string]any{"cpu": "0.5", "memory": "1024Mi"},
+				"env":       []any{map[string]any{"name": "EMPTY", "value": ""}, map[string]any{"name": "SET", "value": "x"}},
+			},
+		}}
+		Expect(k8sClient.Create(ctx, raw)).To(Succeed())
+		sbx := newSandbox(ns, "encoding", node)
+		DeferCleanup(func() { _ = k8sClient.Delete(context.Background(), sbx) })
+		sbx = waitReady(sbx)
+		Expect(sbx.Finalizers).To(ContainElement(Finalizer))
+
+		Expect(k8sClient.Delete(ctx, sbx)).To(Succeed())
+		Eventually(func() bool {
+			return apierrors.IsNotFound(k8sClient.Get(ctx, client.ObjectKeyFromObject(sbx), &sandboxv1alpha1.Sandbox{}))
+		}, 30*time.Second, 100*time.Millisecond).Should(BeTrue(), "the finalizer must come off the same way")
 		Expect(containersOf(sbx.UID)).To(BeEmpty())
 	})
 

@@ -132,6 +132,9 @@ var _ = Describe("The default overlay (make deploy, make build-installer)", func
 			// Only the node managers write Sandbox status (config/policy).
 			"ValidatingAdmissionPolicy code-sandbox-sandbox-status-writers",
 			"ValidatingAdmissionPolicyBinding code-sandbox-sandbox-status-writers",
+			// and change only the finalizers of their own node's Sandboxes.
+			"ValidatingAdmissionPolicy code-sandbox-sandbox-manager-updates",
+			"ValidatingAdmissionPolicyBinding code-sandbox-sandbox-manager-updates",
 		))
 		for _, o := range objs {
 			Expect(o.GetLabels()).To(HaveKeyWithValue("app.kubernetes.io/part-of", "code-sandbox-operator"), describe(o))

@@ -35,6 +35,13 @@ const (
 	managerUser  = "system:serviceaccount:" + installNamespace + ":" + managerSA
 	nodeNameKey  = "authentication.kubernetes.io/node-name"
 	policyDenied = "ValidatingAdmissionPolicy '" + policyName + "' with binding '" + policyName + "' denied request"
+	// The policy that confines the managers' main-resource updates to the
+	// finalizers of their own node's Sandboxes.
+	managerPolicyName   = "code-sandbox-sandbox-manager-updates"
+	managerPolicyDenied = "ValidatingAdmissionPolicy '" + managerPolicyName + "' with binding '" + managerPolicyName + "' denied request"
+	// The manager's finalizer (controllers.Finalizer; spelled out, as the
+	// specs test the rendered manifests).
+	managerFinalizer = "sandbox.code-sandbox.dev/container"
 	// The node managers' nodes in these specs.
 	nodeA = "policy-node-a"
 	nodeB = "policy-node-b"
@@ -97,6 +104,46 @@ var _ = Describe("The Sandbox status policy as config/default renders it", func(
 			}
 		}
 	})
+
+	It("has a manager policy that is cluster-scoped, fails closed, denies, matches only the rendered manager's updates of the main resource", func() {
+		objs := render("config/default")
+		vap := &admissionregistrationv1.ValidatingAdmissionPolicy{}
+		convert(find(objs, "ValidatingAdmissionPolicy", managerPolicyName), vap)
+		binding := &admissionregistrationv1.ValidatingAdmissionPolicyBinding{}
+		convert(find(objs, "ValidatingAdmissionPolicyBinding", managerPolicyName), binding)
+
+		Expect(vap.Namespace).To(BeEmpty())
+		Expect(binding.Namespace).To(BeEmpty())
+		Expect(binding.Spec.PolicyName).To(Equal(vap.Name))
+		Expect(binding.Spec.ValidationActions).To(Equal([]admissionregistrationv1.ValidationAction{admissionregistrationv1.Deny}))
+		Expect(binding.Spec.ParamRef).To(BeNil())
+		Expect(binding.Spec.MatchResources).To(BeNil())
+
+		Expect(vap.Spec.FailurePolicy).To(HaveValue(Equal(admissionregistrationv1.Fail)))
+		Expect(vap.Spec.MatchConstraints.ResourceRules).To(HaveLen(1))
+		rule := vap.Spec.MatchConstraints.ResourceRules[0]
+		Expect(rule.APIGroups).To(Equal([]string{group}))
+		Expect(rule.Operations).To(Equal([]admissionregistrationv1.OperationType{admissionregistrationv1.Update}))
+		Expect(rule.Resources).To(Equal([]string{"sandboxes"}), "the main resource only; the status has its own policy")
+		Expect(vap.Spec.MatchConstraints.ExcludeResourceRules).To(BeEmpty())
+		for _, v := range vap.Spec.Validations {
+			Expect(v.Reason).To(HaveValue(Equal(metav1.StatusReasonForbidden)), v.Expression)
+			Expect(v.MessageExpression).NotTo(BeEmpty(), v.Expression)
+		}
+		// Only the manager, by its rendered name: users, the MCP server and
+		// the webhook are never matched.
+		Expect(vap.Spec.MatchConditions).To(Equal([]admissionregistrationv1.MatchCondition{{
+			Name:       "manager",
+			Expression: "request.userInfo.username == 'system:serviceaccount:' + '" + installNamespace + "' + ':' + '" + managerSA + "'",
+		}}))
+
+		// Alone, config/policy names the unrendered ServiceAccount.
+		alone := &admissionregistrationv1.ValidatingAdmissionPolicy{}
+		convert(find(render("config/policy"), "ValidatingAdmissionPolicy", "sandbox-manager-updates"), alone)
+		Expect(alone.Spec.MatchConditions).To(HaveLen(1))
+		Expect(alone.Spec.MatchConditions[0].Expression).To(Equal(
+			"request.userInfo.username == 'system:serviceaccount:' + 'system' + ':' + 'controller-manager'"))
+	})
 })
 
 // The policy, the CRDs and the RBAC of config/default installed for real,
@@ -158,6 +205,12 @@ var _ = Describe("The Sandbox status policy of the default overlay, applied for 
 		for _, s := range []subject{serviceAccount(installNamespace, managerSA), serviceAccount(ns, managerSA), user("dave")} {
 			expectAccess(ctx, s, []access{in(ns, "update", "sandboxes/status"), in(ns, "patch", "sandboxes/status")}, nil)
 		}
+		// The shipped RBAC lets the manager update the main resource of any
+		// Sandbox (for its finalizer), so that only the manager policy can
+		// confine it; it never creates or deletes one, and may not.
+		expectAccess(ctx, serviceAccount(installNamespace, managerSA),
+			[]access{in(ns, "update", "sandboxes"), in(ns, "patch", "sandboxes")},
+			[]access{in(ns, "delete", "sandboxes"), in(ns, "deletecollection", "sandboxes"), in(ns, "create", "sandboxes")})
 
 		Expect(cp.Client.Create(ctx, newSandbox(ns, sbxA, ""))).To(Succeed())
 		Expect(cp.Client.Create(ctx, newSandbox(ns, "probe", ""))).To(Succeed())
@@ -169,17 +222,26 @@ var _ = Describe("The Sandbox status policy of the default overlay, applied for 
 		probe := func(ctx SpecContext) error {
 			return patchStatus(ctx, cp.Client, ns, "probe", map[string]any{"containerID": "probe"}, client.DryRunAll)
 		}
+		// The manager policy refuses a manager token with no node name.
+		managerProbe := func(ctx SpecContext) error {
+			return patchSandbox(ctx, managerUnbound, ns, "probe", map[string]any{"metadata": map[string]any{"labels": map[string]any{"probe": "x"}}}, client.DryRunAll)
+		}
 		DeferCleanup(func(ctx SpecContext) {
 			Eventually(probe).WithContext(ctx).WithTimeout(30 * time.Second).Should(Succeed())
+			Eventually(managerProbe).WithContext(ctx).WithTimeout(30 * time.Second).Should(Succeed())
 		})
-		for _, kind := range []string{"ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"} {
-			o := find(objs, kind, policyName)
-			Expect(applyForReal(ctx, o)).To(Succeed(), describe(o))
-			DeferCleanup(func(ctx SpecContext) {
-				Expect(client.IgnoreNotFound(cp.Client.Delete(ctx, o))).To(Succeed())
-			})
+		Expect(managerProbe(ctx)).To(Succeed(), "refused before the manager policy was installed")
+		for _, name := range []string{policyName, managerPolicyName} {
+			for _, kind := range []string{"ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"} {
+				o := find(objs, kind, name)
+				Expect(applyForReal(ctx, o)).To(Succeed(), describe(o))
+				DeferCleanup(func(ctx SpecContext) {
+					Expect(client.IgnoreNotFound(cp.Client.Delete(ctx, o))).To(Succeed())
+				})
+			}
 		}
 		Eventually(probe).WithContext(ctx).WithTimeout(30 * time.Second).Should(MatchError(ContainSubstring(policyDenied)))
+		Eventually(managerProbe).WithContext(ctx).WithTimeout(30 * time.Second).Should(MatchError(ContainSubstring(managerPolicyDenied)))
 	})
 
 	It("gives a Pod-bound manager token the node's name, and an unbound one none", func(ctx SpecContext) {
@@ -313,6 +375,82 @@ var _ = Describe("The Sandbox status policy of the default overlay, applied for 
 		Expect(patchStatus(ctx, managerB, ns, "pinned-to-b", map[string]any{"nodeName": nodeB})).To(Succeed())
 	})
 
+	It("refuses the manager of node B any change to node A's Sandbox: finalizers, labels, activeDeadlineSeconds", func(ctx SpecContext) {
+		before := getSandbox(ctx, cp.Client, ns, sbxA)
+		refused := "the manager of node " + nodeB + " (" + managerUser + ") may not change Sandbox " + ns + "/" + sbxA + ", which is bound to node " + nodeA
+		for _, patch := range []map[string]any{
+			{"metadata": map[string]any{"finalizers": []any{managerFinalizer}}},
+			{"metadata": map[string]any{"labels": map[string]any{"stolen-by": nodeB}}},
+			{"metadata": map[string]any{"annotations": map[string]any{"stolen-by": nodeB}}},
+			{"spec": map[string]any{"activeDeadlineSeconds": int64(1)}},
+		} {
+			expectManagerPolicyRefusal(patchSandbox(ctx, managerB, ns, sbxA, patch), refused)
+		}
+		// With PUT, as the manager's controller writes.
+		sbx := getSandbox(ctx, managerB, ns, sbxA)
+		sbx.SetFinalizers([]string{managerFinalizer})
+		expectManagerPolicyRefusal(managerB.Update(ctx, sbx), refused)
+		expectUnchanged(ctx, ns, sbxA, before)
+	})
+
+	It("refuses the manager of node A any change to its own Sandbox but its finalizers", func(ctx SpecContext) {
+		before := getSandbox(ctx, cp.Client, ns, sbxA)
+		refused := "the manager of node " + nodeA + " (" + managerUser + ") may change only the finalizers of Sandbox " + ns + "/" + sbxA + ", not its "
+		for patch, what := range map[string]string{
+			`{"metadata":{"labels":{"team":"node-a"}}}`:                                                                                             "labels",
+			`{"metadata":{"annotations":{"note":"node-a"}}}`:                                                                                        "annotations",
+			`{"spec":{"activeDeadlineSeconds":1}}`:                                                                                                  "spec",
+			`{"spec":{"activeDeadlineSeconds":null}}`:                                                                                               "spec",
+			`{"metadata":{"finalizers":["` + managerFinalizer + `"],"labels":{"team":"a"}}}`:                                                        "labels",
+			`{"metadata":{"labels":{"team":"a"},"annotations":{"a":"b"}},"spec":{"activeDeadlineSeconds":7}}`:                                       "spec, labels, annotations",
+			`{"metadata":{"ownerReferences":[{"apiVersion":"v1","kind":"ConfigMap","name":"owner","uid":"00000000-0000-0000-0000-000000000001"}]}}`: "ownerReferences",
+		} {
+			err := managerA.Patch(ctx, sandboxRef(ns, sbxA), client.RawPatch(types.MergePatchType, []byte(patch)))
+			expectManagerPolicyRefusal(err, refused+what)
+			Expect(err.Error()).To(HaveSuffix(refused+what), patch)
+		}
+		sbx := getSandbox(ctx, managerA, ns, sbxA)
+		sbx.SetLabels(map[string]string{"team": "node-a"})
+		expectManagerPolicyRefusal(managerA.Update(ctx, sbx), refused+"labels")
+		expectUnchanged(ctx, ns, sbxA, before)
+
+		// The same manager without its Pod-bound token (no node name).
+		expectManagerPolicyRefusal(patchSandbox(ctx, managerUnbound, ns, sbxA,
+			map[string]any{"metadata": map[string]any{"finalizers": []any{managerFinalizer}}}),
+			managerUser+" may change Sandbox "+ns+"/"+sbxA+" only with a token bound to its Pod")
+		// A Sandbox no node has claimed yet: a manager claims through the
+		// status first, then adds its finalizer.
+		Expect(cp.Client.Create(ctx, newSandbox(ns, "unclaimed", ""))).To(Succeed())
+		expectManagerPolicyRefusal(patchSandbox(ctx, managerA, ns, "unclaimed",
+			map[string]any{"metadata": map[string]any{"finalizers": []any{managerFinalizer}}}),
+			"the manager of node "+nodeA+" ("+managerUser+") may not change Sandbox "+ns+"/unclaimed, which is not bound to any node")
+		Expect(getSandbox(ctx, cp.Client, ns, "unclaimed").GetFinalizers()).To(BeEmpty())
+	})
+
+	It("leaves users alone: the namespace admin labels, annotates and extends their Sandbox, and manages finalizers", func(ctx SpecContext) {
+		Expect(patchSandbox(ctx, carol, ns, sbxA, map[string]any{
+			"metadata": map[string]any{
+				"labels":      map[string]any{"team": "carol"},
+				"annotations": map[string]any{"note": "by carol"},
+				"finalizers":  []any{"example.com/carol"},
+			},
+			"spec": map[string]any{"activeDeadlineSeconds": int64(7200)},
+		})).To(Succeed())
+		sbx := getSandbox(ctx, cp.Client, ns, sbxA)
+		Expect(sbx.GetLabels()).To(HaveKeyWithValue("team", "carol"))
+		Expect(sbx.GetAnnotations()).To(HaveKeyWithValue("note", "by carol"))
+		Expect(sbx.GetFinalizers()).To(ConsistOf("example.com/carol"))
+		Expect(sbx.Object).To(HaveKeyWithValue("spec", HaveKeyWithValue("activeDeadlineSeconds", BeNumerically("==", 7200))))
+		// With PUT too.
+		sbx = getSandbox(ctx, carol, ns, sbxA)
+		sbx.SetFinalizers(nil)
+		Expect(unstructured.SetNestedField(sbx.Object, int64(3600), "spec", "activeDeadlineSeconds")).To(Succeed())
+		Expect(carol.Update(ctx, sbx)).To(Succeed())
+		sbx = getSandbox(ctx, cp.Client, ns, sbxA)
+		Expect(sbx.GetFinalizers()).To(BeEmpty())
+		Expect(sbx.Object).To(HaveKeyWithValue("spec", HaveKeyWithValue("activeDeadlineSeconds", BeNumerically("==", 3600))))
+	})
+
 	It("drops a status that a user sends when creating a Sandbox", func(ctx SpecContext) {
 		sbx := newSandbox(ns, "created-with-status", "")
 		sbx.Object["status"] = map[string]any{"nodeName": "nowhere", "conditions": conditions("Expired", "True")}
@@ -322,18 +460,32 @@ var _ = Describe("The Sandbox status policy of the default overlay, applied for 
 	})
 
 	It("never stands in the way of finalizers or deletion", func(ctx SpecContext) {
-		const finalizer = "sandbox.code-sandbox.dev/finalizer"
-		// The manager adds its finalizer (a main-resource update).
+		// The manager adds its finalizer to the Sandbox it claimed (a
+		// main-resource update, with PUT as the controller writes it), and
+		// may take it off and put it back with a PATCH.
 		sbx := getSandbox(ctx, managerA, ns, sbxA)
-		sbx.SetFinalizers(append(sbx.GetFinalizers(), finalizer))
+		Expect(sbx.GetLabels()).To(HaveKeyWithValue("team", "carol"), "labels set by a user stay as they are")
+		sbx.SetFinalizers(append(sbx.GetFinalizers(), managerFinalizer))
 		Expect(managerA.Update(ctx, sbx)).To(Succeed())
+		Expect(patchSandbox(ctx, managerA, ns, sbxA, map[string]any{"metadata": map[string]any{"finalizers": nil}})).To(Succeed())
+		Expect(patchSandbox(ctx, managerA, ns, sbxA, map[string]any{"metadata": map[string]any{"finalizers": []any{managerFinalizer}}})).To(Succeed())
+		Expect(getSandbox(ctx, cp.Client, ns, sbxA).GetFinalizers()).To(ConsistOf(managerFinalizer))
 
 		// The namespace admin deletes it; the manager reports and removes
-		// the finalizer.
+		// the finalizer. Another node's manager cannot remove it, and the
+		// manager itself can change nothing else meanwhile.
 		Expect(carol.Delete(ctx, getSandbox(ctx, carol, ns, sbxA))).To(Succeed())
 		sbx = getSandbox(ctx, managerA, ns, sbxA)
 		Expect(sbx.GetDeletionTimestamp()).NotTo(BeNil())
 		Expect(patchStatus(ctx, managerA, ns, sbxA, map[string]any{"conditions": conditions("Ready", "False")})).To(Succeed())
+		sbx = getSandbox(ctx, managerB, ns, sbxA)
+		sbx.SetFinalizers(nil)
+		expectManagerPolicyRefusal(managerB.Update(ctx, sbx), "which is bound to node "+nodeA)
+		sbx = getSandbox(ctx, managerA, ns, sbxA)
+		sbx.SetFinalizers(nil)
+		sbx.SetLabels(nil)
+		expectManagerPolicyRefusal(managerA.Update(ctx, sbx), "may change only the finalizers of Sandbox "+ns+"/"+sbxA+", not its labels")
+		Expect(getSandbox(ctx, cp.Client, ns, sbxA).GetFinalizers()).To(ConsistOf(managerFinalizer))
 		sbx = getSandbox(ctx, managerA, ns, sbxA)
 		sbx.SetFinalizers(nil)
 		Expect(managerA.Update(ctx, sbx)).To(Succeed())
@@ -411,6 +563,44 @@ func patchStatus(ctx SpecContext, c client.Client, ns, name string, status map[s
 	u.SetNamespace(ns)
 	u.SetName(name)
 	return c.Status().Patch(ctx, u, client.RawPatch(types.MergePatchType, data), opts...)
+}
+
+// patchSandbox sends patch as a JSON merge patch of the main resource of
+// Sandbox ns/name as c's user.
+func patchSandbox(ctx SpecContext, c client.Client, ns, name string, patch map[string]any, opts ...client.PatchOption) error {
+	data, err := json.Marshal(patch)
+	Expect(err).NotTo(HaveOccurred())
+	return c.Patch(ctx, sandboxRef(ns, name), client.RawPatch(types.MergePatchType, data), opts...)
+}
+
+// sandboxRef is an unstructured Sandbox that names ns/name and nothing else.
+func sandboxRef(ns, name string) *unstructured.Unstructured {
+	u := &unstructured.Unstructured{Object: sandboxTypeMeta()}
+	u.SetNamespace(ns)
+	u.SetName(name)
+	return u
+}
+
+// expectUnchanged checks that Sandbox ns/name has the labels, annotations,
+// finalizers and spec it had in before.
+func expectUnchanged(ctx SpecContext, ns, name string, before *unstructured.Unstructured) {
+	GinkgoHelper()
+	after := getSandbox(ctx, cp.Client, ns, name)
+	Expect(after.GetLabels()).To(Equal(before.GetLabels()))
+	Expect(after.GetAnnotations()).To(Equal(before.GetAnnotations()))
+	Expect(after.GetFinalizers()).To(Equal(before.GetFinalizers()))
+	Expect(after.GetOwnerReferences()).To(Equal(before.GetOwnerReferences()))
+	Expect(after.Object["spec"]).To(Equal(before.Object["spec"]))
+}
+
+// expectManagerPolicyRefusal checks that err is the manager policy's 403
+// with message.
+func expectManagerPolicyRefusal(err error, message string) {
+	GinkgoHelper()
+	Expect(err).To(HaveOccurred(), "the manager policy should have refused this")
+	Expect(apierrors.IsForbidden(err)).To(BeTrue(), "403 Forbidden expected: %v", err)
+	Expect(err).To(MatchError(ContainSubstring(managerPolicyDenied)))
+	Expect(err).To(MatchError(ContainSubstring(message)))
 }
 
 // expectPolicyRefusal checks that err is the policy's 403 with message.
