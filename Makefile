@@ -87,8 +87,10 @@ test-e2e-mcp: helper test-images ## Run the MCP server's end-to-end tests on the
 	$(GO) test -tags mcp_e2e ./test/e2e/... -count=1 -timeout 20m
 
 .PHONY: bench
-bench: helper envtest test-images ## Run the benchmarks (Sandbox create-to-Ready against raw Docker).
+bench: helper envtest test-images ## Run the benchmarks against raw Docker: create-to-Ready, exec round trip, MCP (Docker backend), the API server's exec path and the MCP kubernetes backend.
 	KUBEBUILDER_ASSETS="$$(hack/setup-envtest.sh)" $(GO) test ./test/bench/... -run '^$$' -bench . -benchtime 20x -count=1 -timeout 20m
+	KUBEBUILDER_ASSETS="$$(hack/setup-envtest.sh)" CODE_SANDBOX_LATENCY=1 $(GO) test ./internal/sandboxclient/integration/ -count=1 -v -ginkgo.label-filter=latency
+	KUBEBUILDER_ASSETS="$$(hack/setup-envtest.sh)" CODE_SANDBOX_BENCH=1 $(GO) test -tags e2e ./test/e2e/ -run TestE2E -count=1 -v -timeout 30m -ginkgo.label-filter=bench
 
 ##@ Build
 

@@ -20,8 +20,9 @@
 #     holding the manager ServiceAccount's token bound to a Pod on its node
 #     (hack/dev-node-kubeconfig.sh, bin/dev/manager-NODE.kubeconfig).
 #
-# Source it from the repository root after setting nothing; every name below
-# can be overridden from the environment where it says so.
+# Source it from the repository root, with DEV_LOG_PREFIX set to the
+# caller's name for its messages. KUBECTL, KUSTOMIZE, DEV_UP_TIMEOUT and
+# DEV_NODE_TOKEN_DURATION may come from the environment; the rest is fixed.
 
 log() { echo "${DEV_LOG_PREFIX:-dev}: $*" >&2; }
 

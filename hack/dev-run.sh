@@ -27,6 +27,11 @@ if pid=$(running "manager-${NODE_NAME}" bin/manager); then
   exit 1
 fi
 
+if ! port_free "${NODE_API_ADDR##*:}"; then
+  log "${NODE_API_ADDR} is taken (by make dev-up-system's manager?); set NODE_API_ADDR to another address"
+  exit 1
+fi
+
 log "applying config/dev/operator (the operator's objects in namespace ${OPERATOR_NAMESPACE})"
 apply_config config/dev/operator
 ensure_operator

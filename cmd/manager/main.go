@@ -299,6 +299,19 @@ func (f *nodeAPIFlags) serve(mgr ctrl.Manager, cfg *rest.Config, l net.Listener,
 	if err := mgr.Add(certs); err != nil {
 		return err
 	}
+	// Not ready until the operator CA has signed this node's certificate
+	// and its bundle is loaded: the node API cannot serve before that.
+	if err := mgr.AddReadyzCheck("node-api-certificate", func(*http.Request) error {
+		if _, err := certs.GetCertificate(nil); err != nil {
+			return err
+		}
+		if certs.Pool() == nil {
+			return errors.New("the operator CA bundle is not loaded yet")
+		}
+		return nil
+	}); err != nil {
+		return err
+	}
 	return mgr.Add(nodeapi.NewRunnable("nodeapi", l, server, tlsConfig))
 }
 

@@ -10,6 +10,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"crypto/tls"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -22,68 +23,63 @@ import (
 
 	"github.com/docker/docker/api/types/container"
 	"github.com/docker/docker/pkg/stdcopy"
-	authenticationv1 "k8s.io/api/authentication/v1"
-	corev1 "k8s.io/api/core/v1"
-	rbacv1 "k8s.io/api/rbac/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/client-go/kubernetes"
-	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
-	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	sandboxv1alpha1 "github.com/code-sandbox/code-sandbox-operator/api/v1alpha1"
 	"github.com/code-sandbox/code-sandbox-operator/internal/execio"
 	"github.com/code-sandbox/code-sandbox-operator/internal/history"
 	"github.com/code-sandbox/code-sandbox-operator/internal/nodeapi"
+	"github.com/code-sandbox/code-sandbox-operator/internal/operatorca"
 )
 
 // execGoalOverhead is the goal for node API p50 minus raw Docker exec p50.
 // Reported, never asserted.
 const execGoalOverhead = 10 * time.Millisecond
 
-// nodeAPIBench is a node API server for the benchmark's node, with a
-// ServiceAccount token that may exec in the benchmark's namespace.
+// nodeAPIBench is a node API server for the benchmark's node and a client
+// that calls it as the operator's aggregated API server does.
 type nodeAPIBench struct {
 	endpoint string
-	token    string
 	client   *http.Client
 	stop     func()
 }
 
+// benchUser is the identity the benchmark's requests carry in the
+// front-proxy headers, as the aggregated API server passes on the caller's.
+const benchUser = "bench-runner"
+
 // startNodeAPI serves the node API for benchNode as the manager does: a
-// cache-backed Sandbox reader, TokenReview and SubjectAccessReview through
-// the API server, TLS with a pinned self-signed certificate.
+// cache-backed Sandbox reader, mutual TLS with a node serving certificate
+// from an operator CA, and only that CA's aggregated API server client
+// certificate accepted, the user in front-proxy headers. The client is the
+// aggregated API server's: its client certificate, the node's certificate
+// checked against the CA and the node's name, a kept-alive connection.
 func (e *benchEnv) startNodeAPI(ctx context.Context) (*nodeAPIBench, error) {
-	cfg := e.testEnv.Config
-	cs, err := kubernetes.NewForConfig(cfg)
+	ca, err := operatorca.NewCA("bench-operator-ca", time.Hour, time.Now())
 	if err != nil {
 		return nil, err
 	}
-	role := &rbacv1.ClusterRole{
-		ObjectMeta: metav1.ObjectMeta{Name: "bench-sandbox-exec"},
-		Rules:      []rbacv1.PolicyRule{{APIGroups: []string{sandboxv1alpha1.GroupVersion.Group}, Resources: []string{"sandboxes/exec"}, Verbs: []string{"create"}}},
-	}
-	saName := fmt.Sprintf("bench-runner-%s-%d", runID, seq.Add(1))
-	sa := &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Namespace: namespace, Name: saName}}
-	binding := &rbacv1.RoleBinding{
-		ObjectMeta: metav1.ObjectMeta{Namespace: namespace, Name: saName},
-		RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: role.Name},
-		Subjects:   []rbacv1.Subject{{Kind: rbacv1.ServiceAccountKind, Namespace: namespace, Name: sa.Name}},
-	}
-	for _, obj := range []client.Object{role, sa, binding} {
-		if err := e.k8s.Create(ctx, obj); err != nil && !apierrors.IsAlreadyExists(err) {
-			return nil, fmt.Errorf("creating %s: %w", obj.GetName(), err)
-		}
-	}
-	tr, err := cs.CoreV1().ServiceAccounts(namespace).CreateToken(ctx, sa.Name, &authenticationv1.TokenRequest{
-		Spec: authenticationv1.TokenRequestSpec{ExpirationSeconds: ptr.To[int64](3600)},
-	}, metav1.CreateOptions{})
+	serving, err := ca.IssueNode(benchNode, time.Hour)
 	if err != nil {
-		return nil, fmt.Errorf("creating a token: %w", err)
+		return nil, err
+	}
+	clientCert, err := ca.IssueClient(operatorca.AggregatorCommonName, nil, time.Hour)
+	if err != nil {
+		return nil, err
+	}
+	authn, err := nodeapi.NewFrontProxyAuthenticator(ca.Pool, []string{operatorca.AggregatorCommonName})
+	if err != nil {
+		return nil, err
+	}
+	tlsConfig, err := nodeapi.ServerTLSConfig(nodeapi.TLSOptions{
+		GetCertificate: func(*tls.ClientHelloInfo) (*tls.Certificate, error) { return serving, nil },
+		ClientCAs:      ca.Pool,
+	})
+	if err != nil {
+		return nil, err
 	}
 
-	sbxCache, err := cache.New(cfg, cache.Options{Scheme: e.k8s.Scheme()})
+	sbxCache, err := cache.New(e.testEnv.Config, cache.Options{Scheme: e.k8s.Scheme()})
 	if err != nil {
 		return nil, err
 	}
@@ -102,19 +98,13 @@ func (e *benchEnv) startNodeAPI(ctx context.Context) (*nodeAPIBench, error) {
 		cancel()
 		return nil, err
 	}
-	auth, err := nodeapi.NewDelegatingAuth(cs, nodeapi.AuthOptions{})
-	if err != nil {
-		cancel()
-		return nil, err
-	}
 	srv, err := nodeapi.NewServer(nodeapi.Config{
 		NodeName:      benchNode,
 		Sandboxes:     sbxCache,
 		APIReader:     e.k8s,
 		Runtime:       e.docker,
 		History:       hist,
-		Authenticator: auth.Authenticator,
-		Authorizer:    auth.Authorizer,
+		Authenticator: authn,
 	})
 	if err != nil {
 		cancel()
@@ -125,20 +115,24 @@ func (e *benchEnv) startNodeAPI(ctx context.Context) (*nodeAPIBench, error) {
 		cancel()
 		return nil, err
 	}
-	cert, err := nodeapi.GenerateServingCert(nodeapi.CertHosts("127.0.0.1", benchNode), time.Hour)
-	if err != nil {
-		cancel()
-		return nil, err
-	}
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		_ = nodeapi.NewRunnable(l, srv, cert, false).Start(runCtx)
+		_ = nodeapi.NewRunnable("nodeapi", l, srv, tlsConfig).Start(runCtx)
 	}()
 	return &nodeAPIBench{
 		endpoint: "https://" + l.Addr().String(),
-		token:    tr.Status.Token,
-		client:   &http.Client{Transport: &http.Transport{TLSClientConfig: nodeapi.PinnedTLSConfig(cert.SHA256)}},
+		client: &http.Client{Transport: &http.Transport{
+			ForceAttemptHTTP2: true,
+			TLSClientConfig: &tls.Config{
+				MinVersion:   tls.VersionTLS12,
+				Certificates: []tls.Certificate{*clientCert},
+				// Verified by VerifyNode: chain and node name, not the
+				// address.
+				InsecureSkipVerify: true, //nolint:gosec
+				VerifyConnection:   operatorca.VerifyNode(ca.Pool, benchNode),
+			},
+		}},
 		stop: func() {
 			cancel()
 			<-done
@@ -187,7 +181,8 @@ func (n *nodeAPIBench) exec(ctx context.Context, sandbox string, req execio.Requ
 	if err != nil {
 		return err
 	}
-	hreq.Header.Set("Authorization", "Bearer "+n.token)
+	hreq.Header.Set(wire.HeaderRemoteUser, benchUser)
+	hreq.Header.Set(wire.HeaderRemoteGroup, "system:authenticated")
 	hreq.Header.Set("Content-Type", "application/json")
 	resp, err := n.client.Do(hreq)
 	if err != nil {
@@ -251,8 +246,9 @@ func (e *benchEnv) rawExec(ctx context.Context, containerID string, cmd []string
 }
 
 // BenchmarkExecRoundTrip compares, per iteration and in alternating order,
-// (a) `echo hi` through the node API (HTTPS, a kept-alive connection, the
-// caller's token and RBAC answer cached, NDJSON frames, history recorded)
+// (a) `echo hi` through the node API (mutual TLS on a kept-alive
+// connection, the caller in front-proxy headers, NDJSON frames, history
+// recorded)
 // against (b) a raw Docker exec of `echo hi` (ExecCreate + Attach + Inspect)
 // in the same container. ns/op is the node API path alone; the custom
 // metrics hold both paths' percentiles and the p50 overhead.
@@ -301,8 +297,8 @@ func BenchmarkExecRoundTrip(b *testing.B) {
 		return time.Since(t0)
 	}
 
-	// Warm up: the TLS connection, the TokenReview and SubjectAccessReview
-	// caches, the cache's copy of the Sandbox, and Docker's own paths.
+	// Warm up: the TLS connection, the cache's copy of the Sandbox, and
+	// Docker's own paths.
 	for range 3 {
 		viaAPI()
 		viaRuntime()
@@ -348,7 +344,7 @@ func BenchmarkExecRoundTrip(b *testing.B) {
 	}
 	b.Logf("exec round trip p50 %.1fms via the node API vs %.1fms raw Docker exec: overhead %.1fms (goal < %s; %s it) [n=%d, p90 %.1fms vs %.1fms]",
 		ms(apiP50), ms(rawP50), ms(overhead), execGoalOverhead, verdict, b.N, ms(apiP90), ms(rawP90))
-	b.Logf("of which the runtime (helper, tree kill, caps) takes %.1fms and the server (HTTPS, auth, lookup, ownership check, frames, history) %.1fms",
+	b.Logf("of which the runtime (helper, tree kill, caps) takes %.1fms and the server (mutual TLS, front-proxy identity, lookup, ownership check, frames, history) %.1fms",
 		ms(rtP50-rawP50), ms(apiP50-rtP50))
 	b.Logf("per-sample ms (node API | runtime | raw):\n  %s\n  %s\n  %s", msList(apis), msList(rts), msList(raws))
 }

@@ -7,9 +7,20 @@ Licensed under the MIT License; see the LICENSE file.
 */
 
 // Package e2e runs the real manager binary against a real kube-apiserver and
-// the node's real Docker Engine, and drives it only through kubectl and the
-// Docker CLI, as a user would. It deliberately imports nothing from this
-// module, so that it tests the behaviour and not the implementation.
+// the node's real Docker Engine, and drives it only through kubectl, the
+// kubectl plugin, the MCP server and the Docker CLI, as a user would. It
+// deliberately imports nothing from this module, so that it tests the
+// behaviour and not the implementation.
+//
+// The system runs as make dev-up-system runs it (system_test.go): a
+// kube-apiserver configured for aggregated API servers, the operator's
+// objects from config/dev/operator (the status policy, the manager
+// ServiceAccount and its RBAC, the user roles, the quota webhook
+// configuration and the APIService), the operator's control-plane component
+// (`manager --role webhook`: operator CA, node certificate signer, quota
+// webhook, aggregated API) and node managers that authenticate with tokens
+// bound to a Pod on their node and get their node API certificates from the
+// signer.
 //
 // Run it with `make test-e2e` (needs KUBEBUILDER_ASSETS, Docker and the test
 // images).
@@ -54,11 +65,19 @@ var (
 	workDir    string
 	kubeconfig string
 	samplesDir string
-	// kmcpBin is code-sandbox-mcp, built once for every spec that runs it.
-	kmcpBin string
+	// kmcpBin is code-sandbox-mcp and pluginBin kubectl-sandbox, built once
+	// for every spec that runs them.
+	kmcpBin   string
+	pluginBin string
 
 	testEnv *envtest.Environment
-	manager *managerProcess
+	// adminConfig is kubeconfig's user: a client certificate of the API
+	// server's client CA, in system:masters.
+	adminConfig *rest.Config
+	// manager is the suite's node manager (nodeName); operator the
+	// operator's control-plane component, which specs may restart.
+	manager  *managerProcess
+	operator *managerProcess
 )
 
 func TestE2E(t *testing.T) {
@@ -100,8 +119,12 @@ var _ = BeforeSuite(func(ctx SpecContext) {
 	kmcpBin = filepath.Join(workDir, "code-sandbox-mcp")
 	_, err = run(ctx, repoRoot, "go", "build", "-o", kmcpBin, "./cmd/code-sandbox-mcp")
 	Expect(err).NotTo(HaveOccurred())
+	By("building kubectl-sandbox")
+	pluginBin = filepath.Join(workDir, "kubectl-sandbox")
+	_, err = run(ctx, repoRoot, "go", "build", "-o", pluginBin, "./cmd/kubectl-sandbox")
+	Expect(err).NotTo(HaveOccurred())
 
-	By("starting etcd and kube-apiserver")
+	By("starting etcd and kube-apiserver, configured for aggregated API servers")
 	testEnv = &envtest.Environment{
 		BinaryAssetsDirectory:    assets,
 		CRDDirectoryPaths:        []string{filepath.Join(repoRoot, "config", "crd", "bases")},
@@ -109,6 +132,7 @@ var _ = BeforeSuite(func(ctx SpecContext) {
 		ControlPlaneStartTimeout: 2 * time.Minute,
 		ControlPlaneStopTimeout:  time.Minute,
 	}
+	Expect(configureFrontProxy(testEnv, filepath.Join(workDir, "front-proxy"))).To(Succeed())
 	// Registered before Start: Start may fail after launching etcd or
 	// kube-apiserver, and Stop copes with a partial start.
 	DeferCleanup(func() error { return testEnv.Stop() })
@@ -117,34 +141,42 @@ var _ = BeforeSuite(func(ctx SpecContext) {
 
 	admin, err := testEnv.AddUser(envtest.User{Name: "e2e-admin", Groups: []string{"system:masters"}}, &rest.Config{})
 	Expect(err).NotTo(HaveOccurred())
+	adminConfig = admin.Config()
 	kc, err := admin.KubeConfig()
 	Expect(err).NotTo(HaveOccurred())
 	kubeconfig = filepath.Join(workDir, "kubeconfig")
 	Expect(os.WriteFile(kubeconfig, kc, 0o600)).To(Succeed())
 
-	By("starting the manager")
-	manager, err = startManager(managerBin,
-		"--kubeconfig", kubeconfig,
-		"--node-name", nodeName,
-		"--metrics-bind-address", "0",
-		"--health-probe-bind-address", "127.0.0.1:0",
-	)
+	By("installing the operator's objects (config/dev/operator) and starting manager --role webhook")
+	Expect(installOperator(ctx)).To(Succeed())
+	operator, err = startOperator(ctx)
+	Expect(err).NotTo(HaveOccurred())
+	// Cleanups run last first: this one after the node managers' and the
+	// MCP servers' (which need the operator no more), before the control
+	// plane's.
+	DeferCleanup(func() error { return operator.stop(15 * time.Second) })
+
+	By("starting the manager of " + nodeName)
+	manager, err = startLoopbackNode(nodeName, filepath.Join(workDir, "node-state"))
 	Expect(err).NotTo(HaveOccurred())
 	// Runs before the container cleanup above (cleanups run in reverse), so
 	// that the manager cannot recreate a container while it is removed.
 	DeferCleanup(func() error { return manager.stop(15 * time.Second) })
 }, NodeTimeout(15*time.Minute))
 
-// Every spec fails with the manager's exit status if it died, instead of a
-// puzzling timeout somewhere else.
+// Every spec fails with the manager's or the operator's exit status if one
+// died, instead of a puzzling timeout somewhere else.
 var _ = JustBeforeEach(func() {
 	Expect(manager.exitErr()).NotTo(HaveOccurred(), "the manager exited")
+	Expect(operator.exitErr()).NotTo(HaveOccurred(), "the operator (manager --role webhook) exited")
 })
 
 // managerProcess is the manager binary running as a child of the test.
 type managerProcess struct {
 	cmd  *exec.Cmd
 	done chan struct{}
+	// log is its output so far (also copied to GinkgoWriter).
+	log *processLog
 
 	mu  sync.Mutex
 	err error
@@ -152,13 +184,14 @@ type managerProcess struct {
 
 func startManager(bin string, args ...string) (*managerProcess, error) {
 	cmd := exec.Command(bin, args...)
-	cmd.Stdout = GinkgoWriter
-	cmd.Stderr = GinkgoWriter
+	out := &processLog{}
+	cmd.Stdout = out
+	cmd.Stderr = out
 	cmd.SysProcAttr = managerProcAttr()
 	if err := cmd.Start(); err != nil {
 		return nil, fmt.Errorf("starting the manager: %w", err)
 	}
-	m := &managerProcess{cmd: cmd, done: make(chan struct{})}
+	m := &managerProcess{cmd: cmd, done: make(chan struct{}), log: out}
 	go func() {
 		err := cmd.Wait()
 		if err == nil {
@@ -183,8 +216,12 @@ func (m *managerProcess) exitErr() error {
 }
 
 // stop sends SIGTERM (the manager's graceful shutdown) and falls back to
-// SIGKILL, so that a wedged manager never outlives the suite.
+// SIGKILL, so that a wedged manager never outlives the suite. A manager that
+// never started (nil) is stopped already.
 func (m *managerProcess) stop(grace time.Duration) error {
+	if m == nil {
+		return nil
+	}
 	select {
 	case <-m.done:
 		return nil
@@ -227,23 +264,6 @@ func removeContainersOf(ctx context.Context, node string) error {
 	fmt.Fprintf(GinkgoWriter, "removing %d container(s) of node %s\n", len(ids), node)
 	_, err = run(ctx, "", "docker", append([]string{"rm", "-f", "-v"}, ids...)...)
 	return err
-}
-
-// startLoopbackNode starts a manager of its own for node, with the node API
-// on loopback. It accepts the client certificates of envtest's client CA,
-// which signed the kubeconfig user's certificate, so clients acting as that
-// user (the MCP server, the plugin) reach it.
-func startLoopbackNode(node, stateDir string) (*managerProcess, error) {
-	return startManager(filepath.Join(workDir, "manager"),
-		"--kubeconfig", kubeconfig,
-		"--node-name", node,
-		"--metrics-bind-address", "0",
-		"--health-probe-bind-address", "127.0.0.1:0",
-		"--state-dir", stateDir,
-		"--node-api-bind-address", "127.0.0.1:0",
-		"--node-api-advertise-address", "127.0.0.1",
-		"--node-api-client-ca-file", filepath.Join(testEnv.ControlPlane.APIServer.CertDir, "client-cert-auth-ca.crt"),
-	)
 }
 
 func findRepoRoot(ctx context.Context) (string, error) {

@@ -9,11 +9,15 @@ Licensed under the MIT License; see the LICENSE file.
 package e2e
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"crypto/rand"
+	"crypto/tls"
 	"errors"
 	"fmt"
+	"io"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -24,44 +28,58 @@ import (
 	. "github.com/onsi/gomega"
 )
 
-// The kubectl plugin, built from the tree, against a manager that serves the
-// node API, driven as a user would: `kubectl-sandbox --kubeconfig … exec`.
-var _ = Describe("kubectl sandbox", Ordered, func() {
+// The kubectl plugin, built from the tree, driven as a user would:
+// `kubectl-sandbox --kubeconfig … exec`. It talks only to kube-apiserver
+// (the sandboxes/exec, files, log and history subresources of the
+// operator's aggregated API), which authenticates the user with whatever
+// the kubeconfig holds, and the operator's aggregated API server reaches
+// the node API over mutual TLS. The same specs run for a ServiceAccount
+// token, a client certificate, an exec credential plugin and kubectl proxy,
+// each user holding only the shipped exec role in the namespace. (A token
+// could not reach a node API by itself: see "the node API, connected to
+// directly" below.)
+var _ = Describe("kubectl sandbox through the API server", Ordered, func() {
 	const (
-		// pluginNode has a manager of its own: the suite's manager
-		// advertises its node name, which does not resolve here, and trusts
-		// no client CA, while the kubeconfig's user is a client certificate.
+		// pluginNode has a manager of its own, started like every node's
+		// (system_test.go), so that the specs can find its node API.
 		pluginNode = "e2e-plugin-node"
 		namespace  = "kubectl-sandbox-e2e"
 		box        = "box"
+		// What box's own command prints to the container's output.
+		boxGreeting = "box is up"
 	)
 	var (
-		plugin string
-		agent  *managerProcess
+		agent *managerProcess
+		// kubeconfigs by credential: "token", "certificate",
+		// "exec-plugin" (the token, from a credential plugin),
+		// "kubectl-proxy" (a kubectl proxy with the token), and
+		// "no-rights" (a token whose user has no role in the namespace).
+		kubeconfigs = map[string]string{}
+		// endpoint is status.nodeAPIEndpoint of box.
+		endpoint string
+		// token is the "token" user's bearer token.
+		token string
 	)
 
 	BeforeAll(func(ctx SpecContext) {
-		By("building kubectl-sandbox")
-		plugin = filepath.Join(repoRoot, "bin", "kubectl-sandbox")
-		_, err := run(ctx, repoRoot, "go", "build", "-o", plugin, "./cmd/kubectl-sandbox")
-		Expect(err).NotTo(HaveOccurred())
-
 		Expect(removeContainersOf(ctx, pluginNode)).To(Succeed())
 		DeferCleanup(func(ctx SpecContext) {
 			Expect(removeContainersOf(ctx, pluginNode)).To(Succeed())
 		}, NodeTimeout(time.Minute))
 
-		By("starting a manager that serves the node API on loopback")
-		stateDir := filepath.Join(workDir, "plugin-node-state")
-		agent, err = startLoopbackNode(pluginNode, stateDir)
+		By("starting a manager for " + pluginNode)
+		var err error
+		agent, err = startLoopbackNode(pluginNode, filepath.Join(workDir, "plugin-node-state"))
 		Expect(err).NotTo(HaveOccurred())
 		DeferCleanup(func() error { return agent.stop(15 * time.Second) })
 
 		_, err = kubectl(ctx, "create", "namespace", namespace)
 		Expect(err).NotTo(HaveOccurred())
 		DeferCleanup(func(ctx SpecContext) {
-			wait := "--wait=" + fmt.Sprint(agent.exitErr() == nil)
-			_, _ = kubectl(ctx, "delete", "namespace", namespace, "--ignore-not-found", wait, "--timeout=60s")
+			// No wait: envtest runs no namespace controller. The Sandbox
+			// goes first, while its manager still runs.
+			_, _ = kubectl(ctx, "delete", "sandbox", box, "-n", namespace, "--ignore-not-found", "--wait="+fmt.Sprint(agent.exitErr() == nil), "--timeout=60s")
+			_, _ = kubectl(ctx, "delete", "namespace", namespace, "--ignore-not-found", "--wait=false")
 		}, NodeTimeout(90*time.Second))
 
 		manifest := fmt.Sprintf(`apiVersion: sandbox.code-sandbox.dev/v1alpha1
@@ -72,30 +90,66 @@ metadata:
 spec:
   image: %s
   nodeName: %s
-`, box, namespace, sampleImage, pluginNode)
+  command: ["sh", "-c", "echo %s; exec sleep 86400"]
+`, box, namespace, sampleImage, pluginNode, boxGreeting)
 		_, err = runWithStdin(ctx, repoRoot, strings.NewReader(manifest), "kubectl", "--kubeconfig", kubeconfig, "apply", "-f", "-")
 		Expect(err).NotTo(HaveOccurred())
 		_, err = kubectl(ctx, "wait", "-n", namespace, "--for=condition=Ready", "sandbox/"+box, "--timeout=90s")
-		Expect(err).NotTo(HaveOccurred(), "the Sandbox did not become Ready")
-		Eventually(func() (string, error) {
-			return kubectl(ctx, "get", "-n", namespace, "sandbox/"+box, "-o", "jsonpath={.status.agentEndpoint}")
-		}, 30*time.Second, 250*time.Millisecond).Should(HavePrefix("https://127.0.0.1:"))
+		Expect(err).NotTo(HaveOccurred(), "the Sandbox did not become Ready:\n%s", describeSandbox(ctx, box))
+		endpoint, err = kubectl(ctx, "get", "-n", namespace, "sandbox/"+box, "-o", "jsonpath={.status.nodeAPIEndpoint}")
+		Expect(err).NotTo(HaveOccurred())
+		Expect(endpoint).To(HavePrefix("https://127.0.0.1:"))
+
+		By("giving a ServiceAccount and a certificate user the shipped exec role, and another ServiceAccount nothing")
+		for _, sa := range []string{"plugin-user", "no-rights"} {
+			_, err = kubectl(ctx, "create", "serviceaccount", sa, "-n", namespace)
+			Expect(err).NotTo(HaveOccurred())
+		}
+		_, err = kubectl(ctx, "create", "rolebinding", "plugin-user-exec", "-n", namespace,
+			"--clusterrole="+execRole, "--serviceaccount="+namespace+":plugin-user")
+		Expect(err).NotTo(HaveOccurred())
+		const certUser = "e2e-plugin-cert-user"
+		_, err = kubectl(ctx, "create", "rolebinding", "cert-user-exec", "-n", namespace,
+			"--clusterrole="+execRole, "--user="+certUser)
+		Expect(err).NotTo(HaveOccurred())
+
+		out, err := kubectl(ctx, "create", "token", "plugin-user", "-n", namespace, "--duration=1h")
+		Expect(err).NotTo(HaveOccurred())
+		token = strings.TrimSpace(out)
+		kubeconfigs["token"], err = tokenKubeconfig("plugin-user", token)
+		Expect(err).NotTo(HaveOccurred())
+		kubeconfigs["certificate"], err = certKubeconfig(certUser)
+		Expect(err).NotTo(HaveOccurred())
+		kubeconfigs["exec-plugin"], err = execPluginKubeconfig("plugin-user-exec-plugin", token)
+		Expect(err).NotTo(HaveOccurred())
+		proxy := startKubectlProxy(kubeconfigs["token"])
+		kubeconfigs["kubectl-proxy"], err = writeKubeconfigFor("plugin-user-proxy", map[string]any{"server": proxy}, map[string]any{})
+		Expect(err).NotTo(HaveOccurred())
+		out, err = kubectl(ctx, "create", "token", "no-rights", "-n", namespace, "--duration=1h")
+		Expect(err).NotTo(HaveOccurred())
+		kubeconfigs["no-rights"], err = tokenKubeconfig("no-rights", strings.TrimSpace(out))
+		Expect(err).NotTo(HaveOccurred())
 	}, NodeTimeout(5*time.Minute))
 
 	JustBeforeEach(func() {
 		Expect(agent.exitErr()).NotTo(HaveOccurred(), "the plugin node's manager exited")
 	})
 
+	// command is the plugin run as credential's user.
+	command := func(ctx context.Context, credential, stdin string, args ...string) *exec.Cmd {
+		cmd := exec.CommandContext(ctx, pluginBin, append([]string{"--kubeconfig", kubeconfigs[credential], "-n", namespace}, args...)...)
+		cmd.Stdin = strings.NewReader(stdin)
+		cmd.WaitDelay = 5 * time.Second
+		return cmd
+	}
 	// sandbox runs the plugin and returns its outputs and exit code.
-	sandbox := func(ctx context.Context, stdin string, args ...string) (stdout, stderr string, code int) {
+	sandbox := func(ctx context.Context, credential, stdin string, args ...string) (stdout, stderr string, code int) {
 		GinkgoHelper()
 		ctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
 		defer cancel()
-		cmd := exec.CommandContext(ctx, plugin, append([]string{"--kubeconfig", kubeconfig, "-n", namespace}, args...)...)
-		cmd.Stdin = strings.NewReader(stdin)
+		cmd := command(ctx, credential, stdin, args...)
 		var out, errOut bytes.Buffer
 		cmd.Stdout, cmd.Stderr = &out, &errOut
-		cmd.WaitDelay = 5 * time.Second
 		err := cmd.Run()
 		var exitErr *exec.ExitError
 		switch {
@@ -108,75 +162,181 @@ spec:
 		return out.String(), errOut.String(), code
 	}
 
-	It("runs a command and exits with its exit code", func(ctx SpecContext) {
-		stdout, stderr, code := sandbox(ctx, "", "exec", box, "--", "sh", "-c", "echo out; echo err >&2; exit 7")
-		Expect(code).To(Equal(7))
-		Expect(stdout).To(Equal("out\n"))
-		Expect(stderr).To(Equal("err\n"))
+	for _, cred := range []struct{ what, key string }{
+		{"a ServiceAccount token", "token"},
+		{"a client certificate", "certificate"},
+		{"a token from an exec credential plugin", "exec-plugin"},
+		{"kubectl proxy (the token's) and no credential of its own", "kubectl-proxy"},
+	} {
+		Context("with "+cred.what+" in the kubeconfig", func() {
+			It("runs a command and exits with its exit code", func(ctx SpecContext) {
+				stdout, stderr, code := sandbox(ctx, cred.key, "", "exec", box, "--", "sh", "-c", "echo out; echo err >&2; exit 7")
+				Expect(code).To(Equal(7), stderr)
+				Expect(stdout).To(Equal("out\n"))
+				Expect(stderr).To(Equal("err\n"))
 
-		stdout, stderr, code = sandbox(ctx, "print(6*7)\n", "exec", box, "-i", "--", "python3", "-")
-		Expect(code).To(BeZero(), stderr)
-		Expect(stdout).To(Equal("42\n"))
-	}, NodeTimeout(3*time.Minute))
+				stdout, stderr, code = sandbox(ctx, cred.key, "print(6*7)\n", "exec", box, "-i", "--", "python3", "-")
+				Expect(code).To(BeZero(), stderr)
+				Expect(stdout).To(Equal("42\n"))
+			}, NodeTimeout(3*time.Minute))
 
-	It("exits 124 when the command times out", func(ctx SpecContext) {
-		_, stderr, code := sandbox(ctx, "", "exec", box, "--timeout=1s", "--", "sleep", "30")
-		Expect(code).To(Equal(124))
-		Expect(stderr).To(ContainSubstring("timed out"))
-	}, NodeTimeout(2*time.Minute))
+			It("streams the output while the command runs", func(ctx SpecContext) {
+				cmd := command(ctx, cred.key, "", "exec", box, "--", "sh", "-c", "echo first; sleep 3; echo second")
+				stdout, err := cmd.StdoutPipe()
+				Expect(err).NotTo(HaveOccurred())
+				var stderr bytes.Buffer
+				cmd.Stderr = &stderr
+				started := time.Now()
+				Expect(cmd.Start()).To(Succeed())
+				lines := bufio.NewReader(stdout)
+				first, err := lines.ReadString('\n')
+				Expect(err).NotTo(HaveOccurred(), stderr.String())
+				Expect(first).To(Equal("first\n"))
+				Expect(time.Since(started)).To(BeNumerically("<", 2500*time.Millisecond),
+					"the first line arrived only with the end of the command")
+				rest, err := io.ReadAll(lines)
+				Expect(err).NotTo(HaveOccurred())
+				Expect(string(rest)).To(Equal("second\n"))
+				Expect(cmd.Wait()).To(Succeed(), stderr.String())
+				Expect(time.Since(started)).To(BeNumerically(">=", 3*time.Second))
+			}, NodeTimeout(2*time.Minute))
 
-	It("copies a directory in and back out byte for byte", func(ctx SpecContext) {
-		src := filepath.Join(workDir, "cp-src")
-		Expect(os.MkdirAll(filepath.Join(src, "sub"), 0o755)).To(Succeed())
-		payload := make([]byte, 1<<20+3)
-		_, _ = rand.Read(payload)
-		Expect(os.WriteFile(filepath.Join(src, "sub", "payload.bin"), payload, 0o644)).To(Succeed())
-		Expect(os.WriteFile(filepath.Join(src, "main.py"), []byte("print('from main')\n"), 0o644)).To(Succeed())
+			It("exits 124 when the command times out", func(ctx SpecContext) {
+				_, stderr, code := sandbox(ctx, cred.key, "", "exec", box, "--timeout=1s", "--", "sleep", "30")
+				Expect(code).To(Equal(124))
+				Expect(stderr).To(ContainSubstring("timed out"))
+			}, NodeTimeout(2*time.Minute))
 
-		_, stderr, code := sandbox(ctx, "", "cp", src, box+":/app/project")
-		Expect(code).To(BeZero(), stderr)
-		stdout, stderr, code := sandbox(ctx, "", "exec", box, "-w", "/app/project", "--", "python3", "main.py")
-		Expect(code).To(BeZero(), stderr)
-		Expect(stdout).To(Equal("from main\n"))
+			It("copies a directory in and back out byte for byte", func(ctx SpecContext) {
+				src := filepath.Join(workDir, cred.key+"-cp-src")
+				Expect(os.MkdirAll(filepath.Join(src, "sub"), 0o755)).To(Succeed())
+				payload := make([]byte, 1<<20+3)
+				_, _ = rand.Read(payload)
+				Expect(os.WriteFile(filepath.Join(src, "sub", "payload.bin"), payload, 0o644)).To(Succeed())
+				Expect(os.WriteFile(filepath.Join(src, "main.py"), []byte("print('from main')\n"), 0o644)).To(Succeed())
 
-		dst := filepath.Join(workDir, "cp-dst")
-		_, stderr, code = sandbox(ctx, "", "cp", namespace+"/"+box+":/app/project", dst)
-		Expect(code).To(BeZero(), stderr)
-		got, err := os.ReadFile(filepath.Join(dst, "sub", "payload.bin"))
-		Expect(err).NotTo(HaveOccurred())
-		Expect(bytes.Equal(got, payload)).To(BeTrue(), "the payload changed on the round trip")
-		Expect(filepath.Join(dst, "main.py")).To(BeARegularFile())
-	}, NodeTimeout(3*time.Minute))
+				remote := "/app/" + cred.key
+				_, stderr, code := sandbox(ctx, cred.key, "", "cp", src, box+":"+remote)
+				Expect(code).To(BeZero(), stderr)
+				stdout, stderr, code := sandbox(ctx, cred.key, "", "exec", box, "-w", remote, "--", "python3", "main.py")
+				Expect(code).To(BeZero(), stderr)
+				Expect(stdout).To(Equal("from main\n"))
 
-	It("copies a single file in and out", func(ctx SpecContext) {
-		src := filepath.Join(workDir, "note.txt")
-		Expect(os.WriteFile(src, []byte("a note\n"), 0o640)).To(Succeed())
-		_, stderr, code := sandbox(ctx, "", "cp", src, box+":/tmp/")
-		Expect(code).To(BeZero(), stderr)
-		stdout, _, code := sandbox(ctx, "", "exec", box, "--shell", "stat -c %a /tmp/note.txt && cat /tmp/note.txt")
-		Expect(code).To(BeZero())
-		Expect(stdout).To(Equal("640\na note\n"))
+				dst := filepath.Join(workDir, cred.key+"-cp-dst")
+				_, stderr, code = sandbox(ctx, cred.key, "", "cp", namespace+"/"+box+":"+remote, dst)
+				Expect(code).To(BeZero(), stderr)
+				got, err := os.ReadFile(filepath.Join(dst, "sub", "payload.bin"))
+				Expect(err).NotTo(HaveOccurred())
+				Expect(bytes.Equal(got, payload)).To(BeTrue(), "the payload changed on the round trip")
+				Expect(filepath.Join(dst, "main.py")).To(BeARegularFile())
+			}, NodeTimeout(3*time.Minute))
 
-		out := filepath.Join(workDir, "note-back.txt")
-		_, stderr, code = sandbox(ctx, "", "cp", box+":/tmp/note.txt", out)
-		Expect(code).To(BeZero(), stderr)
-		Expect(os.ReadFile(out)).To(Equal([]byte("a note\n")))
-	}, NodeTimeout(3*time.Minute))
+			It("copies a single file in and out", func(ctx SpecContext) {
+				src := filepath.Join(workDir, cred.key+"-note.txt")
+				Expect(os.WriteFile(src, []byte("a note\n"), 0o640)).To(Succeed())
+				_, stderr, code := sandbox(ctx, cred.key, "", "cp", src, box+":/tmp/")
+				Expect(code).To(BeZero(), stderr)
+				name := filepath.Base(src)
+				stdout, _, code := sandbox(ctx, cred.key, "", "exec", box, "--shell", "stat -c %a /tmp/"+name+" && cat /tmp/"+name)
+				Expect(code).To(BeZero())
+				Expect(stdout).To(Equal("640\na note\n"))
 
-	It("shows the commands run with logs --history", func(ctx SpecContext) {
-		_, _, code := sandbox(ctx, "", "exec", box, "--", "sh", "-c", "exit 5")
-		Expect(code).To(Equal(5))
-		stdout, stderr, code := sandbox(ctx, "", "logs", box, "--history", "--tail=1")
-		Expect(code).To(BeZero(), stderr)
-		lines := strings.Split(strings.TrimSpace(stdout), "\n")
-		Expect(lines).To(HaveLen(1))
-		Expect(lines[0]).To(MatchRegexp(`^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ exit=5 \S+ sh -c 'exit 5'$`))
+				out := filepath.Join(workDir, cred.key+"-note-back.txt")
+				_, stderr, code = sandbox(ctx, cred.key, "", "cp", box+":/tmp/"+name, out)
+				Expect(code).To(BeZero(), stderr)
+				Expect(os.ReadFile(out)).To(Equal([]byte("a note\n")))
+			}, NodeTimeout(3*time.Minute))
+
+			It("shows the container's output with logs, and the commands run with logs --history", func(ctx SpecContext) {
+				stdout, stderr, code := sandbox(ctx, cred.key, "", "logs", box)
+				Expect(code).To(BeZero(), stderr)
+				Expect(stdout).To(Equal(boxGreeting + "\n"))
+
+				_, _, code = sandbox(ctx, cred.key, "", "exec", box, "--", "sh", "-c", "exit 5")
+				Expect(code).To(Equal(5))
+				stdout, stderr, code = sandbox(ctx, cred.key, "", "logs", box, "--history", "--tail=1")
+				Expect(code).To(BeZero(), stderr)
+				lines := strings.Split(strings.TrimSpace(stdout), "\n")
+				Expect(lines).To(HaveLen(1))
+				Expect(lines[0]).To(MatchRegexp(`^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ exit=5 \S+ sh -c 'exit 5'$`))
+			}, NodeTimeout(2*time.Minute))
+		})
+	}
+
+	It("refuses a user without the exec role, with the API server's 403", func(ctx SpecContext) {
+		for _, args := range [][]string{
+			{"exec", box, "--", "true"},
+			{"logs", box},
+			{"cp", box + ":/etc/hostname", filepath.Join(workDir, "never")},
+		} {
+			_, stderr, code := sandbox(ctx, "no-rights", "", args...)
+			Expect(code).To(Equal(1), "%v", args)
+			Expect(stderr).To(ContainSubstring("system:serviceaccount:"+namespace+":no-rights"), "%v", args)
+			Expect(strings.ToLower(stderr)).To(ContainSubstring("forbidden"), "%v", args)
+		}
+		Expect(filepath.Join(workDir, "never")).NotTo(BeAnExistingFile())
 	}, NodeTimeout(2*time.Minute))
 
 	It("fails like kubectl for a Sandbox that does not exist", func(ctx SpecContext) {
-		_, stderr, code := sandbox(ctx, "", "exec", "nope", "--", "true")
+		_, stderr, code := sandbox(ctx, "token", "", "exec", "nope", "--", "true")
 		Expect(code).To(Equal(1))
-		Expect(stderr).To(HavePrefix("error: sandbox " + namespace + "/nope: "))
+		Expect(stderr).To(HavePrefix("error: sandbox " + namespace + "/nope"))
 		Expect(stderr).To(ContainSubstring("not found"))
 	}, NodeTimeout(time.Minute))
+
+	// The node API itself serves only the operator's aggregated API server:
+	// mutual TLS with a client certificate from the operator CA. Nothing a
+	// user holds gets a request through, not even as far as HTTP.
+	Describe("the node API, connected to directly", func() {
+		// get sends GET log to the node API with the TLS settings given
+		// and, if token is set, a bearer token; it returns the response or
+		// the error. The node's certificate is not checked: only the
+		// server's verdict on the client matters here.
+		get := func(ctx context.Context, tlsConfig *tls.Config, token string) (*http.Response, error) {
+			tlsConfig.InsecureSkipVerify = true //nolint:gosec // see above
+			hc := &http.Client{Transport: &http.Transport{TLSClientConfig: tlsConfig}, Timeout: 30 * time.Second}
+			req, err := http.NewRequestWithContext(ctx, http.MethodGet, endpoint+"/v1/namespaces/"+namespace+"/sandboxes/"+box+"/log", nil)
+			Expect(err).NotTo(HaveOccurred())
+			if token != "" {
+				req.Header.Set("Authorization", "Bearer "+token)
+			}
+			resp, err := hc.Do(req)
+			if resp != nil {
+				resp.Body.Close()
+			}
+			return resp, err
+		}
+
+		It("fails the TLS handshake of a client without a certificate", func(ctx SpecContext) {
+			// TLS 1.2 decides before the client's handshake ends (the server
+			// logs "client didn't provide a certificate").
+			conn, err := tls.Dial("tcp", strings.TrimPrefix(endpoint, "https://"), &tls.Config{
+				InsecureSkipVerify: true, MaxVersion: tls.VersionTLS12, //nolint:gosec // see get
+			})
+			if err == nil {
+				conn.Close()
+			}
+			Expect(err).To(MatchError(ContainSubstring("remote error: tls: handshake failure")))
+
+			// TLS 1.3 sends the verdict right after the client's
+			// Finished: the request never gets a response.
+			resp, err := get(ctx, &tls.Config{MinVersion: tls.VersionTLS13}, "")
+			Expect(resp).To(BeNil())
+			Expect(err).To(MatchError(ContainSubstring("certificate required")))
+		}, NodeTimeout(time.Minute))
+
+		It("refuses a bearer token the API server accepts, before any HTTP", func(ctx SpecContext) {
+			resp, err := get(ctx, &tls.Config{}, token)
+			Expect(resp).To(BeNil())
+			Expect(err).To(MatchError(ContainSubstring("certificate required")))
+		}, NodeTimeout(time.Minute))
+
+		It("refuses a client certificate the API server accepts (its cluster admin's)", func(ctx SpecContext) {
+			pair, err := tls.X509KeyPair(adminConfig.CertData, adminConfig.KeyData)
+			Expect(err).NotTo(HaveOccurred())
+			resp, err := get(ctx, &tls.Config{Certificates: []tls.Certificate{pair}}, "")
+			Expect(resp).To(BeNil())
+			Expect(err).To(MatchError(ContainSubstring("bad certificate")))
+		}, NodeTimeout(time.Minute))
+	})
 })

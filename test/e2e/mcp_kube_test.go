@@ -29,12 +29,13 @@ import (
 // code-sandbox-mcp with --backend kubernetes, built from the tree, against
 // the suite's control plane and a manager of its own that serves the node
 // API on loopback; driven by the go-sdk MCP client over stdio and over HTTP
-// with ServiceAccount tokens (--auth kubernetes).
+// with ServiceAccount tokens (--auth kubernetes). The server reaches the
+// sandboxes only through the API server (the operator's aggregated API).
 var _ = Describe("code-sandbox-mcp --backend kubernetes", Ordered, func() {
 	const (
-		// kmcpNode has its own manager, for the same reasons as the kubectl
-		// plugin's: the suite's manager advertises a node API address that
-		// does not resolve here. The MCP server pins its Sandboxes to it.
+		// kmcpNode has its own manager (started like every node's,
+		// system_test.go), so that these specs own its containers. The MCP
+		// server pins its Sandboxes to it.
 		kmcpNode      = "e2e-mcp-node"
 		kmcpNamespace = "mcp-kube-e2e"
 		kmcpManagedBy = "app.kubernetes.io/managed-by=code-sandbox-mcp"
@@ -63,8 +64,6 @@ var _ = Describe("code-sandbox-mcp --backend kubernetes", Ordered, func() {
 		}, NodeTimeout(time.Minute))
 
 		By("granting ServiceAccounts the shipped exec role and Sandbox lifecycle rights")
-		_, err = kubectl(ctx, "apply", "-f", filepath.Join(repoRoot, "config", "rbac", "sandbox_exec_role.yaml"))
-		Expect(err).NotTo(HaveOccurred())
 		_, err = kubectl(ctx, "create", "role", "sandbox-lifecycle", "-n", kmcpNamespace,
 			"--verb=create,delete,get,list,watch", "--resource=sandboxes.sandbox.code-sandbox.dev")
 		Expect(err).NotTo(HaveOccurred())
@@ -77,7 +76,7 @@ var _ = Describe("code-sandbox-mcp --backend kubernetes", Ordered, func() {
 		}
 		for _, sa := range []string{"agent-a", "agent-b"} {
 			_, err = kubectl(ctx, "create", "rolebinding", sa+"-exec", "-n", kmcpNamespace,
-				"--clusterrole=sandbox-exec-role", "--serviceaccount="+kmcpNamespace+":"+sa)
+				"--clusterrole="+execRole, "--serviceaccount="+kmcpNamespace+":"+sa)
 			Expect(err).NotTo(HaveOccurred())
 		}
 	}, NodeTimeout(5*time.Minute))
@@ -106,7 +105,7 @@ var _ = Describe("code-sandbox-mcp --backend kubernetes", Ordered, func() {
 	Describe("over stdio", Ordered, func() {
 		var (
 			sess   *mcp.ClientSession
-			stderr *kmcpLog
+			stderr *processLog
 			mu     sync.Mutex
 			notes  []*mcp.LoggingMessageParams
 			id     string
@@ -114,7 +113,7 @@ var _ = Describe("code-sandbox-mcp --backend kubernetes", Ordered, func() {
 
 		BeforeAll(func(ctx SpecContext) {
 			cmd := exec.Command(kmcpBin, serverArgs()...)
-			stderr = &kmcpLog{}
+			stderr = &processLog{}
 			cmd.Stderr = stderr
 			cmd.SysProcAttr = managerProcAttr()
 			client := mcp.NewClient(&mcp.Implementation{Name: "e2e", Version: "1"}, &mcp.ClientOptions{
@@ -139,7 +138,7 @@ var _ = Describe("code-sandbox-mcp --backend kubernetes", Ordered, func() {
 			Expect(out).To(Equal("True code-sandbox-mcp local " + kmcpNode))
 		}, NodeTimeout(2*time.Minute))
 
-		It("runs commands through the node API and streams their output", func(ctx SpecContext) {
+		It("runs commands through the API server and streams their output", func(ctx SpecContext) {
 			Expect(sess.SetLoggingLevel(ctx, &mcp.SetLoggingLevelParams{Level: "info"})).To(Succeed())
 			res, err := sess.CallTool(ctx, &mcp.CallToolParams{
 				Name: "sandbox_exec",
@@ -351,10 +350,10 @@ var _ = Describe("code-sandbox-mcp --backend kubernetes", Ordered, func() {
 // startKubeMCPHTTP starts code-sandbox-mcp with args (which must serve
 // over --http) and returns its URL and stderr. It is stopped with SIGTERM,
 // which deletes its Sandboxes, when the calling node ends.
-func startKubeMCPHTTP(args ...string) (string, *kmcpLog) {
+func startKubeMCPHTTP(args ...string) (string, *processLog) {
 	GinkgoHelper()
 	cmd := exec.Command(kmcpBin, args...)
-	stderr := &kmcpLog{}
+	stderr := &processLog{}
 	cmd.Stderr = stderr
 	cmd.SysProcAttr = managerProcAttr()
 	Expect(cmd.Start()).To(Succeed())
@@ -386,20 +385,21 @@ func connectKubeMCP(ctx context.Context, url, token, clientName string, opts *mc
 	return sess
 }
 
-// kmcpLog collects a server's stderr for assertions while it runs.
-type kmcpLog struct {
+// processLog collects a process's output (a server's stderr, a manager's
+// log) for assertions while it runs, and copies it to GinkgoWriter.
+type processLog struct {
 	mu  sync.Mutex
 	buf bytes.Buffer
 }
 
-func (l *kmcpLog) Write(p []byte) (int, error) {
+func (l *processLog) Write(p []byte) (int, error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	_, _ = GinkgoWriter.Write(p)
 	return l.buf.Write(p)
 }
 
-func (l *kmcpLog) String() string {
+func (l *processLog) String() string {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.buf.String()

@@ -10,10 +10,7 @@ package e2e
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
-	"net"
-	"os"
 	"path/filepath"
 	"strings"
 	"time"
@@ -21,41 +18,32 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
-	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"sigs.k8s.io/yaml"
 )
 
-// SandboxQuota end to end: the real `manager --role webhook` with its
-// self-managed certificate, registered with the suite's kube-apiserver
-// through config/webhook's ValidatingWebhookConfiguration (pointed at
-// 127.0.0.1 instead of a Service), and an agent that only ever sees the
-// MCP server (--backend kubernetes --auth kubernetes). It proves that the
-// API server calls the webhook, that a refusal reaches the model as a tool
-// error with the quota's own words, that usage is released on delete, and
-// that the webhook fails closed without blocking deletes.
+// SandboxQuota end to end: the suite's `manager --role webhook` (the
+// operator's control-plane component, with its self-managed certificate),
+// registered with kube-apiserver through config/dev/operator's
+// ValidatingWebhookConfiguration (config/webhook's, pointed at 127.0.0.1
+// instead of a Service), and an agent that only ever sees the MCP server
+// (--backend kubernetes --auth kubernetes). It proves that the API server
+// calls the webhook, that a refusal reaches the model as a tool error with
+// the quota's own words, that usage is released on delete, and that the
+// webhook fails closed without blocking deletes.
 var _ = Describe("SandboxQuota through the admission webhook and code-sandbox-mcp", Ordered, func() {
 	const (
-		// A manager of its own with the node API on loopback (see
-		// mcp_kube_test.go); the MCP server and the Sandboxes created with
-		// kubectl are pinned to it.
+		// A manager of its own (see mcp_kube_test.go); the MCP server and
+		// the Sandboxes created with kubectl are pinned to it.
 		quotaNode = "e2e-quota-node"
-		// The Sandboxes' namespace, the only one the webhook configuration
-		// selects, so that no other spec depends on this webhook even if
-		// specs ran in parallel.
-		quotaNS = "quota-e2e"
-		// The webhook's own namespace: its certificate Secret lives there.
-		webhookNS  = "quota-e2e-system"
+		// The Sandboxes' namespace, the only one with a SandboxQuota.
+		quotaNS    = "quota-e2e"
 		certSecret = "code-sandbox-webhook-server-cert"
-		vwcName    = "code-sandbox-e2e-quota-webhook"
 		quotaName  = "team-quota"
 		webhookErr = `admission webhook "sandbox-quota.code-sandbox.dev" denied the request: `
 	)
 	var (
-		node    *managerProcess
-		webhook *managerProcess
-		token   string
-		sess    *mcp.ClientSession
+		node  *managerProcess
+		token string
+		sess  *mcp.ClientSession
 	)
 
 	// sandboxYAML is a Sandbox the quota admits, pinned to quotaNode.
@@ -107,27 +95,23 @@ spec:
 		var err error
 		node, err = startLoopbackNode(quotaNode, filepath.Join(workDir, "quota-node-state"))
 		Expect(err).NotTo(HaveOccurred())
-		// Registered before the webhook's and the MCP server's cleanups, so
-		// it runs after them: the MCP server deletes its Sandboxes on the
+		// Registered before the MCP server's cleanups, so it runs after
+		// them: the MCP server deletes its Sandboxes on the
 		// way out, which needs this manager to release the finalizers.
 		DeferCleanup(func() error { return node.stop(15 * time.Second) })
 
-		for _, ns := range []string{quotaNS, webhookNS} {
-			_, err = kubectl(ctx, "create", "namespace", ns)
-			Expect(err).NotTo(HaveOccurred())
-		}
+		_, err = kubectl(ctx, "create", "namespace", quotaNS)
+		Expect(err).NotTo(HaveOccurred())
 		// No wait: envtest runs no namespace controller.
 		DeferCleanup(func(ctx SpecContext) {
-			_, _ = kubectl(ctx, "delete", "namespace", quotaNS, webhookNS, "--ignore-not-found", "--wait=false")
+			_, _ = kubectl(ctx, "delete", "namespace", quotaNS, "--ignore-not-found", "--wait=false")
 		}, NodeTimeout(time.Minute))
 
 		By("granting ServiceAccount agent the shipped sandbox-editor-role")
-		_, err = kubectl(ctx, "apply", "-f", filepath.Join(repoRoot, "config", "rbac", "sandbox_editor_role.yaml"))
-		Expect(err).NotTo(HaveOccurred())
 		_, err = kubectl(ctx, "create", "serviceaccount", "agent", "-n", quotaNS)
 		Expect(err).NotTo(HaveOccurred())
 		_, err = kubectl(ctx, "create", "rolebinding", "agent-editor", "-n", quotaNS,
-			"--clusterrole=sandbox-editor-role", "--serviceaccount="+quotaNS+":agent")
+			"--clusterrole="+editorRole, "--serviceaccount="+quotaNS+":agent")
 		Expect(err).NotTo(HaveOccurred())
 		out, err := kubectl(ctx, "create", "token", "agent", "-n", quotaNS, "--duration=1h", "--audience", "code-sandbox-mcp")
 		Expect(err).NotTo(HaveOccurred())
@@ -148,62 +132,8 @@ spec:
 `, quotaName, quotaNS)), "kubectl", "--kubeconfig", kubeconfig, "apply", "-f", "-")
 		Expect(err).NotTo(HaveOccurred())
 
-		By("registering config/webhook's webhook configuration, pointed at 127.0.0.1")
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		Expect(err).NotTo(HaveOccurred())
-		webhookAddr := l.Addr().String()
-		Expect(l.Close()).To(Succeed())
-		raw, err := os.ReadFile(filepath.Join(repoRoot, "config", "webhook", "manifests.yaml"))
-		Expect(err).NotTo(HaveOccurred())
-		var vwc admissionregistrationv1.ValidatingWebhookConfiguration
-		Expect(yaml.UnmarshalStrict(raw, &vwc)).To(Succeed())
-		Expect(vwc.Webhooks).NotTo(BeEmpty())
-		vwc.Name = vwcName
-		for i := range vwc.Webhooks {
-			w := &vwc.Webhooks[i]
-			Expect(w.ClientConfig.Service).NotTo(BeNil(), w.Name)
-			u := "https://" + webhookAddr + *w.ClientConfig.Service.Path
-			w.ClientConfig = admissionregistrationv1.WebhookClientConfig{URL: &u}
-			Expect(w.NamespaceSelector).To(BeNil(), "the shipped configuration applies to every namespace")
-			w.NamespaceSelector = &metav1.LabelSelector{MatchLabels: map[string]string{"kubernetes.io/metadata.name": quotaNS}}
-		}
-		vwcJSON, err := json.Marshal(&vwc)
-		Expect(err).NotTo(HaveOccurred())
-		_, err = runWithStdin(ctx, repoRoot, strings.NewReader(string(vwcJSON)), "kubectl", "--kubeconfig", kubeconfig, "apply", "-f", "-")
-		Expect(err).NotTo(HaveOccurred())
-		DeferCleanup(func(ctx SpecContext) {
-			_, err := kubectl(ctx, "delete", "validatingwebhookconfiguration", vwcName, "--ignore-not-found")
-			Expect(err).NotTo(HaveOccurred())
-		}, NodeTimeout(time.Minute))
-
-		By("starting manager --role webhook with a self-managed certificate")
-		webhook, err = startManager(filepath.Join(workDir, "manager"),
-			"--role", "webhook",
-			"--kubeconfig", kubeconfig,
-			"--webhook-bind-address", webhookAddr,
-			"--webhook-namespace", webhookNS,
-			"--webhook-service", "",
-			"--webhook-cert-hosts", "127.0.0.1",
-			"--webhook-configuration", vwcName,
-			"--metrics-bind-address", "0",
-			"--health-probe-bind-address", "127.0.0.1:0",
-		)
-		Expect(err).NotTo(HaveOccurred())
-		DeferCleanup(func() error { return webhook.stop(15 * time.Second) })
-
-		By("waiting for the CA to be injected into every webhook of the configuration")
-		Eventually(func(g Gomega) {
-			g.Expect(webhook.exitErr()).NotTo(HaveOccurred(), "the webhook exited")
-			out, err := kubectl(ctx, "get", "validatingwebhookconfiguration", vwcName, "-o", "json")
-			g.Expect(err).NotTo(HaveOccurred())
-			var got admissionregistrationv1.ValidatingWebhookConfiguration
-			g.Expect(json.Unmarshal([]byte(out), &got)).To(Succeed())
-			g.Expect(got.Webhooks).To(HaveLen(len(vwc.Webhooks)))
-			for _, w := range got.Webhooks {
-				g.Expect(w.ClientConfig.CABundle).NotTo(BeEmpty(), w.Name)
-			}
-		}).WithContext(ctx).WithTimeout(time.Minute).WithPolling(time.Second).Should(Succeed())
-		out, err = kubectl(ctx, "get", "secret", certSecret, "-n", webhookNS, "-o", "jsonpath={.type}")
+		By("checking the webhook's self-managed certificate")
+		out, err = kubectl(ctx, "get", "secret", certSecret, "-n", operatorNamespace, "-o", "jsonpath={.type}")
 		Expect(err).NotTo(HaveOccurred())
 		Expect(out).To(Equal("kubernetes.io/tls"))
 
@@ -233,7 +163,6 @@ spec:
 	var first string
 
 	It("admits the first sandbox and refuses the second with the quota's numbers", func(ctx SpecContext) {
-		Expect(webhook.exitErr()).NotTo(HaveOccurred(), "the webhook exited")
 		first = kmcpInit(ctx, sess, nil)
 		Eventually(quotaUsed).WithContext(ctx).WithTimeout(30 * time.Second).Should(Equal("1"))
 
@@ -300,13 +229,18 @@ spec:
 		_, err = kubectl(ctx, "wait", "--for=condition=Ready", "sandbox/kept", "-n", quotaNS, "--timeout=90s")
 		Expect(err).NotTo(HaveOccurred())
 
-		By("stopping the webhook")
-		Expect(webhook.stop(15 * time.Second)).To(Succeed())
-		// Whatever happens below, the window in which creates in quotaNS
-		// fail ends with this spec (the configuration selects quotaNS only).
+		By("stopping the webhook (the operator's manager --role webhook)")
+		Expect(operator.stop(15 * time.Second)).To(Succeed())
+		// Whatever happens below, the window in which creates fail ends
+		// with this spec: the operator is started again.
+		restarted := false
 		DeferCleanup(func(ctx SpecContext) {
-			_, _ = kubectl(ctx, "delete", "validatingwebhookconfiguration", vwcName, "--ignore-not-found")
-		}, NodeTimeout(time.Minute))
+			if !restarted {
+				var err error
+				operator, err = startOperator(ctx)
+				Expect(err).NotTo(HaveOccurred())
+			}
+		}, NodeTimeout(3*time.Minute))
 
 		_, err = createSandbox(ctx, "refused", sampleImage)
 		Expect(err).To(MatchError(ContainSubstring(`failed calling webhook "sandbox-quota.code-sandbox.dev"`)))
@@ -326,12 +260,13 @@ spec:
 			return docker(ctx, "ps", "-aq", "--filter", "label="+nodeLabel+"="+quotaNode)
 		}).WithContext(ctx).WithTimeout(30 * time.Second).Should(BeEmpty())
 
-		By("removing the webhook configuration: creates work again")
-		_, err = kubectl(ctx, "delete", "validatingwebhookconfiguration", vwcName)
+		By("starting the webhook again: creates work again")
+		operator, err = startOperator(ctx)
 		Expect(err).NotTo(HaveOccurred())
+		restarted = true
 		Eventually(func() error {
 			_, err := createSandbox(ctx, "after", sampleImage, "--dry-run=server")
 			return err
 		}).WithContext(ctx).WithTimeout(30 * time.Second).Should(Succeed())
-	}, NodeTimeout(4*time.Minute))
+	}, NodeTimeout(6*time.Minute))
 })
