@@ -57,7 +57,7 @@ var _ = Describe("code-sandbox-mcp --backend kubernetes latency", Ordered, Label
 		Expect(err).NotTo(HaveOccurred())
 		url, _ := startKubeMCPHTTP("--backend", "kubernetes", "--namespace", namespace, "--kubeconfig", kubeconfig,
 			"--node-name", node, "--default-image", sampleImage, "--pull-policy", "Never",
-			"--http", "127.0.0.1:0", "--auth", "none", "--log-level", "warn")
+			"--http", "127.0.0.1:0", "--auth", "none", "--log-level", "info")
 		sess = connectKubeMCP(ctx, url, "unused", "bench", nil)
 		raw, err = dockerclient.NewClientWithOpts(dockerclient.FromEnv, dockerclient.WithAPIVersionNegotiation())
 		Expect(err).NotTo(HaveOccurred())

@@ -740,33 +740,40 @@ func (b *Backend) Stop(ctx context.Context, caller mcpserver.Caller, id string) 
 	return nil
 }
 
-// waitGone polls until none of the named Sandboxes exists.
+// waitGone returns once none of the named Sandboxes exists. It watches
+// rather than polls, so that sandbox_stop returns as soon as the manager has
+// removed the container and its finalizer.
 func (b *Backend) waitGone(ctx context.Context, keys []client.ObjectKey) error {
-	delay := 100 * time.Millisecond
-	for {
-		var remaining []client.ObjectKey
-		for _, key := range keys {
+	for i, key := range keys {
+		for {
 			var sbx sandboxv1alpha1.Sandbox
 			err := b.kube.Get(ctx, key, &sbx)
-			if err == nil || !apierrors.IsNotFound(err) {
-				remaining = append(remaining, key)
+			if apierrors.IsNotFound(err) {
+				break
+			}
+			if err == nil {
+				// Deleted, or changed (a finalizer went): look again.
+				if _, err = b.watchUntilChange(ctx, &sbx); errors.Is(err, errDeleted) {
+					break
+				}
+			}
+			if ctx.Err() != nil {
+				names := make([]string, 0, len(keys)-i)
+				for _, k := range keys[i:] {
+					names = append(names, k.Name)
+				}
+				return fmt.Errorf("%d sandbox(es) still terminating (%s): %w", len(names), strings.Join(names, ", "), ctx.Err())
+			}
+			if err != nil {
+				// The API server refused a read or a watch: do not spin.
+				select {
+				case <-ctx.Done():
+				case <-time.After(200 * time.Millisecond):
+				}
 			}
 		}
-		if len(remaining) == 0 {
-			return nil
-		}
-		keys = remaining
-		select {
-		case <-ctx.Done():
-			names := make([]string, len(keys))
-			for i, k := range keys {
-				names[i] = k.Name
-			}
-			return fmt.Errorf("%d sandbox(es) still terminating (%s): %w", len(keys), strings.Join(names, ", "), ctx.Err())
-		case <-time.After(delay):
-		}
-		delay = min(2*delay, time.Second)
 	}
+	return nil
 }
 
 // Ready implements mcpserver.Backend: the API server answers and the
