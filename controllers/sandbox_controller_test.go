@@ -432,18 +432,22 @@ var _ = Describe("Sandbox controller", func() {
 		hist, err := history.New(GinkgoT().TempDir(), 0)
 		Expect(err).NotTo(HaveOccurred())
 		Expect(hist.Append("ghost-"+ns, history.Record{ID: "x", Command: []string{"true"}})).To(Succeed())
+
+		// The orphans exist before the manager starts (as after a manager
+		// restart): a running manager removes a container of a Sandbox
+		// that does not exist as soon as Docker reports it, which would
+		// race the create and start here.
+		ghost := startOrphan(dockerruntime.Owner{UID: "ghost-" + ns, Namespace: ns, Name: "ghost", Node: node})
+		// Same namespace/name as the live Sandbox below but another UID: a
+		// Sandbox that was deleted and recreated.
+		stale := startOrphan(dockerruntime.Owner{UID: "stale-" + ns, Namespace: ns, Name: "live", Node: node})
+		elsewhere := startOrphan(dockerruntime.Owner{UID: "elsewhere-" + ns, Namespace: ns, Name: "ghost2", Node: otherNode})
 		startManager(node, managerConfig{orphanGCInterval: 500 * time.Millisecond, history: hist})
 
 		By("a live Sandbox whose container must survive")
 		live := waitReady(createSandbox(newSandbox(ns, "live", node, func(s *sandboxv1alpha1.Sandbox) {
 			s.Spec.Command = []string{"sleep", "3600"}
 		})))
-
-		ghost := startOrphan(dockerruntime.Owner{UID: "ghost-" + ns, Namespace: ns, Name: "ghost", Node: node})
-		// Same namespace/name as the live Sandbox but another UID: a Sandbox
-		// that was deleted and recreated.
-		stale := startOrphan(dockerruntime.Owner{UID: "stale-" + ns, Namespace: ns, Name: "live", Node: node})
-		elsewhere := startOrphan(dockerruntime.Owner{UID: "elsewhere-" + ns, Namespace: ns, Name: "ghost2", Node: otherNode})
 		unlabelled, err := docker.ContainerCreate(ctx, &container.Config{Image: busyboxImage, Cmd: []string{"sleep", "3600"}}, nil, nil, nil, "not-ours-"+ns)
 		Expect(err).NotTo(HaveOccurred())
 		DeferCleanup(func() {
