@@ -324,7 +324,9 @@ var _ = Describe("RunCommand under gVisor", dockerLabel, func() {
 		r = runCmd(ctx, ct.ID, execio.Request{Shell: treeKillScript, TimeoutSeconds: 2})
 		Expect(r.Err).NotTo(HaveOccurred())
 		Expect(r.Result.TimedOut).To(BeTrue())
-		Expect(time.Since(start)).To(BeNumerically("<", 3*time.Second))
+		// gVisor's ptrace platform is slow on a loaded 2-core machine
+		// (3.09 s seen in CI); far below the tree's sleeps all the same.
+		Expect(time.Since(start)).To(BeNumerically("<", 5*time.Second))
 		Expect(survivors(ctx, ct.ID, "sleep")).To(BeEmpty())
 		Expect(zombies(ctx, ct.ID)).To(BeZero())
 	}, SpecTimeout(90*time.Second))
