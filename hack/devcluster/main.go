@@ -41,13 +41,8 @@ import (
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
-	"github.com/code-sandbox/code-sandbox-operator/internal/operatorca"
+	"github.com/code-sandbox/code-sandbox-operator/internal/frontproxy"
 )
-
-// frontProxyClientName is the CommonName of kube-apiserver's front-proxy
-// client certificate, the only name aggregated API servers accept request
-// headers from (--requestheader-allowed-names).
-const frontProxyClientName = "front-proxy-client"
 
 func main() {
 	// A private FlagSet: controller-runtime registers its own --kubeconfig
@@ -98,7 +93,7 @@ func run(kubeconfigPath, crdDir string, startTimeout time.Duration) (retErr erro
 		return fmt.Errorf("creating a directory for the front-proxy certificates: %w", err)
 	}
 	defer os.RemoveAll(frontProxyDir)
-	if err := configureFrontProxy(env, frontProxyDir); err != nil {
+	if err := frontproxy.Configure(env, frontProxyDir, 365*24*time.Hour); err != nil {
 		return err
 	}
 	logf("starting etcd and kube-apiserver from %s", assets)
@@ -153,39 +148,6 @@ func run(kubeconfigPath, crdDir string, startTimeout time.Duration) (retErr erro
 	logf("ready: kube-apiserver at %s, kubeconfig %s (pid %d)", cfg.Host, kubeconfigPath, os.Getpid())
 	<-ctx.Done()
 	logf("received a stop signal")
-	return nil
-}
-
-// configureFrontProxy sets kube-apiserver's aggregation flags, as kubeadm
-// does, with a fresh front-proxy CA and client certificate written to dir.
-func configureFrontProxy(env *envtest.Environment, dir string) error {
-	ca, err := operatorca.NewCA("code-sandbox-dev-front-proxy-ca", 365*24*time.Hour, time.Now())
-	if err != nil {
-		return fmt.Errorf("creating the front-proxy CA: %w", err)
-	}
-	client, err := ca.IssueClient(frontProxyClientName, nil, 365*24*time.Hour)
-	if err != nil {
-		return fmt.Errorf("issuing the front-proxy client certificate: %w", err)
-	}
-	certPEM, keyPEM, err := operatorca.EncodeKeyPair(client)
-	if err != nil {
-		return err
-	}
-	files := map[string][]byte{"front-proxy-ca.crt": ca.CertPEM(), "front-proxy-client.crt": certPEM, "front-proxy-client.key": keyPEM}
-	for name, data := range files {
-		if err := os.WriteFile(filepath.Join(dir, name), data, 0o600); err != nil {
-			return fmt.Errorf("writing %s: %w", name, err)
-		}
-	}
-	args := env.ControlPlane.GetAPIServer().Configure()
-	args.Set("requestheader-client-ca-file", filepath.Join(dir, "front-proxy-ca.crt"))
-	args.Set("requestheader-allowed-names", frontProxyClientName)
-	args.Set("requestheader-username-headers", "X-Remote-User")
-	args.Set("requestheader-uid-headers", "X-Remote-Uid")
-	args.Set("requestheader-group-headers", "X-Remote-Group")
-	args.Set("requestheader-extra-headers-prefix", "X-Remote-Extra-")
-	args.Set("proxy-client-cert-file", filepath.Join(dir, "front-proxy-client.crt"))
-	args.Set("proxy-client-key-file", filepath.Join(dir, "front-proxy-client.key"))
 	return nil
 }
 
