@@ -54,6 +54,15 @@ func in(ns, verb, resource string) access {
 	return a
 }
 
+// agg builds an access to a Sandbox subresource in the aggregated API
+// group, which kube-apiserver checks before it proxies to the operator.
+func agg(ns, verb, resource string) access {
+	a := in(ns, verb, resource)
+	g := "subresources.sandbox.code-sandbox.dev"
+	a.apiGroup = &g
+	return a
+}
+
 // core builds an access to a resource of another API group.
 func core(apiGroup, ns, verb, resource, name string) access {
 	return access{verb: verb, resource: resource, namespace: ns, name: name, apiGroup: &apiGroup}
@@ -222,7 +231,10 @@ var _ = Describe("RBAC of the default overlay, applied for real", Ordered, func(
 			in(team, "create", "sandboxes/exec"), in(team, "create", "sandboxes/files"),
 			in(team, "get", "sandboxes/files"), in(team, "get", "sandboxes/log"),
 			in(team, "get", "sandboxquotas"), in(team, "list", "sandboxquotas"), in(team, "watch", "sandboxquotas"),
+			agg(team, "create", "sandboxes/exec"), agg(team, "create", "sandboxes/files"), agg(team, "get", "sandboxes/files"),
+			agg(team, "get", "sandboxes/log"), agg(team, "get", "sandboxes/history"),
 		}, []access{
+			agg("default", "create", "sandboxes/exec"),
 			in(team, "create", "sandboxquotas"), in(team, "update", "sandboxquotas"), in(team, "patch", "sandboxquotas"),
 			in(team, "delete", "sandboxquotas"), in(team, "update", "sandboxquotas/status"),
 			in(team, "update", "sandboxes/status"), in(team, "patch", "sandboxes/status"),
@@ -236,7 +248,9 @@ var _ = Describe("RBAC of the default overlay, applied for real", Ordered, func(
 			in(team, "get", "sandboxes"), in(team, "list", "sandboxes"), in(team, "watch", "sandboxes"),
 			in(team, "get", "sandboxes/status"), in(team, "get", "sandboxes/log"),
 			in(team, "get", "sandboxquotas"), in(team, "list", "sandboxquotas"),
+			agg(team, "get", "sandboxes/log"), agg(team, "get", "sandboxes/history"),
 		}, []access{
+			agg(team, "create", "sandboxes/exec"), agg(team, "create", "sandboxes/files"), agg(team, "get", "sandboxes/files"),
 			in(team, "create", "sandboxes"), in(team, "delete", "sandboxes"), in(team, "update", "sandboxes"),
 			in(team, "create", "sandboxes/exec"), in(team, "create", "sandboxes/files"), in(team, "get", "sandboxes/files"),
 			in(team, "update", "sandboxquotas"), in(team, "create", "sandboxquotas"),
@@ -249,6 +263,8 @@ var _ = Describe("RBAC of the default overlay, applied for real", Ordered, func(
 			in(team, "create", "sandboxes"), in(team, "deletecollection", "sandboxes"),
 			in(team, "get", "sandboxes/status"), in(team, "create", "sandboxes/exec"),
 			in(team, "get", "sandboxes/log"), in(team, "list", "sandboxquotas"),
+			agg(team, "create", "sandboxes/exec"), agg(team, "create", "sandboxes/files"), agg(team, "get", "sandboxes/files"),
+			agg(team, "get", "sandboxes/log"), agg(team, "get", "sandboxes/history"),
 		}, []access{
 			// Only the node managers write status (config/policy).
 			in(team, "update", "sandboxes/status"), in(team, "patch", "sandboxes/status"),
@@ -275,6 +291,8 @@ var _ = Describe("RBAC of the default overlay, applied for real", Ordered, func(
 			in(sbxNS, "list", "sandboxes"), in(sbxNS, "watch", "sandboxes"),
 			in(sbxNS, "create", "sandboxes/exec"), in(sbxNS, "create", "sandboxes/files"),
 			in(sbxNS, "get", "sandboxes/files"), in(sbxNS, "get", "sandboxes/log"),
+			agg(sbxNS, "create", "sandboxes/exec"), agg(sbxNS, "create", "sandboxes/files"), agg(sbxNS, "get", "sandboxes/files"),
+			agg(sbxNS, "get", "sandboxes/log"), agg(sbxNS, "get", "sandboxes/history"),
 		}, []access{
 			in(sbxNS, "update", "sandboxes"), in(sbxNS, "patch", "sandboxes"), in(sbxNS, "update", "sandboxes/status"),
 			in(sbxNS, "update", "sandboxquotas"), in(sbxNS, "list", "sandboxquotas"),
