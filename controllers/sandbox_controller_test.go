@@ -381,7 +381,9 @@ var _ = Describe("Sandbox controller", func() {
 		GinkgoWriter.Printf("container %s removed %v after the delete returned\n", dockerruntime.ShortID(id), elapsed)
 		Expect(elapsed).To(BeNumerically("<", 2*time.Second))
 		Expect(containersOf(sbx.UID)).To(BeEmpty())
-		Expect(hist.Tail(string(sbx.UID), 0)).To(BeEmpty(), "the exec history goes with the container")
+		// Dropped right after the container is gone, not before.
+		Eventually(func() ([]history.Record, error) { return hist.Tail(string(sbx.UID), 0) }, 5*time.Second, 50*time.Millisecond).
+			Should(BeEmpty(), "the exec history goes with the container")
 
 		By("freeing the node's only slot for the next Sandbox")
 		next := createSandbox(newSandbox(ns, "after-stripped", node))
