@@ -230,54 +230,36 @@ func (a *Authority) newCA() (*CA, error) {
 
 func (a *Authority) ensureSecret(ctx context.Context) (*CA, error) {
 	key := client.ObjectKey{Namespace: a.opts.Namespace, Name: a.opts.SecretName}
-	for range 5 {
-		secret := &corev1.Secret{}
-		err := a.client.Get(ctx, key, secret)
-		if apierrors.IsNotFound(err) {
+	load := func(data map[string][]byte) (*CA, error) { return LoadCA(data[BundleKey], data[KeyCAKey]) }
+	secret, written, err := EnsureSecret(ctx, a.client, key, corev1.SecretTypeOpaque,
+		func(data map[string][]byte) bool {
+			ca, err := load(data)
+			return err == nil && a.usable(ca, a.opts.Clock.Now())
+		},
+		// Missing, broken or near its end: replace it.
+		func(old map[string][]byte) (map[string][]byte, error) {
 			ca, err := a.newCA()
 			if err != nil {
 				return nil, err
 			}
-			secret = &corev1.Secret{
-				ObjectMeta: metav1.ObjectMeta{Namespace: key.Namespace, Name: key.Name, Labels: map[string]string{LabelManagedBy: ManagedByValue}},
-				Type:       corev1.SecretTypeOpaque,
-				Data:       map[string][]byte{BundleKey: ca.CertPEM(), KeyCAKey: ca.KeyPEM()},
+			data := map[string][]byte{}
+			for k, v := range old {
+				data[k] = v
 			}
-			err = a.client.Create(ctx, secret)
-			if apierrors.IsAlreadyExists(err) {
-				continue // another replica won; adopt theirs
-			}
-			if err != nil {
-				return nil, fmt.Errorf("creating Secret %s: %w", key, err)
-			}
-			return ca, nil
-		}
-		if err != nil {
-			return nil, fmt.Errorf("reading Secret %s: %w", key, err)
-		}
-		if ca, err := LoadCA(secret.Data[BundleKey], secret.Data[KeyCAKey]); err == nil && a.usable(ca, a.opts.Clock.Now()) {
-			return ca, nil
-		}
-		// Missing, broken or near its end: replace it.
-		ca, err := a.newCA()
-		if err != nil {
-			return nil, err
-		}
-		if secret.Data == nil {
-			secret.Data = map[string][]byte{}
-		}
-		secret.Data[BundleKey], secret.Data[KeyCAKey] = ca.CertPEM(), ca.KeyPEM()
-		err = a.client.Update(ctx, secret)
-		if apierrors.IsConflict(err) {
-			continue
-		}
-		if err != nil {
-			return nil, fmt.Errorf("updating Secret %s: %w", key, err)
-		}
-		logf.FromContext(ctx).Info("created a new operator CA", "secret", key, "notAfter", ca.Certificate().NotAfter)
-		return ca, nil
+			data[BundleKey], data[KeyCAKey] = ca.CertPEM(), ca.KeyPEM()
+			return data, nil
+		})
+	if err != nil {
+		return nil, err
 	}
-	return nil, fmt.Errorf("Secret %s kept changing under us; giving up for now", key)
+	ca, err := load(secret.Data)
+	if err != nil {
+		return nil, fmt.Errorf("Secret %s: %w", key, err)
+	}
+	if written {
+		logf.FromContext(ctx).Info("stored a new operator CA", "secret", key, "notAfter", ca.Certificate().NotAfter)
+	}
+	return ca, nil
 }
 
 // ensureBundle makes the ConfigMap hold ca and every other CA certificate

@@ -174,52 +174,10 @@ func (m *Manager) NeedLeaderElection() bool { return false }
 
 func (m *Manager) ensureSecret(ctx context.Context) (*corev1.Secret, error) {
 	key := client.ObjectKey{Namespace: m.opts.Namespace, Name: m.opts.SecretName}
-	for attempt := 0; attempt < 5; attempt++ {
-		secret := &corev1.Secret{}
-		err := m.client.Get(ctx, key, secret)
-		if apierrors.IsNotFound(err) {
-			data, err := m.generate()
-			if err != nil {
-				return nil, err
-			}
-			secret = &corev1.Secret{
-				ObjectMeta: metav1.ObjectMeta{
-					Namespace: key.Namespace, Name: key.Name,
-					Labels: map[string]string{operatorca.LabelManagedBy: operatorca.ManagedByValue},
-				},
-				Type: corev1.SecretTypeTLS,
-				Data: data,
-			}
-			err = m.client.Create(ctx, secret)
-			if apierrors.IsAlreadyExists(err) {
-				continue // another replica won; use theirs
-			}
-			if err != nil {
-				return nil, fmt.Errorf("creating Secret %s: %w", key, err)
-			}
-			return secret, nil
-		}
-		if err != nil {
-			return nil, fmt.Errorf("reading Secret %s: %w", key, err)
-		}
-		if m.valid(secret.Data) {
-			return secret, nil
-		}
-		data, err := m.generate()
-		if err != nil {
-			return nil, err
-		}
-		secret.Data = data // drops whatever else was there (an old CA key)
-		err = m.client.Update(ctx, secret)
-		if apierrors.IsConflict(err) {
-			continue
-		}
-		if err != nil {
-			return nil, fmt.Errorf("updating Secret %s: %w", key, err)
-		}
-		return secret, nil
-	}
-	return nil, fmt.Errorf("Secret %s kept changing under us; giving up for now", key)
+	// A replacement drops whatever else was there (an old CA key).
+	secret, _, err := operatorca.EnsureSecret(ctx, m.client, key, corev1.SecretTypeTLS, m.valid,
+		func(map[string][]byte) (map[string][]byte, error) { return m.generate() })
+	return secret, err
 }
 
 // valid reports whether data holds a serving certificate and its key that
