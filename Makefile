@@ -83,8 +83,12 @@ test-e2e: helper build envtest test-images ## Run the end-to-end tests: real bin
 	$(MAKE) test-e2e-mcp
 
 .PHONY: test-e2e-mcp
-test-e2e-mcp: helper test-images ## Run the MCP server's end-to-end tests on the Docker backend (no cluster needed).
-	$(GO) test -tags mcp_e2e ./test/e2e/... -count=1 -timeout 20m
+test-e2e-mcp: helper test-images ## Run the MCP server's end-to-end tests on the Docker backend (no cluster needed), including the official MCP conformance suite.
+	CODE_SANDBOX_CONFORMANCE="$$(hack/setup-conformance.sh)" $(GO) test -tags mcp_e2e ./test/e2e/... -count=1 -timeout 20m
+
+.PHONY: test-conformance
+test-conformance: helper test-images ## Run only the official MCP conformance suite (npm @modelcontextprotocol/conformance on Node 22, cached per user) against the HTTP server.
+	CODE_SANDBOX_CONFORMANCE="$$(hack/setup-conformance.sh)" $(GO) test -tags mcp_e2e ./test/e2e/... -count=1 -timeout 20m -ginkgo.label-filter=conformance -v
 
 .PHONY: bench
 bench: helper envtest test-images ## Run the benchmarks against raw Docker: create-to-Ready, exec round trip, MCP (Docker backend), the API server's exec path and the MCP kubernetes backend.
