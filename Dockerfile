@@ -1,9 +1,14 @@
-# The manager image: one static binary, no shell, no package manager. It runs
-# as the manager DaemonSet (as root, for the Docker socket; see
-# config/manager/manager.yaml) and as the admission webhook Deployment
-# (--role=webhook, as 65532). `make docker-build` compiles bin/manager first
-# (CGO_ENABLED=0), so this builds offline without pulling a base image.
+# The manager image: one static binary and iptables, no shell, no package
+# manager. It runs as the manager DaemonSet (as root, for the Docker socket
+# and the egress firewall; see config/manager/manager.yaml) and as the
+# admission webhook Deployment (--role=webhook, as 65532). `make
+# docker-build` compiles bin/manager first (CGO_ENABLED=0) and stages
+# Debian's iptables (nft and legacy, with their libraries, the loader and
+# the xtables modules; hack/image-iptables.sh) in bin/image/manager-root,
+# so this builds offline without pulling a base image, for the build
+# host's architecture.
 FROM scratch
+COPY bin/image/manager-root/ /
 COPY bin/manager /manager
 # Non-root unless a Pod says otherwise; the DaemonSet does, explicitly.
 USER 65532:65532

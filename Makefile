@@ -51,6 +51,15 @@ vet: helper ## Run go vet (including the e2e and benchmark build tags).
 	$(GO) vet ./...
 	$(GO) vet -tags e2e ./test/...
 	$(GO) vet -tags mcp_e2e ./test/...
+	$(GO) vet -tags image ./test/image/
+
+.PHONY: lint
+lint: helper golangci-lint ## Run golangci-lint (.golangci.yml: linters, formatting, and the package layering of docs/design.md), with the e2e, mcp_e2e, cluster and image build tags.
+	$(GOLANGCI_LINT) run
+
+.PHONY: lint-fix
+lint-fix: helper golangci-lint ## Run golangci-lint and apply its fixes (formatting, imports).
+	$(GOLANGCI_LINT) run --fix
 
 .PHONY: verify
 verify: manifests generate fmt ## Regenerate everything and fail if the tree changed.
@@ -76,6 +85,10 @@ envtest: ## Provide envtest's kube-apiserver and etcd (cached per user).
 .PHONY: test
 test: manifests generate helper vet envtest test-images kustomize ## Run unit tests, the envtest suites against the real Docker Engine and the manifests' dry-run.
 	KUBEBUILDER_ASSETS="$$(hack/setup-envtest.sh)" $(GO) test ./... -count=1 -timeout 30m
+
+.PHONY: test-unit
+test-unit: helper ## Run the unit tier (go test -short): everything that needs neither Docker nor an API server; fails if a test reaches either.
+	env -u KUBEBUILDER_ASSETS DOCKER_HOST=unix:///nonexistent/docker.sock KUBECONFIG=/nonexistent/kubeconfig $(GO) test -short ./... -timeout 5m
 
 .PHONY: test-e2e
 test-e2e: helper build envtest test-images ## Run the end-to-end tests: real binaries against a local control plane and Docker.
@@ -122,9 +135,14 @@ IMG ?= code-sandbox-operator/manager:latest
 MCP_IMG ?= code-sandbox-operator/mcp-server:latest
 
 .PHONY: docker-build
-docker-build: build docker-up ## Build the manager image IMG and the MCP server image MCP_IMG (FROM scratch, offline).
+docker-build: build docker-up ## Build the manager image IMG (with this host's iptables, for its architecture) and the MCP server image MCP_IMG (FROM scratch, offline).
+	GO="$(GO)" hack/image-iptables.sh bin/image/manager-root
 	docker build -t $(IMG) -f Dockerfile .
 	docker build -t $(MCP_IMG) -f Dockerfile.mcp .
+
+.PHONY: test-image
+test-image: docker-build ## Run the manager image's iptables against this host's Docker rules (root, host network, NET_ADMIN).
+	IMG="$(IMG)" $(GO) test -tags image ./test/image/ -count=1 -v
 
 .PHONY: run
 run: build kustomize ## Run the manager for node $$NODE_NAME (default n1) against the local control plane (make dev-up first), the operator's webhook and aggregated API in the background.
@@ -188,6 +206,32 @@ build-installer: manifests kustomize ## Write everything deploy installs to dist
 	@mv dist/install.yaml.tmp dist/install.yaml
 	@echo "wrote dist/install.yaml"
 
+##@ Cluster
+
+# A real single-node cluster on this machine (etcd, kube-apiserver,
+# kube-controller-manager, kube-scheduler, a kubelet on containerd 2.x,
+# kube-proxy, a CNI bridge and CoreDNS; see docs/cluster.md). Its admin
+# kubeconfig is bin/cluster/kubeconfig:
+#   make cluster-up && export KUBECONFIG=$$PWD/bin/cluster/kubeconfig
+#   make docker-build cluster-load deploy
+CLUSTER_KUBECONFIG ?= $(LOCALBIN)/cluster/kubeconfig
+
+.PHONY: cluster-up
+cluster-up: docker-up envtest ## Start the single-node cluster (root; binaries built once and cached per user), write bin/cluster/kubeconfig. Safe to rerun.
+	hack/cluster-up.sh
+
+.PHONY: cluster-down
+cluster-down: ## Stop the single-node cluster and remove its processes, mounts, interfaces, iptables chains, containers and state.
+	hack/cluster-down.sh
+
+.PHONY: cluster-load
+cluster-load: ## Import the images IMG and MCP_IMG from Docker into the cluster's containerd (after docker-build).
+	hack/cluster-load.sh $(IMG) $(MCP_IMG)
+
+.PHONY: test-cluster
+test-cluster: build test-images ## Run the Ginkgo suite test/cluster against the deployed operator on the single-node cluster (cluster-up, docker-build cluster-load deploy first).
+	KUBECONFIG="$(CLUSTER_KUBECONFIG)" $(GO) test -tags cluster ./test/cluster/... -count=1 -timeout 40m -v
+
 ##@ Dependencies
 
 LOCALBIN ?= $(shell pwd)/bin
@@ -196,12 +240,14 @@ $(LOCALBIN):
 
 CONTROLLER_GEN ?= $(LOCALBIN)/controller-gen
 KUSTOMIZE ?= $(LOCALBIN)/kustomize
+GOLANGCI_LINT ?= $(LOCALBIN)/golangci-lint
 # test/manifests renders config/ with it.
 export KUSTOMIZE
 
 ## Tool versions. They must build with the Go toolchain in go.mod.
 CONTROLLER_TOOLS_VERSION ?= v0.23.0
 KUSTOMIZE_VERSION ?= v5.8.0
+GOLANGCI_LINT_VERSION ?= v2.15.0
 
 .PHONY: controller-gen
 controller-gen: $(CONTROLLER_GEN) ## Download controller-gen locally if necessary.
@@ -212,6 +258,11 @@ $(CONTROLLER_GEN): $(LOCALBIN)
 kustomize: $(KUSTOMIZE) ## Download kustomize locally if necessary.
 $(KUSTOMIZE): $(LOCALBIN)
 	$(call go-install-tool,$(KUSTOMIZE),sigs.k8s.io/kustomize/kustomize/v5,$(KUSTOMIZE_VERSION))
+
+.PHONY: golangci-lint
+golangci-lint: $(GOLANGCI_LINT) ## Download golangci-lint locally if necessary.
+$(GOLANGCI_LINT): $(LOCALBIN)
+	$(call go-install-tool,$(GOLANGCI_LINT),github.com/golangci/golangci-lint/v2/cmd/golangci-lint,$(GOLANGCI_LINT_VERSION))
 
 # go-install-tool installs a pinned tool as bin/<name>-<version> and links
 # bin/<name> to it, so a version bump reinstalls.

@@ -22,7 +22,7 @@ import (
 	"github.com/code-sandbox/code-sandbox-operator/internal/dockerruntime"
 )
 
-var _ = Describe("backoffTracker", func() {
+var _ = Describe("backoffTracker", Label("unit"), func() {
 	It("doubles per failure up to the cap, counts down with the clock, and resets", func() {
 		clk := clocktesting.NewFakePassiveClock(time.Unix(1_000_000, 0))
 		b := newBackoffTracker(clk, time.Second, 10*time.Second)
@@ -49,7 +49,7 @@ var _ = Describe("backoffTracker", func() {
 	})
 })
 
-var _ = Describe("expiryTime", func() {
+var _ = Describe("expiryTime", Label("unit"), func() {
 	It("counts activeDeadlineSeconds from status.startTime", func() {
 		sbx := &sandboxv1alpha1.Sandbox{}
 		_, ok := expiryTime(sbx)
@@ -67,7 +67,7 @@ var _ = Describe("expiryTime", func() {
 	})
 })
 
-var _ = Describe("dockerSpecFor", func() {
+var _ = Describe("dockerSpecFor", Label("unit"), func() {
 	It("translates the Sandbox spec into the runtime's spec", func() {
 		sbx := &sandboxv1alpha1.Sandbox{
 			ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "n", UID: "uid-1"},
@@ -125,7 +125,7 @@ var _ = Describe("dockerSpecFor", func() {
 	})
 })
 
-var _ = Describe("deletion bookkeeping", func() {
+var _ = Describe("deletion bookkeeping", Label("unit"), func() {
 	It("lets the delete event of a Sandbox bound to this node, or unbound, through the predicate", func() {
 		p := (&SandboxReconciler{opts: Options{NodeName: "a"}}).relevant()
 		deleted := func(specNode, statusNode string) bool {

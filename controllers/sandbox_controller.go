@@ -95,7 +95,7 @@ func (o *Options) defaults() {
 type SandboxReconciler struct {
 	client    client.Client
 	apiReader client.Reader
-	docker    *dockerruntime.Client
+	docker    Runtime
 	recorder  events.EventRecorder
 	clock     clock.PassiveClock
 	opts      Options
@@ -113,9 +113,10 @@ type SandboxReconciler struct {
 // +kubebuilder:rbac:groups=sandbox.code-sandbox.dev,resources=sandboxes/finalizers,verbs=update
 // +kubebuilder:rbac:groups=events.k8s.io,resources=events,verbs=create;patch;update
 
-// NewSandboxReconciler builds a reconciler for one node. The clock is
-// injectable so that lifetimes and backoff can be tested without sleeping.
-func NewSandboxReconciler(c client.Client, apiReader client.Reader, docker *dockerruntime.Client, recorder events.EventRecorder, clk clock.PassiveClock, opts Options) (*SandboxReconciler, error) {
+// NewSandboxReconciler builds a reconciler for one node. The runtime is
+// normally a *dockerruntime.Client; the clock is injectable so that lifetimes
+// and backoff can be tested without sleeping.
+func NewSandboxReconciler(c client.Client, apiReader client.Reader, docker Runtime, recorder events.EventRecorder, clk clock.PassiveClock, opts Options) (*SandboxReconciler, error) {
 	if opts.NodeName == "" {
 		return nil, errors.New("a node name is required (--node-name or NODE_NAME)")
 	}
@@ -134,7 +135,11 @@ func NewSandboxReconciler(c client.Client, apiReader client.Reader, docker *dock
 	}, nil
 }
 
-// Reconcile brings one Sandbox's container in line with its spec.
+// Reconcile brings one Sandbox's container in line with its spec. Its shape
+// is kubernetes-sigs/jobset's: get the Sandbox (a vanished one only has its
+// containers removed), claim it, finalize it if deleted, then let reconcile
+// drive the container and fill in the status in memory, and write the status
+// once at the end, when it changed; Events follow that write (writeStatus).
 func (r *SandboxReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
 	// Deletions first: a Sandbox deleted without finalize (its finalizer
 	// stripped by hand) frees quota at once, so its container must go at
@@ -199,21 +204,32 @@ func (r *SandboxReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ct
 
 	oldStatus := sbx.Status.DeepCopy()
 	result, reconcileErr := r.reconcile(ctx, sbx)
-	r.recordTransition(sbx, oldStatus)
-
-	if !equality.Semantic.DeepEqual(oldStatus, &sbx.Status) {
-		if err := r.client.Status().Update(ctx, sbx); err != nil {
-			if apierrors.IsConflict(err) {
-				return ctrl.Result{RequeueAfter: 100 * time.Millisecond}, nil
-			}
-			if apierrors.IsNotFound(err) {
-				// Deleted while we worked; its finalizer path is done.
-				return ctrl.Result{}, nil
-			}
-			return ctrl.Result{}, errors.Join(reconcileErr, fmt.Errorf("writing status: %w", err))
+	// One status write per reconcile, when anything changed.
+	if err := r.writeStatus(ctx, sbx, oldStatus); err != nil {
+		if apierrors.IsConflict(err) {
+			return ctrl.Result{RequeueAfter: 100 * time.Millisecond}, nil
 		}
+		if apierrors.IsNotFound(err) {
+			// Deleted while we worked; its finalizer path is done.
+			return ctrl.Result{}, nil
+		}
+		return ctrl.Result{}, errors.Join(reconcileErr, fmt.Errorf("writing status: %w", err))
 	}
 	return result, reconcileErr
+}
+
+// writeStatus stores sbx.Status if it differs from old, and only once the
+// write succeeded emits the Event for a change of the Ready reason: an
+// Event must never announce a state that the API server does not hold.
+func (r *SandboxReconciler) writeStatus(ctx context.Context, sbx *sandboxv1alpha1.Sandbox, old *sandboxv1alpha1.SandboxStatus) error {
+	if equality.Semantic.DeepEqual(old, &sbx.Status) {
+		return nil
+	}
+	if err := r.client.Status().Update(ctx, sbx); err != nil {
+		return err
+	}
+	r.recordTransition(sbx, old)
+	return nil
 }
 
 // reconcile drives the container and fills in sbx.Status. It never writes
@@ -343,7 +359,18 @@ func (r *SandboxReconciler) dockerFailure(ctx context.Context, sbx *sandboxv1alp
 		// Fail closed: touch nothing until an operator resolves it, but
 		// look again now and then in case they have.
 		return ctrl.Result{RequeueAfter: time.Minute}, nil
+	case errors.Is(err, dockerruntime.ErrImageNotAllowed):
+		// The manager's registry policy refuses the image's registry;
+		// nothing was pulled. Retrying cannot help (the image is
+		// immutable, and a changed policy restarts the manager, which
+		// reconciles everything again).
+		r.setReady(sbx, metav1.ConditionFalse, sandboxv1alpha1.SandboxReasonImageRegistryNotAllowed, err.Error())
+		log.Info("image registry refused by policy", "image", sbx.Spec.Image)
+		return ctrl.Result{}, nil
 	case errors.Is(err, dockerruntime.ErrImageNotFound):
+		// After a failed pull the message names the failure class only
+		// (dockerruntime.PullError); the daemon's text, which may quote
+		// the registry's response, was logged by the runtime.
 		reason = sandboxv1alpha1.SandboxReasonImageNotFound
 	case errors.Is(err, dockerruntime.ErrRuntimeUnavailable):
 		reason = sandboxv1alpha1.SandboxReasonRuntimeUnavailable
@@ -411,11 +438,8 @@ func (r *SandboxReconciler) finalize(ctx context.Context, sbx *sandboxv1alpha1.S
 	}
 	oldStatus := sbx.Status.DeepCopy()
 	if _, err := r.removeContainers(ctx, sbx); err != nil {
-		r.recordTransition(sbx, oldStatus)
-		if !equality.Semantic.DeepEqual(oldStatus, &sbx.Status) {
-			if uerr := r.client.Status().Update(ctx, sbx); uerr != nil && !apierrors.IsNotFound(uerr) {
-				err = errors.Join(err, fmt.Errorf("writing status: %w", uerr))
-			}
+		if uerr := r.writeStatus(ctx, sbx, oldStatus); uerr != nil && !apierrors.IsNotFound(uerr) {
+			err = errors.Join(err, fmt.Errorf("writing status: %w", uerr))
 		}
 		return ctrl.Result{}, err
 	}
@@ -454,7 +478,8 @@ func (r *SandboxReconciler) setReady(sbx *sandboxv1alpha1.Sandbox, status metav1
 }
 
 // recordTransition emits an Event when the Ready reason changes, so that
-// `kubectl describe` shows what happened without anyone reading logs.
+// `kubectl describe` shows what happened without anyone reading logs. Only
+// writeStatus calls it, after the status write succeeded.
 func (r *SandboxReconciler) recordTransition(sbx *sandboxv1alpha1.Sandbox, old *sandboxv1alpha1.SandboxStatus) {
 	now := meta.FindStatusCondition(sbx.Status.Conditions, string(sandboxv1alpha1.SandboxConditionReady))
 	if now == nil {

@@ -10,8 +10,11 @@ import (
 	"archive/tar"
 	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
+	"net/http"
+	"net/http/httptest"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -29,13 +32,98 @@ import (
 	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/api/resource"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/utils/clock"
 	"k8s.io/utils/ptr"
+	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	ctrlmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
+	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	sandboxv1alpha1 "github.com/code-sandbox/code-sandbox-operator/api/v1alpha1"
 	"github.com/code-sandbox/code-sandbox-operator/internal/dockerruntime"
+	"github.com/code-sandbox/code-sandbox-operator/internal/imagepolicy"
 )
+
+// registrySecret is what the fake registry answers with; it must never
+// reach a Sandbox's status or Events.
+const registrySecret = "SECRET-BODY-123"
+
+// fakeRegistry is a real listener on 127.0.0.1 that records every request.
+// It answers the API version check (/v2/) as a registry does and every other
+// request with status and a registry-style JSON error quoting
+// registrySecret (which the Docker Engine copies into its pull errors for
+// 401 and 404).
+type fakeRegistry struct {
+	Host string
+	mu   sync.Mutex
+	reqs []string
+}
+
+func (f *fakeRegistry) Requests() []string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return append([]string(nil), f.reqs...)
+}
+
+// startManagerWithImagePolicy is startManager (default config) with a
+// registry policy on its Docker client.
+func startManagerWithImagePolicy(node string, policy *imagepolicy.Policy) *testManager {
+	GinkgoHelper()
+	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
+		Scheme:                 scheme,
+		Metrics:                metricsserver.Options{BindAddress: "0"},
+		HealthProbeBindAddress: "0",
+	})
+	Expect(err).NotTo(HaveOccurred())
+	rt, err := dockerruntime.New(dockerruntime.Options{CallTimeout: 10 * time.Second, PullTimeout: 20 * time.Second, ImagePolicy: policy})
+	Expect(err).NotTo(HaveOccurred())
+	r, err := NewSandboxReconciler(mgr.GetClient(), mgr.GetAPIReader(), rt, mgr.GetEventRecorder("sandbox-manager-"+node),
+		clock.RealClock{}, Options{
+			NodeName:           node,
+			StopGracePeriod:    time.Second,
+			RetryBackoffBase:   200 * time.Millisecond,
+			RetryBackoffMax:    2 * time.Second,
+			SkipNameValidation: true,
+		})
+	Expect(err).NotTo(HaveOccurred())
+	Expect(r.SetupWithManager(mgr, time.Hour)).To(Succeed())
+	mctx, cancel := context.WithCancel(context.Background())
+	m := &testManager{node: node, reconciler: r, cancel: cancel, done: make(chan struct{})}
+	go func() {
+		defer GinkgoRecover()
+		defer close(m.done)
+		defer rt.Close()
+		Expect(mgr.Start(mctx)).To(Succeed())
+	}()
+	DeferCleanup(m.stop)
+	return m
+}
+
+func startFakeRegistry(status int) *fakeRegistry {
+	GinkgoHelper()
+	f := &fakeRegistry{}
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		f.mu.Lock()
+		f.reqs = append(f.reqs, r.Method+" "+r.URL.Path)
+		f.mu.Unlock()
+		w.Header().Set("Docker-Distribution-API-Version", "registry/2.0")
+		if r.URL.Path == "/v2/" || r.URL.Path == "/v2" {
+			w.WriteHeader(http.StatusOK)
+			return
+		}
+		code := map[int]string{http.StatusNotFound: "MANIFEST_UNKNOWN", http.StatusUnauthorized: "UNAUTHORIZED"}[status]
+		if code == "" {
+			code = "UNKNOWN"
+		}
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(status)
+		_, _ = fmt.Fprintf(w, `{"errors":[{"code":%q,"message":"%s from the node's network"}]}`, code, registrySecret)
+	}))
+	DeferCleanup(srv.Close)
+	f.Host = strings.TrimPrefix(srv.URL, "http://")
+	Expect(f.Host).To(HavePrefix("127.0.0.1:"))
+	return f
+}
 
 // eventReasons lists the reasons of the Events recorded for a Sandbox.
 func eventReasons(sbx *sandboxv1alpha1.Sandbox) func() []string {
@@ -573,16 +661,63 @@ var _ = Describe("Sandbox controller", func() {
 			s.Spec.Image = "code-sandbox-test/absent:1"
 			s.Spec.ImagePullPolicy = sandboxv1alpha1.PullNever
 		}))
-		unpullable := createSandbox(newSandbox(ns, "unpullable", node, func(s *sandboxv1alpha1.Sandbox) {
-			s.Spec.Image = "127.0.0.1:9/absent/image:1"
-		}))
-		for _, s := range []*sandboxv1alpha1.Sandbox{never, unpullable} {
+		for _, s := range []*sandboxv1alpha1.Sandbox{never} {
 			key := client.ObjectKeyFromObject(s)
 			Eventually(readyReason(key), 60*time.Second, 100*time.Millisecond).Should(Equal("False/ImageNotFound"))
 			Expect(meta.FindStatusCondition(getSandbox(key).Status.Conditions, "Ready").Message).To(ContainSubstring(s.Spec.Image))
 			Expect(containersOf(getSandbox(key).UID)).To(BeEmpty())
 		}
 	})
+
+	It("refuses an image on a loopback registry by default: no request reaches it, no retry loop", func() {
+		reg := startFakeRegistry(http.StatusInternalServerError)
+		node := testNodePrefix + "regdeny"
+		startManager(node, managerConfig{})
+		sbx := createSandbox(newSandbox(ns, "regdeny", node, func(s *sandboxv1alpha1.Sandbox) {
+			s.Spec.Image = reg.Host + "/team/app:1"
+			s.Spec.ImagePullPolicy = sandboxv1alpha1.PullAlways
+		}))
+		key := client.ObjectKeyFromObject(sbx)
+		Eventually(readyReason(key), 60*time.Second, 100*time.Millisecond).Should(Equal("False/" + sandboxv1alpha1.SandboxReasonImageRegistryNotAllowed))
+		cond := meta.FindStatusCondition(getSandbox(key).Status.Conditions, "Ready")
+		Expect(cond.Message).To(ContainSubstring(reg.Host))
+		Expect(cond.Message).To(ContainSubstring("loopback"))
+		Expect(containersOf(getSandbox(key).UID)).To(BeEmpty())
+		// Settled: the condition does not flap and nothing is ever pulled.
+		Consistently(readyReason(key), 2*time.Second, 200*time.Millisecond).Should(Equal("False/" + sandboxv1alpha1.SandboxReasonImageRegistryNotAllowed))
+		Expect(reg.Requests()).To(BeEmpty(), "the refused registry was contacted")
+	})
+
+	DescribeTable("pulls from a listed registry and reports the failure class, never the registry's response",
+		func(status int, class string) {
+			reg := startFakeRegistry(status)
+			node := testNodePrefix + "regallow"
+			policy, err := imagepolicy.New([]string{reg.Host}, true)
+			Expect(err).NotTo(HaveOccurred())
+			startManagerWithImagePolicy(node, policy)
+			sbx := createSandbox(newSandbox(ns, "regallow", node, func(s *sandboxv1alpha1.Sandbox) {
+				s.Spec.Image = reg.Host + "/team/app:1"
+			}))
+			key := client.ObjectKeyFromObject(sbx)
+			Eventually(readyReason(key), 60*time.Second, 100*time.Millisecond).Should(Equal("False/ImageNotFound"))
+			Eventually(reg.Requests, 10*time.Second).ShouldNot(BeEmpty(), "the listed registry was never contacted")
+			cond := meta.FindStatusCondition(getSandbox(key).Status.Conditions, "Ready")
+			Expect(cond.Message).To(Equal("ImagePullFailed: " + class + " (pulling " + sbx.Spec.Image + ")"))
+			Expect(containersOf(getSandbox(key).UID)).To(BeEmpty())
+			// Neither the status nor the Events quote the registry.
+			raw, err := json.Marshal(getSandbox(key).Status)
+			Expect(err).NotTo(HaveOccurred())
+			Expect(string(raw)).NotTo(ContainSubstring(registrySecret))
+			var events eventsv1.EventList
+			Expect(k8sClient.List(ctx, &events, client.InNamespace(ns))).To(Succeed())
+			for _, ev := range events.Items {
+				Expect(ev.Note).NotTo(ContainSubstring(registrySecret))
+			}
+		},
+		Entry("a missing manifest (the daemon quotes the body)", http.StatusNotFound, "image not found"),
+		Entry("a refused login (the daemon quotes the body)", http.StatusUnauthorized, "unauthorized"),
+		Entry("a server error", http.StatusInternalServerError, "registry refused"),
+	)
 
 	It("reports DockerUnavailable and keeps the finalizer until the container is proven gone", func() {
 		node := testNodePrefix + "nodocker"

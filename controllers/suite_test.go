@@ -8,11 +8,11 @@ package controllers
 
 import (
 	"context"
-	"fmt"
 	"testing"
 	"time"
 
 	"github.com/code-sandbox/code-sandbox-operator/internal/testenv"
+	"github.com/code-sandbox/code-sandbox-operator/internal/testenv/tier"
 
 	"github.com/docker/docker/api/types/container"
 	"github.com/docker/docker/api/types/filters"
@@ -51,10 +51,15 @@ const testNodePrefix = "ctrl-test-"
 
 func TestControllers(t *testing.T) {
 	RegisterFailHandler(Fail)
-	RunSpecs(t, "Sandbox controller suite (envtest + Docker)")
+	// Under -short (make test-unit) only the specs labelled unit run: the
+	// reconcile logic against a fake runtime and a fake API client.
+	RunSpecs(t, "Sandbox controller suite (unit + envtest + Docker)", tier.Config()...)
 }
 
 var _ = BeforeSuite(func() {
+	if !tier.NeedsIntegration() {
+		return // unit specs only: no Docker, no API server
+	}
 	docker = testenv.RequireDocker(busyboxImage, pythonImage)
 	cp = testenv.StartControlPlane()
 	cfg, k8sClient, scheme = cp.Config, cp.Client, cp.Scheme
@@ -126,13 +131,6 @@ func startManager(node string, mc managerConfig) *testManager {
 func (m *testManager) stop() {
 	m.cancel()
 	Eventually(m.done, 30*time.Second).Should(BeClosed())
-}
-
-var nameCounter int
-
-func uniqueName(prefix string) string {
-	nameCounter++
-	return fmt.Sprintf("%s-%d-%d", prefix, GinkgoParallelProcess(), nameCounter)
 }
 
 // newNamespace creates a namespace for one test.

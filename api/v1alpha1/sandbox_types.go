@@ -47,8 +47,17 @@ const (
 	SandboxReasonRunning = "Running"
 
 	// SandboxReasonImageNotFound: the image is not present on the node and
-	// could not be pulled (or imagePullPolicy is Never).
+	// could not be pulled (or imagePullPolicy is Never). After a failed pull
+	// the message names the failure class only ("ImagePullFailed: image not
+	// found", "… unauthorized", "… registry unreachable", "… registry
+	// refused", "… timed out"), never the registry's response.
 	SandboxReasonImageNotFound = "ImageNotFound"
+
+	// SandboxReasonImageRegistryNotAllowed: the image names a registry the
+	// manager's registry policy refuses (loopback, private or link-local
+	// addresses, localhost, and anything outside --allowed-registries).
+	// Nothing was pulled; not retried.
+	SandboxReasonImageRegistryNotAllowed = "ImageRegistryNotAllowed"
 
 	// SandboxReasonRuntimeUnavailable: the requested runtime (for example
 	// gvisor) is not configured in the node's Docker Engine.
@@ -109,9 +118,11 @@ type NetworkMode string
 const (
 	// NetworkNone gives the sandbox only a loopback interface.
 	NetworkNone NetworkMode = "None"
-	// NetworkEgress attaches the sandbox to Docker's default bridge, which
-	// allows outbound connections. Node operators should add DOCKER-USER
-	// firewall rules (see the README) to block metadata and cluster ranges.
+	// NetworkEgress attaches the sandbox to the project's own bridge network
+	// (code-sandbox-egress, inter-container traffic off), whose firewall
+	// rules, kept by the manager, let it reach the internet but not the
+	// node, other sandboxes, private or link-local ranges (cloud metadata)
+	// unless the manager's --egress-allow-cidr reopens them.
 	NetworkEgress NetworkMode = "Egress"
 )
 

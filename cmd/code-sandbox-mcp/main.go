@@ -34,6 +34,8 @@ import (
 
 	sandboxv1alpha1 "github.com/code-sandbox/code-sandbox-operator/api/v1alpha1"
 	"github.com/code-sandbox/code-sandbox-operator/internal/dockerruntime"
+	"github.com/code-sandbox/code-sandbox-operator/internal/egress"
+	"github.com/code-sandbox/code-sandbox-operator/internal/imagepolicy"
 	"github.com/code-sandbox/code-sandbox-operator/internal/mcpserver"
 	"github.com/code-sandbox/code-sandbox-operator/internal/mcpserver/accessreview"
 	"github.com/code-sandbox/code-sandbox-operator/internal/mcpserver/dockerbackend"
@@ -123,17 +125,29 @@ type options struct {
 	tlsKey         string
 	maxBody        sizeFlag
 	rateLimit      float64
+	maxPerPeer     int
+	authFailures   int
+	maxSessions    int
+	readHeaderTO   time.Duration
+	readTO         time.Duration
+	idleTO         time.Duration
 
 	defaultImage  string
 	allowedImages listFlag
 	pullPolicy    string
-	runtime       string
-	allowEgress   bool
-	hostDirs      listFlag
+	// allowedRegistries and allowPublicRegs: the Docker backend's image
+	// registry policy (internal/imagepolicy).
+	allowedRegistries listFlag
+	allowPublicRegs   bool
+	runtime           string
+	allowEgress       bool
+	egressAllow       listFlag
+	hostDirs          listFlag
 
 	commandTimeout time.Duration
 	maxTimeout     time.Duration
 	outputLimit    sizeFlag
+	execBudget     sizeFlag
 	maxSandboxes   int
 	idleTimeout    time.Duration
 	maxLifetime    time.Duration
@@ -172,24 +186,35 @@ func newFlagSet(o *options) *flag.FlagSet {
 	fs.Var(&o.authServers, "authorization-server", "OAuth authorization server issuer to advertise in the protected resource metadata (repeatable)")
 	fs.StringVar(&o.publicURL, "public-url", "", "the MCP endpoint's public URL (default http://ADDR/mcp)")
 	fs.Var(&o.allowedHosts, "allowed-hosts", "Host header values accepted (default: localhost, 127.0.0.1 and [::1] with the listening port, and the public URL's host)")
-	fs.Var(&o.allowedOrigins, "allowed-origins", "browser Origins accepted (default: none; requests without Origin are always accepted)")
+	fs.Var(&o.allowedOrigins, "allowed-origins", "browser Origins accepted besides the request's own loopback origin (http://localhost:PORT and the like); requests without Origin are always accepted")
 	fs.StringVar(&o.tlsCert, "tls-cert", "", "serve HTTPS with this certificate")
 	fs.StringVar(&o.tlsKey, "tls-key", "", "key for --tls-cert")
 	o.maxBody = sizeFlag(mcpserver.DefaultMaxBodyBytes)
 	fs.Var(&o.maxBody, "max-body-bytes", "largest HTTP request body")
 	fs.Float64Var(&o.rateLimit, "rate-limit", 100, "HTTP requests per second per identity, with bursts of twice that (429 beyond); 0 disables")
+	fs.IntVar(&o.maxPerPeer, "max-requests-per-peer", mcpserver.DefaultMaxRequestsPerPeer, "HTTP requests one remote address (IPv4, or IPv6 /64) may have in flight at once, GET streams included (429 beyond); 0 disables. Behind a reverse proxy every client shares the proxy's address")
+	fs.IntVar(&o.authFailures, "auth-failures-per-minute", mcpserver.DefaultAuthFailuresPerMinute, "failed HTTP authentications one remote address may cause per minute (a bucket of that size); beyond it the address gets 429 before its token is checked (no TokenReview); 0 disables")
+	fs.IntVar(&o.maxSessions, "max-sessions-per-identity", mcpserver.DefaultMaxSessionsPerIdentity, "open MCP sessions one identity may have over HTTP (an initialize beyond it gets 429); 0 disables")
+	fs.DurationVar(&o.readHeaderTO, "http-read-header-timeout", mcpserver.DefaultReadHeaderTimeout, "how long a client may take to send an HTTP request's headers")
+	fs.DurationVar(&o.readTO, "http-read-timeout", mcpserver.DefaultReadTimeout, "how long a client may take to send a whole HTTP request, body included (responses, such as SSE streams, are not limited)")
+	fs.DurationVar(&o.idleTO, "http-idle-timeout", mcpserver.DefaultIdleTimeout, "how long an idle keep-alive HTTP connection is kept open")
 
 	fs.StringVar(&o.defaultImage, "default-image", mcpserver.DefaultImage, "image sandbox_initialize uses when none is given")
 	fs.Var(&o.allowedImages, "allowed-image", "image pattern (path.Match) sandboxes may use, for example python:* (repeatable; default: any)")
 	fs.StringVar(&o.pullPolicy, "pull-policy", string(dockerruntime.PullIfNotPresent), "image pull policy: IfNotPresent, Never or Always")
+	fs.Var(&o.allowedRegistries, "allowed-registries", "docker backend: image registry sandboxes may use besides public ones: host (any port), host:port or CIDR (repeatable; default: none, so loopback, private, link-local and single-label registry hosts and localhost are refused)")
+	fs.BoolVar(&o.allowPublicRegs, "allow-public-registries", true, "docker backend: allow any public registry host (and images without one, which are Docker Hub's); false makes --allowed-registries a strict allow-list")
 	fs.StringVar(&o.runtime, "runtime", dockerruntime.RuntimeRunc, "OCI runtime: runc or runsc (gVisor)")
 	fs.BoolVar(&o.allowEgress, "allow-egress", false, "let sandbox_initialize ask for network \"egress\"")
+	fs.Var(&o.egressAllow, "egress-allow-cidr", "with --allow-egress and the docker backend: IPv4 CIDR egress sandboxes may reach although private or link-local (repeatable; default: none). The docker backend installs the egress iptables rules (needs root) unless a node manager owns them")
 	fs.Var(&o.hostDirs, "allow-host-dir", "host directory copy_project, copy_file and copy_file_from_sandbox may use (repeatable; default: none)")
 
 	fs.DurationVar(&o.commandTimeout, "command-timeout", mcpserver.DefaultCommandTimeout, "default timeout of one command")
 	fs.DurationVar(&o.maxTimeout, "max-command-timeout", mcpserver.DefaultMaxTimeout, "largest timeout_seconds a call may ask for")
 	o.outputLimit = sizeFlag(mcpserver.DefaultOutputLimit)
 	fs.Var(&o.outputLimit, "output-limit", "cap on each of stdout and stderr per command")
+	o.execBudget = sizeFlag(mcpserver.DefaultExecOutputBudget)
+	fs.Var(&o.execBudget, "exec-output-budget", "cap on the output one sandbox_exec call keeps and returns, across all its commands and both streams (each command keeps the end of its output within its share)")
 	fs.IntVar(&o.maxSandboxes, "max-sandboxes", dockerbackend.DefaultMaxSandboxes, "sandboxes one identity may have at once")
 	fs.DurationVar(&o.idleTimeout, "idle-timeout", dockerbackend.DefaultIdleTimeout, "remove a sandbox unused for this long")
 	fs.DurationVar(&o.maxLifetime, "max-lifetime", mcpserver.DefaultMaxLifetime, "longest a sandbox may live (and the default lifetime)")
@@ -380,6 +405,7 @@ func toolConfig(o options) (mcpserver.Config, error) {
 		CommandTimeout:   o.commandTimeout,
 		MaxTimeout:       o.maxTimeout,
 		OutputLimit:      int64(o.outputLimit),
+		ExecOutputBudget: int64(o.execBudget),
 		HostRoots:        roots,
 		MaxReadBytes:     int64(o.maxRead),
 		MaxFileBytes:     int64(o.maxFile),
@@ -480,7 +506,24 @@ func newDockerBackend(o options, logger *slog.Logger) (*dockerbackend.Backend, e
 	if o.runtime != dockerruntime.RuntimeRunc && o.runtime != dockerruntime.RuntimeRunsc {
 		return nil, usagef("--runtime %q: want runc or runsc", o.runtime)
 	}
-	client, err := dockerruntime.New(dockerruntime.Options{Host: o.dockerHost, ManagedBy: dockerruntime.ManagedByMCP})
+	imagePolicy, err := imagepolicy.New(o.allowedRegistries, o.allowPublicRegs)
+	if err != nil {
+		return nil, usagef("--allowed-registries: %v", err)
+	}
+	// Egress sandboxes only behind the egress firewall (internal/egress).
+	var fw *egress.Firewall
+	var egressReady func(context.Context) error
+	if o.allowEgress {
+		allow, err := egress.ParseCIDRs(o.egressAllow)
+		if err != nil {
+			return nil, usagef("--egress-allow-cidr: %v", err)
+		}
+		if fw, err = egress.NewFirewall(egress.Options{AllowCIDRs: allow}); err != nil {
+			return nil, err
+		}
+		egressReady = fw.Healthy
+	}
+	client, err := dockerruntime.New(dockerruntime.Options{Host: o.dockerHost, ManagedBy: dockerruntime.ManagedByMCP, ImagePolicy: imagePolicy, EgressReady: egressReady})
 	if err != nil {
 		return nil, err
 	}
@@ -497,6 +540,8 @@ func newDockerBackend(o options, logger *slog.Logger) (*dockerbackend.Backend, e
 		IdleTimeout:  o.idleTimeout,
 		HistoryDir:   o.historyDir,
 		Logger:       logger,
+
+		EgressFirewall: fw,
 	})
 }
 
@@ -529,6 +574,12 @@ func setupHTTP(o options, kube *kubeSetup, logger *slog.Logger) (*httpSetup, err
 	}
 	if (o.tlsCert == "") != (o.tlsKey == "") {
 		return nil, usagef("--tls-cert and --tls-key go together")
+	}
+	if o.maxPerPeer < 0 || o.authFailures < 0 || o.maxSessions < 0 {
+		return nil, usagef("--max-requests-per-peer, --auth-failures-per-minute and --max-sessions-per-identity take a count (0 disables), not a negative number")
+	}
+	if o.readHeaderTO <= 0 || o.readTO <= 0 || o.idleTO <= 0 {
+		return nil, usagef("--http-read-header-timeout, --http-read-timeout and --http-idle-timeout must be positive")
 	}
 	if o.auth != "kubernetes" {
 		if o.acceptAPIAud || len(o.allowUsers) > 0 || len(o.allowGroups) > 0 {
@@ -594,18 +645,34 @@ func setupHTTP(o options, kube *kubeSetup, logger *slog.Logger) (*httpSetup, err
 		listener: ln,
 		url:      resource,
 		opts: mcpserver.HTTPOptions{
-			ResourceURL:          resource,
-			AllowedHosts:         hosts,
-			AllowedOrigins:       o.allowedOrigins,
-			Auth:                 auth,
-			AuthorizationServers: o.authServers,
-			MaxBodyBytes:         int64(o.maxBody),
-			RequestsPerSecond:    o.rateLimit,
-			Logger:               logger,
+			ResourceURL:            resource,
+			AllowedHosts:           hosts,
+			AllowedOrigins:         o.allowedOrigins,
+			Auth:                   auth,
+			AuthorizationServers:   o.authServers,
+			MaxBodyBytes:           int64(o.maxBody),
+			RequestsPerSecond:      o.rateLimit,
+			MaxRequestsPerPeer:     zeroDisables(o.maxPerPeer),
+			AuthFailuresPerMinute:  zeroDisables(o.authFailures),
+			MaxSessionsPerIdentity: zeroDisables(o.maxSessions),
+			ReadHeaderTimeout:      o.readHeaderTO,
+			ReadTimeout:            o.readTO,
+			IdleTimeout:            o.idleTO,
+			Logger:                 logger,
 		},
 		tlsCert: o.tlsCert,
 		tlsKey:  o.tlsKey,
 	}, nil
+}
+
+// zeroDisables maps a limit flag, where 0 disables the limit, to
+// mcpserver.HTTPOptions, where 0 means the default and a negative value
+// disables it.
+func zeroDisables(n int) int {
+	if n == 0 {
+		return -1
+	}
+	return n
 }
 
 // sandboxCreate is what a caller needs in --namespace to use the docker
@@ -690,13 +757,7 @@ func (hs *httpSetup) run(ctx context.Context, stop context.CancelFunc, s *server
 	if err != nil {
 		return usageError{err}
 	}
-	srv := &http.Server{
-		Handler:           handler,
-		ReadHeaderTimeout: 10 * time.Second,
-		IdleTimeout:       2 * time.Minute,
-		MaxHeaderBytes:    64 << 10,
-		ErrorLog:          slog.NewLogLogger(logger.Handler(), slog.LevelWarn),
-	}
+	srv := handler.Server(slog.NewLogLogger(logger.Handler(), slog.LevelWarn))
 	served := make(chan error, 1)
 	go func() {
 		if hs.tlsCert != "" {

@@ -26,6 +26,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
 	"github.com/code-sandbox/code-sandbox-operator/internal/testenv"
+	"github.com/code-sandbox/code-sandbox-operator/internal/testenv/tier"
 )
 
 // The suite runs the server's real wiring (flags, serveWith, the HTTP
@@ -44,7 +45,7 @@ var (
 
 func TestCodeSandboxMCP(t *testing.T) {
 	RegisterFailHandler(Fail)
-	RunSpecs(t, "code-sandbox-mcp suite (envtest + Docker)")
+	RunSpecs(t, "code-sandbox-mcp suite (envtest + Docker)", tier.Config()...) // -short: only specs labelled unit
 }
 
 var _ = BeforeSuite(func() {

@@ -12,6 +12,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/code-sandbox/code-sandbox-operator/internal/hostfs"
 	"github.com/code-sandbox/code-sandbox-operator/internal/sandboxclient"
 )
 
@@ -21,24 +22,44 @@ const cpExample = `  # Copy a local directory's contents into /app/src in a Sand
   # Copy one file (relative sandbox paths are relative to its working directory)
   kubectl sandbox cp data.csv analysis:data.csv
 
-  # Copy a result file or tree out of a Sandbox in another namespace
-  kubectl sandbox cp team-a/analysis:/app/out ./out`
+  # Copy a result file out of a Sandbox in another namespace (into ./)
+  kubectl sandbox cp team-a/analysis:/app/out/report.txt .
+
+  # Copy a directory out: the trailing / asks for a directory (lands as ./out)
+  kubectl sandbox cp analysis:/app/out/ .
+
+  # Replace a file downloaded before, keeping its exec bit
+  kubectl sandbox cp analysis:/app/build/tool ./tool --overwrite --preserve-exec`
 
 func newCpCommand(o *options) *cobra.Command {
-	return &cobra.Command{
+	var dl hostfs.Options
+	cmd := &cobra.Command{
 		Use:   "cp SRC DST",
 		Short: "Copy files and directories to and from a Sandbox",
 		Long: `Copy files and directories to and from a Sandbox. One side is local, the
 other is [NAMESPACE/]NAME:PATH. Write a local path containing ':' as ./PATH.
 
-Like kubectl cp: a directory's contents land in DST (created if missing); a
-file becomes DST, or goes inside DST when DST is an existing local directory
-or ends with '/'. In the Sandbox only its working directory, /tmp and
-/var/tmp are writable and readable this way.
+Uploads: a local directory's contents land in DST (created if missing); a
+file becomes DST, or goes inside DST when DST ends with '/'. In the Sandbox
+only its working directory, /tmp and /var/tmp are writable and readable
+this way. Only regular files and directories are sent; symlinks and special
+files are skipped with a warning.
 
-Only regular files and directories are copied, both ways; symlinks and
-special files are skipped with a warning. Downloads never write outside DST
-and never through an existing symlink.`,
+Downloads: what you ask for is what you get, whatever the Sandbox holds.
+  NAME:PATH     asks for one regular file. It lands as DST, or as
+                DST/<name> when DST is a directory or ends with '/'.
+  NAME:PATH/    asks for a directory. It lands as a new DST/<name> when DST
+                is an existing directory, else as DST.
+  NAME:PATH/.   asks for a directory whose contents become DST, which must
+                not exist.
+If the Sandbox has something else at PATH (a directory where you asked for
+a file, a symlink, more than one entry), the copy fails and nothing is
+written. Nothing existing is replaced: a directory never merges into an
+existing one, and an existing file is replaced only with --overwrite. Only
+regular files and directories are created (a symlink, hard link or device
+in the download fails it), never outside DST, and files are created
+without group/world write and without exec bits unless --preserve-exec,
+minus your umask. A failed download leaves nothing behind.`,
 		Example: cpExample,
 		Args:    exactArgs(2, "cp needs a source and a destination"),
 		RunE: func(cmd *cobra.Command, args []string) error {
@@ -59,6 +80,9 @@ and never through an existing symlink.`,
 			case src.Sandbox != nil:
 				remote = src.Sandbox
 			}
+			if dst.Sandbox != nil && (dl.Overwrite || dl.KeepExec) {
+				return &usageError{cmd: cmd.CommandPath(), err: errors.New("--overwrite and --preserve-exec apply to downloads (SRC in the sandbox) only")}
+			}
 			ns, err := o.namespace(remote.Namespace)
 			if err != nil {
 				return err
@@ -71,9 +95,12 @@ and never through an existing symlink.`,
 			if dst.Sandbox != nil {
 				return copyIn(cmd.Context(), o.streams, c, ns, remote.Name, src.Path, dst.Path)
 			}
-			return copyOut(cmd.Context(), o.streams, c, ns, remote.Name, src.Path, dst.Path)
+			return copyOut(cmd.Context(), c, ns, remote.Name, src.Path, dst.Path, dl)
 		},
 	}
+	cmd.Flags().BoolVar(&dl.Overwrite, "overwrite", false, "Downloads: replace an existing local file (never a directory: trees are never merged)")
+	cmd.Flags().BoolVar(&dl.KeepExec, "preserve-exec", false, "Downloads: keep the files' exec bits (by default no downloaded file is executable)")
+	return cmd
 }
 
 // errUploadEnded stops the archiver once the upload is over, for whatever
@@ -90,19 +117,32 @@ func copyIn(ctx context.Context, s *streams, c *sandboxclient.Client, ns, name, 
 	}
 	switch {
 	case fi.IsDir():
+		root, err := os.OpenRoot(local)
+		if err != nil {
+			return fmt.Errorf("cannot copy %s: %w", local, err)
+		}
+		defer root.Close()
 		pr, pw := io.Pipe()
-		done := make(chan error, 1)
+		type archived struct {
+			st  hostfs.TreeStats
+			err error
+		}
+		done := make(chan archived, 1)
 		go func() {
-			err := writeTree(pw, local, s.warn)
+			st, err := hostfs.WriteTree(pw, root, ".", hostfs.TreeLimits{})
 			pw.CloseWithError(err)
-			done <- err
+			done <- archived{st, err}
 		}()
-		_, upErr := c.Upload(ctx, ns, name, remotePath, pr)
+		_, upErr := c.Upload(ctx, sandboxclient.Named(ns, name), remotePath, pr)
 		pr.CloseWithError(errUploadEnded)
+		a := <-done
+		for _, p := range a.st.Skipped {
+			s.warn(fmt.Sprintf("skipping %s: only regular files and directories are copied; symlinks are never followed", filepath.Join(local, filepath.FromSlash(p))))
+		}
 		// A local failure (an unreadable file) explains a failed upload
 		// better than the broken request it caused.
-		if tarErr := <-done; tarErr != nil && !errors.Is(tarErr, errUploadEnded) {
-			return tarErr
+		if a.err != nil && !errors.Is(a.err, errUploadEnded) {
+			return fmt.Errorf("cannot copy %s: %w", local, a.err)
 		}
 		return upErr
 	case fi.Mode().IsRegular():
@@ -114,40 +154,30 @@ func copyIn(ctx context.Context, s *streams, c *sandboxclient.Client, ns, name, 
 			return fmt.Errorf("cannot copy %s: %w", local, err)
 		}
 		defer f.Close()
-		_, err = c.UploadFile(ctx, ns, name, remotePath, fi.Mode().Perm(), f)
+		_, err = c.UploadFile(ctx, sandboxclient.Named(ns, name), remotePath, fi.Mode().Perm(), f)
 		return err
 	default:
 		return fmt.Errorf("cannot copy %s: it is a %s, not a regular file or directory", local, fi.Mode().Type())
 	}
 }
 
-// copyOut downloads remotePath and extracts it safely at local.
-func copyOut(ctx context.Context, s *streams, c *sandboxclient.Client, ns, name, remotePath, local string) error {
-	pr, pw := io.Pipe()
-	done := make(chan error, 1)
-	go func() {
-		err := c.Download(ctx, ns, name, remotePath, pw)
-		pw.CloseWithError(err)
-		done <- err
-	}()
-	_, exErr := extractTree(pr, local, s.warn)
-	if exErr != nil {
-		pr.CloseWithError(exErr)
-	} else {
-		// The archive's end marker may come before the end of the
-		// response; the trailer that reports a late failure only arrives
-		// after it.
-		_, _ = io.Copy(io.Discard, pr)
+// copyOut downloads remotePath to local with the strict rules of
+// internal/hostfs: the source as written decides between a file and a
+// directory (see ParseSource), and nothing lands unless the whole download
+// arrived and matched.
+func copyOut(ctx context.Context, c *sandboxclient.Client, ns, name, remotePath, local string, opts hostfs.Options) error {
+	root, rel, destIsDir, err := openLocalDest(local)
+	if err != nil {
+		return err
 	}
-	dlErr := <-done
+	defer root.Close()
+	opts.DestIsDir = destIsDir
+	_, err = hostfs.Download(root, rel, hostfs.ParseSource(remotePath), opts, func(w io.Writer) error {
+		return c.Download(ctx, sandboxclient.Named(ns, name), remotePath, w)
+	})
 	var te *sandboxclient.TransferError
-	switch {
-	case exErr != nil && (dlErr == nil || errors.Is(dlErr, exErr)):
-		return exErr
-	case errors.As(dlErr, &te):
-		return fmt.Errorf("%w; what was written to %s is incomplete", dlErr, local)
-	case dlErr != nil:
-		return dlErr
+	if errors.As(err, &te) {
+		return fmt.Errorf("%w; nothing was written to %s", err, local)
 	}
-	return nil
+	return err
 }

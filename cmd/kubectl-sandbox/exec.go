@@ -10,6 +10,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 
 	"github.com/code-sandbox/code-sandbox-operator/internal/execio"
+	"github.com/code-sandbox/code-sandbox-operator/internal/sandboxclient"
 )
 
 type execFlags struct {
@@ -58,7 +59,7 @@ tree is killed), 1 when it could not be run (an error is printed).`,
 				return err
 			}
 			defer c.Close()
-			res, err := c.Exec(cmd.Context(), ns, name, req, o.out, o.errOut)
+			res, err := c.Exec(cmd.Context(), sandboxclient.Named(ns, name), req, o.out, o.errOut)
 			if err != nil {
 				return err
 			}

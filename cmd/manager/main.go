@@ -34,13 +34,15 @@ import (
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
-	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
+	"sigs.k8s.io/controller-runtime/pkg/manager"
 
 	sandboxv1alpha1 "github.com/code-sandbox/code-sandbox-operator/api/v1alpha1"
 	"github.com/code-sandbox/code-sandbox-operator/controllers"
 	"github.com/code-sandbox/code-sandbox-operator/internal/dockerruntime"
+	"github.com/code-sandbox/code-sandbox-operator/internal/egress"
 	"github.com/code-sandbox/code-sandbox-operator/internal/execio"
 	"github.com/code-sandbox/code-sandbox-operator/internal/history"
+	"github.com/code-sandbox/code-sandbox-operator/internal/imagepolicy"
 	"github.com/code-sandbox/code-sandbox-operator/internal/nodeapi"
 	"github.com/code-sandbox/code-sandbox-operator/internal/operatorca"
 	"github.com/code-sandbox/code-sandbox-operator/internal/version"
@@ -77,6 +79,7 @@ func run() error {
 		nodeAPI          nodeAPIFlags
 		role             string
 		webhook          webhookFlags
+		egressOpts       egressFlags
 	)
 	flag.StringVar(&role, "role", "node", "What this process does: node (the Sandbox controller and node API for --node-name) or webhook (the SandboxQuota admission webhook and quota controller).")
 	flag.StringVar(&nodeName, "node-name", os.Getenv("NODE_NAME"), "Name of the node this manager runs on (default $NODE_NAME). Required.")
@@ -88,11 +91,15 @@ func run() error {
 	flag.DurationVar(&orphanGCInterval, "orphan-gc-interval", time.Minute, "How often to remove containers whose Sandbox no longer exists (also done at start-up).")
 	flag.IntVar(&concurrency, "max-concurrent-reconciles", 4, "Sandboxes reconciled in parallel.")
 	flag.StringVar(&metricsAddr, "metrics-bind-address", ":8080", "Address of the Prometheus metrics endpoint; 0 disables it.")
+	flag.BoolVar(&metricsSecure, "metrics-secure", true, "Serve the metrics over HTTPS to callers the API server authenticates and authorizes for GET /metrics (the metrics-reader ClusterRole); false serves plain HTTP to anyone.")
 	flag.StringVar(&probeAddr, "health-probe-bind-address", ":8081", "Address of the /healthz and /readyz endpoints.")
 	flag.BoolVar(&showVersion, "version", false, "Print the version and exit.")
 	flag.StringVar(&stateDir, "state-dir", "/var/lib/code-sandbox-operator", "Directory for the manager's state on the node (exec history under history/).")
+	allowedRegistries := flag.String("allowed-registries", "", "Comma-separated image registries sandboxes may use besides public ones: host (any port), host:port or CIDR, for example 127.0.0.1:5000,registry.corp,10.0.0.0/8. Without them loopback, private, link-local and single-label registry hosts and localhost are refused (see docs/security.md).")
+	allowPublicRegistries := flag.Bool("allow-public-registries", true, "Allow any public registry host (and images without one, which are Docker Hub's). false makes --allowed-registries a strict allow-list (list docker.io to keep Docker Hub).")
 	nodeAPI.bind(flag.CommandLine)
 	webhook.bind(flag.CommandLine)
+	egressOpts.bind(flag.CommandLine)
 	zapOpts := zap.Options{}
 	zapOpts.BindFlags(flag.CommandLine)
 	flag.Parse()
@@ -110,6 +117,12 @@ func run() error {
 	default:
 		return fmt.Errorf("--role must be node or webhook, got %q", role)
 	}
+	if egressOpts.detect {
+		return runEgressDetect(egressOpts)
+	}
+	if egressOpts.cleanup {
+		return runEgressCleanup(egressOpts, dockerHost)
+	}
 	if nodeName == "" {
 		return errors.New("--node-name (or NODE_NAME) is required")
 	}
@@ -119,11 +132,29 @@ func run() error {
 	ctrl.SetLogger(zap.New(zap.UseFlagOptions(&zapOpts)))
 	log := ctrl.Log.WithName("setup")
 
-	docker, err := dockerruntime.New(dockerruntime.Options{Host: dockerHost, CallTimeout: dockerTimeout, PullTimeout: pullTimeout})
+	imagePolicy, err := imagepolicy.New(strings.Split(*allowedRegistries, ","), *allowPublicRegistries)
+	if err != nil {
+		return fmt.Errorf("--allowed-registries: %w", err)
+	}
+	log.Info("image registry policy", "allowed", imagePolicy.String())
+	// Egress sandboxes are created only while the egress firewall is in
+	// place (internal/egress).
+	var egressFW *egress.Firewall
+	var egressReady func(context.Context) error
+	if egressOpts.firewall {
+		if egressFW, err = egressOpts.newFirewall(); err != nil {
+			return err
+		}
+		egressReady = egressFW.Healthy
+	}
+	docker, err := dockerruntime.New(dockerruntime.Options{Host: dockerHost, CallTimeout: dockerTimeout, PullTimeout: pullTimeout, ImagePolicy: imagePolicy, EgressReady: egressReady})
 	if err != nil {
 		return err
 	}
 	defer docker.Close()
+	egressCtx, egressCancel := context.WithTimeout(context.Background(), time.Minute)
+	startEgress(egressCtx, ctrl.Log.WithName("egress"), egressFW, docker)
+	egressCancel()
 
 	cfg, err := ctrl.GetConfig()
 	if err != nil {
@@ -135,7 +166,7 @@ func run() error {
 	}
 	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
 		Scheme:                 scheme,
-		Metrics:                metricsserver.Options{BindAddress: metricsAddr},
+		Metrics:                metricsOptions(metricsAddr),
 		HealthProbeBindAddress: probeAddr,
 		// Each node's manager owns only its node's Sandboxes, so every
 		// replica is active; there is nothing to elect.
@@ -172,6 +203,13 @@ func run() error {
 	}
 	if err := reconciler.SetupWithManager(mgr, orphanGCInterval); err != nil {
 		return fmt.Errorf("setting up controller: %w", err)
+	}
+	if egressFW != nil {
+		if err := mgr.Add(manager.RunnableFunc(func(ctx context.Context) error {
+			return keepEgressFirewall(ctx, ctrl.Log.WithName("egress"), egressFW, egressOpts.interval)
+		})); err != nil {
+			return err
+		}
 	}
 	if err := mgr.AddHealthzCheck("healthz", healthz.Ping); err != nil {
 		return err

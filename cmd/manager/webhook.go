@@ -25,7 +25,6 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
 	"sigs.k8s.io/controller-runtime/pkg/manager"
-	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 	"sigs.k8s.io/controller-runtime/pkg/webhook"
 
 	"github.com/code-sandbox/code-sandbox-operator/controllers/sandboxquota"
@@ -171,7 +170,7 @@ func runWebhook(f webhookFlags, metricsAddr, probeAddr string) error {
 
 	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
 		Scheme:                        scheme,
-		Metrics:                       metricsserver.Options{BindAddress: metricsAddr},
+		Metrics:                       metricsOptions(metricsAddr),
 		HealthProbeBindAddress:        probeAddr,
 		LeaderElection:                f.leaderElect,
 		LeaderElectionID:              "code-sandbox-quota-controller",

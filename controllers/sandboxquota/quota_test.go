@@ -8,6 +8,7 @@ package sandboxquota_test
 
 import (
 	"context"
+	"errors"
 	"sync"
 	"time"
 
@@ -22,6 +23,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	sandboxv1alpha1 "github.com/code-sandbox/code-sandbox-operator/api/v1alpha1"
+	"github.com/code-sandbox/code-sandbox-operator/internal/nodeapi/wire"
 	"github.com/code-sandbox/code-sandbox-operator/internal/testenv"
 )
 
@@ -163,6 +165,12 @@ var _ = Describe("SandboxQuota accounting", func() {
 			"memory: requested 192Mi, used 128Mi, limit 256Mi (64Mi over)",
 		))
 		Expect(err.Error()).NotTo(ContainSubstring("disk:"), "only the limits that are broken are named")
+		// The webhook's typed cause survives kube-apiserver, so clients
+		// classify the refusal without reading its text.
+		var status apierrors.APIStatus
+		Expect(errors.As(err, &status)).To(BeTrue())
+		Expect(status.Status().Details).NotTo(BeNil(), "kube-apiserver dropped the webhook's details: %#v", status.Status())
+		Expect(status.Status().Details.Causes).To(ContainElement(HaveField("Type", wire.CauseQuotaExceeded)))
 
 		Expect(create(newSandbox(ns, withResources("500m", "128Mi", "32Mi")))).To(Succeed())
 		full := settled(q, 2)

@@ -29,6 +29,7 @@ import (
 	"github.com/code-sandbox/code-sandbox-operator/internal/admission"
 	"github.com/code-sandbox/code-sandbox-operator/internal/testenv"
 	"github.com/code-sandbox/code-sandbox-operator/internal/testenv/testnode"
+	"github.com/code-sandbox/code-sandbox-operator/internal/testenv/tier"
 )
 
 const (
@@ -47,7 +48,7 @@ var (
 
 func TestSandboxQuota(t *testing.T) {
 	RegisterFailHandler(Fail)
-	RunSpecs(t, "SandboxQuota suite (envtest webhook + real Docker)")
+	RunSpecs(t, "SandboxQuota suite (envtest webhook + real Docker)", tier.Config()...) // -short: only specs labelled unit
 }
 
 var _ = BeforeSuite(func() {

@@ -35,8 +35,39 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
 
 	sandboxv1alpha1 "github.com/code-sandbox/code-sandbox-operator/api/v1alpha1"
+	"github.com/code-sandbox/code-sandbox-operator/internal/nodeapi/wire"
 	"github.com/code-sandbox/code-sandbox-operator/internal/quota"
 )
+
+// fieldDeadline is the field a lifetime rule's QuotaRule cause names.
+const fieldDeadline = "spec.activeDeadlineSeconds"
+
+// denied refuses the Sandbox name for causes (wire.CauseQuota*): a 403
+// Forbidden Status whose message is the causes' messages joined by "; ",
+// exactly as people read it, and whose details carry the causes, so that
+// clients tell quota usage from quota rules without reading the message.
+// kube-apiserver passes the Status on, prefixing the message with
+// `admission webhook "…" denied the request: `.
+func denied(name string, causes []metav1.StatusCause) admission.Response {
+	msgs := make([]string, len(causes))
+	for i, c := range causes {
+		msgs[i] = c.Message
+	}
+	resp := admission.Denied(strings.Join(msgs, "; "))
+	resp.Result.Details = &metav1.StatusDetails{Name: name, Group: wire.StatusGroup, Kind: wire.StatusKind, Causes: causes}
+	return resp
+}
+
+// errored is admission.Errored with the standard reason for code
+// (BadRequest or InternalError), for clients that decide by the reason.
+func errored(code int32, err error) admission.Response {
+	resp := admission.Errored(code, err)
+	resp.Result.Reason = metav1.StatusReasonInternalError
+	if code == http.StatusBadRequest {
+		resp.Result.Reason = metav1.StatusReasonBadRequest
+	}
+	return resp
+}
 
 // Path is where the webhook server serves the Sandbox validator; the
 // ValidatingWebhookConfiguration in config/webhook points at it.
@@ -67,7 +98,7 @@ func NewSandboxValidator(reader client.Reader, writer client.Client, scheme *run
 func (v *SandboxValidator) Handle(ctx context.Context, req admission.Request) admission.Response {
 	sbx := &sandboxv1alpha1.Sandbox{}
 	if err := v.decoder.Decode(req, sbx); err != nil {
-		return admission.Errored(http.StatusBadRequest, fmt.Errorf("decoding the Sandbox: %w", err))
+		return errored(http.StatusBadRequest, fmt.Errorf("decoding the Sandbox: %w", err))
 	}
 	// The name and UID are assigned before validating admission; the
 	// request's copy is a fallback for API servers that send them apart.
@@ -92,23 +123,23 @@ func (v *SandboxValidator) Handle(ctx context.Context, req admission.Request) ad
 func (v *SandboxValidator) update(ctx context.Context, req admission.Request, sbx *sandboxv1alpha1.Sandbox) admission.Response {
 	old := &sandboxv1alpha1.Sandbox{}
 	if err := v.decoder.DecodeRaw(req.OldObject, old); err != nil {
-		return admission.Errored(http.StatusBadRequest, fmt.Errorf("decoding the old Sandbox: %w", err))
+		return errored(http.StatusBadRequest, fmt.Errorf("decoding the old Sandbox: %w", err))
 	}
 	if equalDeadline(old.Spec.ActiveDeadlineSeconds, sbx.Spec.ActiveDeadlineSeconds) {
 		return admission.Allowed("")
 	}
 	quotas, err := v.quotas(ctx, sbx.Namespace)
 	if err != nil {
-		return admission.Errored(http.StatusInternalServerError, err)
+		return errored(http.StatusInternalServerError, err)
 	}
-	var msgs []string
+	var causes []metav1.StatusCause
 	for i := range quotas {
 		if msg := quota.DeadlineViolation(&quotas[i], sbx.Spec.ActiveDeadlineSeconds); msg != "" {
-			msgs = append(msgs, msg)
+			causes = append(causes, metav1.StatusCause{Type: wire.CauseQuotaRule, Field: fieldDeadline, Message: msg})
 		}
 	}
-	if len(msgs) > 0 {
-		return admission.Denied(strings.Join(msgs, "; "))
+	if len(causes) > 0 {
+		return denied(sbx.Name, causes)
 	}
 	return admission.Allowed("")
 }
@@ -125,11 +156,11 @@ func (v *SandboxValidator) create(ctx context.Context, req admission.Request, sb
 	if sbx.UID == "" {
 		// Without a UID the reservation could not be matched to the
 		// Sandbox later; no supported API server sends one without it.
-		return admission.Errored(http.StatusBadRequest, errors.New("the Sandbox in the admission request has no metadata.uid"))
+		return errored(http.StatusBadRequest, errors.New("the Sandbox in the admission request has no metadata.uid"))
 	}
 	quotas, err := v.quotas(ctx, sbx.Namespace)
 	if err != nil {
-		return admission.Errored(http.StatusInternalServerError, err)
+		return errored(http.StatusInternalServerError, err)
 	}
 	if len(quotas) == 0 {
 		return admission.Allowed("")
@@ -137,20 +168,27 @@ func (v *SandboxValidator) create(ctx context.Context, req admission.Request, sb
 
 	// Rules first: they need no charge, and a Sandbox they forbid should
 	// hear about that rather than about usage.
-	var msgs []string
+	var causes []metav1.StatusCause
 	for i := range quotas {
-		msgs = append(msgs, quota.Violations(&quotas[i], sbx)...)
+		deadline := quota.DeadlineViolation(&quotas[i], sbx.Spec.ActiveDeadlineSeconds)
+		for _, msg := range quota.Violations(&quotas[i], sbx) {
+			c := metav1.StatusCause{Type: wire.CauseQuotaRule, Message: msg}
+			if msg == deadline {
+				c.Field = fieldDeadline
+			}
+			causes = append(causes, c)
+		}
 	}
-	if len(msgs) > 0 {
-		return admission.Denied(strings.Join(msgs, "; "))
+	if len(causes) > 0 {
+		return denied(sbx.Name, causes)
 	}
 
 	usage := quota.Usage(sbx)
 	dryRun := req.DryRun != nil && *req.DryRun
 	var charged []string
 	for i := range quotas {
-		msg, err := v.charge(ctx, &quotas[i], sbx, usage, dryRun)
-		if err == nil && msg == "" {
+		refusal, err := v.charge(ctx, &quotas[i], sbx, usage, dryRun)
+		if err == nil && refusal == nil {
 			if !dryRun {
 				charged = append(charged, quotas[i].Name)
 			}
@@ -160,10 +198,10 @@ func (v *SandboxValidator) create(ctx context.Context, req admission.Request, sb
 		v.release(ctx, sbx, charged)
 		if err != nil {
 			log.Error(err, "charging the Sandbox to its quota", "quota", quotas[i].Name)
-			return admission.Errored(http.StatusInternalServerError,
+			return errored(http.StatusInternalServerError,
 				fmt.Errorf("sandbox quota %q: could not record usage: %w", quotas[i].Name, err))
 		}
-		return admission.Denied(msg)
+		return denied(sbx.Name, []metav1.StatusCause{*refusal})
 	}
 	if len(charged) > 0 {
 		log.V(1).Info("sandbox charged to quotas", "quotas", charged, "usage", quota.Summary(sandboxv1alpha1.SandboxQuotaHard{}, usage))
@@ -181,34 +219,36 @@ func (v *SandboxValidator) quotas(ctx context.Context, namespace string) ([]sand
 }
 
 // charge adds usage to q and records a reservation for sbx, retrying on
-// conflicts until it succeeds, the quota refuses (msg), or ctx ends. With
-// dryRun it only checks.
+// conflicts until it succeeds, the quota refuses (refusal: why, as a
+// QuotaExceeded or QuotaNotCounted cause), or ctx ends. With dryRun it only
+// checks.
 func (v *SandboxValidator) charge(ctx context.Context, q *sandboxv1alpha1.SandboxQuota, sbx *sandboxv1alpha1.Sandbox,
-	usage sandboxv1alpha1.SandboxQuotaUsage, dryRun bool) (msg string, err error) {
+	usage sandboxv1alpha1.SandboxQuotaUsage, dryRun bool) (refusal *metav1.StatusCause, err error) {
 	for attempt := 0; ; attempt++ {
 		if attempt > 0 {
 			fresh := &sandboxv1alpha1.SandboxQuota{}
 			if err := v.reader.Get(ctx, client.ObjectKeyFromObject(q), fresh); err != nil {
 				if apierrors.IsNotFound(err) {
-					return "", nil // deleted meanwhile: nothing left to charge
+					return nil, nil // deleted meanwhile: nothing left to charge
 				}
-				return "", fmt.Errorf("reading the quota: %w", err)
+				return nil, fmt.Errorf("reading the quota: %w", err)
 			}
 			q = fresh
 		}
 		if hasReservation(q, sbx.UID) {
-			return "", nil // charged by an earlier call for this very request
+			return nil, nil // charged by an earlier call for this very request
 		}
 		if q.Status.ObservedGeneration == 0 {
 			// Like ResourceQuota's "status unknown for quota": a quota
 			// whose usage has never been counted cannot say what fits.
-			return fmt.Sprintf("sandbox quota %q has not counted its usage yet; retry in a few seconds", q.Name), nil
+			return &metav1.StatusCause{Type: wire.CauseQuotaNotCounted,
+				Message: fmt.Sprintf("sandbox quota %q has not counted its usage yet; retry in a few seconds", q.Name)}, nil
 		}
 		if over := quota.Exceeds(q.Spec.Hard, q.Status.Used, usage); len(over) > 0 {
-			return quota.ExceededMessage(q.Name, over), nil
+			return &metav1.StatusCause{Type: wire.CauseQuotaExceeded, Message: quota.ExceededMessage(q.Name, over)}, nil
 		}
 		if dryRun {
-			return "", nil
+			return nil, nil
 		}
 		q.Status.Used = quota.Add(q.Status.Used, usage)
 		q.Status.Reservations = append(q.Status.Reservations, sandboxv1alpha1.SandboxQuotaReservation{
@@ -221,16 +261,16 @@ func (v *SandboxValidator) charge(ctx context.Context, q *sandboxv1alpha1.Sandbo
 		err := v.writer.Status().Update(ctx, q)
 		switch {
 		case err == nil:
-			return "", nil
+			return nil, nil
 		case apierrors.IsConflict(err):
 			if ctx.Err() != nil {
-				return "", fmt.Errorf("gave up after %d conflicting updates: %w", attempt+1, ctx.Err())
+				return nil, fmt.Errorf("gave up after %d conflicting updates: %w", attempt+1, ctx.Err())
 			}
 			continue
 		case apierrors.IsNotFound(err):
-			return "", nil
+			return nil, nil
 		default:
-			return "", err
+			return nil, err
 		}
 	}
 }

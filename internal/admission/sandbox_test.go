@@ -7,10 +7,13 @@ Licensed under the MIT License; see the LICENSE file.
 package admission_test
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"net/http"
+	"net/http/httptest"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -34,6 +37,7 @@ import (
 
 	sandboxv1alpha1 "github.com/code-sandbox/code-sandbox-operator/api/v1alpha1"
 	"github.com/code-sandbox/code-sandbox-operator/internal/admission"
+	"github.com/code-sandbox/code-sandbox-operator/internal/nodeapi/wire"
 	"github.com/code-sandbox/code-sandbox-operator/internal/quota"
 )
 
@@ -169,13 +173,27 @@ func expectAllowed(resp ctrladmission.Response) {
 	Expect(resp.Allowed).To(BeTrue(), "refused: %+v", resp.Result)
 }
 
-func expectDenied(resp ctrladmission.Response, message string) {
+// expectDenied checks a refusal: 403 Forbidden, the message word for word,
+// and details that name the Sandbox's resource with one cause per refusal,
+// whose messages make up the message. It returns the causes' types.
+func expectDenied(resp ctrladmission.Response, message string) []metav1.CauseType {
 	GinkgoHelper()
 	Expect(resp.Allowed).To(BeFalse())
 	Expect(resp.Result).NotTo(BeNil())
 	Expect(resp.Result.Code).To(Equal(int32(http.StatusForbidden)))
 	Expect(resp.Result.Reason).To(Equal(metav1.StatusReasonForbidden))
 	Expect(resp.Result.Message).To(Equal(message))
+	Expect(resp.Result.Details).NotTo(BeNil())
+	Expect(resp.Result.Details.Group).To(Equal(wire.StatusGroup))
+	Expect(resp.Result.Details.Kind).To(Equal(wire.StatusKind))
+	var msgs []string
+	var types []metav1.CauseType
+	for _, c := range resp.Result.Details.Causes {
+		msgs = append(msgs, c.Message)
+		types = append(types, c.Type)
+	}
+	Expect(strings.Join(msgs, "; ")).To(Equal(message))
+	return types
 }
 
 func expectErrored(resp ctrladmission.Response, code int32, message gomegatypes.GomegaMatcher) {
@@ -266,16 +284,16 @@ var _ = Describe("SandboxValidator", func() {
 			q := newQuota("fresh", limit(100), quota.Zero())
 			q.Status.ObservedGeneration = 0
 			e := newEnv(envOptions{}, q)
-			expectDenied(e.validator.Handle(ctx, createRequest(newSandbox("sbx", "uid-1"), false)),
-				`sandbox quota "fresh" has not counted its usage yet; retry in a few seconds`)
+			Expect(expectDenied(e.validator.Handle(ctx, createRequest(newSandbox("sbx", "uid-1"), false)),
+				`sandbox quota "fresh" has not counted its usage yet; retry in a few seconds`)).To(Equal([]metav1.CauseType{wire.CauseQuotaNotCounted}))
 			expectUncharged(e, "fresh", quota.Zero())
 			Expect(e.statusUpdates.Load()).To(BeZero())
 		})
 
 		It("refuses a Sandbox that does not fit, saying why", func() {
 			e := newEnv(envOptions{}, newQuota("q", limit(2), usedN(2)))
-			expectDenied(e.validator.Handle(ctx, createRequest(newSandbox("sbx", "uid-1"), false)),
-				`sandbox quota "q" exceeded: sandboxes: requested 1, used 2, limit 2 (1 over)`)
+			Expect(expectDenied(e.validator.Handle(ctx, createRequest(newSandbox("sbx", "uid-1"), false)),
+				`sandbox quota "q" exceeded: sandboxes: requested 1, used 2, limit 2 (1 over)`)).To(Equal([]metav1.CauseType{wire.CauseQuotaExceeded}))
 			expectUncharged(e, "q", usedN(2))
 		})
 
@@ -283,8 +301,8 @@ var _ = Describe("SandboxValidator", func() {
 			q := newQuota("q", limit(10), quota.Zero())
 			q.Spec.AllowedImages = []string{"ghcr.io/acme/*"}
 			e := newEnv(envOptions{}, q)
-			expectDenied(e.validator.Handle(ctx, createRequest(newSandbox("sbx", "uid-1"), false)),
-				`sandbox quota "q" does not allow image "busybox:1" (docker.io/library/busybox:1); allowed images: ghcr.io/acme/*`)
+			Expect(expectDenied(e.validator.Handle(ctx, createRequest(newSandbox("sbx", "uid-1"), false)),
+				`sandbox quota "q" does not allow image "busybox:1" (docker.io/library/busybox:1); allowed images: ghcr.io/acme/*`)).To(Equal([]metav1.CauseType{wire.CauseQuotaRule}))
 			expectUncharged(e, "q", quota.Zero())
 			Expect(e.statusUpdates.Load()).To(BeZero())
 		})
@@ -296,10 +314,16 @@ var _ = Describe("SandboxValidator", func() {
 			e := newEnv(envOptions{}, a, b)
 			sbx := newSandbox("sbx", "uid-1")
 			sbx.Spec.Network.Mode = sandboxv1alpha1.NetworkEgress
-			expectDenied(e.validator.Handle(ctx, createRequest(sbx, false)),
+			resp := e.validator.Handle(ctx, createRequest(sbx, false))
+			Expect(expectDenied(resp,
 				`sandbox quota "a" does not allow network mode Egress (its allowEgress is false); use network mode None; `+
 					`sandbox quota "a" requires spec.activeDeadlineSeconds of at most 60; the Sandbox sets none; `+
-					`sandbox quota "b" does not allow network mode Egress (its allowEgress is false); use network mode None`)
+					`sandbox quota "b" does not allow network mode Egress (its allowEgress is false); use network mode None`)).
+				To(Equal([]metav1.CauseType{wire.CauseQuotaRule, wire.CauseQuotaRule, wire.CauseQuotaRule}))
+			// The lifetime rule names its field, so a client can say what to change.
+			Expect(resp.Result.Details.Causes[0].Field).To(BeEmpty())
+			Expect(resp.Result.Details.Causes[1].Field).To(Equal("spec.activeDeadlineSeconds"))
+			Expect(resp.Result.Details.Name).To(Equal("sbx"))
 		})
 
 		It("rejects a request without a UID as a bad request, charging nothing", func() {
@@ -560,5 +584,39 @@ var _ = Describe("SandboxValidator", func() {
 			expectAllowed(e.validator.Handle(ctx, req))
 		}
 		Expect(e.lists.Load()).To(BeZero())
+	})
+})
+
+// On the wire: the AdmissionReview the webhook answers carries a Status
+// whose reason and causes kube-apiserver passes on to the client.
+var _ = Describe("SandboxValidator on the wire", func() {
+	It("answers a refusal with a Forbidden Status naming the cause", func() {
+		e := newEnv(envOptions{}, newQuota("q", sandboxv1alpha1.SandboxQuotaHard{Sandboxes: ptr.To[int64](1)}, usedN(1)))
+		srv := httptest.NewServer(&ctrladmission.Webhook{Handler: e.validator})
+		defer srv.Close()
+		req := createRequest(newSandbox("sbx", "uid-1"), false)
+		body, err := json.Marshal(&admissionv1.AdmissionReview{
+			TypeMeta: metav1.TypeMeta{APIVersion: "admission.k8s.io/v1", Kind: "AdmissionReview"},
+			Request:  &req.AdmissionRequest,
+		})
+		Expect(err).NotTo(HaveOccurred())
+		resp, err := http.Post(srv.URL, "application/json", bytes.NewReader(body))
+		Expect(err).NotTo(HaveOccurred())
+		defer resp.Body.Close()
+		var review admissionv1.AdmissionReview
+		Expect(json.NewDecoder(resp.Body).Decode(&review)).To(Succeed())
+		Expect(review.Response).NotTo(BeNil())
+		Expect(review.Response.Allowed).To(BeFalse())
+		st := review.Response.Result
+		Expect(st).NotTo(BeNil())
+		// What kube-apiserver turns it into (its webhook errors package):
+		// the same Status, the message prefixed with the webhook's name.
+		st.Message = `admission webhook "sandbox-quota.code-sandbox.dev" denied the request: ` + st.Message
+		err = &apierrors.StatusError{ErrStatus: *st}
+		Expect(apierrors.IsForbidden(err)).To(BeTrue())
+		Expect(apierrors.ReasonForError(err)).To(Equal(metav1.StatusReasonForbidden))
+		Expect(wire.HasCause(st, wire.CauseQuotaExceeded)).To(BeTrue(), "%+v", st)
+		Expect(st.Details.Name).To(Equal("sbx"))
+		Expect(st.Message).To(HaveSuffix(`sandbox quota "q" exceeded: sandboxes: requested 1, used 1, limit 1 (1 over)`))
 	})
 })

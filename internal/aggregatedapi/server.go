@@ -142,6 +142,8 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	u := resp.User
 	ctx := logf.IntoContext(r.Context(), s.log.WithValues("namespace", rt.Namespace, "sandbox", rt.Name,
 		"subresource", rt.Subresource, "user", u.GetName()))
+	// Every answer from here on is about the Sandbox rt.Name.
+	w = nodeapi.NameSandbox(w, rt.Name)
 	if err := s.authorize(ctx, u, rt); err != nil {
 		nodeapi.WriteError(w, err)
 		return
@@ -194,12 +196,13 @@ func (s *Server) sandbox(ctx context.Context, rt wire.Route) (*sandboxv1alpha1.S
 		return nil, err
 	}
 	if sbx.Status.NodeName == "" {
-		return nil, nodeapi.NewError(http.StatusConflict, metav1.StatusReasonConflict,
-			"sandbox %s is not Ready: no node has claimed it yet", key)
+		return nil, nodeapi.WithCause(nodeapi.NewError(http.StatusConflict, metav1.StatusReasonConflict,
+			"sandbox %s is not Ready: no node has claimed it yet", key), wire.CauseSandboxNotReady)
 	}
 	if rt.Subresource == wire.SubresourceExec || rt.Subresource == wire.SubresourceFiles {
 		if !sbx.DeletionTimestamp.IsZero() {
-			return nil, nodeapi.NewError(http.StatusConflict, metav1.StatusReasonConflict, "sandbox %s is not Ready: it is being deleted", key)
+			return nil, nodeapi.WithCause(nodeapi.NewError(http.StatusConflict, metav1.StatusReasonConflict,
+				"sandbox %s is not Ready: it is being deleted", key), wire.CauseSandboxTerminating)
 		}
 		ready := meta.FindStatusCondition(sbx.Status.Conditions, string(sandboxv1alpha1.SandboxConditionReady))
 		if ready == nil || ready.Status != metav1.ConditionTrue {
@@ -207,12 +210,13 @@ func (s *Server) sandbox(ctx context.Context, rt wire.Route) (*sandboxv1alpha1.S
 			if ready != nil {
 				why = ready.Reason + ": " + ready.Message
 			}
-			return nil, nodeapi.NewError(http.StatusConflict, metav1.StatusReasonConflict, "sandbox %s is not Ready: %s", key, why)
+			return nil, nodeapi.WithCause(nodeapi.NewError(http.StatusConflict, metav1.StatusReasonConflict,
+				"sandbox %s is not Ready: %s", key, why), wire.CauseSandboxNotReady)
 		}
 	}
 	if sbx.Status.NodeAPIEndpoint == "" {
-		return nil, nodeapi.NewError(http.StatusServiceUnavailable, metav1.StatusReasonServiceUnavailable,
-			"sandbox %s: node %s has not published its node API", key, sbx.Status.NodeName)
+		return nil, nodeapi.WithCause(nodeapi.NewError(http.StatusServiceUnavailable, metav1.StatusReasonServiceUnavailable,
+			"sandbox %s: node %s has not published its node API", key, sbx.Status.NodeName), wire.CauseNodeAPIUnavailable)
 	}
 	return sbx, nil
 }
@@ -221,8 +225,8 @@ func (s *Server) sandbox(ctx context.Context, rt wire.Route) (*sandboxv1alpha1.S
 func (s *Server) forward(w http.ResponseWriter, r *http.Request, u user.Info, rt wire.Route, sbx *sandboxv1alpha1.Sandbox) {
 	endpoint, err := parseEndpoint(sbx.Status.NodeAPIEndpoint)
 	if err != nil {
-		nodeapi.WriteError(w, nodeapi.NewError(http.StatusServiceUnavailable, metav1.StatusReasonServiceUnavailable,
-			"sandbox %s/%s: status.nodeAPIEndpoint: %v", sbx.Namespace, sbx.Name, err))
+		nodeapi.WriteError(w, nodeapi.WithCause(nodeapi.NewError(http.StatusServiceUnavailable, metav1.StatusReasonServiceUnavailable,
+			"sandbox %s/%s: status.nodeAPIEndpoint: %v", sbx.Namespace, sbx.Name, err), wire.CauseNodeAPIUnavailable))
 		return
 	}
 	node := sbx.Status.NodeName
@@ -265,8 +269,8 @@ func (s *Server) forward(w http.ResponseWriter, r *http.Request, u user.Info, rt
 				return // the caller went away
 			}
 			logf.FromContext(r.Context()).Info("node API unreachable", "node", node, "endpoint", endpoint.Host, "error", err.Error())
-			nodeapi.WriteError(w, nodeapi.NewError(http.StatusServiceUnavailable, metav1.StatusReasonServiceUnavailable,
-				"sandbox %s/%s: the node API of node %s is unreachable: %v", sbx.Namespace, sbx.Name, node, err))
+			nodeapi.WriteError(w, nodeapi.WithCause(nodeapi.NewError(http.StatusServiceUnavailable, metav1.StatusReasonServiceUnavailable,
+				"sandbox %s/%s: the node API of node %s is unreachable: %v", sbx.Namespace, sbx.Name, node, err), wire.CauseNodeAPIUnavailable))
 		},
 	}
 	proxy.ServeHTTP(w, r)

@@ -29,6 +29,10 @@ import (
 	"github.com/docker/docker/api/types/volume"
 	"github.com/docker/docker/client"
 	"github.com/docker/docker/pkg/stdcopy"
+	"github.com/go-logr/logr"
+
+	"github.com/code-sandbox/code-sandbox-operator/internal/egress"
+	"github.com/code-sandbox/code-sandbox-operator/internal/imagepolicy"
 )
 
 // Errors callers branch on. They are wrapped with Docker's message, so
@@ -48,7 +52,85 @@ var (
 	// ErrRuntimeUnavailable: the requested OCI runtime is not configured in
 	// the Docker Engine.
 	ErrRuntimeUnavailable = errors.New("container runtime unavailable")
+	// ErrEgressUnavailable: an egress sandbox cannot be created because the
+	// egress network or its firewall is not in place. Fail closed.
+	ErrEgressUnavailable = errors.New("egress network unavailable")
+	// ErrImageNotAllowed: the image's registry is refused by the client's
+	// image policy (Options.ImagePolicy). Nothing was pulled.
+	ErrImageNotAllowed = imagepolicy.ErrNotAllowed
+	// ErrImagePullFailed: a pull was attempted and failed. Such errors are
+	// *PullError (which also matches ErrImageNotFound).
+	ErrImagePullFailed = errors.New("ImagePullFailed")
 )
+
+// PullFailure names the class of a failed pull. The class, never the
+// daemon's text, is what callers may show to tenants: the daemon's error
+// can carry fragments of the registry's response body.
+type PullFailure string
+
+const (
+	PullImageNotFound       PullFailure = "image not found"
+	PullUnauthorized        PullFailure = "unauthorized"
+	PullRegistryUnreachable PullFailure = "registry unreachable"
+	PullRegistryRefused     PullFailure = "registry refused"
+	PullTimedOut            PullFailure = "timed out"
+	PullFailed              PullFailure = "pull failed"
+)
+
+// PullError is a failed image pull. Its message is "ImagePullFailed:
+// CLASS (pulling REF)" and nothing else.
+type PullError struct {
+	Ref   string
+	Class PullFailure
+	// Detail is the daemon's own error. It may contain registry response
+	// bodies: log it for the operator, never show it to a tenant. It is
+	// neither in Error() nor reachable through errors.Unwrap.
+	Detail error
+}
+
+func (e *PullError) Error() string {
+	return fmt.Sprintf("%s: %s (pulling %s)", ErrImagePullFailed, e.Class, e.Ref)
+}
+
+// Unwrap makes a PullError match ErrImagePullFailed and ErrImageNotFound.
+func (e *PullError) Unwrap() []error { return []error{ErrImagePullFailed, ErrImageNotFound} }
+
+// classifyPull maps the daemon's pull error to a PullFailure. The
+// reference is cut out of the text first, so that its port or name cannot
+// look like a status code.
+func classifyPull(err error, ref string, timedOut bool) PullFailure {
+	msg := strings.ToLower(err.Error())
+	if ref = strings.ToLower(ref); ref != "" {
+		msg = strings.ReplaceAll(msg, ref, "")
+	}
+	if registry, _ := imagepolicy.Registry(ref); registry != "" {
+		msg = strings.ReplaceAll(msg, registry, "")
+	}
+	has := func(subs ...string) bool {
+		for _, sub := range subs {
+			if strings.Contains(msg, sub) {
+				return true
+			}
+		}
+		return false
+	}
+	switch {
+	case timedOut:
+		return PullTimedOut
+	case cerrdefs.IsUnauthorized(err), cerrdefs.IsPermissionDenied(err),
+		has("unauthorized", "authentication required", "denied", "forbidden", "status: 401", "status: 403"):
+		return PullUnauthorized
+	case has("manifest unknown", "name unknown", "not found", "status: 404", "no matching manifest"):
+		return PullImageNotFound
+	case has("connection refused", "no such host", "network is unreachable", "host is unreachable",
+		"i/o timeout", "connection reset", "eof", "tls", "x509", "certificate", "http response to https client",
+		"dial tcp", "lookup ", "timeout"):
+		return PullRegistryUnreachable
+	case has("status", "response", "unexpected http", "error parsing http"):
+		return PullRegistryRefused
+	}
+	return PullFailed
+}
 
 // Options configure a Client.
 type Options struct {
@@ -63,6 +145,14 @@ type Options struct {
 	// adopts; empty means ManagedByValue (the operator). Each owner sees
 	// only its own containers.
 	ManagedBy string
+	// ImagePolicy decides which registries images may name; nil means
+	// imagepolicy.Default() (public registries only). It applies to every
+	// image, present on the node or not.
+	ImagePolicy *imagepolicy.Policy
+	// EgressReady, if set, must return nil before an egress sandbox is
+	// created (the egress firewall is installed); otherwise the create
+	// fails with ErrEgressUnavailable.
+	EgressReady func(context.Context) error
 }
 
 // Client wraps the Docker API client with bounded calls and this project's
@@ -74,6 +164,8 @@ type Client struct {
 	negotiateMu sync.Mutex
 	callTimeout time.Duration
 	pullTimeout time.Duration
+	egressReady func(context.Context) error
+	imagePolicy *imagepolicy.Policy
 
 	toolsMu sync.Mutex
 	// toolsCreatedAt identifies the tools volume this client verified ("" if
@@ -101,7 +193,10 @@ func New(opts Options) (*Client, error) {
 	if opts.ManagedBy == "" {
 		opts.ManagedBy = ManagedByValue
 	}
-	return &Client{docker: docker, managedBy: opts.ManagedBy, callTimeout: opts.CallTimeout, pullTimeout: opts.PullTimeout}, nil
+	if opts.ImagePolicy == nil {
+		opts.ImagePolicy = imagepolicy.Default()
+	}
+	return &Client{docker: docker, managedBy: opts.ManagedBy, callTimeout: opts.CallTimeout, pullTimeout: opts.PullTimeout, imagePolicy: opts.ImagePolicy, egressReady: opts.EgressReady}, nil
 }
 
 // Docker exposes the underlying client for tests and benchmarks that need raw
@@ -221,7 +316,7 @@ func fromInspect(resp container.InspectResponse) Container {
 	}
 	if st := resp.State; st != nil {
 		out.State = ContainerState{
-			Status:    string(st.Status),
+			Status:    st.Status,
 			Running:   st.Running,
 			ExitCode:  st.ExitCode,
 			OOMKilled: st.OOMKilled,
@@ -276,7 +371,7 @@ func (c *Client) ListManaged(ctx context.Context, f ListFilter) ([]Container, er
 			ID:     s.ID,
 			Name:   name,
 			Labels: s.Labels,
-			State:  ContainerState{Status: string(s.State), Running: s.State == container.StateRunning},
+			State:  ContainerState{Status: s.State, Running: s.State == container.StateRunning},
 		})
 	}
 	return out, nil
@@ -328,8 +423,15 @@ func ShortID(id string) string {
 	return id
 }
 
-// EnsureImage makes the image present according to the pull policy.
+// EnsureImage makes the image present according to the pull policy. The
+// image policy is checked first, whether the image is present or not, so a
+// refused registry is never contacted. A failed pull is a *PullError, whose
+// message names the failure class only; the daemon's text is logged (to
+// ctx's logr logger) and kept in PullError.Detail.
 func (c *Client) EnsureImage(ctx context.Context, ref string, policy PullPolicy) error {
+	if err := c.imagePolicy.Check(ref); err != nil {
+		return err
+	}
 	present := func() (bool, error) {
 		ictx, cancel := c.bounded(ctx)
 		defer cancel()
@@ -367,7 +469,12 @@ func (c *Client) EnsureImage(ctx context.Context, ref string, policy PullPolicy)
 		}
 		// An Always policy may still run a cached image when the registry
 		// is unreachable, as kubelet does not; we stay strict and report.
-		return fmt.Errorf("%w: pulling %s: %v", ErrImageNotFound, ref, err)
+		// The daemon's text may quote the registry's response: it goes to
+		// the operator's log only.
+		timedOut := errors.Is(err, context.DeadlineExceeded) || (pctx.Err() != nil && ctx.Err() == nil)
+		pe := &PullError{Ref: ref, Class: classifyPull(err, ref, timedOut), Detail: err}
+		logr.FromContextOrDiscard(ctx).Info("image pull failed", "image", ref, "class", string(pe.Class), "error", err.Error())
+		return pe
 	}
 	return nil
 }
@@ -388,11 +495,33 @@ func drainPull(rc io.ReadCloser) error {
 	return nil
 }
 
+// ensureFillerImage makes the trusted tools filler image present: imported
+// offline from an empty root filesystem (see ToolsFillerImage), once per
+// daemon, found again by its content tag.
+func (c *Client) ensureFillerImage(ctx context.Context) (string, error) {
+	ref := ToolsFillerImage()
+	if _, err := c.docker.ImageInspect(ctx, ref); err == nil {
+		return ref, nil
+	} else if !cerrdefs.IsNotFound(err) {
+		return "", classify(err, "inspecting the tools filler image")
+	}
+	rc, err := c.docker.ImageImport(ctx, image.ImportSource{Source: bytes.NewReader(fillerRootfs()), SourceName: "-"}, ref,
+		image.ImportOptions{Changes: fillerImportChanges, Message: "code-sandbox-operator tools volume filler"})
+	if err == nil {
+		err = drainPull(rc)
+	}
+	if err != nil {
+		return "", classify(err, "importing the tools filler image")
+	}
+	return ref, nil
+}
+
 // ensureTools creates and fills the read-only tools volume (idle process and
 // helper) once per process, and re-checks it on every create. It uses a
-// never-started container of the sandbox's own image as the copy target,
-// because Docker only copies into volumes through a container.
-func (c *Client) ensureTools(ctx context.Context, imageRef string) error {
+// never-started container of the trusted filler image (never a tenant's) as
+// the copy target, because Docker only copies into volumes through a
+// container.
+func (c *Client) ensureTools(ctx context.Context) error {
 	c.toolsMu.Lock()
 	defer c.toolsMu.Unlock()
 	elf, err := idleELF(runtime.GOARCH)
@@ -431,8 +560,12 @@ func (c *Client) ensureTools(ctx context.Context, imageRef string) error {
 	if err != nil {
 		return classify(err, "creating tools volume")
 	}
+	fillerImage, err := c.ensureFillerImage(ctx)
+	if err != nil {
+		return err
+	}
 	filler, err := c.docker.ContainerCreate(ctx,
-		&container.Config{Image: imageRef, Entrypoint: []string{IdleProcessPath}, Labels: map[string]string{LabelManagedBy: ManagedByValue + "-tools"}},
+		&container.Config{Image: fillerImage, Entrypoint: []string{fillerEntrypoint}, Cmd: []string{}, Labels: map[string]string{LabelManagedBy: ManagedByValue + "-tools"}},
 		&container.HostConfig{
 			NetworkMode: NetworkNone,
 			Mounts:      []mount.Mount{{Type: mount.TypeVolume, Source: name, Target: toolsMountPath, VolumeOptions: &mount.VolumeOptions{NoCopy: true}}},
@@ -476,6 +609,41 @@ func (c *Client) ensureTools(ctx context.Context, imageRef string) error {
 	return nil
 }
 
+// DefaultPathEnv is the PATH a container gets when neither its image nor
+// its spec sets one: containerd's (and runc's) standard default.
+const DefaultPathEnv = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+// defaultPath adds PATH=DefaultPathEnv to cfg's environment when the image
+// configuration has no PATH (images made with `docker import` or
+// debootstrap) and the spec sets none, so that the helper finds commands by
+// name ("sh") whatever the engine adds on its own. A PATH in the spec, or in
+// an exec's environment, still wins.
+func (c *Client) defaultPath(ctx context.Context, ref string, cfg *container.Config) error {
+	for _, kv := range cfg.Env {
+		if strings.HasPrefix(kv, "PATH=") {
+			return nil
+		}
+	}
+	ictx, cancel := c.bounded(ctx)
+	defer cancel()
+	img, err := c.docker.ImageInspect(ictx, ref)
+	if err != nil {
+		if cerrdefs.IsNotFound(err) {
+			return fmt.Errorf("%w: %s is not present on the node", ErrImageNotFound, ref)
+		}
+		return classify(err, "inspecting image "+ref)
+	}
+	if img.Config != nil {
+		for _, kv := range img.Config.Env {
+			if strings.HasPrefix(kv, "PATH=") {
+				return nil
+			}
+		}
+	}
+	cfg.Env = append(cfg.Env, "PATH="+DefaultPathEnv)
+	return nil
+}
+
 // CreateAndStart creates the sandbox container under its deterministic name
 // and starts it. A name collision with our own container for the same UID is
 // adopted rather than duplicated; a collision with anything else fails
@@ -493,8 +661,16 @@ func (c *Client) CreateAndStart(ctx context.Context, spec Spec) (Container, erro
 	if err := c.EnsureImage(ctx, s.Image, s.PullPolicy); err != nil {
 		return Container{}, err
 	}
-	if err := c.ensureTools(ctx, s.Image); err != nil {
+	if err := c.ensureTools(ctx); err != nil {
 		return Container{}, err
+	}
+	if err := c.defaultPath(ctx, s.Image, cfg); err != nil {
+		return Container{}, err
+	}
+	if s.Network == NetworkEgress {
+		if err := c.EnsureEgressNetwork(ctx); err != nil {
+			return Container{}, err
+		}
 	}
 	name := ContainerName(s.Owner.UID)
 	cctx, cancel := c.bounded(ctx)
@@ -513,7 +689,7 @@ func (c *Client) CreateAndStart(ctx context.Context, spec Spec) (Container, erro
 			return Container{}, fmt.Errorf("%w: container %s holds name %s without our labels", ErrMultipleContainers, ShortID(existing.ID), name)
 		}
 		id = existing.ID
-		if existing.State.Status != string(container.StateCreated) {
+		if existing.State.Status != container.StateCreated {
 			return existing, nil
 		}
 	case strings.Contains(err.Error(), "unknown or invalid runtime"):
@@ -530,6 +706,27 @@ func (c *Client) CreateAndStart(ctx context.Context, spec Spec) (Container, erro
 		return Container{}, err
 	}
 	return c.Inspect(ctx, id)
+}
+
+// EnsureEgressNetwork checks that egress sandboxes may be created: the
+// firewall is in place (Options.EgressReady) and the egress network exists
+// with the right options (created if missing).
+func (c *Client) EnsureEgressNetwork(ctx context.Context) error {
+	if c.egressReady != nil {
+		if err := c.egressReady(ctx); err != nil {
+			return fmt.Errorf("%w: %v", ErrEgressUnavailable, err)
+		}
+	}
+	c.negotiate(ctx)
+	nctx, cancel := c.bounded(ctx)
+	defer cancel()
+	if _, err := egress.EnsureNetwork(nctx, c.docker); err != nil {
+		if errors.Is(err, egress.ErrNetworkMisconfigured) {
+			return fmt.Errorf("%w: %v", ErrEgressUnavailable, err)
+		}
+		return classify(err, "preparing the egress network")
+	}
+	return nil
 }
 
 // Start starts a created container.

@@ -10,7 +10,7 @@ import (
 	"strings"
 	"sync"
 
-	"github.com/code-sandbox/code-sandbox-operator/internal/sandboxhelper"
+	"github.com/code-sandbox/code-sandbox-operator/internal/sandboxhelper/helperproto"
 )
 
 // HelperPath is where every sandbox finds the helper: commands run under
@@ -63,11 +63,11 @@ func toolsContentHash(goarch string) string {
 // error line when it wrote one (mapped to execio's sentinels), otherwise
 // what it printed.
 func helperFailure(what string, exitCode int, stderr []byte) error {
-	if he, ok := sandboxhelper.ParseError(stderr); ok {
+	if he, ok := helperproto.ParseError(stderr); ok {
 		return fmt.Errorf("%s: %w", what, he)
 	}
 	text := strings.TrimSpace(string(stderr))
-	if exitCode == sandboxhelper.ExitCannotExecute || exitCode == sandboxhelper.ExitCommandNotFound {
+	if exitCode == helperproto.ExitCannotExecute || exitCode == helperproto.ExitCommandNotFound {
 		return fmt.Errorf("%s: %s could not be executed in the sandbox (exit %d: %s); a sandbox created before the helper existed must be recreated",
 			what, HelperPath, exitCode, text)
 	}

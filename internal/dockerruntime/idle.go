@@ -1,10 +1,15 @@
 package dockerruntime
 
 import (
+	"archive/tar"
 	"bytes"
+	"crypto/sha256"
 	"encoding/binary"
+	"encoding/hex"
 	"fmt"
 	"runtime"
+	"strings"
+	"time"
 
 	"github.com/docker/docker/api/types/mount"
 )
@@ -108,4 +113,47 @@ func toolsMount() mount.Mount {
 		ReadOnly:      true,
 		VolumeOptions: &mount.VolumeOptions{NoCopy: true},
 	}
+}
+
+// The tools volume is filled through a never-started container, because
+// Docker only copies into volumes through one. That container is created
+// from a trusted image the manager makes itself, never from a tenant's
+// image (whose content and configuration are the tenant's): an empty
+// FROM-scratch root filesystem, imported offline and tagged after its
+// content, so it is built once per daemon and found again by tag.
+const (
+	// ToolsFillerRepository is the repository of the filler image.
+	ToolsFillerRepository = "code-sandbox-operator/tools-filler"
+	// fillerEntrypoint does not exist; the filler container never starts,
+	// but Docker needs a command to create it.
+	fillerEntrypoint = "/nonexistent"
+)
+
+// fillerImportChanges configure the filler image (Dockerfile instructions
+// applied by the import).
+var fillerImportChanges = []string{`CMD ["` + fillerEntrypoint + `"]`}
+
+// fillerRootfs is the filler image's root filesystem as a tar: only the
+// tools volume's mount point, with fixed metadata so the content (and the
+// tag) are the same on every node.
+func fillerRootfs() []byte {
+	var buf bytes.Buffer
+	tw := tar.NewWriter(&buf)
+	_ = tw.WriteHeader(&tar.Header{
+		Name: strings.TrimPrefix(toolsMountPath, "/") + "/", Typeflag: tar.TypeDir, Mode: 0o755,
+		ModTime: time.Unix(0, 0), Format: tar.FormatPAX,
+	})
+	_ = tw.Close()
+	return buf.Bytes()
+}
+
+// ToolsFillerImage is the filler image's reference, tagged after its
+// content.
+func ToolsFillerImage() string {
+	h := sha256.New()
+	h.Write(fillerRootfs())
+	for _, c := range fillerImportChanges {
+		h.Write([]byte(c + "\n"))
+	}
+	return ToolsFillerRepository + ":" + hex.EncodeToString(h.Sum(nil)[:6])
 }

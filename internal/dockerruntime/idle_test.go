@@ -52,7 +52,7 @@ var _ = Describe("idleELF", Label("unit"), func() {
 			Expect(f.Entry).To(BeNumerically(">=", p.Vaddr))
 			Expect(f.Entry).To(BeNumerically("<", p.Vaddr+p.Memsz), "entry inside the PT_LOAD segment")
 			code := img[f.Entry-p.Vaddr:]
-			Expect(len(code)).To(BeNumerically(">", 0))
+			Expect(code).NotTo(BeEmpty())
 			Expect(code).To(ContainSubstring(string(syscallInsn)), "the code makes a system call")
 			Expect(f.Sections).To(BeEmpty(), "no section headers")
 		},

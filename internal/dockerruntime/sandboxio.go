@@ -90,7 +90,7 @@ func (c *Client) RunCommand(ctx context.Context, id string, req execio.Request, 
 			case copyErr = <-copyDone:
 			case <-time.After(helperBackstopGrace + c.callTimeout):
 				attach.Close()
-				<-copyDone
+				<-copyDone //nolint:errcheck // the copy ends with the closed attachment; its error adds nothing
 				res.DurationMillis = time.Since(start).Milliseconds()
 				return res, fmt.Errorf("command %s in sandbox %s did not end after being killed (kill: %v)", runID, ShortID(id), killErr)
 			}

@@ -23,7 +23,7 @@ import (
 	"time"
 
 	"github.com/code-sandbox/code-sandbox-operator/internal/execio"
-	"github.com/code-sandbox/code-sandbox-operator/internal/sandboxhelper"
+	"github.com/code-sandbox/code-sandbox-operator/internal/sandboxhelper/helperproto"
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
 )
@@ -480,10 +480,10 @@ var _ = Describe("CopyIn and CopyOut", dockerLabel, Ordered, ContinueOnFailure, 
 		var stderr bytes.Buffer
 		res, err := rt.Exec(ctx, ct.ID, ExecOptions{Cmd: []string{HelperPath, "untar", "--root=/app", "--dest=../etc"}, Stdin: bytes.NewReader(makeTar())}, io.Discard, &stderr)
 		Expect(err).NotTo(HaveOccurred())
-		Expect(res.ExitCode).To(Equal(sandboxhelper.ExitInvalidPath))
-		he, ok := sandboxhelper.ParseError(stderr.Bytes())
+		Expect(res.ExitCode).To(Equal(helperproto.ExitInvalidPath))
+		he, ok := helperproto.ParseError(stderr.Bytes())
 		Expect(ok).To(BeTrue(), stderr.String())
-		Expect(he.Kind).To(Equal(sandboxhelper.KindInvalidPath))
+		Expect(he.Kind).To(Equal(helperproto.KindInvalidPath))
 	}, SpecTimeout(30*time.Second))
 
 	It("never follows a symlink the sandbox planted out of the root (A9, A11)", func(ctx SpecContext) {
@@ -541,7 +541,7 @@ var _ = Describe("CopyIn and CopyOut", dockerLabel, Ordered, ContinueOnFailure, 
 		archive := makeTar(tarEntry{Name: "ok", Type: tar.TypeReg, Mode: 0o4755, Body: []byte("x")}, tarEntry{Name: "link", Type: tar.TypeSymlink, Linkname: "/"})
 		res, err := rt.Exec(ctx, ct.ID, ExecOptions{Cmd: []string{HelperPath, "untar", "--root=/app", "--dest=raw"}, Stdin: bytes.NewReader(archive)}, io.Discard, &stderr)
 		Expect(err).NotTo(HaveOccurred())
-		Expect(res.ExitCode).To(Equal(sandboxhelper.ExitUnsupportedEntry), stderr.String())
+		Expect(res.ExitCode).To(Equal(helperproto.ExitUnsupportedEntry), stderr.String())
 		Expect(helperFailure("raw", res.ExitCode, stderr.Bytes())).To(MatchError(execio.ErrUnsupportedEntry))
 		Expect(sh(ctx, ct.ID, "stat -c %a /app/raw/ok; [ -e /app/raw/link ] || echo nolink").Stdout).To(Equal("755\nnolink\n"))
 	}, SpecTimeout(30*time.Second))

@@ -11,6 +11,8 @@ import (
 	"github.com/docker/docker/api/types/container"
 	"github.com/docker/docker/api/types/mount"
 	"github.com/docker/go-units"
+
+	"github.com/code-sandbox/code-sandbox-operator/internal/egress"
 )
 
 // PullPolicy says when an image is pulled.
@@ -22,10 +24,13 @@ const (
 	PullNever        PullPolicy = "Never"
 )
 
-// Network modes a sandbox may ask for. There is deliberately no "host".
+// Network modes a sandbox may ask for. There is deliberately no "host", and
+// egress sandboxes do not use Docker's default bridge: they get the
+// dedicated network of internal/egress (no inter-container traffic, and a
+// firewall that lets them reach public addresses only).
 const (
 	NetworkNone   = "none"
-	NetworkEgress = "bridge"
+	NetworkEgress = egress.NetworkName
 )
 
 // Docker runtime names.
@@ -176,7 +181,7 @@ func (s Spec) validate() error {
 	switch s.Network {
 	case NetworkNone, NetworkEgress:
 	default:
-		return invalid("network mode %q is not allowed (none or bridge)", s.Network)
+		return invalid("network mode %q is not allowed (%s or %s)", s.Network, NetworkNone, NetworkEgress)
 	}
 	switch s.Runtime {
 	case RuntimeRunc, RuntimeRunsc:

@@ -241,7 +241,7 @@ var _ = Describe("BuildContainerConfig", Label("unit"), func() {
 		Expect(hc.MemorySwap).To(Equal(int64(64 << 20)))
 		Expect(*hc.PidsLimit).To(Equal(int64(32)))
 		Expect(hc.ShmSize).To(Equal(int64(8 << 20)))
-		Expect(string(hc.NetworkMode)).To(Equal("bridge"))
+		Expect(string(hc.NetworkMode)).To(Equal("code-sandbox-egress"), "egress sandboxes never use Docker's default bridge")
 		Expect(hc.Runtime).To(Equal("runsc"))
 		Expect(hc.Tmpfs).To(HaveLen(3))
 		Expect(hc.Tmpfs).To(HaveKey("/work/dir"))

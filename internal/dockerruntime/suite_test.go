@@ -22,6 +22,8 @@ import (
 	"github.com/docker/docker/api/types/filters"
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
+
+	"github.com/code-sandbox/code-sandbox-operator/internal/testenv/tier"
 )
 
 // The suite has two kinds of specs:
@@ -34,7 +36,7 @@ import (
 //     left behind.
 func TestDockerRuntime(t *testing.T) {
 	RegisterFailHandler(Fail)
-	RunSpecs(t, "dockerruntime suite (unit + real Docker Engine)")
+	RunSpecs(t, "dockerruntime suite (unit + real Docker Engine)", tier.Config()...) // -short: only specs labelled unit
 }
 
 const (

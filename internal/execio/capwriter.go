@@ -80,3 +80,85 @@ func formatSize(n int64) string {
 		return fmt.Sprintf("%.1f GiB", float64(n)/(1<<30))
 	}
 }
+
+// TailBuffer keeps the last max bytes written to it, in a ring that grows
+// up to max on demand and is never reallocated after that, and counts what
+// it drops. It is the one tail buffer of the module: container logs and
+// sandbox_exec's inline output both use it. It is not safe for concurrent
+// use.
+type TailBuffer struct {
+	max     int
+	buf     []byte // the kept bytes; a ring starting at start once len == max
+	start   int
+	written int64
+}
+
+// NewTailBuffer keeps the last max bytes (none when max ≤ 0).
+func NewTailBuffer(max int) *TailBuffer { return &TailBuffer{max: max} }
+
+// Write never fails.
+func (t *TailBuffer) Write(p []byte) (int, error) {
+	n := len(p)
+	t.written += int64(n)
+	if t.max <= 0 || n == 0 {
+		return n, nil
+	}
+	if n >= t.max {
+		// p alone fills the buffer.
+		t.grow(t.max)
+		t.buf = append(t.buf[:0], p[n-t.max:]...)
+		t.start = 0
+		return n, nil
+	}
+	if len(t.buf) < t.max {
+		take := min(t.max-len(t.buf), len(p))
+		t.grow(len(t.buf) + take)
+		t.buf = append(t.buf, p[:take]...)
+		p = p[take:]
+	}
+	for len(p) > 0 {
+		c := copy(t.buf[t.start:], p)
+		p = p[c:]
+		t.start = (t.start + c) % t.max
+	}
+	return n, nil
+}
+
+// grow makes room for n bytes without ever allocating more than max.
+func (t *TailBuffer) grow(n int) {
+	if n <= cap(t.buf) {
+		return
+	}
+	c := min(max(2*cap(t.buf), n, 4<<10), t.max)
+	nb := make([]byte, len(t.buf), c)
+	copy(nb, t.buf)
+	t.buf = nb
+}
+
+// Bytes returns a copy of the kept bytes, oldest first.
+func (t *TailBuffer) Bytes() []byte {
+	out := make([]byte, 0, len(t.buf))
+	out = append(out, t.buf[t.start:]...)
+	return append(out, t.buf[:t.start]...)
+}
+
+// String is Bytes as a string.
+func (t *TailBuffer) String() string { return string(t.Bytes()) }
+
+// Len is how many bytes are kept.
+func (t *TailBuffer) Len() int { return len(t.buf) }
+
+// Written counts every byte written, kept or not.
+func (t *TailBuffer) Written() int64 { return t.written }
+
+// Dropped counts the bytes written but no longer kept.
+func (t *TailBuffer) Dropped() int64 { return t.written - int64(len(t.buf)) }
+
+// Truncated reports whether anything was dropped.
+func (t *TailBuffer) Truncated() bool { return t.Dropped() > 0 }
+
+// TailMarker is the line put before the kept end of a stream whose first
+// dropped bytes are not shown.
+func TailMarker(stream string, dropped int64) string {
+	return fmt.Sprintf("[code-sandbox: %s: the first %s not shown; the last part follows]\n", stream, formatSize(dropped))
+}

@@ -3,6 +3,13 @@
 // container's own output. Records are appended to one JSON-lines file per
 // sandbox, so they survive a restart of the process that serves them; an
 // empty directory keeps them in memory instead.
+//
+// Memory is bounded whatever the sandbox does: a recorded command (and
+// error) is cut to MaxCommandBytes with a marker, a sandbox keeps at most
+// MaxRecords records and MaxBytes bytes, tails are read backwards from the
+// end of the file in fixed-size blocks, and a line that cannot be decoded
+// (torn, corrupt, or longer than MaxLineBytes, as an older version could
+// write) is skipped without losing the records after it.
 package history
 
 import (
@@ -12,17 +19,22 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"regexp"
+	"strings"
 	"sync"
 	"time"
+	"unicode/utf8"
 )
 
 // Record is one finished (or failed) command.
 type Record struct {
 	// ID identifies the exec; it is unique within a sandbox.
-	ID         string    `json:"id"`
+	ID string `json:"id"`
+	// Command and Shell are what was run, cut to MaxCommandBytes in all
+	// (CommandTruncated then says so and a marker shows where).
 	Command    []string  `json:"command,omitempty"`
 	Shell      string    `json:"shell,omitempty"`
 	WorkingDir string    `json:"workingDir,omitempty"`
@@ -32,6 +44,9 @@ type Record struct {
 	ExitCode       int   `json:"exitCode"`
 	TimedOut       bool  `json:"timedOut,omitempty"`
 	Truncated      bool  `json:"truncated,omitempty"`
+	// CommandTruncated: Command or Shell was longer than MaxCommandBytes
+	// and was cut.
+	CommandTruncated bool `json:"commandTruncated,omitempty"`
 	// Error says why the command did not run to completion (Docker went
 	// away, the caller disconnected…); empty when it did.
 	Error string `json:"error,omitempty"`
@@ -39,32 +54,73 @@ type Record struct {
 	Caller string `json:"caller,omitempty"`
 }
 
-// DefaultMaxRecords is how many records a sandbox keeps.
-const DefaultMaxRecords = 1000
+const (
+	// DefaultMaxRecords is how many records a sandbox keeps.
+	DefaultMaxRecords = 1000
+	// DefaultMaxBytes is how many bytes of records (as JSON lines) a
+	// sandbox keeps. The file may grow to twice this before it is
+	// compacted.
+	DefaultMaxBytes int64 = 2 << 20
+	// MaxCommandBytes caps the recorded command (the sum of its
+	// arguments, or the shell line); the same cap applies to Error and
+	// to the other strings of a record.
+	MaxCommandBytes = 4 << 10
+	// MaxLineBytes is the longest line a reader accepts; a longer one
+	// (which this version never writes) is skipped.
+	MaxLineBytes = 64 << 10
+	// readBlock is how much of a file a tail reads at a time.
+	readBlock = 32 << 10
+)
 
 // ErrInvalidKey: a key that cannot name a file safely.
 var ErrInvalidKey = errors.New("invalid history key")
 
 var validKey = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,252}$`)
 
+// Limits bound what a Store keeps per sandbox. Zero fields take the
+// defaults.
+type Limits struct {
+	MaxRecords int
+	MaxBytes   int64
+}
+
 // Store keeps the records of many sandboxes, keyed by sandbox UID (or any
 // other identifier made of letters, digits, '.', '_' and '-').
 type Store struct {
-	dir string
-	max int
+	dir      string
+	max      int
+	maxBytes int64
 
 	mu     sync.Mutex
-	counts map[string]int // records in each file, once known
-	memory map[string][]Record
+	files  map[string]fileState // each file's record count and size, once known
+	memory map[string][]memRecord
 	subs   map[string]map[chan Record]struct{}
+}
+
+type fileState struct {
+	count int
+	size  int64
+}
+
+type memRecord struct {
+	Record
+	size int64
 }
 
 // New returns a store that keeps files in dir (created if missing), or keeps
 // records in memory when dir is empty. maxRecords ≤ 0 means
-// DefaultMaxRecords.
+// DefaultMaxRecords; the byte cap is DefaultMaxBytes.
 func New(dir string, maxRecords int) (*Store, error) {
-	if maxRecords <= 0 {
-		maxRecords = DefaultMaxRecords
+	return NewWithLimits(dir, Limits{MaxRecords: maxRecords})
+}
+
+// NewWithLimits is New with a byte cap as well.
+func NewWithLimits(dir string, l Limits) (*Store, error) {
+	if l.MaxRecords <= 0 {
+		l.MaxRecords = DefaultMaxRecords
+	}
+	if l.MaxBytes <= 0 {
+		l.MaxBytes = DefaultMaxBytes
 	}
 	if dir != "" {
 		if err := os.MkdirAll(dir, 0o700); err != nil {
@@ -72,11 +128,12 @@ func New(dir string, maxRecords int) (*Store, error) {
 		}
 	}
 	return &Store{
-		dir:    dir,
-		max:    maxRecords,
-		counts: map[string]int{},
-		memory: map[string][]Record{},
-		subs:   map[string]map[chan Record]struct{}{},
+		dir:      dir,
+		max:      l.MaxRecords,
+		maxBytes: l.MaxBytes,
+		files:    map[string]fileState{},
+		memory:   map[string][]memRecord{},
+		subs:     map[string]map[chan Record]struct{}{},
 	}, nil
 }
 
@@ -89,21 +146,94 @@ func checkKey(key string) error {
 
 func (s *Store) file(key string) string { return filepath.Join(s.dir, key+".jsonl") }
 
+// Bound returns r with its command, shell, working directory, error and
+// caller cut to MaxCommandBytes, each cut marked. Append applies it; a
+// caller may apply it earlier to drop a large command sooner.
+func Bound(r Record) Record {
+	if n := commandBytes(r.Command); n > MaxCommandBytes {
+		r.Command, r.CommandTruncated = truncateArgs(r.Command, n), true
+	}
+	if len(r.Shell) > MaxCommandBytes {
+		r.Shell, r.CommandTruncated = truncateString(r.Shell, "command"), true
+	}
+	r.WorkingDir = truncateString(r.WorkingDir, "working directory")
+	r.Error = truncateString(r.Error, "error")
+	r.Caller = truncateString(r.Caller, "caller")
+	return r
+}
+
+func commandBytes(args []string) int {
+	n := 0
+	for _, a := range args {
+		n += len(a)
+	}
+	return n
+}
+
+// CommandMarker is appended where a recorded command is cut.
+func CommandMarker(what string, total int) string {
+	return fmt.Sprintf("…[code-sandbox: %s truncated to %d of %d bytes]", what, MaxCommandBytes, total)
+}
+
+func truncateString(s, what string) string {
+	if len(s) <= MaxCommandBytes {
+		return s
+	}
+	return cutUTF8(s, MaxCommandBytes) + CommandMarker(what, len(s))
+}
+
+// truncateArgs keeps the first MaxCommandBytes bytes of args, cutting the
+// argument that crosses the cap and dropping those after it, and ends with
+// the marker as an argument of its own.
+func truncateArgs(args []string, total int) []string {
+	out := make([]string, 0, 4)
+	room := MaxCommandBytes
+	for _, a := range args {
+		if len(a) > room {
+			if room > 0 {
+				out = append(out, cutUTF8(a, room))
+			}
+			break
+		}
+		out = append(out, a)
+		room -= len(a)
+	}
+	// The kept strings are copied so that the record does not pin the
+	// request's (possibly huge) backing array.
+	for i, a := range out {
+		out[i] = strings.Clone(a)
+	}
+	return append(out, CommandMarker("command", total))
+}
+
+// cutUTF8 returns a copy of the first at most n bytes of s, not splitting
+// a UTF-8 sequence.
+func cutUTF8(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	for n > 0 && !utf8.RuneStart(s[n]) {
+		n--
+	}
+	return strings.Clone(s[:n])
+}
+
 // Append adds a record and wakes every follower of key. The oldest records
-// beyond the store's maximum are dropped.
+// beyond the store's maximum count or bytes are dropped.
 func (s *Store) Append(key string, r Record) error {
 	if err := checkKey(key); err != nil {
 		return err
 	}
+	r = Bound(r)
+	line, err := json.Marshal(r)
+	if err != nil {
+		return fmt.Errorf("encoding history record: %w", err)
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.dir == "" {
-		recs := append(s.memory[key], r)
-		if len(recs) > s.max {
-			recs = append([]Record(nil), recs[len(recs)-s.max:]...)
-		}
-		s.memory[key] = recs
-	} else if err := s.appendFile(key, r); err != nil {
+		s.appendMemory(key, memRecord{Record: r, size: int64(len(line)) + 1})
+	} else if err := s.appendFile(key, line); err != nil {
 		return err
 	}
 	for ch := range s.subs[key] {
@@ -119,89 +249,265 @@ func (s *Store) Append(key string, r Record) error {
 	return nil
 }
 
-func (s *Store) appendFile(key string, r Record) error {
-	line, err := json.Marshal(r)
-	if err != nil {
-		return fmt.Errorf("encoding history record: %w", err)
+func (s *Store) appendMemory(key string, r memRecord) {
+	recs := append(s.memory[key], r)
+	var total int64
+	keep := 0
+	for i := len(recs) - 1; i >= 0 && keep < s.max; i-- {
+		if total+recs[i].size > s.maxBytes && keep > 0 {
+			break
+		}
+		total += recs[i].size
+		keep++
 	}
+	if keep < len(recs) {
+		recs = append([]memRecord(nil), recs[len(recs)-keep:]...)
+	}
+	s.memory[key] = recs
+}
+
+func (s *Store) appendFile(key string, line []byte) error {
 	path := s.file(key)
-	count, known := s.counts[key]
+	st, known := s.files[key]
 	if !known {
-		recs, err := readFile(path)
-		if err != nil {
+		var err error
+		if st, err = countLines(path); err != nil {
 			return err
 		}
-		count = len(recs)
 	}
-	f, err := os.OpenFile(path, os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o600)
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_APPEND|os.O_CREATE, 0o600)
 	if err != nil {
 		return fmt.Errorf("opening history file: %w", err)
 	}
-	_, werr := f.Write(append(line, '\n'))
+	buf := make([]byte, 0, len(line)+2)
+	if torn, err := endsTorn(f); err != nil {
+		_ = f.Close()
+		return err
+	} else if torn {
+		// A crash mid-write left a partial line: end it, so that this
+		// record is a line of its own and not glued to the torn one.
+		buf = append(buf, '\n')
+	}
+	buf = append(append(buf, line...), '\n')
+	_, werr := f.Write(buf)
+	var size int64
+	if werr == nil {
+		var fi os.FileInfo
+		if fi, werr = f.Stat(); werr == nil {
+			size = fi.Size()
+		}
+	}
 	cerr := f.Close()
 	if werr != nil || cerr != nil {
+		delete(s.files, key)
 		return fmt.Errorf("writing history file %s: %w", path, errors.Join(werr, cerr))
 	}
-	count++
-	// Compact only when twice over the limit, so appends stay O(1) on
+	st.count++
+	st.size = size
+	// Compact only when twice over a limit, so appends stay O(1) on
 	// average.
-	if count > 2*s.max {
-		recs, err := readFile(path)
+	if st.count > 2*s.max || st.size > 2*s.maxBytes {
+		recs, err := s.readTail(path, s.max)
 		if err != nil {
+			delete(s.files, key)
 			return err
 		}
-		recs = recs[len(recs)-s.max:]
-		if err := writeFile(path, recs); err != nil {
+		if st, err = writeFile(path, recs); err != nil {
+			delete(s.files, key)
 			return err
 		}
-		count = len(recs)
 	}
-	s.counts[key] = count
+	s.files[key] = st
 	return nil
 }
 
-func readFile(path string) ([]Record, error) {
-	data, err := os.ReadFile(path)
+// endsTorn reports whether f is non-empty and does not end in a newline.
+func endsTorn(f *os.File) (bool, error) {
+	fi, err := f.Stat()
+	if err != nil {
+		return false, fmt.Errorf("reading history file: %w", err)
+	}
+	if fi.Size() == 0 {
+		return false, nil
+	}
+	var last [1]byte
+	if _, err := f.ReadAt(last[:], fi.Size()-1); err != nil {
+		return false, fmt.Errorf("reading history file: %w", err)
+	}
+	return last[0] != '\n', nil
+}
+
+// countLines counts the lines of path (and its size) reading it in
+// fixed-size blocks, so that a file left by an older version, however
+// large its lines, costs no memory.
+func countLines(path string) (fileState, error) {
+	f, err := os.Open(path)
+	if errors.Is(err, os.ErrNotExist) {
+		return fileState{}, nil
+	}
+	if err != nil {
+		return fileState{}, fmt.Errorf("reading history file: %w", err)
+	}
+	defer f.Close()
+	var st fileState
+	buf := make([]byte, readBlock)
+	for {
+		n, err := f.Read(buf)
+		st.count += bytes.Count(buf[:n], []byte{'\n'})
+		st.size += int64(n)
+		if err == io.EOF {
+			return st, nil
+		}
+		if err != nil {
+			return fileState{}, fmt.Errorf("reading history file: %w", err)
+		}
+	}
+}
+
+// readTail returns the last n (≤ s.max) records of path, oldest first,
+// within s.maxBytes, reading the file backwards from its end in blocks. A
+// line that does not decode, or is longer than MaxLineBytes, is skipped.
+func (s *Store) readTail(path string, n int) ([]Record, error) {
+	if n <= 0 || n > s.max {
+		n = s.max
+	}
+	f, err := os.Open(path)
 	if errors.Is(err, os.ErrNotExist) {
 		return nil, nil
 	}
 	if err != nil {
 		return nil, fmt.Errorf("reading history file: %w", err)
 	}
-	var recs []Record
-	sc := bufio.NewScanner(bytes.NewReader(data))
-	sc.Buffer(make([]byte, 64<<10), 16<<20)
-	for sc.Scan() {
-		var r Record
-		// A torn last line (a crash mid-write) is skipped, not fatal.
-		if err := json.Unmarshal(sc.Bytes(), &r); err == nil {
-			recs = append(recs, r)
+	defer f.Close()
+	fi, err := f.Stat()
+	if err != nil {
+		return nil, fmt.Errorf("reading history file: %w", err)
+	}
+	var (
+		recs  []Record // newest first
+		total int64
+	)
+	err = scanBackward(f, fi.Size(), MaxLineBytes, func(line []byte) bool {
+		if len(line) == 0 {
+			return true
 		}
+		size := int64(len(line)) + 1
+		if total+size > s.maxBytes && len(recs) > 0 {
+			return false
+		}
+		var r Record
+		if json.Unmarshal(line, &r) != nil || r.ID == "" {
+			// A torn or corrupt line: skipped, not fatal.
+			return true
+		}
+		recs = append(recs, Bound(r))
+		total += size
+		return len(recs) < n
+	})
+	if err != nil {
+		return nil, fmt.Errorf("reading history file: %w", err)
+	}
+	for i, j := 0, len(recs)-1; i < j; i, j = i+1, j-1 {
+		recs[i], recs[j] = recs[j], recs[i]
 	}
 	return recs, nil
 }
 
-func writeFile(path string, recs []Record) error {
-	var buf bytes.Buffer
-	for _, r := range recs {
-		line, err := json.Marshal(r)
-		if err != nil {
+// scanBackward calls fn with each line of the first size bytes of r, the
+// last line first, until fn returns false. It holds one block and at most
+// maxLine bytes of a line at a time; a longer line is skipped whole (fn
+// does not see it). A last line without its newline (torn by a crash) is
+// passed as well; fn is expected to reject what does not decode.
+func scanBackward(r io.ReaderAt, size int64, maxLine int, fn func(line []byte) bool) error {
+	block := make([]byte, readBlock)
+	var (
+		partial  []byte // the end of the line being assembled, which starts further left
+		oversize bool   // the line being assembled is too long and is skipped
+	)
+	pos := size
+	for pos > 0 {
+		n := int64(len(block))
+		if n > pos {
+			n = pos
+		}
+		pos -= n
+		b := block[:n]
+		if _, err := r.ReadAt(b, pos); err != nil && err != io.EOF {
 			return err
 		}
-		buf.Write(line)
-		buf.WriteByte('\n')
+		end := len(b)
+		for {
+			i := bytes.LastIndexByte(b[:end], '\n')
+			if i < 0 {
+				break
+			}
+			// b[i+1:end] + partial is a whole line.
+			if !oversize {
+				var line []byte
+				if len(partial) == 0 {
+					line = b[i+1 : end]
+				} else {
+					line = append(append(make([]byte, 0, end-i-1+len(partial)), b[i+1:end]...), partial...)
+				}
+				if len(line) <= maxLine && !fn(line) {
+					return nil
+				}
+			}
+			partial, oversize = partial[:0], false
+			end = i
+		}
+		if oversize {
+			continue
+		}
+		if end+len(partial) > maxLine {
+			partial, oversize = partial[:0], true
+			continue
+		}
+		partial = append(append(make([]byte, 0, end+len(partial)), b[:end]...), partial...)
 	}
-	tmp := path + ".tmp"
-	if err := os.WriteFile(tmp, buf.Bytes(), 0o600); err != nil {
-		return fmt.Errorf("compacting history file: %w", err)
-	}
-	if err := os.Rename(tmp, path); err != nil {
-		return fmt.Errorf("compacting history file: %w", err)
+	if !oversize && len(partial) > 0 {
+		fn(partial)
 	}
 	return nil
 }
 
-// Tail returns the last n records of key, oldest first; n ≤ 0 means all.
+// writeFile replaces path with recs, through a temporary file and a
+// rename, so that a crash leaves either the old file or the new one.
+func writeFile(path string, recs []Record) (fileState, error) {
+	tmp := path + ".tmp"
+	f, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o600)
+	if err != nil {
+		return fileState{}, fmt.Errorf("compacting history file: %w", err)
+	}
+	w := bufio.NewWriter(f)
+	st := fileState{count: len(recs)}
+	for _, r := range recs {
+		line, err := json.Marshal(r)
+		if err != nil {
+			_ = f.Close()
+			_ = os.Remove(tmp)
+			return fileState{}, fmt.Errorf("compacting history file: %w", err)
+		}
+		_, _ = w.Write(line)
+		_ = w.WriteByte('\n')
+		st.size += int64(len(line)) + 1
+	}
+	err = w.Flush()
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = os.Rename(tmp, path)
+	}
+	if err != nil {
+		_ = os.Remove(tmp)
+		return fileState{}, fmt.Errorf("compacting history file: %w", err)
+	}
+	return st, nil
+}
+
+// Tail returns the last n records of key, oldest first; n ≤ 0 means all
+// that are kept.
 func (s *Store) Tail(key string, n int) ([]Record, error) {
 	if err := checkKey(key); err != nil {
 		return nil, err
@@ -212,21 +518,19 @@ func (s *Store) Tail(key string, n int) ([]Record, error) {
 }
 
 func (s *Store) tailLocked(key string, n int) ([]Record, error) {
-	var recs []Record
-	if s.dir == "" {
-		recs = append([]Record(nil), s.memory[key]...)
-	} else {
-		var err error
-		if recs, err = readFile(s.file(key)); err != nil {
-			return nil, err
-		}
-		s.counts[key] = len(recs)
+	if n <= 0 || n > s.max {
+		n = s.max
 	}
-	if len(recs) > s.max {
-		recs = recs[len(recs)-s.max:]
+	if s.dir != "" {
+		return s.readTail(s.file(key), n)
 	}
-	if n > 0 && len(recs) > n {
-		recs = recs[len(recs)-n:]
+	mem := s.memory[key]
+	if len(mem) > n {
+		mem = mem[len(mem)-n:]
+	}
+	recs := make([]Record, len(mem))
+	for i := range mem {
+		recs[i] = mem[i].Record
 	}
 	return recs, nil
 }
@@ -277,9 +581,7 @@ func (s *Store) Follow(ctx context.Context, key string, tail int, fn func(Record
 func (s *Store) unsubscribe(key string, ch chan Record) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if _, ok := s.subs[key][ch]; ok {
-		delete(s.subs[key], ch)
-	}
+	delete(s.subs[key], ch)
 	if len(s.subs[key]) == 0 {
 		delete(s.subs, key)
 	}
@@ -293,7 +595,7 @@ func (s *Store) Delete(key string) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	delete(s.memory, key)
-	delete(s.counts, key)
+	delete(s.files, key)
 	if s.dir != "" {
 		if err := os.Remove(s.file(key)); err != nil && !errors.Is(err, os.ErrNotExist) {
 			return fmt.Errorf("removing history file: %w", err)

@@ -300,6 +300,10 @@ type copyFromSandboxArgs struct {
 	ContainerID      string `json:"container_id"`
 	ContainerSrcPath string `json:"container_src_path"`
 	LocalDestPath    string `json:"local_dest_path"`
+	// Overwrite and KeepExecBits are optional (default false): see
+	// hostfs.Options.
+	Overwrite    bool `json:"overwrite"`
+	KeepExecBits bool `json:"keep_exec_bits"`
 }
 
 type readFileArgs struct {
@@ -320,3 +324,13 @@ func sandboxFilePath(name, p string) (dir, base string, err error) {
 	}
 	return path.Dir(clean), base, nil
 }
+
+// containerID makes the arguments of the tools that act on one sandbox
+// sandboxArgs, so that typedTool checks the ID before the tool runs.
+func (a execArgs) containerID() string            { return a.ContainerID }
+func (a containerArgs) containerID() string       { return a.ContainerID }
+func (a copyProjectArgs) containerID() string     { return a.ContainerID }
+func (a copyFileArgs) containerID() string        { return a.ContainerID }
+func (a writeFileArgs) containerID() string       { return a.ContainerID }
+func (a copyFromSandboxArgs) containerID() string { return a.ContainerID }
+func (a readFileArgs) containerID() string        { return a.ContainerID }

@@ -31,6 +31,22 @@ type Authenticator interface {
 	Authenticate(ctx context.Context, token string) (Caller, error)
 }
 
+// TokenRecognizer is implemented by authenticators that can tell, without
+// any remote call, that a token is one they have recently accepted (for
+// TokenReviewAuth: a positive cache entry). The HTTP transport lets such a
+// token through even when its peer has used up its failed
+// authentications, so that a caller behind the same address (a NAT, a
+// proxy) as a token-guesser keeps working. Guessing gains nothing from it:
+// only a token that is already valid is recognized.
+type TokenRecognizer interface {
+	Recognizes(token string) bool
+}
+
+func recognizes(a Authenticator, token string) bool {
+	r, ok := a.(TokenRecognizer)
+	return ok && r.Recognizes(token)
+}
+
 // AnonymousAuthenticator accepts every request as one shared identity. It
 // exists for --auth none, which the binary allows only on loopback.
 type AnonymousAuthenticator struct{}
@@ -184,6 +200,10 @@ type authorizingAuthenticator struct {
 	authn Authenticator
 	authz CallerAuthorizer
 }
+
+// Recognizes implements TokenRecognizer: the token is recognized when the
+// wrapped authenticator recognizes it; the authorization still runs.
+func (a authorizingAuthenticator) Recognizes(token string) bool { return recognizes(a.authn, token) }
 
 func (a authorizingAuthenticator) Authenticate(ctx context.Context, token string) (Caller, error) {
 	c, err := a.authn.Authenticate(ctx, token)

@@ -29,6 +29,15 @@ const (
 	MaxFileContents = 16 << 20
 )
 
+// The output budget of one sandbox_exec call (Config.ExecOutputBudget).
+const (
+	// DefaultExecOutputBudget bounds the output one sandbox_exec call
+	// keeps for its result, across all its commands and both streams.
+	DefaultExecOutputBudget = int64(2 << 20)
+	// MinExecOutputBudget is the smallest budget the server accepts.
+	MinExecOutputBudget = int64(4 << 10)
+)
+
 // Config is the tools' policy: defaults and limits that do not depend on the
 // backend. Quotas on sandboxes (how many, for how long idle) belong to the
 // backend, which owns them.
@@ -53,6 +62,11 @@ type Config struct {
 	MaxTimeout     time.Duration
 	// OutputLimit caps each of stdout and stderr per command.
 	OutputLimit int64
+	// ExecOutputBudget caps the output one sandbox_exec call keeps in
+	// memory and returns, across all its commands: each command keeps the
+	// end of its output within its share (what is left divided by the
+	// commands left).
+	ExecOutputBudget int64
 	// HostRoots are the host directories copy_project, copy_file and
 	// copy_file_from_sandbox may touch (see NewHostRoots). Empty: none.
 	HostRoots *HostRoots
@@ -88,6 +102,9 @@ func (c Config) withDefaults() Config {
 	if c.OutputLimit == 0 {
 		c.OutputLimit = DefaultOutputLimit
 	}
+	if c.ExecOutputBudget == 0 {
+		c.ExecOutputBudget = DefaultExecOutputBudget
+	}
 	if c.HostRoots == nil {
 		c.HostRoots = &HostRoots{}
 	}
@@ -116,6 +133,8 @@ func (c Config) Validate() error {
 		return fmt.Errorf("maximum timeout %s exceeds %s", c.MaxTimeout, execio.MaxTimeout)
 	case c.OutputLimit < 1 || c.OutputLimit > execio.MaxOutputLimit:
 		return fmt.Errorf("output limit %d must be between 1 and %d bytes", c.OutputLimit, execio.MaxOutputLimit)
+	case c.ExecOutputBudget < MinExecOutputBudget || c.ExecOutputBudget > 1<<30:
+		return fmt.Errorf("exec output budget %d must be between %d bytes and 1GiB", c.ExecOutputBudget, MinExecOutputBudget)
 	case c.MaxLifetime < time.Minute:
 		return fmt.Errorf("maximum lifetime %s is shorter than a minute", c.MaxLifetime)
 	case c.MaxNanoCPUs <= 0 || c.MaxMemoryBytes < 6<<20:

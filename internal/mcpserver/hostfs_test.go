@@ -3,13 +3,21 @@ package mcpserver
 import (
 	"archive/tar"
 	"bytes"
+	"context"
 	"io"
+	"io/fs"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
+
+	"github.com/mark3labs/mcp-go/mcp"
 
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
+
+	"github.com/code-sandbox/code-sandbox-operator/internal/execio"
 )
 
 func hostFixture() (*HostRoots, string, string) {
@@ -66,88 +74,159 @@ var _ = Describe("HostRoots", Label("unit"), func() {
 	})
 })
 
-var _ = Describe("host trees", Label("unit"), func() {
-	It("skips symlinks and honours the caps", func() {
-		roots, allowed, _ := hostFixture()
-		root, rel, err := roots.openExisting("local_src_dir", filepath.Join(allowed, "proj"))
-		Expect(err).NotTo(HaveOccurred())
-		defer root.Close()
-		st, err := scanHostTree(root, rel, 1<<20, 100)
-		Expect(err).NotTo(HaveOccurred())
-		Expect(st.Files).To(Equal(2), "unexpected stats %+v", st)
-		Expect(st.Dirs).To(Equal(1), "unexpected stats %+v", st)
-		Expect(st.Bytes).To(Equal(int64(3)), "unexpected stats %+v", st)
-		Expect(st.Skipped).To(HaveLen(1), "unexpected stats %+v", st)
-		_, err = scanHostTree(root, rel, 2, 100)
-		Expect(err).To(HaveOccurred(), "byte cap not enforced")
-		_, err = scanHostTree(root, rel, 1<<20, 2)
-		Expect(err).To(HaveOccurred(), "entry cap not enforced")
-		var buf bytes.Buffer
-		Expect(writeHostTree(root, rel, &buf, 1<<20)).To(Succeed())
-		var names []string
-		tr := tar.NewReader(&buf)
-		for {
-			h, err := tr.Next()
-			if err == io.EOF {
-				break
-			}
-			Expect(err).NotTo(HaveOccurred())
-			names = append(names, h.Name)
-		}
-		Expect(strings.Join(names, ",")).To(Equal("a.txt,sub/,sub/b.txt"), "tar entries")
-	})
-})
+// downloadBackend answers Download with a fixed archive; every other
+// Backend method is left nil (the tool calls only Get and Download).
+type downloadBackend struct {
+	Backend
+	archive func() []byte
+	paths   []string
+}
 
-var _ = Describe("extractToHost", Label("unit"), func() {
-	It("writes files and trees inside the root only", func() {
-		_, allowed, outside := hostFixture()
-		mkTar := func(entries ...[2]string) *bytes.Buffer {
-			var buf bytes.Buffer
-			tw := tar.NewWriter(&buf)
-			for _, e := range entries {
-				if strings.HasSuffix(e[0], "/") {
-					_ = tw.WriteHeader(&tar.Header{Typeflag: tar.TypeDir, Name: e[0], Mode: 0o755})
-					continue
-				}
-				if e[1] == "->" {
-					_ = tw.WriteHeader(&tar.Header{Typeflag: tar.TypeSymlink, Name: e[0], Linkname: "/etc/passwd"})
-					continue
-				}
-				_ = tw.WriteHeader(&tar.Header{Typeflag: tar.TypeReg, Name: e[0], Mode: 0o644, Size: int64(len(e[1]))})
-				_, _ = tw.Write([]byte(e[1]))
-			}
-			_ = tw.Close()
-			return &buf
+func (b *downloadBackend) Get(context.Context, Caller, string) (Sandbox, error) {
+	return Sandbox{}, nil
+}
+
+func (b *downloadBackend) Download(_ context.Context, _ Caller, _ string, src string, w io.Writer, _ int64) (execio.TransferStats, error) {
+	b.paths = append(b.paths, src)
+	_, err := w.Write(b.archive())
+	return execio.TransferStats{}, err
+}
+
+func tarBytes(entries ...*tar.Header) []byte {
+	GinkgoHelper()
+	var buf bytes.Buffer
+	tw := tar.NewWriter(&buf)
+	for _, h := range entries {
+		body := ""
+		if h.Typeflag == tar.TypeReg {
+			body = "content of " + h.Name
+			h.Size = int64(len(body))
 		}
-		root, err := os.OpenRoot(allowed)
+		Expect(tw.WriteHeader(h)).To(Succeed())
+		_, err := tw.Write([]byte(body))
 		Expect(err).NotTo(HaveOccurred())
-		defer root.Close()
-		st, err := extractToHost(root, "out/file.txt", mkTar([2]string{"hello.py", "print()"}), 1<<20)
-		Expect(err).NotTo(HaveOccurred(), "%+v", st)
-		Expect(st.Files).To(Equal(1), "%+v", st)
-		b, _ := os.ReadFile(filepath.Join(allowed, "out", "file.txt"))
-		Expect(string(b)).To(Equal("print()"), "content")
-		// Into an existing directory.
-		_, err = extractToHost(root, "out", mkTar([2]string{"hello.py", "x"}), 1<<20)
+	}
+	Expect(tw.Close()).To(Succeed())
+	return buf.Bytes()
+}
+
+func listTree(dir string) []string {
+	GinkgoHelper()
+	var out []string
+	Expect(filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		info, err := d.Info()
+		if err != nil {
+			return err
+		}
+		rel, _ := filepath.Rel(dir, p)
+		out = append(out, rel+" "+info.Mode().String())
+		return nil
+	})).To(Succeed())
+	return out
+}
+
+var _ = Describe("copy_file_from_sandbox", Label("unit"), func() {
+	var (
+		allowed string
+		backend *downloadBackend
+		call    func(args map[string]any) (string, bool)
+	)
+	BeforeEach(func() {
+		old := syscall.Umask(0o022)
+		DeferCleanup(func() { syscall.Umask(old) })
+		var roots *HostRoots
+		roots, allowed, _ = hostFixture()
+		backend = &downloadBackend{}
+		d := &deps{cfg: Config{HostRoots: roots}.withDefaults(), backend: backend, log: slog.New(slog.DiscardHandler)}
+		_, handler := copyFileFromSandboxTool(d)
+		call = func(args map[string]any) (string, bool) {
+			GinkgoHelper()
+			args["container_id"] = "sbx-1"
+			var req mcp.CallToolRequest
+			req.Params.Name = "copy_file_from_sandbox"
+			req.Params.Arguments = args
+			res, err := handler(context.Background(), req)
+			Expect(err).NotTo(HaveOccurred())
+			var text []string
+			for _, c := range res.Content {
+				if t, ok := c.(mcp.TextContent); ok {
+					text = append(text, t.Text)
+				}
+			}
+			return strings.Join(text, "\n"), res.IsError
+		}
+	})
+
+	It("refuses a directory planted where the file was, writing nothing into the destination", func() {
+		backend.archive = func() []byte {
+			return tarBytes(
+				&tar.Header{Typeflag: tar.TypeDir, Name: "report.txt/", Mode: 0o755},
+				&tar.Header{Typeflag: tar.TypeDir, Name: "report.txt/.git/hooks/", Mode: 0o755},
+				&tar.Header{Typeflag: tar.TypeReg, Name: "report.txt/.git/hooks/pre-commit", Mode: 0o755},
+				&tar.Header{Typeflag: tar.TypeReg, Name: "report.txt/.envrc", Mode: 0o644},
+				&tar.Header{Typeflag: tar.TypeReg, Name: "report.txt/Makefile", Mode: 0o644},
+			)
+		}
+		proj := filepath.Join(allowed, "proj")
+		Expect(os.MkdirAll(filepath.Join(proj, ".git", "hooks"), 0o755)).To(Succeed())
+		before := listTree(allowed)
+		for _, args := range []map[string]any{
+			{"container_src_path": "/app/report.txt", "local_dest_path": proj},
+			{"container_src_path": "/app/report.txt", "local_dest_path": filepath.Join(proj, "report.txt"), "overwrite": true, "keep_exec_bits": true},
+		} {
+			text, isErr := call(args)
+			Expect(isErr).To(BeTrue(), text)
+			Expect(text).To(ContainSubstring("/app/report.txt is a directory in the sandbox, but a file was asked for"))
+			Expect(listTree(allowed)).To(Equal(before))
+		}
+	})
+
+	It("replaces an existing file only with overwrite, and keeps exec bits only with keep_exec_bits", func() {
+		backend.archive = func() []byte {
+			return tarBytes(&tar.Header{Typeflag: tar.TypeReg, Name: "a.txt", Mode: 0o777})
+		}
+		target := filepath.Join(allowed, "proj", "a.txt")
+		text, isErr := call(map[string]any{"container_src_path": "a.txt", "local_dest_path": filepath.Join(allowed, "proj")})
+		Expect(isErr).To(BeTrue(), text)
+		Expect(text).To(HavePrefix("Invalid arguments: "))
+		Expect(text).To(ContainSubstring("proj/a.txt exists; ask to overwrite it"))
+		Expect(os.ReadFile(target)).To(Equal([]byte("a")))
+
+		text, isErr = call(map[string]any{"container_src_path": "a.txt", "local_dest_path": filepath.Join(allowed, "proj"), "overwrite": true})
+		Expect(isErr).To(BeFalse(), text)
+		Expect(text).To(ContainSubstring("to " + target))
+		Expect(os.ReadFile(target)).To(Equal([]byte("content of a.txt")))
+		fi, err := os.Stat(target)
 		Expect(err).NotTo(HaveOccurred())
-		_, err = os.Stat(filepath.Join(allowed, "out", "hello.py"))
+		Expect(fi.Mode()).To(Equal(os.FileMode(0o644)))
+
+		text, isErr = call(map[string]any{"container_src_path": "a.txt", "local_dest_path": filepath.Join(allowed, "tool"), "keep_exec_bits": true})
+		Expect(isErr).To(BeFalse(), text)
+		fi, err = os.Stat(filepath.Join(allowed, "tool"))
 		Expect(err).NotTo(HaveOccurred())
-		// A tree, with a symlink entry that must not be written.
-		st, err = extractToHost(root, "tree", mkTar([2]string{"d/", ""}, [2]string{"d/x", "1"}, [2]string{"d/link", "->"}), 1<<20)
-		Expect(err).NotTo(HaveOccurred(), "%+v", st)
-		Expect(st.Files).To(Equal(1), "%+v", st)
-		Expect(st.Skipped).To(HaveLen(1), "%+v", st)
-		_, err = os.Lstat(filepath.Join(allowed, "tree", "link"))
-		Expect(err).To(HaveOccurred(), "symlink entry written")
-		// Traversal in entry names, and the byte cap.
-		_, err = extractToHost(root, "bad", mkTar([2]string{"../../evil", "x"}), 1<<20)
-		Expect(err).To(HaveOccurred(), "traversal accepted")
-		_, err = extractToHost(root, "big", mkTar([2]string{"big", "0123456789"}), 5)
-		Expect(err).To(HaveOccurred(), "cap not enforced")
-		// Writing through the escaping symlink is refused by os.Root.
-		_, err = extractToHost(root, "escape/new", mkTar([2]string{"f", "x"}), 1<<20)
-		Expect(err).To(HaveOccurred(), "wrote through a symlink out of the root")
-		_, err = os.Stat(filepath.Join(outside, "new"))
-		Expect(err).To(HaveOccurred(), "file created outside the root")
+		Expect(fi.Mode()).To(Equal(os.FileMode(0o755)))
+	})
+
+	It("copies a directory asked for with a trailing / as a new directory, never merging", func() {
+		backend.archive = func() []byte {
+			return tarBytes(&tar.Header{Typeflag: tar.TypeDir, Name: "out/", Mode: 0o755}, &tar.Header{Typeflag: tar.TypeReg, Name: "out/r.txt", Mode: 0o644})
+		}
+		text, isErr := call(map[string]any{"container_src_path": "out/", "local_dest_path": filepath.Join(allowed, "proj")})
+		Expect(isErr).To(BeFalse(), text)
+		Expect(text).To(ContainSubstring("to " + filepath.Join(allowed, "proj", "out")))
+		Expect(os.ReadFile(filepath.Join(allowed, "proj", "out", "r.txt"))).To(Equal([]byte("content of out/r.txt")))
+		Expect(backend.paths).To(Equal([]string{"out/"}))
+
+		text, isErr = call(map[string]any{"container_src_path": "out/", "local_dest_path": filepath.Join(allowed, "proj"), "overwrite": true})
+		Expect(isErr).To(BeTrue(), text)
+		Expect(text).To(ContainSubstring("never merged"))
+
+		text, isErr = call(map[string]any{"container_src_path": "out", "local_dest_path": filepath.Join(allowed, "new")})
+		Expect(isErr).To(BeTrue(), text)
+		Expect(text).To(ContainSubstring("out is a directory in the sandbox, but a file was asked for"))
+		Expect(filepath.Join(allowed, "new")).NotTo(BeADirectory())
 	})
 })

@@ -3,25 +3,42 @@ package mcpserver
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
+	"log"
 	"log/slog"
+	"math"
 	"net"
 	"net/http"
+	"net/netip"
 	"net/url"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
 
 	"github.com/mark3labs/mcp-go/server"
 	"golang.org/x/time/rate"
+	"k8s.io/apimachinery/pkg/util/cache"
 )
 
 // DefaultMaxBodyBytes caps an HTTP request body. write_file's contents
 // travel inside one, so it is a little above MaxFileContents.
 const DefaultMaxBodyBytes = MaxFileContents + 1<<20
+
+// Defaults of the transport's per-peer and per-identity limits and of its
+// http.Server timeouts (see HTTPOptions).
+const (
+	DefaultMaxRequestsPerPeer     = 64
+	DefaultAuthFailuresPerMinute  = 30
+	DefaultMaxSessionsPerIdentity = 64
+	DefaultReadHeaderTimeout      = 10 * time.Second
+	DefaultReadTimeout            = time.Minute
+	DefaultIdleTimeout            = 2 * time.Minute
+)
 
 // EndpointPath is where the MCP endpoint is served.
 const EndpointPath = "/mcp"
@@ -55,6 +72,33 @@ type HTTPOptions struct {
 	// with Retry-After); Burst is the bucket size. Zero disables the limit.
 	RequestsPerSecond float64
 	Burst             int
+	// MaxRequestsPerPeer caps the requests one remote address (an IPv4
+	// address, or an IPv6 /64) may have in flight at once, long-lived
+	// streams included (429 with Retry-After beyond it). Zero means
+	// DefaultMaxRequestsPerPeer; negative disables the cap.
+	MaxRequestsPerPeer int
+	// AuthFailuresPerMinute is how many failed authentications (no token,
+	// a bad one, or a refused caller) one remote address may cause per
+	// minute, in a bucket of that size. Once it is empty the address gets
+	// 429 before its token is looked at, so that guessing tokens costs no
+	// TokenReview; only a token the authenticator already knows to be
+	// good (see TokenRecognizer) still goes through. Zero means
+	// DefaultAuthFailuresPerMinute; negative disables the limit.
+	AuthFailuresPerMinute int
+	// MaxSessionsPerIdentity caps the open MCP sessions of one identity;
+	// an initialize beyond it is refused with 429. Zero means
+	// DefaultMaxSessionsPerIdentity; negative disables the cap.
+	MaxSessionsPerIdentity int
+	// ReadHeaderTimeout, ReadTimeout and IdleTimeout configure the
+	// http.Server that Server returns (zero: the Default* values).
+	// ReadTimeout bounds reading a request's headers and body only:
+	// net/http lifts the read deadline once the body has been read, so long
+	// tool calls and GET streams are not cut (a unit test holds it to
+	// that). There is deliberately no write timeout: responses may be SSE
+	// streams that last as long as a command runs.
+	ReadHeaderTimeout time.Duration
+	ReadTimeout       time.Duration
+	IdleTimeout       time.Duration
 	// Ready reports readiness for /readyz.
 	Ready  func(context.Context) error
 	Logger *slog.Logger
@@ -71,6 +115,9 @@ type HTTPServer struct {
 
 	limitersMu sync.Mutex
 	limiters   map[string]*identityLimiter
+
+	peers        *peerLimits
+	authFailures *authFailureLimiter
 }
 
 type identityLimiter struct {
@@ -100,7 +147,14 @@ func NewHTTPServer(s *server.MCPServer, opts HTTPOptions) (*HTTPServer, error) {
 	if opts.Burst <= 0 {
 		opts.Burst = max(1, int(2*opts.RequestsPerSecond))
 	}
-	h := &HTTPServer{opts: opts, sessions: newSessionStore(opts.SessionIdleTTL), limiters: map[string]*identityLimiter{}}
+	opts.MaxRequestsPerPeer = defaultInt(opts.MaxRequestsPerPeer, DefaultMaxRequestsPerPeer)
+	opts.AuthFailuresPerMinute = defaultInt(opts.AuthFailuresPerMinute, DefaultAuthFailuresPerMinute)
+	opts.MaxSessionsPerIdentity = defaultInt(opts.MaxSessionsPerIdentity, DefaultMaxSessionsPerIdentity)
+	opts.ReadHeaderTimeout = defaultDuration(opts.ReadHeaderTimeout, DefaultReadHeaderTimeout)
+	opts.ReadTimeout = defaultDuration(opts.ReadTimeout, DefaultReadTimeout)
+	opts.IdleTimeout = defaultDuration(opts.IdleTimeout, DefaultIdleTimeout)
+	h := &HTTPServer{opts: opts, sessions: newSessionStore(opts.SessionIdleTTL, opts.MaxSessionsPerIdentity), limiters: map[string]*identityLimiter{},
+		peers: newPeerLimits(opts.MaxRequestsPerPeer), authFailures: newAuthFailureLimiter(opts.AuthFailuresPerMinute)}
 	h.mcp = server.NewStreamableHTTPServer(s,
 		server.WithEndpointPath(EndpointPath),
 		server.WithSessionIdManagerResolver(h.sessions),
@@ -130,9 +184,44 @@ func NewHTTPServer(s *server.MCPServer, opts HTTPOptions) (*HTTPServer, error) {
 	if h.metaPath != server.WellKnownProtectedResourcePath {
 		mux.Handle(h.metaPath, metaHandler)
 	}
-	mux.Handle(EndpointPath, h.rejectQueryTokens(h.limitBody(h.authenticate(h.rateLimit(h.bindSession(h.mcp))))))
+	// Everything up to authenticate looks at headers only: the body of a
+	// request is read (by limitBody) only once its caller is known, so an
+	// unauthenticated peer costs a connection and its headers, never a
+	// buffered body.
+	mux.Handle(EndpointPath, h.limitPeer(h.rejectQueryTokens(h.authenticate(h.rateLimit(h.limitBody(h.bindSession(h.capSessions(h.mcp))))))))
 	h.handler = h.checkHostAndOrigin(mux)
 	return h, nil
+}
+
+func defaultInt(v, def int) int {
+	if v == 0 {
+		return def
+	}
+	return v
+}
+
+func defaultDuration(v, def time.Duration) time.Duration {
+	if v <= 0 {
+		return def
+	}
+	return v
+}
+
+// Server returns an http.Server for h with the transport's timeouts:
+// ReadHeaderTimeout and ReadTimeout bound how long a peer may take to send
+// a request, IdleTimeout how long a kept-alive connection may wait for the
+// next one. WriteTimeout stays zero: a response may be an SSE stream (a GET
+// stream, or a tool call's progress) that lasts for as long as a command
+// runs, and a write timeout would cut it.
+func (h *HTTPServer) Server(errorLog *log.Logger) *http.Server {
+	return &http.Server{
+		Handler:           h,
+		ReadHeaderTimeout: h.opts.ReadHeaderTimeout,
+		ReadTimeout:       h.opts.ReadTimeout,
+		IdleTimeout:       h.opts.IdleTimeout,
+		MaxHeaderBytes:    64 << 10,
+		ErrorLog:          errorLog,
+	}
 }
 
 // ServeHTTP implements http.Handler.
@@ -179,13 +268,45 @@ func HostAllowed(allowed []string, host string) bool {
 }
 
 // OriginAllowed reports whether a request's Origin is acceptable: absent,
-// or exactly one of the allowed origins.
-func OriginAllowed(allowed []string, origin string) bool {
+// exactly one of the allowed origins, or the request's own origin on a
+// loopback host (host is the request's Host, already checked against the
+// allowed hosts). Browser-based MCP clients served from the server's own
+// loopback address always send that Origin; a DNS-rebinding page cannot,
+// because its Origin carries its own host name, which is also its Host and
+// fails the Host check first.
+func OriginAllowed(allowed []string, origin, host string) bool {
 	if origin == "" {
 		return true
 	}
 	origin = strings.ToLower(strings.TrimRight(origin, "/"))
+	if sameLoopbackOrigin(origin, strings.ToLower(host)) {
+		return true
+	}
 	return slices.ContainsFunc(allowed, func(a string) bool { return strings.ToLower(strings.TrimRight(a, "/")) == origin })
+}
+
+// sameLoopbackOrigin reports whether origin is http(s)://host with host a
+// loopback name or address and an explicit port (the listening one, since
+// the Host check passed).
+func sameLoopbackOrigin(origin, host string) bool {
+	rest, ok := strings.CutPrefix(origin, "http://")
+	if !ok {
+		if rest, ok = strings.CutPrefix(origin, "https://"); !ok {
+			return false
+		}
+	}
+	if rest != host {
+		return false
+	}
+	name, port, err := net.SplitHostPort(host)
+	if err != nil || port == "" {
+		return false
+	}
+	if name == "localhost" {
+		return true
+	}
+	ip, err := netip.ParseAddr(name)
+	return err == nil && ip.IsLoopback()
 }
 
 func (h *HTTPServer) checkHostAndOrigin(next http.Handler) http.Handler {
@@ -200,7 +321,7 @@ func (h *HTTPServer) checkHostAndOrigin(next http.Handler) http.Handler {
 			http.Error(w, "Forbidden: Host not allowed", http.StatusForbidden)
 			return
 		}
-		if origin := r.Header.Get("Origin"); !OriginAllowed(h.opts.AllowedOrigins, origin) {
+		if origin := r.Header.Get("Origin"); !OriginAllowed(h.opts.AllowedOrigins, origin, r.Host) {
 			h.opts.Logger.Warn("refused request from an Origin not in --allowed-origins", "origin", truncate(origin, 100), "remote", r.RemoteAddr)
 			http.Error(w, "Forbidden: Origin not allowed", http.StatusForbidden)
 			return
@@ -225,9 +346,10 @@ func (h *HTTPServer) rejectQueryTokens(next http.Handler) http.Handler {
 	})
 }
 
-// limitBody reads the whole body up front (the MCP handler would anyway)
-// so that an oversized one gets a plain 413 instead of a JSON-RPC parse
-// error.
+// limitBody reads the whole body of an authenticated POST (the MCP
+// handler would anyway) so that an oversized one gets a plain 413 instead
+// of a JSON-RPC parse error. It runs after authenticate: nothing before it
+// reads the body.
 func (h *HTTPServer) limitBody(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.ContentLength > h.opts.MaxBodyBytes {
@@ -245,11 +367,20 @@ func (h *HTTPServer) limitBody(next http.Handler) http.Handler {
 				http.Error(w, "Bad Request: reading the body failed", http.StatusBadRequest)
 				return
 			}
-			r.Body = io.NopCloser(bytes.NewReader(body))
+			r.Body = &bufferedBody{Reader: bytes.NewReader(body), data: body}
 		}
 		next.ServeHTTP(w, r)
 	})
 }
+
+// bufferedBody is a body limitBody has read into memory; the handlers
+// after it look at data instead of copying it again.
+type bufferedBody struct {
+	*bytes.Reader
+	data []byte
+}
+
+func (*bufferedBody) Close() error { return nil }
 
 func (h *HTTPServer) metadataURL() string {
 	u, _ := url.Parse(h.opts.ResourceURL)
@@ -271,11 +402,33 @@ func (h *HTTPServer) authenticate(next http.Handler) http.Handler {
 		scheme, token, _ := strings.Cut(authz, " ")
 		token = strings.TrimSpace(token)
 		_, anonymous := h.opts.Auth.(AnonymousAuthenticator)
-		if !anonymous && (!strings.EqualFold(scheme, "Bearer") || token == "") {
+		hasToken := strings.EqualFold(scheme, "Bearer") && token != ""
+		// A peer that has used up its failed authentications is refused
+		// before its token is looked at (and so before any TokenReview),
+		// unless the token is one the authenticator already knows to be
+		// good: a caller behind the same address as a token-guesser keeps
+		// working. The slot is taken before authenticating, so that
+		// concurrent guesses cannot all slip through at once; a success
+		// gives it back.
+		var attempt *authAttempt
+		if !anonymous && !(hasToken && recognizes(h.opts.Auth, token)) {
+			var retry time.Duration
+			if attempt, retry = h.authFailures.begin(peerKey(r.RemoteAddr)); attempt == nil {
+				h.opts.Logger.Debug("too many failed authentications from this address", "remote", r.RemoteAddr)
+				w.Header().Set("Retry-After", strconv.Itoa(max(1, int(math.Ceil(retry.Seconds())))))
+				http.Error(w, "Too Many Requests: too many failed authentications from this address; retry later", http.StatusTooManyRequests)
+				return
+			}
+		}
+		if !anonymous && !hasToken {
+			attempt.done(true)
 			h.unauthorized(w, "a bearer token is required (Authorization: Bearer <token>)", false)
 			return
 		}
 		caller, err := h.opts.Auth.Authenticate(r.Context(), token)
+		// Only the caller's failures count: not a success, and not an
+		// authenticator that could not answer.
+		attempt.done(errors.Is(err, ErrUnauthenticated) || errors.Is(err, ErrForbidden))
 		if errors.Is(err, ErrUnauthenticated) {
 			h.opts.Logger.Info("authentication failed", "remote", r.RemoteAddr, "reason", err)
 			h.unauthorized(w, "invalid or expired token", true)
@@ -353,14 +506,206 @@ func (h *HTTPServer) bindSession(next http.Handler) http.Handler {
 	})
 }
 
+// capSessions refuses an initialize (which opens a session) from an
+// identity that already has MaxSessionsPerIdentity open ones. It runs after
+// limitBody, so the body it peeks at is already in memory.
+func (h *HTTPServer) capSessions(next http.Handler) http.Handler {
+	if h.opts.MaxSessionsPerIdentity < 0 {
+		return next
+	}
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		buffered, ok := r.Body.(*bufferedBody)
+		if r.Method != http.MethodPost || !ok {
+			next.ServeHTTP(w, r)
+			return
+		}
+		body := buffered.data
+		var msg struct {
+			ID     json.RawMessage `json:"id"`
+			Method string          `json:"method"`
+		}
+		if json.Unmarshal(body, &msg) != nil || msg.Method != "initialize" {
+			next.ServeHTTP(w, r)
+			return
+		}
+		caller, _ := CallerFrom(r.Context())
+		release, open, ok := h.sessions.reserve(caller.ID, time.Now())
+		if !ok {
+			h.opts.Logger.Info("refused a session beyond the identity's cap", "caller", IdentityHash(caller.ID), "open", open, "remote", r.RemoteAddr)
+			id := msg.ID
+			if len(id) == 0 {
+				id = json.RawMessage("null")
+			}
+			text := fmt.Sprintf("too many MCP sessions: this identity has %d open, and the server allows %d per identity (--max-sessions-per-identity). End a session you no longer use (HTTP DELETE with its Mcp-Session-Id; MCP clients do this when they close), or wait for an idle one to expire (after %s).",
+				open, h.opts.MaxSessionsPerIdentity, h.opts.SessionIdleTTL)
+			out, _ := json.Marshal(map[string]any{"jsonrpc": "2.0", "id": id, "error": map[string]any{"code": -32000, "message": text}})
+			w.Header().Set("Content-Type", "application/json")
+			w.Header().Set("Retry-After", "60")
+			w.WriteHeader(http.StatusTooManyRequests)
+			_, _ = w.Write(out)
+			return
+		}
+		defer release()
+		next.ServeHTTP(w, r)
+	})
+}
+
+// peerKey is the unit the per-peer limits count: the remote IPv4 address,
+// or the remote IPv6 address's /64 (one host usually has a whole /64).
+func peerKey(remoteAddr string) string {
+	host, _, err := net.SplitHostPort(remoteAddr)
+	if err != nil {
+		host = remoteAddr
+	}
+	ip, err := netip.ParseAddr(host)
+	if err != nil {
+		return host
+	}
+	ip = ip.Unmap().WithZone("")
+	if ip.Is6() {
+		p, _ := ip.Prefix(64)
+		return p.String()
+	}
+	return ip.String()
+}
+
+// peerLimits counts each peer's requests in flight. A peer's entry goes
+// when its last request ends, so the map holds only peers with open
+// requests.
+type peerLimits struct {
+	max int
+
+	mu       sync.Mutex
+	inFlight map[string]int
+}
+
+func newPeerLimits(maxPerPeer int) *peerLimits {
+	return &peerLimits{max: maxPerPeer, inFlight: map[string]int{}}
+}
+
+func (p *peerLimits) acquire(peer string) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.inFlight[peer] >= p.max {
+		return false
+	}
+	p.inFlight[peer]++
+	return true
+}
+
+func (p *peerLimits) release(peer string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.inFlight[peer]--; p.inFlight[peer] <= 0 {
+		delete(p.inFlight, peer)
+	}
+}
+
+// limitPeer caps the requests one peer has in flight, before anything else
+// about the request is looked at.
+func (h *HTTPServer) limitPeer(next http.Handler) http.Handler {
+	if h.opts.MaxRequestsPerPeer < 0 {
+		return next
+	}
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		peer := peerKey(r.RemoteAddr)
+		if !h.peers.acquire(peer) {
+			h.opts.Logger.Debug("too many concurrent requests from this address", "remote", r.RemoteAddr, "limit", h.opts.MaxRequestsPerPeer)
+			w.Header().Set("Retry-After", "1")
+			http.Error(w, fmt.Sprintf("Too Many Requests: more than %d concurrent requests from this address", h.opts.MaxRequestsPerPeer), http.StatusTooManyRequests)
+			return
+		}
+		defer h.peers.release(peer)
+		next.ServeHTTP(w, r)
+	})
+}
+
+// authFailureLimiter gives each peer a token bucket of failed
+// authentications (x/time/rate), kept in a bounded LRU whose entries
+// expire once their bucket would be full again, so neither many peers nor
+// a long run can grow it without bound.
+type authFailureLimiter struct {
+	perMinute int
+
+	mu      sync.Mutex
+	buckets *cache.LRUExpireCache // peer -> *authBucket
+}
+
+type authBucket struct {
+	lim *rate.Limiter
+	// pending counts authentications in flight (guarded by the limiter's
+	// mu): each needs a token to be free, so that concurrent guesses
+	// cannot all reach the authenticator before the first one fails.
+	pending int
+}
+
+// authFailurePeers bounds the peers whose failures are remembered. An
+// evicted peer starts again with a full bucket.
+const authFailurePeers = 1 << 16
+
+func newAuthFailureLimiter(perMinute int) *authFailureLimiter {
+	if perMinute < 0 {
+		return nil
+	}
+	return &authFailureLimiter{perMinute: perMinute, buckets: cache.NewLRUExpireCache(authFailurePeers)}
+}
+
+// authAttempt is one authentication in flight; done records its outcome.
+type authAttempt struct {
+	l    *authFailureLimiter
+	peer string
+	b    *authBucket
+}
+
+// begin starts an authentication for peer, or returns nil and how long
+// until the peer may try again. A nil limiter allows everything.
+func (l *authFailureLimiter) begin(peer string) (*authAttempt, time.Duration) {
+	if l == nil {
+		return &authAttempt{}, 0
+	}
+	now := time.Now()
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	var b *authBucket
+	if v, ok := l.buckets.Get(peer); ok {
+		b = v.(*authBucket)
+	} else {
+		b = &authBucket{lim: rate.NewLimiter(rate.Every(time.Minute/time.Duration(l.perMinute)), l.perMinute)}
+	}
+	l.buckets.Add(peer, b, time.Minute)
+	if free := b.lim.TokensAt(now) - float64(b.pending); free < 1 {
+		return nil, time.Duration((1 - free) * float64(time.Minute) / float64(l.perMinute))
+	}
+	b.pending++
+	return &authAttempt{l: l, peer: peer, b: b}, 0
+}
+
+func (a *authAttempt) done(failed bool) {
+	if a == nil || a.l == nil {
+		return
+	}
+	a.l.mu.Lock()
+	defer a.l.mu.Unlock()
+	a.b.pending--
+	if failed {
+		a.b.lim.AllowN(time.Now(), 1)
+		a.l.buckets.Add(a.peer, a.b, time.Minute)
+	}
+	a.l = nil
+}
+
 // sessionStore issues session IDs bound to the identity that initialized
 // them. It implements mcp-go's SessionIdManagerResolver: each request gets
 // a manager that validates session IDs against that request's identity.
 type sessionStore struct {
 	ttl time.Duration
+	// max caps the open sessions of one identity; negative: no cap.
+	max int
 
 	mu       sync.Mutex
 	sessions map[string]*sessionInfo
+	// pending counts each identity's initializes in flight (see reserve).
+	pending map[string]int
 }
 
 type sessionInfo struct {
@@ -369,8 +714,34 @@ type sessionInfo struct {
 	lastSeen   time.Time
 }
 
-func newSessionStore(ttl time.Duration) *sessionStore {
-	return &sessionStore{ttl: ttl, sessions: map[string]*sessionInfo{}}
+func newSessionStore(ttl time.Duration, maxPerIdentity int) *sessionStore {
+	return &sessionStore{ttl: ttl, max: maxPerIdentity, sessions: map[string]*sessionInfo{}, pending: map[string]int{}}
+}
+
+// reserve claims room for one more session of identity, counting its open
+// sessions (not ended, not idle past the TTL) and its initializes in
+// flight. It returns a release func to call once the initialize has been
+// answered (by then Generate has recorded the session, if any), or ok false
+// with the number of open sessions when the identity is at its cap.
+func (s *sessionStore) reserve(identity string, now time.Time) (release func(), open int, ok bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, info := range s.sessions {
+		if info.identity == identity && !info.terminated && now.Sub(info.lastSeen) <= s.ttl {
+			open++
+		}
+	}
+	if s.max >= 0 && open+s.pending[identity] >= s.max {
+		return nil, open, false
+	}
+	s.pending[identity]++
+	return func() {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		if s.pending[identity]--; s.pending[identity] <= 0 {
+			delete(s.pending, identity)
+		}
+	}, open, true
 }
 
 func (s *sessionStore) owner(id string) (string, bool) {

@@ -2,13 +2,22 @@ package mcpserver
 
 import (
 	"context"
+	"fmt"
+	"io"
 	"log/slog"
+	"net"
 	"net/http"
 	"net/http/httptest"
+	"net/url"
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"time"
+
+	"github.com/mark3labs/mcp-go/mcp"
+	"github.com/mark3labs/mcp-go/server"
 
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
@@ -37,22 +46,33 @@ var _ = Describe("HostAllowed", Label("unit"), func() {
 
 var _ = Describe("OriginAllowed", Label("unit"), func() {
 	allowed := []string{"http://localhost:6274"}
-	DescribeTable("matches the Origin header against the allowed origins",
-		func(origin string, want bool) {
-			Expect(OriginAllowed(allowed, origin)).To(Equal(want), "OriginAllowed(%q)", origin)
+	DescribeTable("matches the Origin header against the allowed origins and the request's own loopback origin",
+		func(origin, host string, want bool) {
+			Expect(OriginAllowed(allowed, origin, host)).To(Equal(want), "OriginAllowed(%q, Host %q)", origin, host)
 		},
-		Entry("no origin", "", true),
-		Entry("http://localhost:6274", "http://localhost:6274", true),
-		Entry("http://localhost:6274/", "http://localhost:6274/", true),
-		Entry("https://evil.example", "https://evil.example", false),
-		Entry("null", "null", false),
-		Entry("http://localhost:6275", "http://localhost:6275", false),
+		Entry("no origin", "", "127.0.0.1:8080", true),
+		Entry("http://localhost:6274", "http://localhost:6274", "127.0.0.1:8080", true),
+		Entry("http://localhost:6274/", "http://localhost:6274/", "127.0.0.1:8080", true),
+		Entry("https://evil.example", "https://evil.example", "127.0.0.1:8080", false),
+		Entry("null", "null", "127.0.0.1:8080", false),
+		Entry("http://localhost:6275", "http://localhost:6275", "127.0.0.1:8080", false),
+		// Same-origin loopback: what a browser client served by this server
+		// sends (the conformance suite's dns-rebinding-protection scenario).
+		Entry("same origin, localhost", "http://localhost:8080", "localhost:8080", true),
+		Entry("same origin, 127.0.0.1", "http://127.0.0.1:8080", "127.0.0.1:8080", true),
+		Entry("same origin, [::1]", "http://[::1]:8080", "[::1]:8080", true),
+		Entry("same origin, https", "https://localhost:8080", "localhost:8080", true),
+		Entry("another loopback port", "http://localhost:9999", "localhost:8080", false),
+		Entry("a loopback origin for a non-loopback host", "http://localhost:8080", "mcp.example.com:8080", false),
+		Entry("a non-loopback same origin", "https://mcp.example.com", "mcp.example.com", false),
+		Entry("a rebinding name's own origin", "http://evil.example:8080", "evil.example:8080", false),
+		Entry("loopback host without a port", "http://localhost", "localhost", false),
 	)
 })
 
 var _ = Describe("sessions", Label("unit"), func() {
 	It("are bound to the identity that created them", func() {
-		store := newSessionStore(time.Hour)
+		store := newSessionStore(time.Hour, -1)
 		req := func(id string) *http.Request {
 			r := httptest.NewRequest(http.MethodPost, "/mcp", nil)
 			return r.WithContext(WithCaller(r.Context(), Caller{ID: id}))
@@ -239,5 +259,353 @@ var _ = Describe("the HTTP middleware", Label("unit"), func() {
 		Expect(w.Header().Get("Retry-After")).NotTo(BeEmpty(), "request beyond the burst: want 429 with Retry-After")
 		Expect(w.Body.String()).To(ContainSubstring("per second"), "429 body does not say why")
 		Expect(do("bbbbbbbbbbbbbbbbbbbb").Code).NotTo(Equal(http.StatusTooManyRequests), "another identity was limited by alice's requests")
+	})
+})
+
+// ---- refusing before reading (issue 11, section 3) ----
+
+// recordingBody is a request body that records whether anything read it.
+type recordingBody struct {
+	r     io.Reader
+	reads atomic.Int64
+}
+
+func (b *recordingBody) Read(p []byte) (int, error) {
+	b.reads.Add(1)
+	return b.r.Read(p)
+}
+
+func (b *recordingBody) Close() error { return nil }
+
+// countingReviewer is a TokenReview API that accepts only the token
+// "good-token" and counts its calls; it is safe for concurrent use.
+type countingReviewer struct{ calls atomic.Int64 }
+
+func (c *countingReviewer) Create(_ context.Context, r *authnv1.TokenReview, _ metav1.CreateOptions) (*authnv1.TokenReview, error) {
+	c.calls.Add(1)
+	out := r.DeepCopy()
+	if r.Spec.Token == "good-token" {
+		out.Status = authnv1.TokenReviewStatus{Authenticated: true, Audiences: r.Spec.Audiences,
+			User: authnv1.UserInfo{Username: "system:serviceaccount:team-a:agent"}}
+	} else {
+		out.Status = authnv1.TokenReviewStatus{Error: "invalid bearer token"}
+	}
+	return out, nil
+}
+
+// testMCP is an MCP server with two tools: "block" waits until release is
+// closed (and reports on started first); "sleep" sleeps for d and reports
+// whether the call's context was cancelled meanwhile.
+func testMCP(started chan<- struct{}, release <-chan struct{}, d time.Duration) *server.MCPServer {
+	s := server.NewMCPServer("test", "1", server.WithToolCapabilities(false))
+	s.AddTool(mcp.NewTool("block"), func(ctx context.Context, _ mcp.CallToolRequest) (*mcp.CallToolResult, error) {
+		started <- struct{}{}
+		select {
+		case <-release:
+			return mcp.NewToolResultText("released"), nil
+		case <-ctx.Done():
+			return mcp.NewToolResultError("cancelled"), nil
+		}
+	})
+	s.AddTool(mcp.NewTool("sleep"), func(ctx context.Context, _ mcp.CallToolRequest) (*mcp.CallToolResult, error) {
+		select {
+		case <-time.After(d):
+			return mcp.NewToolResultText("slept"), nil
+		case <-ctx.Done():
+			return mcp.NewToolResultError("cancelled: " + ctx.Err().Error()), nil
+		}
+	})
+	return s
+}
+
+const (
+	aliceToken = "aaaaaaaaaaaaaaaaaaaa"
+	bobToken   = "bbbbbbbbbbbbbbbbbbbb"
+	testHost   = "127.0.0.1:8080"
+	initJSON   = `{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"t","version":"1"}}}`
+)
+
+func staticAuth() Authenticator {
+	GinkgoHelper()
+	f := filepath.Join(GinkgoT().TempDir(), "tokens")
+	Expect(os.WriteFile(f, []byte(aliceToken+" alice\n"+bobToken+" bob\n"), 0o600)).To(Succeed())
+	auth, err := NewStaticTokens(f, nil)
+	Expect(err).NotTo(HaveOccurred())
+	return auth
+}
+
+func newTestHTTP(s *server.MCPServer, opts HTTPOptions) *HTTPServer {
+	GinkgoHelper()
+	opts.ResourceURL = "http://" + testHost + "/mcp"
+	opts.AllowedHosts = []string{"127.0.0.1"}
+	if opts.Auth == nil {
+		opts.Auth = staticAuth()
+	}
+	opts.Logger = slog.New(slog.DiscardHandler)
+	h, err := NewHTTPServer(s, opts)
+	Expect(err).NotTo(HaveOccurred())
+	return h
+}
+
+// mcpRequest builds a POST to /mcp from remote with token (if any), session
+// (if any) and body.
+func mcpRequest(remote, token, session string, body io.Reader) *http.Request {
+	r := httptest.NewRequest(http.MethodPost, "/mcp", body)
+	r.Host = testHost
+	r.RemoteAddr = remote
+	r.Header.Set("Content-Type", "application/json")
+	r.Header.Set("Accept", "application/json, text/event-stream")
+	if token != "" {
+		r.Header.Set("Authorization", "Bearer "+token)
+	}
+	if session != "" {
+		r.Header.Set("Mcp-Session-Id", session)
+		r.Header.Set("MCP-Protocol-Version", "2025-06-18")
+	}
+	return r
+}
+
+func serve(h http.Handler, r *http.Request) *httptest.ResponseRecorder {
+	w := httptest.NewRecorder()
+	h.ServeHTTP(w, r)
+	return w
+}
+
+// initSession opens an MCP session for token from remote.
+func initSession(h http.Handler, remote, token string) string {
+	GinkgoHelper()
+	w := serve(h, mcpRequest(remote, token, "", strings.NewReader(initJSON)))
+	Expect(w.Code).To(Equal(http.StatusOK), "initialize: %s", w.Body.String())
+	sid := w.Header().Get("Mcp-Session-Id")
+	Expect(sid).NotTo(BeEmpty())
+	return sid
+}
+
+func toolCallJSON(name string) string {
+	return `{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"` + name + `","arguments":{}}}`
+}
+
+var _ = Describe("the HTTP transport refuses before it reads", Label("unit"), func() {
+	It("reads no request body before the caller is authenticated", func() {
+		h := newTestHTTP(testMCP(nil, nil, 0), HTTPOptions{AuthFailuresPerMinute: 2})
+		for _, c := range []struct {
+			name, token, origin, target string
+			want                        int
+		}{
+			{"no token", "", "", "/mcp", http.StatusUnauthorized},
+			{"a wrong token", "cccccccccccccccccccc", "", "/mcp", http.StatusUnauthorized},
+			{"a token in the query string", "", "", "/mcp?access_token=" + aliceToken, http.StatusBadRequest},
+			{"a foreign Origin", aliceToken, "https://evil.example", "/mcp", http.StatusForbidden},
+			// The two failures above used up the peer's bucket.
+			{"a peer out of failed authentications", "dddddddddddddddddddd", "", "/mcp", http.StatusTooManyRequests},
+		} {
+			body := &recordingBody{r: strings.NewReader(initJSON)}
+			r := mcpRequest("192.0.2.1:1000", c.token, "", body)
+			r.URL, _ = url.Parse(c.target)
+			r.RequestURI = c.target
+			if c.origin != "" {
+				r.Header.Set("Origin", c.origin)
+			}
+			w := serve(h, r)
+			Expect(w.Code).To(Equal(c.want), "%s: %s", c.name, w.Body.String())
+			Expect(body.reads.Load()).To(BeZero(), "%s: the body was read before the caller was authenticated", c.name)
+		}
+		// The same request, authenticated, is read and served.
+		body := &recordingBody{r: strings.NewReader(initJSON)}
+		w := serve(h, mcpRequest("192.0.2.2:1000", aliceToken, "", body))
+		Expect(w.Code).To(Equal(http.StatusOK), w.Body.String())
+		Expect(body.reads.Load()).NotTo(BeZero())
+	})
+
+	It("caps each peer's concurrent requests with 429 and Retry-After", func() {
+		started, release := make(chan struct{}, 10), make(chan struct{})
+		defer close(release)
+		h := newTestHTTP(testMCP(started, release, 0), HTTPOptions{MaxRequestsPerPeer: 2})
+		const peer = "192.0.2.1:1000"
+		sid := initSession(h, peer, aliceToken)
+		done := make(chan int, 2)
+		for range 2 {
+			go func() {
+				done <- serve(h, mcpRequest(peer, aliceToken, sid, strings.NewReader(toolCallJSON("block")))).Code
+			}()
+		}
+		for range 2 {
+			Eventually(started).WithTimeout(5 * time.Second).Should(Receive())
+		}
+		// Two requests are in flight: a third from the same address is
+		// refused at once, authenticated or not, without a body read.
+		for _, tok := range []string{aliceToken, ""} {
+			body := &recordingBody{r: strings.NewReader(toolCallJSON("block"))}
+			var w *httptest.ResponseRecorder
+			answered := make(chan struct{})
+			go func() {
+				defer close(answered)
+				w = serve(h, mcpRequest("192.0.2.1:2000", tok, sid, body))
+			}()
+			Eventually(answered).WithTimeout(5*time.Second).Should(BeClosed(), "a third concurrent request (token %q) was let through", tok)
+			Expect(w.Code).To(Equal(http.StatusTooManyRequests), "third concurrent request (token %q): %s", tok, w.Body.String())
+			Expect(w.Header().Get("Retry-After")).NotTo(BeEmpty())
+			Expect(w.Body.String()).To(ContainSubstring("concurrent requests"))
+			Expect(body.reads.Load()).To(BeZero())
+		}
+		// Another address is not affected.
+		Expect(serve(h, mcpRequest("192.0.2.9:1000", bobToken, "", strings.NewReader(initJSON))).Code).To(Equal(http.StatusOK))
+		release <- struct{}{}
+		release <- struct{}{}
+		for range 2 {
+			Eventually(done).WithTimeout(5 * time.Second).Should(Receive(Equal(http.StatusOK)))
+		}
+		// With the two done, the address may send again.
+		Expect(serve(h, mcpRequest(peer, aliceToken, sid, strings.NewReader(`{"jsonrpc":"2.0","id":3,"method":"ping"}`))).Code).To(Equal(http.StatusOK))
+	})
+
+	It("rate-limits failed authentications per peer before any TokenReview", func() {
+		rev := &countingReviewer{}
+		h := newTestHTTP(testMCP(nil, nil, 0), HTTPOptions{
+			Auth:                  NewTokenReviewAuthWith(rev, nil),
+			AuthFailuresPerMinute: 5,
+		})
+		const attacker = "192.0.2.1:1000"
+		codes := map[int]int{}
+		for i := range 40 {
+			w := serve(h, mcpRequest(attacker, fmt.Sprintf("guess-%03d", i), "", strings.NewReader(initJSON)))
+			codes[w.Code]++
+			if w.Code == http.StatusTooManyRequests {
+				Expect(w.Header().Get("Retry-After")).NotTo(BeEmpty())
+			}
+		}
+		Expect(codes).To(Equal(map[int]int{http.StatusUnauthorized: 5, http.StatusTooManyRequests: 35}))
+		Expect(rev.calls.Load()).To(BeEquivalentTo(5), "guesses beyond the limit reached the TokenReview API")
+
+		// Concurrent guesses from a fresh address cannot all slip in
+		// before the first ones fail.
+		var wg sync.WaitGroup
+		for i := range 50 {
+			wg.Go(func() {
+				serve(h, mcpRequest("192.0.2.2:1000", fmt.Sprintf("parallel-%03d", i), "", strings.NewReader(initJSON)))
+			})
+		}
+		wg.Wait()
+		Expect(rev.calls.Load()).To(BeEquivalentTo(10), "concurrent guesses beyond the limit reached the TokenReview API")
+
+		// Another address has its own bucket; a good token reviewed from
+		// there is then recognized (cached) and works even from the
+		// exhausted address, with no further review.
+		Expect(serve(h, mcpRequest("192.0.2.3:1000", "good-token", "", strings.NewReader(initJSON))).Code).To(Equal(http.StatusOK))
+		calls := rev.calls.Load()
+		Expect(serve(h, mcpRequest(attacker, "good-token", "", strings.NewReader(initJSON))).Code).To(Equal(http.StatusOK))
+		Expect(serve(h, mcpRequest(attacker, "guess-again", "", strings.NewReader(initJSON))).Code).To(Equal(http.StatusTooManyRequests))
+		Expect(rev.calls.Load()).To(Equal(calls))
+		// IPv6 peers are counted by /64.
+		Expect(peerKey("[2001:db8:1:2:3:4:5:6]:443")).To(Equal(peerKey("[2001:db8:1:2:ffff::1]:80")))
+		Expect(peerKey("[::ffff:192.0.2.1]:1")).To(Equal("192.0.2.1"))
+	})
+
+	It("caps the sessions of one identity", func() {
+		h := newTestHTTP(testMCP(nil, nil, 0), HTTPOptions{MaxSessionsPerIdentity: 2})
+		a1 := initSession(h, "192.0.2.1:1", aliceToken)
+		initSession(h, "192.0.2.2:1", aliceToken)
+		w := serve(h, mcpRequest("192.0.2.3:1", aliceToken, "", strings.NewReader(initJSON)))
+		Expect(w.Code).To(Equal(http.StatusTooManyRequests), w.Body.String())
+		Expect(w.Header().Get("Mcp-Session-Id")).To(BeEmpty())
+		Expect(w.Body.String()).To(And(ContainSubstring("too many MCP sessions"), ContainSubstring("--max-sessions-per-identity")))
+		// An initialize that names an existing session opens a new one
+		// too, so it counts the same.
+		Expect(serve(h, mcpRequest("192.0.2.3:1", aliceToken, a1, strings.NewReader(initJSON))).Code).To(Equal(http.StatusTooManyRequests))
+		// Other requests of the open sessions, and other identities, are
+		// not affected.
+		Expect(serve(h, mcpRequest("192.0.2.1:1", aliceToken, a1, strings.NewReader(`{"jsonrpc":"2.0","id":3,"method":"ping"}`))).Code).To(Equal(http.StatusOK))
+		initSession(h, "192.0.2.1:1", bobToken)
+		// Ending a session makes room.
+		del := httptest.NewRequest(http.MethodDelete, "/mcp", nil)
+		del.Host, del.RemoteAddr = testHost, "192.0.2.1:1"
+		del.Header.Set("Authorization", "Bearer "+aliceToken)
+		del.Header.Set("Mcp-Session-Id", a1)
+		del.Header.Set("MCP-Protocol-Version", "2025-06-18")
+		Expect(serve(h, del).Code).To(Equal(http.StatusOK))
+		initSession(h, "192.0.2.1:1", aliceToken)
+	})
+
+	It("sets header, read and idle timeouts, and no write timeout that would cut streams", func() {
+		h := newTestHTTP(testMCP(nil, nil, 0), HTTPOptions{})
+		srv := h.Server(nil)
+		Expect(srv.ReadHeaderTimeout).To(Equal(DefaultReadHeaderTimeout))
+		Expect(srv.ReadTimeout).To(Equal(DefaultReadTimeout))
+		Expect(srv.IdleTimeout).To(Equal(DefaultIdleTimeout))
+		Expect(srv.WriteTimeout).To(BeZero())
+		Expect(DefaultReadHeaderTimeout).To(BeNumerically(">", 0))
+		Expect(DefaultReadTimeout).To(BeNumerically(">", 0))
+		Expect(DefaultIdleTimeout).To(BeNumerically(">", 0))
+	})
+
+	It("drops a client too slow to send its request, but not a long tool call or stream", func() {
+		const readTimeout = 500 * time.Millisecond
+		h := newTestHTTP(testMCP(nil, nil, 3*readTimeout), HTTPOptions{ReadHeaderTimeout: readTimeout / 2, ReadTimeout: readTimeout})
+		srv := h.Server(nil)
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		Expect(err).NotTo(HaveOccurred())
+		go func() { _ = srv.Serve(ln) }()
+		DeferCleanup(srv.Close)
+		base := "http://" + ln.Addr().String() + "/mcp"
+
+		closedWithin := func(send string) time.Duration {
+			GinkgoHelper()
+			c, err := net.Dial("tcp", ln.Addr().String())
+			Expect(err).NotTo(HaveOccurred())
+			defer c.Close()
+			_, err = io.WriteString(c, send)
+			Expect(err).NotTo(HaveOccurred())
+			start := time.Now()
+			_ = c.SetReadDeadline(time.Now().Add(10 * time.Second))
+			_, _ = io.Copy(io.Discard, c)
+			return time.Since(start)
+		}
+		By("a request whose headers never end")
+		Expect(closedWithin("POST /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\n")).To(BeNumerically("<", 3*time.Second))
+		By("an authenticated request whose body never ends")
+		Expect(closedWithin("POST /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer " + aliceToken +
+			"\r\nContent-Type: application/json\r\nContent-Length: 1000\r\n\r\n{")).To(BeNumerically("<", 3*time.Second))
+
+		post := func(session, body string) *http.Response {
+			GinkgoHelper()
+			req, _ := http.NewRequest(http.MethodPost, base, strings.NewReader(body))
+			req.Header.Set("Content-Type", "application/json")
+			req.Header.Set("Accept", "application/json, text/event-stream")
+			req.Header.Set("Authorization", "Bearer "+aliceToken)
+			if session != "" {
+				req.Header.Set("Mcp-Session-Id", session)
+				req.Header.Set("MCP-Protocol-Version", "2025-06-18")
+			}
+			resp, err := http.DefaultClient.Do(req)
+			Expect(err).NotTo(HaveOccurred())
+			return resp
+		}
+		resp := post("", initJSON)
+		resp.Body.Close()
+		sid := resp.Header.Get("Mcp-Session-Id")
+		Expect(sid).NotTo(BeEmpty())
+
+		By("a GET stream open for longer than the read timeout")
+		req, _ := http.NewRequest(http.MethodGet, base, nil)
+		req.Header.Set("Accept", "text/event-stream")
+		req.Header.Set("Authorization", "Bearer "+aliceToken)
+		req.Header.Set("Mcp-Session-Id", sid)
+		req.Header.Set("MCP-Protocol-Version", "2025-06-18")
+		stream, err := http.DefaultClient.Do(req)
+		Expect(err).NotTo(HaveOccurred())
+		defer stream.Body.Close()
+		Expect(stream.StatusCode).To(Equal(http.StatusOK))
+		ended := make(chan struct{})
+		go func() {
+			_, _ = io.Copy(io.Discard, stream.Body)
+			close(ended)
+		}()
+
+		By("a tool call that lasts longer than the read timeout")
+		resp = post(sid, toolCallJSON("sleep"))
+		out, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		Expect(string(out)).To(ContainSubstring("slept"), "the tool call's context was cancelled by the read deadline")
+		Consistently(ended).WithTimeout(readTimeout).ShouldNot(BeClosed(), "the GET stream was cut by the read deadline")
 	})
 })

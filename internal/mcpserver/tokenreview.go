@@ -147,6 +147,25 @@ func (a *TokenReviewAuth) Authenticate(ctx context.Context, token string) (Calle
 	return Caller{}, fmt.Errorf("%w; for the API server's audiences: %s", err, strings.TrimPrefix(apiErr.Error(), ErrUnauthenticated.Error()+": "))
 }
 
+// Recognizes implements TokenRecognizer: the token has an unexpired
+// positive answer in the cache, from the review for the server's audiences
+// or (with AcceptAPIServerAudience) the API server's.
+func (a *TokenReviewAuth) Recognizes(token string) bool {
+	keys := [][sha256.Size]byte{a.cacheKey(ownAudience, token)}
+	if a.acceptAPI {
+		keys = append(keys, a.cacheKey(apiServerAudience, token))
+	}
+	now := time.Now()
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	for _, key := range keys {
+		if r, ok := a.cache[key]; ok && r.err == nil && now.Before(r.expires) {
+			return true
+		}
+	}
+	return false
+}
+
 // cacheKey separates the two reviews of one token: the kind and the
 // audiences asked for are digested with it.
 func (a *TokenReviewAuth) cacheKey(kind reviewKind, token string) [sha256.Size]byte {

@@ -19,6 +19,7 @@ import (
 	"github.com/mark3labs/mcp-go/server"
 
 	"github.com/code-sandbox/code-sandbox-operator/internal/execio"
+	"github.com/code-sandbox/code-sandbox-operator/internal/hostfs"
 )
 
 // rawArgs returns a call's arguments as JSON.
@@ -31,6 +32,44 @@ func rawArgs(req mcp.CallToolRequest) []byte {
 		return nil
 	}
 	return b
+}
+
+// toolFunc is a tool's own logic, run by typedTool once the preamble every
+// tool shares is done: caller is the request's identity, args are bound
+// strictly and, when they name a sandbox, its container_id is well-formed.
+// A returned error becomes the call's error result (see deps.toolError),
+// about the sandbox args name; the error is never a protocol error.
+type toolFunc[A any] func(ctx context.Context, req mcp.CallToolRequest, caller Caller, args A) (*mcp.CallToolResult, error)
+
+// sandboxArgs is implemented by the arguments of every tool that acts on
+// one sandbox.
+type sandboxArgs interface{ containerID() string }
+
+// typedTool returns tool with a handler that takes the caller from the
+// context, binds the call's arguments into an A with bindArgs (unknown or
+// mistyped arguments are named), checks container_id when A is sandboxArgs,
+// runs h, and turns an error h returns into an error result for the
+// model to act on.
+func typedTool[A any](d *deps, tool mcp.Tool, h toolFunc[A]) (mcp.Tool, server.ToolHandlerFunc) {
+	return tool, func(ctx context.Context, req mcp.CallToolRequest) (*mcp.CallToolResult, error) {
+		caller, _ := CallerFrom(ctx)
+		var args A
+		if err := bindArgs(rawArgs(req), &args); err != nil {
+			return d.toolError("", err), nil
+		}
+		id := ""
+		if sa, ok := any(args).(sandboxArgs); ok {
+			id = sa.containerID()
+			if err := checkContainerID(id); err != nil {
+				return d.toolError("", err), nil
+			}
+		}
+		res, err := h(ctx, req, caller, args)
+		if err != nil {
+			return d.toolError(id, err), nil
+		}
+		return res, nil
+	}
 }
 
 func containerIDProp() mcp.ToolOption {
@@ -61,25 +100,20 @@ func sandboxInitializeTool(d *deps) (mcp.Tool, server.ToolHandlerFunc) {
 		mcp.WithOutputSchema[InitializeResult](),
 		annotations("Create sandbox", false, false, false, false),
 	)
-	return tool, func(ctx context.Context, req mcp.CallToolRequest) (*mcp.CallToolResult, error) {
-		caller, _ := CallerFrom(ctx)
-		var args initializeArgs
-		if err := bindArgs(rawArgs(req), &args); err != nil {
-			return d.toolError("", err), nil
-		}
+	return typedTool(d, tool, func(ctx context.Context, _ mcp.CallToolRequest, caller Caller, args initializeArgs) (*mcp.CallToolResult, error) {
 		creq, err := args.createRequest(d.cfg)
 		if err != nil {
-			return d.toolError("", err), nil
+			return nil, err
 		}
 		sb, err := d.backend.Create(ctx, caller, creq)
 		if err != nil {
-			return d.toolError("", err), nil
+			return nil, err
 		}
 		res := InitializeResult{ContainerID: sb.ID, Image: sb.Image, Network: sb.Network, WorkingDir: sb.WorkingDir, ExpiresAt: sb.ExpiresAt}
 		text := fmt.Sprintf("Sandbox created. container_id: %s\nimage: %s, network: %s, working directory: %s, expires at %s.",
 			sb.ID, sb.Image, sb.Network, sb.WorkingDir, sb.ExpiresAt.UTC().Format(time.RFC3339))
 		return result(res, text), nil
-	}
+	})
 }
 
 // CommandResult is the outcome of one command of sandbox_exec.
@@ -105,25 +139,43 @@ type ExecResult struct {
 	NotRun int `json:"not_run"`
 }
 
-// capBuffer keeps at most max bytes; the backend already caps each
-// stream, so this only guards the server's memory against a backend that
-// does not.
-type capBuffer struct {
-	buf bytes.Buffer
-	max int
-}
-
-func (c *capBuffer) Write(p []byte) {
-	if room := c.max - c.buf.Len(); room > 0 {
-		c.buf.Write(p[:min(len(p), room)])
+// inlineOutput is what a result shows of one stream: the end of what tb
+// kept, at most keep bytes, after a marker when the start was dropped
+// (by the tail, or here to fit the call's output budget). A UTF-8
+// sequence cut at the start is skipped; invalid bytes become U+FFFD.
+func inlineOutput(tb *execio.TailBuffer, stream string, keep int) (string, bool) {
+	b := tb.Bytes()
+	if len(b) > keep {
+		b = b[len(b)-max(keep, 0):]
 	}
+	dropped := tb.Written() - int64(len(b))
+	if dropped == 0 {
+		return strings.ToValidUTF8(string(b), "\uFFFD"), false
+	}
+	for i := 0; i < utf8.UTFMax && len(b) > 0 && !utf8.RuneStart(b[0]); i++ {
+		b, dropped = b[1:], dropped+1
+	}
+	return execio.TailMarker(stream, dropped) + strings.ToValidUTF8(string(b), "\uFFFD"), true
 }
 
-func (c *capBuffer) String() string { return strings.ToValidUTF8(c.buf.String(), "\uFFFD") }
+// fitShare splits share bytes between a command's stdout and stderr of
+// sizes out and errn: each keeps all it has if both fit, otherwise the
+// smaller keeps up to half and the larger the rest.
+func fitShare(share, out, errn int) (int, int) {
+	if out+errn <= share {
+		return out, errn
+	}
+	if out <= errn {
+		o := min(out, share/2)
+		return o, share - o
+	}
+	e := min(errn, share/2)
+	return share - e, e
+}
 
 func sandboxExecTool(d *deps) (mcp.Tool, server.ToolHandlerFunc) {
 	tool := mcp.NewTool("sandbox_exec",
-		mcp.WithDescription(fmt.Sprintf("Run shell commands in a sandbox, in order, each with `sh -c`. Stops at the first command that fails (non-zero exit or timeout) and reports it as an error. Each command gets its own timeout (default %s) after which its whole process tree is killed; stdout and stderr are each capped at %s. Output streams while the command runs as progress notifications (when the request has a progress token) and log messages.", d.cfg.CommandTimeout, units.BytesSize(float64(d.cfg.OutputLimit)))),
+		mcp.WithDescription(fmt.Sprintf("Run shell commands in a sandbox, in order, each with `sh -c`. Stops at the first command that fails (non-zero exit or timeout) and reports it as an error. Each command gets its own timeout (default %s) after which its whole process tree is killed; stdout and stderr are each capped at %s, and the whole call keeps at most %s of output, the end of each command's (markers show what was cut). Output streams while the command runs as progress notifications (when the request has a progress token) and log messages.", d.cfg.CommandTimeout, units.BytesSize(float64(d.cfg.OutputLimit)), units.BytesSize(float64(d.cfg.ExecOutputBudget)))),
 		containerIDProp(),
 		mcp.WithArray("commands", mcp.Required(), mcp.Description("Shell command lines, for example [\"cd /app && python3 main.py\"]."), mcp.WithStringItems(), mcp.MinItems(1), mcp.MaxItems(MaxCommandsPerExec)),
 		mcp.WithInteger("timeout_seconds", mcp.Description(fmt.Sprintf("Timeout per command in seconds (default %d, maximum %d).", int64(d.cfg.CommandTimeout/time.Second), int64(d.cfg.MaxTimeout/time.Second))), mcp.Min(1), mcp.Max(int(d.cfg.MaxTimeout/time.Second))),
@@ -132,42 +184,51 @@ func sandboxExecTool(d *deps) (mcp.Tool, server.ToolHandlerFunc) {
 		mcp.WithOutputSchema[ExecResult](),
 		annotations("Run commands", false, true, false, d.cfg.AllowEgress),
 	)
-	return tool, func(ctx context.Context, req mcp.CallToolRequest) (*mcp.CallToolResult, error) {
-		caller, _ := CallerFrom(ctx)
-		var args execArgs
-		if err := bindArgs(rawArgs(req), &args); err != nil {
-			return d.toolError("", err), nil
-		}
+	return typedTool(d, tool, func(ctx context.Context, req mcp.CallToolRequest, caller Caller, args execArgs) (*mcp.CallToolResult, error) {
 		reqs, err := args.requests(d.cfg)
 		if err != nil {
-			return d.toolError(args.ContainerID, err), nil
+			return nil, err
 		}
 		stream := newOutputStreamer(ctx, req, args.ContainerID)
 		out := ExecResult{ContainerID: args.ContainerID, Success: true}
 		var text strings.Builder
+		// The call's output budget is shared out as the commands run: each
+		// may keep the remaining budget divided by the commands left (so
+		// a quiet command leaves its share to the next), and keeps the
+		// end of its output within that.
+		remaining := d.cfg.ExecOutputBudget
 		for i, r := range reqs {
 			stream.begin(i, r.Shell)
-			stdout := &capBuffer{max: int(r.OutputLimitBytes) + 4096}
-			stderr := &capBuffer{max: int(r.OutputLimitBytes) + 4096}
+			share := int(remaining / int64(len(reqs)-i))
+			// The backend caps each stream at OutputLimitBytes plus its
+			// truncation marker; a backend that does not is held to it
+			// here as well.
+			perStream := min(int(r.OutputLimitBytes)+4096, share)
+			stdout, stderr := execio.NewTailBuffer(perStream), execio.NewTailBuffer(perStream)
 			res, err := d.backend.Exec(ctx, caller, args.ContainerID, r, func(s string, p []byte) {
 				if s == "stderr" {
-					stderr.Write(p)
+					_, _ = stderr.Write(p)
 				} else {
-					stdout.Write(p)
+					_, _ = stdout.Write(p)
 				}
 				stream.write(s, p)
 			})
-			if err != nil && i == 0 && stdout.buf.Len() == 0 && stderr.buf.Len() == 0 {
+			if err != nil && i == 0 && stdout.Written() == 0 && stderr.Written() == 0 {
 				stream.close()
-				return d.toolError(args.ContainerID, err), nil
+				return nil, err
 			}
+			keepOut, keepErr := fitShare(share, stdout.Len(), stderr.Len())
+			outText, outCut := inlineOutput(stdout, "stdout", keepOut)
+			errText, errCut := inlineOutput(stderr, "stderr", keepErr)
+			stdout, stderr = nil, nil
+			remaining -= int64(keepOut + keepErr)
 			cr := CommandResult{
 				Command:    r.Shell,
 				ExitCode:   res.ExitCode,
-				Stdout:     stdout.String(),
-				Stderr:     stderr.String(),
+				Stdout:     outText,
+				Stderr:     errText,
 				DurationMS: res.DurationMillis,
-				Truncated:  res.Truncated(),
+				Truncated:  res.Truncated() || outCut || errCut,
 				TimedOut:   res.TimedOut,
 			}
 			if err != nil {
@@ -203,7 +264,7 @@ func sandboxExecTool(d *deps) (mcp.Tool, server.ToolHandlerFunc) {
 			return res, nil
 		}
 		return result(out, strings.TrimRight(text.String(), "\n")), nil
-	}
+	})
 }
 
 func renderCommand(b *strings.Builder, r CommandResult, timeoutSeconds int64) {
@@ -230,7 +291,7 @@ func renderCommand(b *strings.Builder, r CommandResult, timeoutSeconds int64) {
 		fmt.Fprintf(b, "[exit code %d, %d ms]\n", r.ExitCode, r.DurationMS)
 	}
 	if r.Truncated {
-		b.WriteString("[output truncated at the per-stream cap]\n")
+		b.WriteString("[output truncated at the per-stream cap or to fit the call's output budget; a marker shows where]\n")
 	}
 }
 
@@ -269,14 +330,18 @@ func (d *deps) upload(ctx context.Context, caller Caller, id, destDir string, li
 		produced <- err
 	}()
 	stats, err := d.backend.Upload(ctx, caller, id, destDir, pr, limits)
-	// Unblock the producer if the backend stopped reading early.
-	pr.CloseWithError(errors.New("upload ended"))
+	// Unblock the producer if the backend stopped reading early; its error
+	// is then only the echo of the backend's.
+	pr.CloseWithError(errUploadEnded)
 	perr := <-produced
-	if perr != nil && !errors.Is(perr, io.ErrClosedPipe) && perr.Error() != "upload ended" {
+	if perr != nil && !errors.Is(perr, io.ErrClosedPipe) && !errors.Is(perr, errUploadEnded) {
 		return stats, perr
 	}
 	return stats, err
 }
+
+// errUploadEnded is what a producer sees when the backend stopped reading.
+var errUploadEnded = errors.New("upload ended")
 
 func copyProjectTool(d *deps) (mcp.Tool, server.ToolHandlerFunc) {
 	tool := mcp.NewTool("copy_project",
@@ -287,40 +352,37 @@ func copyProjectTool(d *deps) (mcp.Tool, server.ToolHandlerFunc) {
 		mcp.WithOutputSchema[TransferResult](),
 		annotations("Copy host directory into sandbox", false, true, true, false),
 	)
-	return tool, func(ctx context.Context, req mcp.CallToolRequest) (*mcp.CallToolResult, error) {
-		caller, _ := CallerFrom(ctx)
-		var args copyProjectArgs
-		if err := bindArgs(rawArgs(req), &args); err != nil {
-			return d.toolError("", err), nil
-		}
-		if err := checkContainerID(args.ContainerID); err != nil {
-			return d.toolError("", err), nil
-		}
+	return typedTool(d, tool, func(ctx context.Context, _ mcp.CallToolRequest, caller Caller, args copyProjectArgs) (*mcp.CallToolResult, error) {
 		dest := args.DestDir
 		if dest == "" {
 			dest = "."
 		}
 		if err := checkSandboxPath("dest_dir", dest, true); err != nil {
-			return d.toolError(args.ContainerID, err), nil
+			return nil, err
 		}
 		root, rel, err := d.cfg.HostRoots.openExisting("local_src_dir", args.LocalSrcDir)
 		if err != nil {
-			return d.toolError(args.ContainerID, err), nil
+			return nil, err
 		}
 		defer root.Close()
-		scan, err := scanHostTree(root, rel, d.cfg.MaxUploadBytes, d.cfg.MaxUploadEntries)
+		lim := hostfs.TreeLimits{MaxBytes: d.cfg.MaxUploadBytes, MaxEntries: d.cfg.MaxUploadEntries}
+		scan, err := hostfs.ScanTree(root, rel, lim)
+		if errors.Is(err, hostfs.ErrWrongType) {
+			err = argError("local_src_dir %q is not a directory; use copy_file for a single file", args.LocalSrcDir)
+		}
 		if err != nil {
-			return d.toolError(args.ContainerID, err), nil
+			return nil, err
 		}
 		stats, err := d.upload(ctx, caller, args.ContainerID, dest, execio.UploadLimits{MaxBytes: d.cfg.MaxUploadBytes, MaxEntries: d.cfg.MaxUploadEntries}, func(w io.Writer) error {
-			return writeHostTree(root, rel, w, d.cfg.MaxUploadBytes)
+			_, err := hostfs.WriteTree(w, root, rel, lim)
+			return err
 		})
 		if err != nil {
-			return d.toolError(args.ContainerID, err), nil
+			return nil, err
 		}
 		res := TransferResult{ContainerID: args.ContainerID, Source: args.LocalSrcDir, Destination: dest, Files: stats.Files, Dirs: stats.Dirs, Bytes: stats.Bytes, Skipped: scan.Skipped}
 		return result(res, res.text("Copied")), nil
-	}
+	})
 }
 
 func describeRoots(h *HostRoots) string {
@@ -339,18 +401,10 @@ func copyFileTool(d *deps) (mcp.Tool, server.ToolHandlerFunc) {
 		mcp.WithOutputSchema[TransferResult](),
 		annotations("Copy host file into sandbox", false, true, true, false),
 	)
-	return tool, func(ctx context.Context, req mcp.CallToolRequest) (*mcp.CallToolResult, error) {
-		caller, _ := CallerFrom(ctx)
-		var args copyFileArgs
-		if err := bindArgs(rawArgs(req), &args); err != nil {
-			return d.toolError("", err), nil
-		}
-		if err := checkContainerID(args.ContainerID); err != nil {
-			return d.toolError("", err), nil
-		}
+	return typedTool(d, tool, func(ctx context.Context, _ mcp.CallToolRequest, caller Caller, args copyFileArgs) (*mcp.CallToolResult, error) {
 		root, rel, err := d.cfg.HostRoots.openExisting("local_src_file", args.LocalSrcFile)
 		if err != nil {
-			return d.toolError(args.ContainerID, err), nil
+			return nil, err
 		}
 		defer root.Close()
 		destPath := args.DestPath
@@ -359,33 +413,33 @@ func copyFileTool(d *deps) (mcp.Tool, server.ToolHandlerFunc) {
 		}
 		dir, base, err := sandboxFilePath("dest_path", destPath)
 		if err != nil {
-			return d.toolError(args.ContainerID, err), nil
+			return nil, err
 		}
 		f, err := root.Open(rel)
 		if err != nil {
-			return d.toolError(args.ContainerID, argError("opening local_src_file: %v", err)), nil
+			return nil, argError("opening local_src_file: %v", err)
 		}
 		defer f.Close()
 		info, err := f.Stat()
 		switch {
 		case err != nil:
-			return d.toolError(args.ContainerID, argError("local_src_file: %v", err)), nil
+			return nil, argError("local_src_file: %v", err)
 		case info.IsDir():
-			return d.toolError(args.ContainerID, argError("local_src_file %q is a directory; use copy_project", args.LocalSrcFile)), nil
+			return nil, argError("local_src_file %q is a directory; use copy_project", args.LocalSrcFile)
 		case !info.Mode().IsRegular():
-			return d.toolError(args.ContainerID, argError("local_src_file %q is not a regular file", args.LocalSrcFile)), nil
+			return nil, argError("local_src_file %q is not a regular file", args.LocalSrcFile)
 		case info.Size() > d.cfg.MaxFileBytes:
-			return d.toolError(args.ContainerID, argError("local_src_file is %s; the limit is %s", units.BytesSize(float64(info.Size())), units.BytesSize(float64(d.cfg.MaxFileBytes)))), nil
+			return nil, argError("local_src_file is %s; the limit is %s", units.BytesSize(float64(info.Size())), units.BytesSize(float64(d.cfg.MaxFileBytes)))
 		}
 		stats, err := d.upload(ctx, caller, args.ContainerID, dir, execio.UploadLimits{MaxBytes: d.cfg.MaxFileBytes, MaxEntries: 1}, func(w io.Writer) error {
-			return singleFileTar(w, base, int64(info.Mode().Perm()), f, info.Size())
+			return execio.WriteSingleFileTar(w, base, int64(info.Mode().Perm()), info.Size(), f)
 		})
 		if err != nil {
-			return d.toolError(args.ContainerID, err), nil
+			return nil, err
 		}
 		res := TransferResult{ContainerID: args.ContainerID, Source: args.LocalSrcFile, Destination: path.Join(dir, base), Files: stats.Files, Bytes: stats.Bytes}
 		return result(res, res.text("Copied")), nil
-	}
+	})
 }
 
 func writeFileTool(d *deps) (mcp.Tool, server.ToolHandlerFunc) {
@@ -399,101 +453,82 @@ func writeFileTool(d *deps) (mcp.Tool, server.ToolHandlerFunc) {
 		mcp.WithOutputSchema[TransferResult](),
 		annotations("Write file in sandbox", false, true, true, false),
 	)
-	return tool, func(ctx context.Context, req mcp.CallToolRequest) (*mcp.CallToolResult, error) {
-		caller, _ := CallerFrom(ctx)
-		var args writeFileArgs
-		if err := bindArgs(rawArgs(req), &args); err != nil {
-			return d.toolError("", err), nil
-		}
-		if err := checkContainerID(args.ContainerID); err != nil {
-			return d.toolError("", err), nil
-		}
+	return typedTool(d, tool, func(ctx context.Context, _ mcp.CallToolRequest, caller Caller, args writeFileArgs) (*mcp.CallToolResult, error) {
 		if args.FileContents == nil {
-			return d.toolError(args.ContainerID, argError(`"file_contents" is required (it may be an empty string)`)), nil
+			return nil, argError(`"file_contents" is required (it may be an empty string)`)
 		}
 		if int64(len(*args.FileContents)) > limit {
-			return d.toolError(args.ContainerID, argError("file_contents is %d bytes; the limit is %d", len(*args.FileContents), limit)), nil
+			return nil, argError("file_contents is %d bytes; the limit is %d", len(*args.FileContents), limit)
 		}
 		if err := checkSandboxPath("file_name", args.FileName, true); err != nil {
-			return d.toolError(args.ContainerID, err), nil
+			return nil, err
 		}
 		if err := checkSandboxPath("dest_dir", args.DestDir, false); err != nil {
-			return d.toolError(args.ContainerID, err), nil
+			return nil, err
 		}
 		target := args.FileName
 		if args.DestDir != "" && !path.IsAbs(args.FileName) {
 			target = path.Join(args.DestDir, args.FileName)
 		} else if args.DestDir != "" {
-			return d.toolError(args.ContainerID, argError("file_name %q is absolute; give a relative file_name with dest_dir, or an absolute file_name alone", args.FileName)), nil
+			return nil, argError("file_name %q is absolute; give a relative file_name with dest_dir, or an absolute file_name alone", args.FileName)
 		}
 		dir, base, err := sandboxFilePath("file_name", target)
 		if err != nil {
-			return d.toolError(args.ContainerID, err), nil
+			return nil, err
 		}
 		contents := *args.FileContents
 		stats, err := d.upload(ctx, caller, args.ContainerID, dir, execio.UploadLimits{MaxBytes: max(limit, 1), MaxEntries: 1}, func(w io.Writer) error {
-			return singleFileTar(w, base, 0o644, strings.NewReader(contents), int64(len(contents)))
+			return execio.WriteSingleFileTar(w, base, 0o644, int64(len(contents)), strings.NewReader(contents))
 		})
 		if err != nil {
-			return d.toolError(args.ContainerID, err), nil
+			return nil, err
 		}
 		res := TransferResult{ContainerID: args.ContainerID, Source: "file_contents", Destination: path.Join(dir, base), Files: stats.Files, Bytes: stats.Bytes}
 		return result(res, fmt.Sprintf("Wrote %d bytes to %s in sandbox %s.", len(contents), res.Destination, args.ContainerID)), nil
-	}
+	})
 }
 
 func copyFileFromSandboxTool(d *deps) (mcp.Tool, server.ToolHandlerFunc) {
 	tool := mcp.NewTool("copy_file_from_sandbox",
-		mcp.WithDescription(fmt.Sprintf("Copy a file (or directory tree) from a sandbox to the host. The host destination must lie inside a directory this server allows (%s); host symlinks are never followed out of it, and only regular files and directories are written. Limit %s.", describeRoots(d.cfg.HostRoots), units.BytesSize(float64(d.cfg.MaxFileBytes)))),
+		mcp.WithDescription(fmt.Sprintf("Copy one file from a sandbox to the host (or, with a trailing / on container_src_path, a directory tree). The sandbox's content never decides what lands: if container_src_path is not exactly one regular file (or, with a trailing /, a directory of regular files and directories) the copy fails and nothing is written. Existing host files are not replaced unless overwrite is true; directories are never merged. Files land without exec bits unless keep_exec_bits is true, never group/world-writable. The host destination must lie inside a directory this server allows (%s); host symlinks are never followed out of it. Limit %s.", describeRoots(d.cfg.HostRoots), units.BytesSize(float64(d.cfg.MaxFileBytes)))),
 		containerIDProp(),
-		mcp.WithString("container_src_path", mcp.Required(), mcp.Description("Path in the sandbox: absolute (under the working directory, /tmp or /var/tmp) or relative to the working directory.")),
-		mcp.WithString("local_dest_path", mcp.Required(), mcp.Description("Absolute host path to write. An existing directory receives the file inside it.")),
+		mcp.WithString("container_src_path", mcp.Required(), mcp.Description("Path in the sandbox: absolute (under the working directory, /tmp or /var/tmp) or relative to the working directory. It names a file; end it with / to copy a directory (which lands as a new directory), or with /. to copy a directory's contents into a new local_dest_path.")),
+		mcp.WithString("local_dest_path", mcp.Required(), mcp.Description("Absolute host path to write. An existing directory receives the file (or directory) inside it, under its sandbox name.")),
+		mcp.WithBoolean("overwrite", mcp.Description("Replace an existing host file. Default false. Directories are never replaced or merged.")),
+		mcp.WithBoolean("keep_exec_bits", mcp.Description("Keep the files' exec bits. Default false: downloaded files are not executable.")),
 		mcp.WithOutputSchema[TransferResult](),
 		annotations("Copy file from sandbox to host", false, true, true, false),
 	)
-	return tool, func(ctx context.Context, req mcp.CallToolRequest) (*mcp.CallToolResult, error) {
-		caller, _ := CallerFrom(ctx)
-		var args copyFromSandboxArgs
-		if err := bindArgs(rawArgs(req), &args); err != nil {
-			return d.toolError("", err), nil
-		}
-		if err := checkContainerID(args.ContainerID); err != nil {
-			return d.toolError("", err), nil
-		}
+	return typedTool(d, tool, func(ctx context.Context, _ mcp.CallToolRequest, caller Caller, args copyFromSandboxArgs) (*mcp.CallToolResult, error) {
 		if err := checkSandboxPath("container_src_path", args.ContainerSrcPath, true); err != nil {
-			return d.toolError(args.ContainerID, err), nil
+			return nil, err
 		}
 		root, rel, err := d.cfg.HostRoots.openDest("local_dest_path", args.LocalDestPath)
 		if err != nil {
-			return d.toolError(args.ContainerID, err), nil
+			return nil, err
 		}
 		defer root.Close()
 		if _, err := d.backend.Get(ctx, caller, args.ContainerID); err != nil {
-			return d.toolError(args.ContainerID, err), nil
+			return nil, err
 		}
-		pr, pw := io.Pipe()
-		downloaded := make(chan error, 1)
-		go func() {
-			_, err := d.backend.Download(ctx, caller, args.ContainerID, args.ContainerSrcPath, pw, d.cfg.MaxFileBytes)
-			pw.CloseWithError(err)
-			downloaded <- err
-		}()
-		st, xerr := extractToHost(root, rel, pr, d.cfg.MaxFileBytes)
-		pr.CloseWithError(errors.New("extraction ended"))
-		derr := <-downloaded
-		if derr != nil && !strings.Contains(derr.Error(), "extraction ended") {
-			return d.toolError(args.ContainerID, derr), nil
+		opts := hostfs.Options{Overwrite: args.Overwrite, KeepExec: args.KeepExecBits, MaxBytes: d.cfg.MaxFileBytes}
+		st, err := hostfs.Download(root, rel, hostfs.ParseSource(args.ContainerSrcPath), opts, func(w io.Writer) error {
+			_, err := d.backend.Download(ctx, caller, args.ContainerID, args.ContainerSrcPath, w, d.cfg.MaxFileBytes)
+			return err
+		})
+		if errors.Is(err, hostfs.ErrExists) || errors.Is(err, hostfs.ErrWrongType) {
+			err = fmt.Errorf("%w: %w", errArgs, err)
 		}
-		if xerr != nil {
-			return d.toolError(args.ContainerID, xerr), nil
+		if err != nil {
+			return nil, err
 		}
-		res := TransferResult{ContainerID: args.ContainerID, Source: args.ContainerSrcPath, Destination: hostJoin(args.LocalDestPath, rel, st.Path), Files: st.Files, Dirs: st.Dirs, Bytes: st.Bytes, Skipped: st.Skipped}
+		res := TransferResult{ContainerID: args.ContainerID, Source: args.ContainerSrcPath, Destination: hostJoin(args.LocalDestPath, rel, st.Path), Files: st.Files, Dirs: st.Dirs, Bytes: st.Bytes}
 		return result(res, res.text("Copied")), nil
-	}
+	})
 }
 
-// hostJoin names where a download landed: the requested path, or a file
-// inside it when it was an existing directory.
+// hostJoin names where a download landed: the requested path, or an entry
+// inside it when it was a directory.
 func hostJoin(requested, rel, landed string) string {
 	if landed == rel || landed == "" {
 		return requested
@@ -533,42 +568,34 @@ func readFileTool(d *deps) (mcp.Tool, server.ToolHandlerFunc) {
 		mcp.WithOutputSchema[ReadFileResult](),
 		annotations("Read file from sandbox", true, false, true, false),
 	)
-	return tool, func(ctx context.Context, req mcp.CallToolRequest) (*mcp.CallToolResult, error) {
-		caller, _ := CallerFrom(ctx)
-		var args readFileArgs
-		if err := bindArgs(rawArgs(req), &args); err != nil {
-			return d.toolError("", err), nil
-		}
-		if err := checkContainerID(args.ContainerID); err != nil {
-			return d.toolError("", err), nil
-		}
+	return typedTool(d, tool, func(ctx context.Context, _ mcp.CallToolRequest, caller Caller, args readFileArgs) (*mcp.CallToolResult, error) {
 		if err := checkSandboxPath("path", args.Path, true); err != nil {
-			return d.toolError(args.ContainerID, err), nil
+			return nil, err
 		}
 		w := &boundedWriter{max: int(d.cfg.MaxReadBytes) + 64<<10}
 		if _, err := d.backend.Download(ctx, caller, args.ContainerID, args.Path, w, d.cfg.MaxReadBytes); err != nil {
 			if errors.Is(err, execio.ErrTooLarge) {
 				err = fmt.Errorf("%w: %q is larger than read_file's limit of %s; use copy_file_from_sandbox, or sandbox_exec with head/tail", execio.ErrTooLarge, args.Path, units.BytesSize(float64(d.cfg.MaxReadBytes)))
 			}
-			return d.toolError(args.ContainerID, err), nil
+			return nil, err
 		}
 		tr := tar.NewReader(&w.buf)
 		hdr, err := tr.Next()
 		if err != nil {
-			return d.toolError(args.ContainerID, fmt.Errorf("reading the sandbox's archive: %w", err)), nil
+			return nil, fmt.Errorf("reading the sandbox's archive: %w", err)
 		}
 		if hdr.Typeflag == tar.TypeDir {
-			return d.toolError(args.ContainerID, argError("%q is a directory; list it with sandbox_exec (ls -la)", args.Path)), nil
+			return nil, argError("%q is a directory; list it with sandbox_exec (ls -la)", args.Path)
 		}
 		if hdr.Typeflag != tar.TypeReg {
-			return d.toolError(args.ContainerID, argError("%q is not a regular file", args.Path)), nil
+			return nil, argError("%q is not a regular file", args.Path)
 		}
 		data, err := io.ReadAll(io.LimitReader(tr, d.cfg.MaxReadBytes+1))
 		if err != nil {
-			return d.toolError(args.ContainerID, fmt.Errorf("reading the sandbox's archive: %w", err)), nil
+			return nil, fmt.Errorf("reading the sandbox's archive: %w", err)
 		}
 		if int64(len(data)) > d.cfg.MaxReadBytes {
-			return d.toolError(args.ContainerID, fmt.Errorf("%w: %q is larger than %d bytes", execio.ErrTooLarge, args.Path, d.cfg.MaxReadBytes)), nil
+			return nil, fmt.Errorf("%w: %q is larger than %d bytes", execio.ErrTooLarge, args.Path, d.cfg.MaxReadBytes)
 		}
 		res := ReadFileResult{ContainerID: args.ContainerID, Path: args.Path, Size: int64(len(data))}
 		if utf8.Valid(data) {
@@ -577,7 +604,7 @@ func readFileTool(d *deps) (mcp.Tool, server.ToolHandlerFunc) {
 		}
 		res.Encoding, res.Content = "base64", base64.StdEncoding.EncodeToString(data)
 		return result(res, fmt.Sprintf("%q is binary (%d bytes); base64:\n%s", args.Path, len(data), res.Content)), nil
-	}
+	})
 }
 
 // ListResult is list_sandboxes' structured result.
@@ -591,15 +618,10 @@ func listSandboxesTool(d *deps) (mcp.Tool, server.ToolHandlerFunc) {
 		mcp.WithOutputSchema[ListResult](),
 		annotations("List sandboxes", true, false, true, false),
 	)
-	return tool, func(ctx context.Context, req mcp.CallToolRequest) (*mcp.CallToolResult, error) {
-		caller, _ := CallerFrom(ctx)
-		var args struct{}
-		if err := bindArgs(rawArgs(req), &args); err != nil {
-			return d.toolError("", err), nil
-		}
+	return typedTool(d, tool, func(ctx context.Context, _ mcp.CallToolRequest, caller Caller, _ struct{}) (*mcp.CallToolResult, error) {
 		list, err := d.backend.List(ctx, caller)
 		if err != nil {
-			return d.toolError("", err), nil
+			return nil, err
 		}
 		if list == nil {
 			list = []Sandbox{}
@@ -612,7 +634,7 @@ func listSandboxesTool(d *deps) (mcp.Tool, server.ToolHandlerFunc) {
 			fmt.Fprintf(&b, "%s  image=%s  status=%s  network=%s  expires=%s\n", s.ID, s.Image, s.Status, s.Network, s.ExpiresAt.UTC().Format(time.RFC3339))
 		}
 		return result(ListResult{Sandboxes: list}, strings.TrimRight(b.String(), "\n")), nil
-	}
+	})
 }
 
 // StopResult is sandbox_stop's structured result.
@@ -628,18 +650,10 @@ func sandboxStopTool(d *deps) (mcp.Tool, server.ToolHandlerFunc) {
 		mcp.WithOutputSchema[StopResult](),
 		annotations("Stop sandbox", false, true, true, false),
 	)
-	return tool, func(ctx context.Context, req mcp.CallToolRequest) (*mcp.CallToolResult, error) {
-		caller, _ := CallerFrom(ctx)
-		var args containerArgs
-		if err := bindArgs(rawArgs(req), &args); err != nil {
-			return d.toolError("", err), nil
-		}
-		if err := checkContainerID(args.ContainerID); err != nil {
-			return d.toolError("", err), nil
-		}
+	return typedTool(d, tool, func(ctx context.Context, _ mcp.CallToolRequest, caller Caller, args containerArgs) (*mcp.CallToolResult, error) {
 		if err := d.backend.Stop(ctx, caller, args.ContainerID); err != nil {
-			return d.toolError(args.ContainerID, err), nil
+			return nil, err
 		}
 		return result(StopResult{ContainerID: args.ContainerID, Stopped: true}, fmt.Sprintf("Sandbox %s stopped and removed.", args.ContainerID)), nil
-	}
+	})
 }

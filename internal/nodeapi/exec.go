@@ -42,7 +42,7 @@ func (s *Server) serveExec(w http.ResponseWriter, r *http.Request, sbx *sandboxv
 		return
 	}
 	var req execio.Request
-	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, maxExecBody))
+	dec := json.NewDecoder(http.MaxBytesReader(unwrapWriter(w), r.Body, maxExecBody))
 	if err := dec.Decode(&req); err != nil {
 		var maxBytes *http.MaxBytesError
 		if errors.As(err, &maxBytes) {
@@ -93,15 +93,17 @@ func (s *Server) serveExec(w http.ResponseWriter, r *http.Request, sbx *sandboxv
 	// if it prints nothing for a while.
 	_ = fw.rc.Flush()
 
-	rec := history.Record{
+	// The record (and the log line) carry the command cut to
+	// history.MaxCommandBytes: a command line may be megabytes long.
+	rec := history.Bound(history.Record{
 		ID:         newExecID(),
 		Command:    req.Command,
 		Shell:      req.Shell,
 		WorkingDir: req.WorkingDir,
 		StartedAt:  time.Now().UTC(),
 		Caller:     callerName(ctx),
-	}
-	log.V(1).Info("exec starting", "exec", rec.ID, "argv", req.Argv())
+	})
+	log.V(1).Info("exec starting", "exec", rec.ID, "command", rec.Command, "shell", rec.Shell)
 	res, runErr := s.cfg.Runtime.RunCommand(ctx, ct.ID, req, fw.stream(wire.StreamStdout), fw.stream(wire.StreamStderr))
 
 	rec.DurationMillis = res.DurationMillis
@@ -120,6 +122,7 @@ func (s *Server) serveExec(w http.ResponseWriter, r *http.Request, sbx *sandboxv
 			rec.Error = runErr.Error()
 		}
 		final.Error = rec.Error
+		final.Status = streamStatus(sbx.Name, runErr, rec.Error)
 	} else {
 		final.Result = &res
 	}

@@ -57,7 +57,7 @@ func (s *Server) serveUpload(w http.ResponseWriter, r *http.Request, sbx *sandbo
 			writeError(w, tooLarge("the upload is %d bytes, more than the %d allowed", r.ContentLength, maxBody))
 			return
 		}
-		archive = http.MaxBytesReader(w, r.Body, maxBody)
+		archive = http.MaxBytesReader(unwrapWriter(w), r.Body, maxBody)
 	case wire.ContentTypeBinary:
 		if target.Rel == "" {
 			writeError(w, badRequest("path %q names the directory %s; a single-file upload needs a file path", q.Get("path"), target.Root))
@@ -141,7 +141,7 @@ func (s *Server) serveDownload(w http.ResponseWriter, r *http.Request, sbx *sand
 	}
 	defer release()
 
-	w.Header().Set("Trailer", wire.TrailerTransferError)
+	w.Header().Set("Trailer", wire.TrailerTransferError+", "+wire.TrailerTransferErrorReason)
 	lw := &lazyWriter{w: w, contentType: wire.ContentTypeTar}
 	stats, err := s.cfg.Runtime.CopyOut(ctx, ct.ID, src, lw, s.cfg.FileTransferLimit)
 	log := logf.FromContext(ctx)
@@ -151,7 +151,7 @@ func (s *Server) serveDownload(w http.ResponseWriter, r *http.Request, sbx *sand
 			writeError(w, err)
 			return
 		}
-		w.Header().Set(wire.TrailerTransferError, classify(err).message)
+		setStreamTrailers(w, err)
 		return
 	}
 	if !lw.started {
@@ -159,6 +159,14 @@ func (s *Server) serveDownload(w http.ResponseWriter, r *http.Request, sbx *sand
 		lw.start()
 	}
 	log.Info("download done", "root", src.Root, "rel", src.Rel, "files", stats.Files, "bytes", stats.Bytes)
+}
+
+// setStreamTrailers reports err in the trailers of a stream that already
+// began: its message and its reason.
+func setStreamTrailers(w http.ResponseWriter, err error) {
+	e := classify(err)
+	w.Header().Set(wire.TrailerTransferError, e.message)
+	w.Header().Set(wire.TrailerTransferErrorReason, string(e.reason))
 }
 
 // lazyWriter commits the response status only on the first write, so that

@@ -48,6 +48,7 @@ func (s *Server) serveLog(w http.ResponseWriter, r *http.Request, ct dockerrunti
 		writeError(w, perr)
 		return
 	}
+	w.Header().Set("Trailer", wire.TrailerTransferError+", "+wire.TrailerTransferErrorReason)
 	lw := &lockedWriter{w: &lazyWriter{w: w, contentType: "text/plain; charset=utf-8", flush: follow}}
 	err := s.cfg.Runtime.Logs(r.Context(), ct.ID, dockerruntime.LogsOptions{Tail: tail, Follow: follow}, lw, lw)
 	if err != nil {
@@ -56,6 +57,9 @@ func (s *Server) serveLog(w http.ResponseWriter, r *http.Request, ct dockerrunti
 			return
 		}
 		logf.FromContext(r.Context()).Info("log stream ended early", "error", err.Error())
+		if r.Context().Err() == nil {
+			setStreamTrailers(w, err)
+		}
 		return
 	}
 	if !lw.w.started {
@@ -108,7 +112,8 @@ func (s *Server) serveHistory(w http.ResponseWriter, r *http.Request, sbx *sandb
 	})
 	if err != nil && r.Context().Err() == nil {
 		// Typically a follower too slow to keep up; it reconnects with a
-		// tail.
+		// tail. The last line says so, as a metav1.Status.
 		logf.FromContext(r.Context()).Info("history stream ended", "error", err.Error())
+		_ = enc.Encode(streamStatus(sbx.Name, err, ""))
 	}
 }

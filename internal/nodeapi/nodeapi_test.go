@@ -267,6 +267,11 @@ var _ = Describe("Node API", Ordered, ContinueOnFailure, func() {
 			res := api.exec(ns, "does-not-exist", echo)
 			Expect(res.status).To(Equal(http.StatusNotFound))
 			Expect(res.stdout.String()).To(ContainSubstring("not found"))
+			st := expectStatus(res, metav1.StatusReasonNotFound)
+			Expect(st.Details.Name).To(Equal("does-not-exist"))
+			Expect(st.Details.Group).To(Equal(wire.StatusGroup))
+			Expect(st.Details.Kind).To(Equal(wire.StatusKind))
+			Expect(st.Details.Causes).To(BeEmpty())
 		})
 
 		It("serves the Sandbox of the path's namespace, not another of the same name", func() {
@@ -292,6 +297,7 @@ var _ = Describe("Node API", Ordered, ContinueOnFailure, func() {
 				res := api.exec(ns, other.Name, echo)
 				g.Expect(res.status).To(Equal(http.StatusNotFound))
 				g.Expect(res.stdout.String()).To(ContainSubstring("runs on node " + testNodePrefix + "nobody"))
+				g.Expect(wire.HasCause(expectStatus(res, metav1.StatusReasonNotFound), wire.CauseSandboxNotOnNode)).To(BeTrue())
 			}, 5*time.Second, 100*time.Millisecond).Should(Succeed())
 		})
 
@@ -307,6 +313,7 @@ var _ = Describe("Node API", Ordered, ContinueOnFailure, func() {
 				res := api.exec(ns, broken.Name, echo)
 				g.Expect(res.status).To(Equal(http.StatusConflict))
 				g.Expect(res.stdout.String()).To(ContainSubstring("ImageNotFound"))
+				g.Expect(wire.HasCause(expectStatus(res, metav1.StatusReasonConflict), wire.CauseSandboxNotReady)).To(BeTrue())
 			}, 5*time.Second, 100*time.Millisecond).Should(Succeed())
 			Expect(historyLen(broken)).To(BeZero())
 		})
@@ -322,6 +329,7 @@ var _ = Describe("Node API", Ordered, ContinueOnFailure, func() {
 			res := ghost.exec(ns, forged.Name, execio.Request{Command: []string{"touch", "/app/forged"}})
 			Expect(res.status).To(Equal(http.StatusConflict))
 			Expect(res.stdout.String()).To(ContainSubstring("not the sandbox's own container"))
+			Expect(wire.HasCause(expectStatus(res, metav1.StatusReasonConflict), wire.CauseContainerNotRunning)).To(BeTrue())
 			Expect(historyLen(sbx)).To(Equal(before))
 		})
 
@@ -338,6 +346,10 @@ var _ = Describe("Node API", Ordered, ContinueOnFailure, func() {
 			Expect(resp.Header.Get("Retry-After")).NotTo(BeEmpty())
 			st := statusOf(resp)
 			Expect(st.Message).To(ContainSubstring("Docker Engine is unavailable"))
+			Expect(st.Reason).To(Equal(metav1.StatusReasonServiceUnavailable))
+			Expect(wire.HasCause(&st, wire.CauseRuntimeUnavailable)).To(BeTrue())
+			Expect(st.Details.RetryAfterSeconds).To(BeNumerically(">", 0))
+			Expect(st.Details.Name).To(Equal(sbx.Name))
 			for _, sub := range []string{"log", "files"} {
 				resp := down.do(request{method: http.MethodGet, namespace: ns, name: sbx.Name, subresource: sub, query: "path=."})
 				Expect(resp.StatusCode).To(Equal(http.StatusServiceUnavailable), sub)
@@ -363,7 +375,10 @@ var _ = Describe("Node API", Ordered, ContinueOnFailure, func() {
 			busy := limited.do(request{method: http.MethodPost, namespace: ns, name: sbx.Name, subresource: "exec", body: strings.NewReader(`{"command":["true"]}`)})
 			Expect(busy.StatusCode).To(Equal(http.StatusTooManyRequests))
 			Expect(busy.Header.Get("Retry-After")).To(Equal("1"))
-			Expect(statusOf(busy).Message).To(ContainSubstring("limit"))
+			busyStatus := statusOf(busy)
+			Expect(busyStatus.Message).To(ContainSubstring("limit"))
+			Expect(busyStatus.Reason).To(Equal(metav1.StatusReasonTooManyRequests))
+			Expect(wire.HasCause(&busyStatus, wire.CauseExecLimit)).To(BeTrue())
 			Eventually(frames, 5*time.Second).Should(Receive(HaveField("Result.ExitCode", 0)))
 			Expect(limited.exec(ns, sbx.Name, echo).status).To(Equal(http.StatusOK))
 		})
@@ -556,7 +571,10 @@ var _ = Describe("Node API", Ordered, ContinueOnFailure, func() {
 			func(path string) {
 				resp := get(path)
 				Expect(resp.StatusCode).To(Equal(http.StatusBadRequest), path)
-				Expect(statusOf(resp).Message).To(ContainSubstring("invalid path"))
+				st := statusOf(resp)
+				Expect(st.Message).To(ContainSubstring("invalid path"))
+				Expect(st.Reason).To(Equal(metav1.StatusReasonBadRequest))
+				Expect(wire.HasCause(&st, wire.CauseInvalidPath)).To(BeTrue())
 				resp = upload(path, wire.ContentTypeBinary, []byte("x"), "")
 				Expect(resp.StatusCode).To(Equal(http.StatusBadRequest), path)
 				resp.Body.Close()
@@ -607,6 +625,7 @@ var _ = Describe("Node API", Ordered, ContinueOnFailure, func() {
 				_, _ = io.Copy(io.Discard, resp.Body)
 				resp.Body.Close()
 				Expect(resp.Trailer.Get(wire.TrailerTransferError)).To(ContainSubstring("too large"))
+				Expect(resp.Trailer.Get(wire.TrailerTransferErrorReason)).To(Equal(string(metav1.StatusReasonRequestEntityTooLarge)))
 			} else {
 				Expect(resp.StatusCode).To(Equal(http.StatusRequestEntityTooLarge))
 				resp.Body.Close()
@@ -616,6 +635,10 @@ var _ = Describe("Node API", Ordered, ContinueOnFailure, func() {
 		It("answers 404 for a path that does not exist", func() {
 			resp := get("no/such/file")
 			Expect(resp.StatusCode).To(Equal(http.StatusNotFound), lazyBody(resp))
+			st := statusOf(resp)
+			Expect(st.Reason).To(Equal(metav1.StatusReasonNotFound))
+			Expect(wire.HasCause(&st, wire.CausePathNotFound)).To(BeTrue())
+			Expect(st.Details.Name).To(Equal(sbx.Name))
 		})
 	})
 

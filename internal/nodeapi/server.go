@@ -180,7 +180,7 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	r = r.WithContext(context.WithValue(r.Context(), routeKey{}, rt))
-	s.handler.ServeHTTP(w, r)
+	s.handler.ServeHTTP(NameSandbox(w, rt.Name), r)
 }
 
 type routeKey struct{}
@@ -253,13 +253,13 @@ func (s *Server) sandbox(ctx context.Context, rt wire.Route, needReady bool) (*s
 		if sbx.Status.NodeName != "" {
 			where = "runs on node " + sbx.Status.NodeName
 		}
-		return nil, notFound("sandbox %s is not on node %s: it %s", key, s.cfg.NodeName, where)
+		return nil, notFound("sandbox %s is not on node %s: it %s", key, s.cfg.NodeName, where).because(wire.CauseSandboxNotOnNode, "")
 	}
 	if !needReady {
 		return sbx, nil
 	}
 	if !sbx.DeletionTimestamp.IsZero() {
-		return nil, conflict("sandbox %s is being deleted", key)
+		return nil, conflict("sandbox %s is being deleted", key).because(wire.CauseSandboxTerminating, "")
 	}
 	cond := meta.FindStatusCondition(sbx.Status.Conditions, string(sandboxv1alpha1.SandboxConditionReady))
 	if cond == nil || cond.Status != metav1.ConditionTrue {
@@ -267,7 +267,7 @@ func (s *Server) sandbox(ctx context.Context, rt wire.Route, needReady bool) (*s
 		if cond != nil {
 			why = fmt.Sprintf("Ready is %s, reason %s: %s", cond.Status, cond.Reason, cond.Message)
 		}
-		return nil, conflict("sandbox %s is not Ready (%s)", key, why)
+		return nil, conflict("sandbox %s is not Ready (%s)", key, why).because(wire.CauseSandboxNotReady, "")
 	}
 	return sbx, nil
 }
@@ -279,7 +279,7 @@ func (s *Server) sandbox(ctx context.Context, rt wire.Route, needReady bool) (*s
 func (s *Server) container(ctx context.Context, sbx *sandboxv1alpha1.Sandbox, needRunning bool) (dockerruntime.Container, error) {
 	key := client.ObjectKeyFromObject(sbx)
 	if sbx.Status.ContainerID == "" {
-		return dockerruntime.Container{}, conflict("sandbox %s has no container", key)
+		return dockerruntime.Container{}, conflict("sandbox %s has no container", key).because(wire.CauseContainerNotRunning, "")
 	}
 	if needRunning {
 		if ct, ok := s.recentlyVerified(sbx.Status.ContainerID, string(sbx.UID)); ok {
@@ -292,7 +292,7 @@ func (s *Server) container(ctx context.Context, sbx *sandboxv1alpha1.Sandbox, ne
 	switch {
 	case errors.Is(err, dockerruntime.ErrNotFound):
 		return ct, conflict("sandbox %s: its container %s is gone; the manager is recreating it",
-			key, dockerruntime.ShortID(sbx.Status.ContainerID))
+			key, dockerruntime.ShortID(sbx.Status.ContainerID)).because(wire.CauseContainerNotRunning, "")
 	case err != nil:
 		return ct, err
 	}
@@ -301,10 +301,10 @@ func (s *Server) container(ctx context.Context, sbx *sandboxv1alpha1.Sandbox, ne
 		logf.FromContext(ctx).Info("refusing a container that is not this sandbox's",
 			"container", dockerruntime.ShortID(ct.ID), "name", ct.Name, "labels", ct.Labels)
 		return ct, conflict("sandbox %s: container %s is not the sandbox's own container; refusing to touch it",
-			key, dockerruntime.ShortID(ct.ID))
+			key, dockerruntime.ShortID(ct.ID)).because(wire.CauseContainerNotRunning, "")
 	}
 	if needRunning && !ct.State.Running {
-		return ct, conflict("sandbox %s: its container %s is %s, not running", key, dockerruntime.ShortID(ct.ID), ct.State.Status)
+		return ct, conflict("sandbox %s: its container %s is %s, not running", key, dockerruntime.ShortID(ct.ID), ct.State.Status).because(wire.CauseContainerNotRunning, "")
 	}
 	if needRunning {
 		s.rememberVerified(sbx.Status.ContainerID, uid, ct)

@@ -43,6 +43,7 @@ import (
 	"github.com/code-sandbox/code-sandbox-operator/internal/operatorca"
 	"github.com/code-sandbox/code-sandbox-operator/internal/testenv"
 	"github.com/code-sandbox/code-sandbox-operator/internal/testenv/testnode"
+	"github.com/code-sandbox/code-sandbox-operator/internal/testenv/tier"
 )
 
 // Every node name starts with this, so that AfterSuite can remove whatever
@@ -83,7 +84,7 @@ var (
 
 func TestNodeAPI(t *testing.T) {
 	RegisterFailHandler(Fail)
-	RunSpecs(t, "Node API suite (envtest + Docker)")
+	RunSpecs(t, "Node API suite (envtest + Docker)", tier.Config()...) // -short: only specs labelled unit
 }
 
 var _ = BeforeSuite(func() {
@@ -308,12 +309,6 @@ func (l *requestLog) requests() []seenRequest {
 	return out
 }
 
-func (l *requestLog) len() int {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return len(l.reqs)
-}
-
 // request is one call to the node API.
 type request struct {
 	method, namespace, name, subresource string
@@ -424,6 +419,21 @@ func readFrames(r io.Reader, fn func(wire.Frame)) {
 		Expect(json.Unmarshal(sc.Bytes(), &f)).To(Succeed(), "frame %q", sc.Text())
 		fn(f)
 	}
+}
+
+// expectStatus decodes the metav1.Status of an exec that was refused, and
+// checks its reason and that it names the Sandbox's resource.
+func expectStatus(res *execResult, reason metav1.StatusReason) *metav1.Status {
+	GinkgoHelper()
+	st := &metav1.Status{}
+	Expect(json.Unmarshal(res.stdout.Bytes(), st)).To(Succeed(), "body %q", res.stdout.String())
+	Expect(st.Kind).To(Equal("Status"))
+	Expect(int(st.Code)).To(Equal(res.status))
+	Expect(st.Reason).To(Equal(reason), "%+v", st)
+	Expect(st.Details).NotTo(BeNil(), "%+v", st)
+	Expect(st.Details.Group).To(Equal(wire.StatusGroup))
+	Expect(st.Details.Kind).To(Equal(wire.StatusKind))
+	return st
 }
 
 // statusOf decodes a metav1.Status error answer.

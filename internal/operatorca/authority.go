@@ -254,7 +254,7 @@ func (a *Authority) ensureSecret(ctx context.Context) (*CA, error) {
 	}
 	ca, err := load(secret.Data)
 	if err != nil {
-		return nil, fmt.Errorf("Secret %s: %w", key, err)
+		return nil, fmt.Errorf("operator CA Secret %s: %w", key, err)
 	}
 	if written {
 		logf.FromContext(ctx).Info("stored a new operator CA", "secret", key, "notAfter", ca.Certificate().NotAfter)

@@ -66,5 +66,5 @@ func EnsureSecret(ctx context.Context, c client.Client, key client.ObjectKey, se
 		}
 		return secret, true, nil
 	}
-	return nil, false, fmt.Errorf("Secret %s kept changing under us; giving up for now", key)
+	return nil, false, fmt.Errorf("the Secret %s kept changing under us; giving up for now", key)
 }

@@ -28,6 +28,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/code-sandbox/code-sandbox-operator/internal/testenv"
+	"github.com/code-sandbox/code-sandbox-operator/internal/testenv/tier"
 )
 
 // cp is envtest's API server: real authentication (ServiceAccount tokens
@@ -36,7 +37,7 @@ var cp *testenv.ControlPlane
 
 func TestOperatorCA(t *testing.T) {
 	RegisterFailHandler(Fail)
-	RunSpecs(t, "operatorca suite (envtest)")
+	RunSpecs(t, "operatorca suite (envtest)", tier.Config()...) // -short: only specs labelled unit
 }
 
 var _ = BeforeSuite(func() {

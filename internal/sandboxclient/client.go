@@ -24,7 +24,7 @@ import (
 
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/rest"
@@ -87,22 +87,55 @@ func New(cfg *rest.Config, opts Options) (*Client, error) {
 	return &Client{dyn: dyn, http: hc, base: base}, nil
 }
 
-// Resolve reads the Sandbox through the API server and reports whether it
-// is Ready. The error is an *APIError for the API server's refusals and a
-// *NotReadyError when the Sandbox is not Ready.
-func (c *Client) Resolve(ctx context.Context, ns, name string) error {
-	return c.resolve(ctx, ns, name)
+// Ref names the Sandbox a call acts on. Sandbox, when set, is the object
+// the caller already read (its namespace and name are used): the client
+// then checks from it, with no read and no round trip of its own, that the
+// Sandbox is Ready before an exec or a file transfer (CheckReady). Without
+// it, whether the Sandbox is Ready is the server's to say (a Conflict with
+// the cause wire.CauseSandboxNotReady).
+type Ref struct {
+	Namespace, Name string
+	Sandbox         *sandboxv1alpha1.Sandbox
 }
 
-func (c *Client) resolve(ctx context.Context, ns, name string) error {
+// Named refers to the Sandbox ns/name.
+func Named(ns, name string) Ref { return Ref{Namespace: ns, Name: name} }
+
+// For refers to sbx, which the caller has just read.
+func For(sbx *sandboxv1alpha1.Sandbox) Ref { return Ref{Sandbox: sbx} }
+
+func (r Ref) key() (ns, name string) {
+	if r.Sandbox != nil {
+		return r.Sandbox.Namespace, r.Sandbox.Name
+	}
+	return r.Namespace, r.Name
+}
+
+// Resolve reads the Sandbox through the API server and reports whether it
+// is Ready: Read without the Sandbox.
+func (c *Client) Resolve(ctx context.Context, ns, name string) error {
+	_, err := c.Read(ctx, ns, name)
+	return err
+}
+
+// Read reads the Sandbox through the API server, once, and reports whether
+// it is Ready (CheckReady). It returns the Sandbox it read whenever there is
+// one, so that the caller can pass it on with For instead of having it read
+// again. The error is an *APIError for the API server's refusals and a
+// *NotReadyError when the Sandbox is not Ready.
+func (c *Client) Read(ctx context.Context, ns, name string) (*sandboxv1alpha1.Sandbox, error) {
 	if err := validateNames(ns, name); err != nil {
-		return err
+		return nil, err
 	}
 	obj, err := c.dyn.Resource(SandboxResource).Namespace(ns).Get(ctx, name, metav1.GetOptions{})
 	if err != nil {
-		return apiServerError(ns, name, err)
+		return nil, apiServerError(ns, name, err)
 	}
-	return readiness(obj)
+	sbx := &sandboxv1alpha1.Sandbox{}
+	if err := runtime.DefaultUnstructuredConverter.FromUnstructured(obj.Object, sbx); err != nil {
+		return nil, fmt.Errorf("sandbox %s/%s: decoding the Sandbox: %w", ns, name, err)
+	}
+	return sbx, CheckReady(sbx)
 }
 
 // validateNames checks names here so that a bad one is reported as such,
@@ -119,41 +152,27 @@ func validateNames(ns, name string) error {
 	return nil
 }
 
-// readiness reads the Sandbox unstructured, so that it does not depend on
-// the Go type's status fields.
-func readiness(obj *unstructured.Unstructured) error {
-	ns, name := obj.GetNamespace(), obj.GetName()
-	if obj.GetDeletionTimestamp() != nil {
+// CheckReady says, from a Sandbox already read, whether it can take
+// commands and files: nil, a *NotReadyError (not Ready, or being deleted),
+// or an unavailable *APIError (Ready, but its node has not published its
+// node API yet).
+func CheckReady(sbx *sandboxv1alpha1.Sandbox) error {
+	ns, name := sbx.Namespace, sbx.Name
+	if sbx.DeletionTimestamp != nil {
 		return &NotReadyError{Namespace: ns, Name: name, Reason: sandboxv1alpha1.SandboxReasonTerminating, Message: "the Sandbox is being deleted"}
 	}
-	rawConds, _, err := unstructured.NestedSlice(obj.Object, "status", "conditions")
-	if err != nil {
-		return fmt.Errorf("sandbox %s/%s: reading status.conditions: %w", ns, name, err)
-	}
-	var conds []metav1.Condition
-	for _, rc := range rawConds {
-		m, ok := rc.(map[string]any)
-		if !ok {
-			continue
-		}
-		t, _, _ := unstructured.NestedString(m, "type")
-		st, _, _ := unstructured.NestedString(m, "status")
-		reason, _, _ := unstructured.NestedString(m, "reason")
-		msg, _, _ := unstructured.NestedString(m, "message")
-		conds = append(conds, metav1.Condition{Type: t, Status: metav1.ConditionStatus(st), Reason: reason, Message: msg})
-	}
-	ready := meta.FindStatusCondition(conds, string(sandboxv1alpha1.SandboxConditionReady))
+	ready := meta.FindStatusCondition(sbx.Status.Conditions, string(sandboxv1alpha1.SandboxConditionReady))
 	if ready == nil {
 		return &NotReadyError{Namespace: ns, Name: name}
 	}
 	if ready.Status != metav1.ConditionTrue {
 		return &NotReadyError{Namespace: ns, Name: name, Reason: ready.Reason, Message: ready.Message}
 	}
-	if endpoint, _, _ := unstructured.NestedString(obj.Object, "status", "nodeAPIEndpoint"); endpoint == "" {
-		node, _, _ := unstructured.NestedString(obj.Object, "status", "nodeName")
+	if sbx.Status.NodeAPIEndpoint == "" {
 		return &APIError{Namespace: ns, Name: name, Code: http.StatusServiceUnavailable,
 			Reason: metav1.StatusReasonServiceUnavailable, Source: SourceClient,
-			Message: fmt.Sprintf("the manager on node %q has not published its node API yet", node)}
+			Details: wire.FailureStatus(0, "", name, "", metav1.StatusCause{Type: wire.CauseNodeAPIUnavailable}).Details,
+			Message: fmt.Sprintf("the manager on node %q has not published its node API yet", sbx.Status.NodeName)}
 	}
 	return nil
 }
@@ -165,7 +184,7 @@ func readiness(obj *unstructured.Unstructured) error {
 func (c *Client) WaitReady(ctx context.Context, ns, name string) error {
 	delay := 250 * time.Millisecond
 	for {
-		err := c.resolve(ctx, ns, name)
+		err := c.Resolve(ctx, ns, name)
 		if err == nil {
 			return nil
 		}
@@ -207,13 +226,26 @@ type request struct {
 	accept      string
 }
 
+// needsReady: exec and file transfers act on the container; logs and
+// history are served for Sandboxes that are not Ready too.
+func (r request) needsReady() bool {
+	return r.subresource == wire.SubresourceExec || r.subresource == wire.SubresourceFiles
+}
+
 // do performs req on the Sandbox's subresource through the API server. On
 // success the caller owns the response body; any non-2xx answer is returned
 // as an *APIError. Whether the Sandbox is Ready is the server's to say (409
-// when it is not), so a call costs one round trip.
-func (c *Client) do(ctx context.Context, ns, name string, req request) (*http.Response, error) {
+// when it is not), or, when ref carries the Sandbox the caller read, the
+// client's from it; either way a call costs one round trip.
+func (c *Client) do(ctx context.Context, ref Ref, req request) (*http.Response, error) {
+	ns, name := ref.key()
 	if err := validateNames(ns, name); err != nil {
 		return nil, err
+	}
+	if ref.Sandbox != nil && req.needsReady() {
+		if err := CheckReady(ref.Sandbox); err != nil {
+			return nil, err
+		}
 	}
 	u := *c.base
 	prefix := strings.TrimSuffix(u.Path, "/")

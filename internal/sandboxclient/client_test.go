@@ -20,10 +20,12 @@ import (
 
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/rest"
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 
+	sandboxv1alpha1 "github.com/code-sandbox/code-sandbox-operator/api/v1alpha1"
 	"github.com/code-sandbox/code-sandbox-operator/internal/execio"
 	"github.com/code-sandbox/code-sandbox-operator/internal/history"
 	"github.com/code-sandbox/code-sandbox-operator/internal/sandboxclient"
@@ -111,7 +113,7 @@ var _ = Describe("Client", Label("unit"), func() {
 
 	execHello := func(c *sandboxclient.Client) (string, error) {
 		var out bytes.Buffer
-		_, err := c.Exec(ctx, ns, name, execio.Request{Command: []string{"echo", "hello"}}, &out, nil)
+		_, err := c.Exec(ctx, sandboxclient.Named(ns, name), execio.Request{Command: []string{"echo", "hello"}}, &out, nil)
 		return out.String(), err
 	}
 
@@ -136,17 +138,17 @@ var _ = Describe("Client", Label("unit"), func() {
 
 			_, err := execHello(c)
 			Expect(err).NotTo(HaveOccurred())
-			_, err = c.Upload(ctx, ns, name, "/app/src", bytes.NewReader(tarOf("a.txt", "abc")))
+			_, err = c.Upload(ctx, sandboxclient.Named(ns, name), "/app/src", bytes.NewReader(tarOf("a.txt", "abc")))
 			Expect(err).NotTo(HaveOccurred())
-			_, err = c.UploadFile(ctx, ns, name, "/app/run.sh", 0o755, strings.NewReader("#!/bin/sh\n"))
+			_, err = c.UploadFile(ctx, sandboxclient.Named(ns, name), "/app/run.sh", 0o755, strings.NewReader("#!/bin/sh\n"))
 			Expect(err).NotTo(HaveOccurred())
 			var archive bytes.Buffer
-			Expect(c.Download(ctx, ns, name, "/app/out", &archive)).To(Succeed())
+			Expect(c.Download(ctx, sandboxclient.Named(ns, name), "/app/out", &archive)).To(Succeed())
 			Expect(archive.String()).To(Equal("archive bytes"))
 			var logs bytes.Buffer
-			Expect(c.Logs(ctx, ns, name, sandboxclient.LogOptions{}, &logs)).To(Succeed())
+			Expect(c.Logs(ctx, sandboxclient.Named(ns, name), sandboxclient.LogOptions{}, &logs)).To(Succeed())
 			Expect(logs.String()).To(Equal("log line\n"))
-			Expect(c.History(ctx, ns, name, sandboxclient.LogOptions{}, func(history.Record) error { return nil })).To(Succeed())
+			Expect(c.History(ctx, sandboxclient.Named(ns, name), sandboxclient.LogOptions{}, func(history.Record) error { return nil })).To(Succeed())
 
 			type call struct{ Method, Path, Path2, User, Auth string }
 			var calls []call
@@ -192,7 +194,7 @@ var _ = Describe("Client", Label("unit"), func() {
 			c := newClient(cluster.RESTConfig("t"), sandboxclient.Options{})
 			_, err := execHello(c)
 			Expect(err).To(HaveOccurred())
-			Expect(c.Logs(ctx, ns, name, sandboxclient.LogOptions{}, io.Discard)).NotTo(Succeed())
+			Expect(c.Logs(ctx, sandboxclient.Named(ns, name), sandboxclient.LogOptions{}, io.Discard)).NotTo(Succeed())
 			Expect(cluster.SubresourceRequests()).To(HaveLen(2))
 			Expect(cluster.DecoyConnections()).To(BeZero(), "the redirect was followed: %+v", cluster.DecoyRequests())
 		})
@@ -373,13 +375,13 @@ var _ = Describe("Client", Label("unit"), func() {
 
 		It("refuses invalid names before asking anyone", func() {
 			c := newClient(cluster.RESTConfig("t"), sandboxclient.Options{})
-			_, err := c.Exec(ctx, ns, "../etc", execio.Request{Command: []string{"true"}}, nil, nil)
+			_, err := c.Exec(ctx, sandboxclient.Named(ns, "../etc"), execio.Request{Command: []string{"true"}}, nil, nil)
 			Expect(sandboxclient.IsBadRequest(err)).To(BeTrue())
 			Expect(err.Error()).To(ContainSubstring(`invalid sandbox name "../etc"`))
-			_, err = c.Exec(ctx, "", name, execio.Request{Command: []string{"true"}}, nil, nil)
+			_, err = c.Exec(ctx, sandboxclient.Named("", name), execio.Request{Command: []string{"true"}}, nil, nil)
 			Expect(err).To(MatchError(ContainSubstring("invalid namespace")))
 			Expect(c.Resolve(ctx, "Team_A", name)).To(MatchError(ContainSubstring("invalid namespace")))
-			Expect(c.Download(ctx, ns, "a/b", "/x", io.Discard)).To(MatchError(ContainSubstring("invalid sandbox name")))
+			Expect(c.Download(ctx, sandboxclient.Named(ns, "a/b"), "/x", io.Discard)).To(MatchError(ContainSubstring("invalid sandbox name")))
 			Expect(cluster.APICalls()).To(BeZero())
 		})
 
@@ -452,6 +454,41 @@ var _ = Describe("Client", Label("unit"), func() {
 			Entry("503", http.StatusServiceUnavailable, metav1.StatusReasonServiceUnavailable, sandboxclient.IsUnavailable),
 		)
 
+		DescribeTable("decode the causes of a Status, for errors.As and apierrors",
+			func(code int, reason metav1.StatusReason, cause metav1.CauseType, is func(error) bool) {
+				cluster.Handle(func(w http.ResponseWriter, _ *http.Request, _ []byte) {
+					w.Header().Set("Content-Type", "application/json")
+					w.WriteHeader(code)
+					_ = json.NewEncoder(w).Encode(wire.FailureStatus(int32(code), reason, name, "the server says no", metav1.StatusCause{Type: cause}))
+				})
+				_, err := execHello(newClient(cluster.RESTConfig("t"), sandboxclient.Options{}))
+				Expect(is(err)).To(BeTrue(), "%v", err)
+				Expect(apierrors.ReasonForError(err)).To(Equal(reason))
+				Expect(sandboxclient.HasCause(err, cause)).To(BeTrue())
+				st := sandboxclient.StatusOf(err)
+				Expect(st).NotTo(BeNil())
+				Expect(st.Details.Name).To(Equal(name))
+				Expect(st.Details.Group).To(Equal("sandbox.code-sandbox.dev"))
+				Expect(st.Details.Kind).To(Equal("sandboxes"))
+			},
+			Entry("SandboxNotReady", http.StatusConflict, metav1.StatusReasonConflict, wire.CauseSandboxNotReady, sandboxclient.IsSandboxNotReady),
+			Entry("SandboxTerminating", http.StatusConflict, metav1.StatusReasonConflict, wire.CauseSandboxTerminating, sandboxclient.IsSandboxNotReady),
+			Entry("ContainerNotRunning", http.StatusConflict, metav1.StatusReasonConflict, wire.CauseContainerNotRunning, sandboxclient.IsSandboxNotReady),
+			Entry("PathNotFound", http.StatusNotFound, metav1.StatusReasonNotFound, wire.CausePathNotFound, sandboxclient.IsPathNotFound),
+			Entry("SandboxNotOnNode", http.StatusNotFound, metav1.StatusReasonNotFound, wire.CauseSandboxNotOnNode, sandboxclient.IsSandboxGone),
+			Entry("ExecLimit", http.StatusTooManyRequests, metav1.StatusReasonTooManyRequests, wire.CauseExecLimit, sandboxclient.IsExecLimit),
+			Entry("NodeAPIUnavailable", http.StatusServiceUnavailable, metav1.StatusReasonServiceUnavailable, wire.CauseNodeAPIUnavailable, sandboxclient.IsUnavailable),
+		)
+
+		It("checks readiness from the Sandbox the caller read, without a round trip", func() {
+			sbx := &sandboxv1alpha1.Sandbox{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
+				Status: sandboxv1alpha1.SandboxStatus{Conditions: []metav1.Condition{{Type: "Ready", Status: metav1.ConditionFalse, Reason: "OOMKilled", Message: "killed"}}}}
+			_, err := newClient(cluster.RESTConfig("t"), sandboxclient.Options{}).Exec(ctx, sandboxclient.For(sbx), execio.Request{Command: []string{"true"}}, nil, nil)
+			Expect(sandboxclient.IsSandboxNotReady(err)).To(BeTrue(), "%v", err)
+			Expect(apierrors.IsConflict(err)).To(BeTrue(), "%v", err)
+			Expect(cluster.APICalls()).To(Equal(0))
+		})
+
 		It("reports the server's 409 for a Sandbox that is not Ready, without reading the Sandbox itself", func() {
 			cluster.AddSandbox(ns, name, sandboxclienttest.NotReady("ContainerExited", "the main process exited with code 3"))
 			_, err := execHello(newClient(cluster.RESTConfig("t"), sandboxclient.Options{}))
@@ -465,7 +502,7 @@ var _ = Describe("Client", Label("unit"), func() {
 		})
 
 		It("reports a missing Sandbox as not found, naming it", func() {
-			_, err := newClient(cluster.RESTConfig("t"), sandboxclient.Options{}).Exec(ctx, ns, "nope", execio.Request{Command: []string{"true"}}, nil, nil)
+			_, err := newClient(cluster.RESTConfig("t"), sandboxclient.Options{}).Exec(ctx, sandboxclient.Named(ns, "nope"), execio.Request{Command: []string{"true"}}, nil, nil)
 			Expect(sandboxclient.IsNotFound(err)).To(BeTrue(), "%v", err)
 			Expect(err.Error()).To(HavePrefix("sandbox team-a/nope"))
 			Expect(err.Error()).To(ContainSubstring("sandbox API, HTTP 404"))
@@ -510,7 +547,7 @@ var _ = Describe("Client", Label("unit"), func() {
 			})
 			var stdout, stderr bytes.Buffer
 			req := execio.Request{Command: []string{"sh", "-c", "x"}, Stdin: []byte("in"), Env: []string{"A=1"}, WorkingDir: "/tmp", TimeoutSeconds: 5}
-			res, err := newClient(cluster.RESTConfig("t"), sandboxclient.Options{}).Exec(ctx, ns, name, req, &stdout, &stderr)
+			res, err := newClient(cluster.RESTConfig("t"), sandboxclient.Options{}).Exec(ctx, sandboxclient.Named(ns, name), req, &stdout, &stderr)
 			Expect(err).NotTo(HaveOccurred())
 			Expect(res).To(Equal(execio.Result{ExitCode: 7, DurationMillis: 5, StdoutBytes: 2, StderrBytes: 1}))
 			Expect(stdout.String()).To(Equal("ac"))
@@ -541,7 +578,7 @@ var _ = Describe("Client", Label("unit"), func() {
 			stdout := &gbytesBuffer{}
 			done := make(chan error, 1)
 			go func() {
-				_, err := c.Exec(ctx, ns, name, execio.Request{Shell: "echo first; sleep 1; echo second"}, stdout, nil)
+				_, err := c.Exec(ctx, sandboxclient.Named(ns, name), execio.Request{Shell: "echo first; sleep 1; echo second"}, stdout, nil)
 				done <- err
 			}()
 			Eventually(stdout.String).Should(Equal("first"))
@@ -559,6 +596,18 @@ var _ = Describe("Client", Label("unit"), func() {
 			var ee *sandboxclient.ExecError
 			Expect(errors.As(err, &ee)).To(BeTrue())
 			Expect(err).To(MatchError("sandbox team-a/box: exec failed: docker went away"))
+		})
+
+		It("types an error frame by its Status reason", func() {
+			cluster.Handle(func(w http.ResponseWriter, _ *http.Request, _ []byte) {
+				writeFrames(w, wire.Frame{Error: "docker went away", Status: wire.FailureStatus(503, metav1.StatusReasonServiceUnavailable, name,
+					"docker went away", metav1.StatusCause{Type: wire.CauseRuntimeUnavailable}, metav1.StatusCause{Type: wire.CauseStreamFailed})})
+			})
+			_, err := execHello(newClient(cluster.RESTConfig("t"), sandboxclient.Options{}))
+			var ee *sandboxclient.ExecError
+			Expect(errors.As(err, &ee)).To(BeTrue())
+			Expect(apierrors.IsServiceUnavailable(err)).To(BeTrue(), "%v", err)
+			Expect(sandboxclient.HasCause(err, wire.CauseStreamFailed)).To(BeTrue())
 		})
 
 		It("fails when the stream is cut before the result", func() {
@@ -626,7 +675,7 @@ var _ = Describe("Client", Label("unit"), func() {
 				_, _ = tw.Write([]byte("abc"))
 				pw.CloseWithError(tw.Close())
 			}()
-			stats, err := newClient(cluster.RESTConfig("t"), sandboxclient.Options{}).Upload(ctx, ns, name, "/app/src", pr)
+			stats, err := newClient(cluster.RESTConfig("t"), sandboxclient.Options{}).Upload(ctx, sandboxclient.Named(ns, name), "/app/src", pr)
 			Expect(err).NotTo(HaveOccurred())
 			Expect(stats.Files).To(Equal(1))
 			r := last()
@@ -642,7 +691,7 @@ var _ = Describe("Client", Label("unit"), func() {
 
 		It("uploads one file with its length and mode", func() {
 			cluster.Handle(answerStats)
-			stats, err := newClient(cluster.RESTConfig("t"), sandboxclient.Options{}).UploadFile(ctx, ns, name, "bin/run.sh", 0o755, strings.NewReader("#!/bin/sh\n"))
+			stats, err := newClient(cluster.RESTConfig("t"), sandboxclient.Options{}).UploadFile(ctx, sandboxclient.Named(ns, name), "bin/run.sh", 0o755, strings.NewReader("#!/bin/sh\n"))
 			Expect(err).NotTo(HaveOccurred())
 			Expect(stats.Bytes).To(BeEquivalentTo(10))
 			r := last()
@@ -662,7 +711,7 @@ var _ = Describe("Client", Label("unit"), func() {
 			Expect(err).NotTo(HaveOccurred())
 			_, err = f.Seek(5, io.SeekStart)
 			Expect(err).NotTo(HaveOccurred())
-			_, err = newClient(cluster.RESTConfig("t"), sandboxclient.Options{}).UploadFile(ctx, ns, name, "x", 0o600, f)
+			_, err = newClient(cluster.RESTConfig("t"), sandboxclient.Options{}).UploadFile(ctx, sandboxclient.Named(ns, name), "x", 0o600, f)
 			Expect(err).NotTo(HaveOccurred())
 			r := last()
 			Expect(r.Header.Get("Content-Length")).To(Equal("4"))
@@ -676,7 +725,7 @@ var _ = Describe("Client", Label("unit"), func() {
 				_, _ = pw.Write([]byte("streamed"))
 				pw.Close()
 			}()
-			_, err := newClient(cluster.RESTConfig("t"), sandboxclient.Options{}).UploadFile(ctx, ns, name, "x", 0o644, pr)
+			_, err := newClient(cluster.RESTConfig("t"), sandboxclient.Options{}).UploadFile(ctx, sandboxclient.Named(ns, name), "x", 0o644, pr)
 			Expect(err).NotTo(HaveOccurred())
 			r := last()
 			Expect(r.Header.Get("Content-Length")).To(Equal("8"))
@@ -685,7 +734,7 @@ var _ = Describe("Client", Label("unit"), func() {
 
 		It("uploads an empty file", func() {
 			cluster.Handle(answerStats)
-			_, err := newClient(cluster.RESTConfig("t"), sandboxclient.Options{}).UploadFile(ctx, ns, name, "empty", 0o644, strings.NewReader(""))
+			_, err := newClient(cluster.RESTConfig("t"), sandboxclient.Options{}).UploadFile(ctx, sandboxclient.Named(ns, name), "empty", 0o644, strings.NewReader(""))
 			Expect(err).NotTo(HaveOccurred())
 			r := last()
 			Expect(r.Method).To(Equal(http.MethodPost))
@@ -700,7 +749,7 @@ var _ = Describe("Client", Label("unit"), func() {
 				_, _ = w.Write([]byte("archive bytes"))
 			})
 			var out bytes.Buffer
-			Expect(newClient(cluster.RESTConfig("t"), sandboxclient.Options{}).Download(ctx, ns, name, "/app/out", &out)).To(Succeed())
+			Expect(newClient(cluster.RESTConfig("t"), sandboxclient.Options{}).Download(ctx, sandboxclient.Named(ns, name), "/app/out", &out)).To(Succeed())
 			Expect(out.String()).To(Equal("archive bytes"))
 			r := last()
 			Expect(r.Method).To(Equal(http.MethodGet))
@@ -711,16 +760,20 @@ var _ = Describe("Client", Label("unit"), func() {
 
 		It("fails a download whose trailer reports an error", func() {
 			cluster.Handle(func(w http.ResponseWriter, _ *http.Request, _ []byte) {
-				w.Header().Set("Trailer", "Sandbox-Transfer-Error")
+				w.Header().Set("Trailer", "Sandbox-Transfer-Error, Sandbox-Transfer-Error-Reason")
 				_, _ = w.Write([]byte("partial"))
 				w.(http.Flusher).Flush()
 				w.Header().Set("Sandbox-Transfer-Error", "too large: big.bin takes the download past its 8388608-byte limit")
+				w.Header().Set("Sandbox-Transfer-Error-Reason", "RequestEntityTooLarge")
 			})
 			var out bytes.Buffer
-			err := newClient(cluster.RESTConfig("t"), sandboxclient.Options{}).Download(ctx, ns, name, "/app", &out)
+			err := newClient(cluster.RESTConfig("t"), sandboxclient.Options{}).Download(ctx, sandboxclient.Named(ns, name), "/app", &out)
 			var te *sandboxclient.TransferError
 			Expect(errors.As(err, &te)).To(BeTrue(), "%v", err)
 			Expect(sandboxclient.IsTooLarge(err)).To(BeTrue())
+			// The reason, not the text, says what failed.
+			Expect(apierrors.ReasonForError(err)).To(Equal(metav1.StatusReasonRequestEntityTooLarge))
+			Expect(sandboxclient.HasCause(err, wire.CauseStreamFailed)).To(BeTrue())
 			Expect(err.Error()).To(ContainSubstring("sandbox team-a/box: download of /app failed part-way"))
 			Expect(out.String()).To(Equal("partial"))
 		})
@@ -733,7 +786,7 @@ var _ = Describe("Client", Label("unit"), func() {
 			})
 			var out bytes.Buffer
 			c := newClient(cluster.RESTConfig("t"), sandboxclient.Options{})
-			Expect(c.Logs(ctx, ns, name, sandboxclient.LogOptions{Tail: 2, Follow: true}, &out)).To(Succeed())
+			Expect(c.Logs(ctx, sandboxclient.Named(ns, name), sandboxclient.LogOptions{Tail: 2, Follow: true}, &out)).To(Succeed())
 			Expect(out.String()).To(Equal("line 1\nline 2\n"))
 			r := last()
 			Expect(r.Method).To(Equal(http.MethodGet))
@@ -741,7 +794,7 @@ var _ = Describe("Client", Label("unit"), func() {
 			Expect(r.Query.Get("tail")).To(Equal("2"))
 			Expect(r.Query.Get("follow")).To(Equal("true"))
 
-			Expect(c.Logs(ctx, ns, name, sandboxclient.LogOptions{}, io.Discard)).To(Succeed())
+			Expect(c.Logs(ctx, sandboxclient.Named(ns, name), sandboxclient.LogOptions{}, io.Discard)).To(Succeed())
 			Expect(last().RawQuery).To(BeEmpty(), "no tail means everything")
 		})
 
@@ -749,7 +802,7 @@ var _ = Describe("Client", Label("unit"), func() {
 			cluster.AddSandbox(ns, name, sandboxclienttest.NotReady("ContainerExited", "exit code 1"))
 			cluster.Handle(func(w http.ResponseWriter, _ *http.Request, _ []byte) { _, _ = w.Write([]byte("last words\n")) })
 			var out bytes.Buffer
-			Expect(newClient(cluster.RESTConfig("t"), sandboxclient.Options{}).Logs(ctx, ns, name, sandboxclient.LogOptions{}, &out)).To(Succeed())
+			Expect(newClient(cluster.RESTConfig("t"), sandboxclient.Options{}).Logs(ctx, sandboxclient.Named(ns, name), sandboxclient.LogOptions{}, &out)).To(Succeed())
 			Expect(out.String()).To(Equal("last words\n"))
 		})
 
@@ -761,7 +814,7 @@ var _ = Describe("Client", Label("unit"), func() {
 			})
 			c := newClient(cluster.RESTConfig("t"), sandboxclient.Options{})
 			var ids []string
-			Expect(c.History(ctx, ns, name, sandboxclient.LogOptions{Tail: 5}, func(r history.Record) error {
+			Expect(c.History(ctx, sandboxclient.Named(ns, name), sandboxclient.LogOptions{Tail: 5}, func(r history.Record) error {
 				ids = append(ids, r.ID)
 				return nil
 			})).To(Succeed())
@@ -772,7 +825,7 @@ var _ = Describe("Client", Label("unit"), func() {
 			Expect(r.Query.Get("tail")).To(Equal("5"))
 
 			stop := errors.New("stop")
-			Expect(c.History(ctx, ns, name, sandboxclient.LogOptions{}, func(history.Record) error { return stop })).To(MatchError(stop))
+			Expect(c.History(ctx, sandboxclient.Named(ns, name), sandboxclient.LogOptions{}, func(history.Record) error { return stop })).To(MatchError(stop))
 		})
 
 		It("returns the context's error when a follow is cancelled", func() {
@@ -783,7 +836,7 @@ var _ = Describe("Client", Label("unit"), func() {
 			})
 			lctx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
 			defer cancel()
-			err := newClient(cluster.RESTConfig("t"), sandboxclient.Options{}).Logs(lctx, ns, name, sandboxclient.LogOptions{Follow: true}, io.Discard)
+			err := newClient(cluster.RESTConfig("t"), sandboxclient.Options{}).Logs(lctx, sandboxclient.Named(ns, name), sandboxclient.LogOptions{Follow: true}, io.Discard)
 			Expect(err).To(MatchError(context.DeadlineExceeded))
 		})
 	})

@@ -11,6 +11,9 @@ import (
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	sandboxv1alpha1 "github.com/code-sandbox/code-sandbox-operator/api/v1alpha1"
+	"github.com/code-sandbox/code-sandbox-operator/internal/nodeapi/wire"
 )
 
 // APIError is a refusal by the API server, the operator's aggregated API
@@ -23,6 +26,10 @@ type APIError struct {
 	Reason metav1.StatusReason
 	// Message is the server's explanation.
 	Message string
+	// Details are the Status's details: the Sandbox's name, group and
+	// kind, and the causes (wire.Cause*) that say precisely why; nil when
+	// the server sent none.
+	Details *metav1.StatusDetails
 	// Source says who refused: "kube-apiserver" (reading the Sandbox),
 	// "sandbox API" (its subresources, answered by the API server, the
 	// aggregated API server or the node behind them), or "client" when the
@@ -54,6 +61,16 @@ func (e *APIError) Error() string {
 
 func (e *APIError) Unwrap() error { return e.err }
 
+// Status makes *APIError an apierrors.APIStatus, so that apimachinery's
+// helpers (apierrors.ReasonForError, apierrors.IsNotFound, …) work on it
+// and on errors that wrap it.
+func (e *APIError) Status() metav1.Status {
+	return metav1.Status{
+		TypeMeta: metav1.TypeMeta{Kind: "Status", APIVersion: "v1"},
+		Status:   metav1.StatusFailure, Code: e.Code, Reason: e.Reason, Message: e.Message, Details: e.Details,
+	}
+}
+
 // NotReadyError says the Sandbox exists but cannot run commands: its Ready
 // condition is not True (or it is being deleted). Reason and Message are the
 // Ready condition's.
@@ -73,29 +90,85 @@ func (e *NotReadyError) Error() string {
 	}
 }
 
+// Status makes *NotReadyError an apierrors.APIStatus: a Conflict with the
+// cause wire.CauseSandboxNotReady (wire.CauseSandboxTerminating while it is
+// being deleted), as the servers answer.
+func (e *NotReadyError) Status() metav1.Status {
+	cause := wire.CauseSandboxNotReady
+	if e.Reason == sandboxv1alpha1.SandboxReasonTerminating {
+		cause = wire.CauseSandboxTerminating
+	}
+	return *wire.FailureStatus(http.StatusConflict, metav1.StatusReasonConflict, e.Name, e.Error(), metav1.StatusCause{Type: cause})
+}
+
 // ExecError is a command that the node API started but could not run to
 // completion (Docker went away mid-way, …): the exec stream ended with an
 // error frame instead of a result.
 type ExecError struct {
 	Namespace, Name string
 	Message         string
+	// Reason is the terminal frame's Status reason (ServiceUnavailable,
+	// Timeout, InternalError, …); InternalError when it carried none.
+	Reason metav1.StatusReason
 }
 
 func (e *ExecError) Error() string {
 	return fmt.Sprintf("sandbox %s/%s: exec failed: %s", e.Namespace, e.Name, e.Message)
 }
 
-// TransferError is a download that failed after it began streaming; the
-// node API reports it in the Sandbox-Transfer-Error trailer. Whatever the
-// writer received is incomplete.
+// Status makes *ExecError an apierrors.APIStatus (cause
+// wire.CauseStreamFailed).
+func (e *ExecError) Status() metav1.Status {
+	return streamFailure(e.Name, e.Reason, e.Message)
+}
+
+// TransferError is a download, or a log stream, that failed after it began
+// streaming; the node API reports it in the Sandbox-Transfer-Error and
+// Sandbox-Transfer-Error-Reason trailers. Whatever the writer received is
+// incomplete.
 type TransferError struct {
 	Namespace, Name, Path string
 	Message               string
+	// Reason is the trailer's Status reason, e.g. RequestEntityTooLarge
+	// for the size cap; InternalError when none was sent.
+	Reason metav1.StatusReason
 }
 
 func (e *TransferError) Error() string {
+	if e.Path == "" {
+		return fmt.Sprintf("sandbox %s/%s: the stream failed part-way: %s", e.Namespace, e.Name, e.Message)
+	}
 	return fmt.Sprintf("sandbox %s/%s: download of %s failed part-way: %s", e.Namespace, e.Name, e.Path, e.Message)
 }
+
+// Status makes *TransferError an apierrors.APIStatus (cause
+// wire.CauseStreamFailed).
+func (e *TransferError) Status() metav1.Status {
+	return streamFailure(e.Name, e.Reason, e.Message)
+}
+
+// streamFailure is the Status of a stream that failed after it began.
+func streamFailure(name string, reason metav1.StatusReason, msg string) metav1.Status {
+	if reason == "" {
+		reason = metav1.StatusReasonInternalError
+	}
+	return *wire.FailureStatus(int32(codeForReason(reason)), reason, name, msg, metav1.StatusCause{Type: wire.CauseStreamFailed})
+}
+
+// StatusOf returns the metav1.Status behind err (an *APIError, *ExecError
+// or *TransferError, or any apierrors.APIStatus, however wrapped), or nil.
+func StatusOf(err error) *metav1.Status {
+	var st apierrors.APIStatus
+	if err == nil || !errors.As(err, &st) {
+		return nil
+	}
+	s := st.Status()
+	return &s
+}
+
+// HasCause reports whether err's Status carries the cause t (a
+// wire.Cause*).
+func HasCause(err error, t metav1.CauseType) bool { return wire.HasCause(StatusOf(err), t) }
 
 func apiCode(err error) int32 {
 	var ae *APIError
@@ -126,11 +199,7 @@ func IsConflict(err error) bool { return apiCode(err) == http.StatusConflict }
 // IsTooLarge: an upload, a download or the stdin exceeded its cap (413), or
 // a download was cut off by its cap.
 func IsTooLarge(err error) bool {
-	if apiCode(err) == http.StatusRequestEntityTooLarge {
-		return true
-	}
-	var te *TransferError
-	return errors.As(err, &te) && strings.Contains(strings.ToLower(te.Message), "too large")
+	return apiCode(err) == http.StatusRequestEntityTooLarge || apierrors.IsRequestEntityTooLargeError(err)
 }
 
 // IsTooManyRequests: the node API is rate-limiting the caller (429).
@@ -140,17 +209,40 @@ func IsTooManyRequests(err error) bool { return apiCode(err) == http.StatusTooMa
 // has no node API endpoint yet (503). Worth retrying later.
 func IsUnavailable(err error) bool { return apiCode(err) == http.StatusServiceUnavailable }
 
-// IsNotReady: the Sandbox exists but cannot take commands or files, either
-// as its status says (*NotReadyError) or as the node API found it (409: not
-// Ready, being deleted, container gone or stopped).
-func IsNotReady(err error) bool {
+// IsSandboxNotReady: the Sandbox exists but cannot take commands or files,
+// either as its status says (*NotReadyError) or as the aggregated API server
+// or the node API found it: a Conflict with the cause
+// wire.CauseSandboxNotReady, CauseSandboxTerminating or
+// CauseContainerNotRunning (or a 409 of the subresources with no cause).
+func IsSandboxNotReady(err error) bool {
 	var nr *NotReadyError
 	if errors.As(err, &nr) {
+		return true
+	}
+	if HasCause(err, wire.CauseSandboxNotReady) || HasCause(err, wire.CauseSandboxTerminating) ||
+		HasCause(err, wire.CauseContainerNotRunning) {
 		return true
 	}
 	var ae *APIError
 	return errors.As(err, &ae) && ae.Source == SourceSubresources && ae.Code == http.StatusConflict
 }
+
+// IsNotReady is IsSandboxNotReady.
+func IsNotReady(err error) bool { return IsSandboxNotReady(err) }
+
+// IsPathNotFound: the path inside the Sandbox does not exist (404 with the
+// cause wire.CausePathNotFound); the Sandbox does.
+func IsPathNotFound(err error) bool { return HasCause(err, wire.CausePathNotFound) }
+
+// IsSandboxGone: the Sandbox does not exist (404, not about a path inside
+// it or an unknown endpoint).
+func IsSandboxGone(err error) bool {
+	return IsNotFound(err) && !IsPathNotFound(err) && !HasCause(err, wire.CauseNoSuchEndpoint)
+}
+
+// IsExecLimit: the Sandbox or its node runs as many commands and transfers
+// as it allows (429, cause wire.CauseExecLimit); retry later.
+func IsExecLimit(err error) bool { return HasCause(err, wire.CauseExecLimit) }
 
 // Values of APIError.Source.
 const (
@@ -177,6 +269,7 @@ func decodeErrorResponse(ns, name string, resp *http.Response) error {
 	if err := json.Unmarshal(body, &st); err == nil && (st.Kind == "Status" || st.Message != "" || st.Reason != "") {
 		ae.Reason = st.Reason
 		ae.Message = st.Message
+		ae.Details = st.Details
 		if st.Code != 0 && st.Code != ae.Code {
 			// The HTTP status is what proxies and retries act on; the body's
 			// code is only informative.
@@ -189,6 +282,23 @@ func decodeErrorResponse(ns, name string, resp *http.Response) error {
 		ae.Reason = reasonForCode(resp.StatusCode)
 	}
 	return ae
+}
+
+// codeForReason is the HTTP code that goes with a standard reason.
+func codeForReason(reason metav1.StatusReason) int {
+	for _, code := range []int{http.StatusBadRequest, http.StatusUnauthorized, http.StatusForbidden, http.StatusNotFound,
+		http.StatusConflict, http.StatusRequestEntityTooLarge, http.StatusTooManyRequests, http.StatusServiceUnavailable} {
+		if reasonForCode(code) == reason {
+			return code
+		}
+	}
+	switch reason {
+	case metav1.StatusReasonTimeout:
+		return http.StatusGatewayTimeout
+	case metav1.StatusReasonInvalid:
+		return http.StatusUnprocessableEntity
+	}
+	return http.StatusInternalServerError
 }
 
 func reasonForCode(code int) metav1.StatusReason {
@@ -209,6 +319,12 @@ func reasonForCode(code int) metav1.StatusReason {
 		return metav1.StatusReasonTooManyRequests
 	case http.StatusServiceUnavailable:
 		return metav1.StatusReasonServiceUnavailable
+	case http.StatusUnprocessableEntity:
+		return metav1.StatusReasonInvalid
+	case http.StatusRequestTimeout, http.StatusGatewayTimeout:
+		return metav1.StatusReasonTimeout
+	case http.StatusInternalServerError:
+		return metav1.StatusReasonInternalError
 	}
 	return metav1.StatusReasonUnknown
 }
@@ -219,7 +335,8 @@ func apiServerError(ns, name string, err error) error {
 	var st apierrors.APIStatus
 	if errors.As(err, &st) {
 		s := st.Status()
-		return &APIError{Namespace: ns, Name: name, Code: s.Code, Reason: s.Reason, Message: s.Message, Source: SourceAPIServer, err: err}
+		return &APIError{Namespace: ns, Name: name, Code: s.Code, Reason: s.Reason, Message: s.Message, Details: s.Details,
+			Source: SourceAPIServer, err: err}
 	}
 	var op *net.OpError
 	if errors.As(err, &op) && op.Op == "dial" {

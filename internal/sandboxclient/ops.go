@@ -43,7 +43,8 @@ func (o LogOptions) query() url.Values {
 // (either may be nil to discard) as the node API streams it. A command that
 // ran is a nil error whatever its exit code; look at the Result. The error
 // is an *ExecError when the node API could not run it to completion.
-func (c *Client) Exec(ctx context.Context, ns, name string, req execio.Request, stdout, stderr io.Writer) (execio.Result, error) {
+func (c *Client) Exec(ctx context.Context, ref Ref, req execio.Request, stdout, stderr io.Writer) (execio.Result, error) {
+	ns, name := ref.key()
 	body, err := json.Marshal(req)
 	if err != nil {
 		return execio.Result{}, fmt.Errorf("sandbox %s/%s: encoding the exec request: %w", ns, name, err)
@@ -52,7 +53,7 @@ func (c *Client) Exec(ctx context.Context, ns, name string, req execio.Request, 
 	// which tells the node API to kill the command.
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	resp, err := c.do(ctx, ns, name, request{
+	resp, err := c.do(ctx, ref, request{
 		method:      http.MethodPost,
 		subresource: wire.SubresourceExec,
 		body:        bytes.NewReader(body),
@@ -67,7 +68,7 @@ func (c *Client) Exec(ctx context.Context, ns, name string, req execio.Request, 
 	if err != nil {
 		var fe *frameError
 		if errors.As(err, &fe) {
-			return res, &ExecError{Namespace: ns, Name: name, Message: fe.msg}
+			return res, &ExecError{Namespace: ns, Name: name, Message: fe.msg, Reason: fe.reason}
 		}
 		if ctx.Err() != nil {
 			err = ctx.Err()
@@ -85,7 +86,10 @@ func orDiscard(w io.Writer) io.Writer {
 }
 
 // frameError is an exec stream that ended with an error frame.
-type frameError struct{ msg string }
+type frameError struct {
+	msg    string
+	reason metav1.StatusReason
+}
 
 func (e *frameError) Error() string { return e.msg }
 
@@ -104,8 +108,15 @@ func DecodeFrames(r io.Reader, stdout, stderr io.Writer) (execio.Result, error) 
 			return execio.Result{}, fmt.Errorf("reading the exec stream: %w", err)
 		}
 		switch {
-		case f.Error != "":
-			return execio.Result{}, &frameError{msg: f.Error}
+		case f.Error != "" || f.Status != nil:
+			fe := &frameError{msg: f.Error}
+			if f.Status != nil {
+				fe.reason = f.Status.Reason
+				if fe.msg == "" {
+					fe.msg = f.Status.Message
+				}
+			}
+			return execio.Result{}, fe
 		case f.Result != nil:
 			return *f.Result, nil
 		case f.Stream == wire.StreamStdout:
@@ -127,7 +138,8 @@ func DecodeFrames(r io.Reader, stdout, stderr io.Writer) (execio.Result, error) 
 // Upload extracts a tar stream (regular files and directories only) into
 // directory destDir in the sandbox (relative paths are relative to its
 // working directory). The stream is sent as it is read.
-func (c *Client) Upload(ctx context.Context, ns, name, destDir string, tarStream io.Reader) (execio.TransferStats, error) {
+func (c *Client) Upload(ctx context.Context, ref Ref, destDir string, tarStream io.Reader) (execio.TransferStats, error) {
+	ns, name := ref.key()
 	if tarStream == nil {
 		return execio.TransferStats{}, fmt.Errorf("sandbox %s/%s: upload to %s: the tar stream is nil", ns, name, destDir)
 	}
@@ -135,7 +147,7 @@ func (c *Client) Upload(ctx context.Context, ns, name, destDir string, tarStream
 	if !ok {
 		length = -1
 	}
-	return c.put(ctx, ns, name, url.Values{"path": {destDir}}, wire.ContentTypeTar, tarStream, length)
+	return c.put(ctx, ref, url.Values{"path": {destDir}}, wire.ContentTypeTar, tarStream, length)
 }
 
 // UploadFile writes content to the file at path in the sandbox, with mode's
@@ -143,7 +155,8 @@ func (c *Client) Upload(ctx context.Context, ns, name, destDir string, tarStream
 // the size up front: it is taken from content's Len() or, for a seekable
 // reader such as an *os.File, from its remaining bytes; any other reader is
 // first spooled to a temporary file (never to memory).
-func (c *Client) UploadFile(ctx context.Context, ns, name, path string, mode os.FileMode, content io.Reader) (execio.TransferStats, error) {
+func (c *Client) UploadFile(ctx context.Context, ref Ref, path string, mode os.FileMode, content io.Reader) (execio.TransferStats, error) {
+	ns, name := ref.key()
 	if content == nil {
 		content = bytes.NewReader(nil)
 	}
@@ -174,7 +187,7 @@ func (c *Client) UploadFile(ctx context.Context, ns, name, path string, mode os.
 		content, length = spool, n
 	}
 	q := url.Values{"path": {path}, "mode": {fmt.Sprintf("%#o", mode.Perm())}}
-	return c.put(ctx, ns, name, q, wire.ContentTypeBinary, io.LimitReader(content, length), length)
+	return c.put(ctx, ref, q, wire.ContentTypeBinary, io.LimitReader(content, length), length)
 }
 
 // knownLength returns how many bytes r will yield, when r can tell without
@@ -207,7 +220,8 @@ func knownLength(r io.Reader) (int64, bool) {
 }
 
 // put uploads body; length is its size, or -1 when unknown (sent chunked).
-func (c *Client) put(ctx context.Context, ns, name string, q url.Values, contentType string, body io.Reader, length int64) (execio.TransferStats, error) {
+func (c *Client) put(ctx context.Context, ref Ref, q url.Values, contentType string, body io.Reader, length int64) (execio.TransferStats, error) {
+	ns, name := ref.key()
 	if length == 0 {
 		// ContentLength 0 with a body means "unknown" to net/http.
 		body = http.NoBody
@@ -216,7 +230,7 @@ func (c *Client) put(ctx context.Context, ns, name string, q url.Values, content
 		// caller's reader (an *os.File, say) when it is done.
 		body = io.NopCloser(body)
 	}
-	resp, err := c.do(ctx, ns, name, request{
+	resp, err := c.do(ctx, ref, request{
 		method:      http.MethodPost,
 		subresource: wire.SubresourceFiles,
 		query:       q,
@@ -241,8 +255,9 @@ func (c *Client) put(ctx context.Context, ns, name string, q url.Values, content
 // report a failure that happens after streaming began (such as the size
 // cap) in a trailer, w may have received a partial archive when the error is
 // a *TransferError.
-func (c *Client) Download(ctx context.Context, ns, name, path string, w io.Writer) error {
-	resp, err := c.do(ctx, ns, name, request{
+func (c *Client) Download(ctx context.Context, ref Ref, path string, w io.Writer) error {
+	ns, name := ref.key()
+	resp, err := c.do(ctx, ref, request{
 		method:      http.MethodGet,
 		subresource: wire.SubresourceFiles,
 		query:       url.Values{"path": {path}},
@@ -256,16 +271,24 @@ func (c *Client) Download(ctx context.Context, ns, name, path string, w io.Write
 		return fmt.Errorf("sandbox %s/%s: downloading %s: %w", ns, name, path, err)
 	}
 	// Trailers are only known once the body has been read to EOF.
-	if msg := resp.Trailer.Get(wire.TrailerTransferError); msg != "" {
-		return &TransferError{Namespace: ns, Name: name, Path: path, Message: msg}
+	return trailerError(ns, name, path, resp)
+}
+
+// trailerError is the failure a stream's trailers report, or nil.
+func trailerError(ns, name, path string, resp *http.Response) error {
+	msg := resp.Trailer.Get(wire.TrailerTransferError)
+	if msg == "" {
+		return nil
 	}
-	return nil
+	return &TransferError{Namespace: ns, Name: name, Path: path, Message: msg,
+		Reason: metav1.StatusReason(resp.Trailer.Get(wire.TrailerTransferErrorReason))}
 }
 
 // Logs copies the container's output to w. With Follow it returns when ctx
 // ends (with ctx's error) or the node API closes the stream.
-func (c *Client) Logs(ctx context.Context, ns, name string, opts LogOptions, w io.Writer) error {
-	resp, err := c.do(ctx, ns, name, request{
+func (c *Client) Logs(ctx context.Context, ref Ref, opts LogOptions, w io.Writer) error {
+	ns, name := ref.key()
+	resp, err := c.do(ctx, ref, request{
 		method:      http.MethodGet,
 		subresource: wire.SubresourceLog,
 		query:       opts.query(),
@@ -281,16 +304,17 @@ func (c *Client) Logs(ctx context.Context, ns, name string, opts LogOptions, w i
 		}
 		return fmt.Errorf("sandbox %s/%s: reading logs: %w", ns, name, err)
 	}
-	return nil
+	return trailerError(ns, name, "", resp)
 }
 
 // History calls fn with each exec history record, oldest first, and with
 // Follow each new one as it happens, until ctx ends (returning ctx's error),
 // the stream ends, or fn returns an error (which History returns).
-func (c *Client) History(ctx context.Context, ns, name string, opts LogOptions, fn func(history.Record) error) error {
+func (c *Client) History(ctx context.Context, ref Ref, opts LogOptions, fn func(history.Record) error) error {
+	ns, name := ref.key()
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	resp, err := c.do(ctx, ns, name, request{
+	resp, err := c.do(ctx, ref, request{
 		method:      http.MethodGet,
 		subresource: wire.SubresourceHistory,
 		query:       opts.query(),
@@ -302,14 +326,29 @@ func (c *Client) History(ctx context.Context, ns, name string, opts LogOptions, 
 	defer resp.Body.Close()
 	dec := json.NewDecoder(resp.Body)
 	for {
-		var rec history.Record
-		if err := dec.Decode(&rec); err != nil {
+		var line json.RawMessage
+		if err := dec.Decode(&line); err != nil {
 			if errors.Is(err, io.EOF) {
 				return nil
 			}
 			if ctx.Err() != nil {
 				return ctx.Err()
 			}
+			return fmt.Errorf("sandbox %s/%s: reading history: %w", ns, name, err)
+		}
+		// A followed history that ends early ends with a Status line.
+		var kind struct {
+			Kind string `json:"kind"`
+		}
+		if json.Unmarshal(line, &kind) == nil && kind.Kind == "Status" {
+			var st metav1.Status
+			if err := json.Unmarshal(line, &st); err != nil {
+				return fmt.Errorf("sandbox %s/%s: reading history: %w", ns, name, err)
+			}
+			return &TransferError{Namespace: ns, Name: name, Message: st.Message, Reason: st.Reason}
+		}
+		var rec history.Record
+		if err := json.Unmarshal(line, &rec); err != nil {
 			return fmt.Errorf("sandbox %s/%s: reading history: %w", ns, name, err)
 		}
 		if err := fn(rec); err != nil {

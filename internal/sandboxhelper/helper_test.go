@@ -21,6 +21,7 @@ import (
 	"time"
 
 	"github.com/code-sandbox/code-sandbox-operator/internal/execio"
+	"github.com/code-sandbox/code-sandbox-operator/internal/sandboxhelper/helperproto"
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
 )
@@ -68,32 +69,32 @@ func names(data []byte) []string {
 var _ = Describe("The error protocol", unit, func() {
 	It("round-trips an error line and maps kinds to execio's errors", func() {
 		for kind, want := range map[string]error{
-			KindNotFound: execio.ErrPathNotFound, KindInvalidPath: execio.ErrInvalidPath,
-			KindTooLarge: execio.ErrTooLarge, KindUnsupportedEntry: execio.ErrUnsupportedEntry,
+			helperproto.KindNotFound: execio.ErrPathNotFound, helperproto.KindInvalidPath: execio.ErrInvalidPath,
+			helperproto.KindTooLarge: execio.ErrTooLarge, helperproto.KindUnsupportedEntry: execio.ErrUnsupportedEntry,
 		} {
 			var stderr bytes.Buffer
-			code := report(&stderr, &Error{Kind: kind, Message: "m \"quoted\"\nline"})
-			Expect(stderr.String()).To(HavePrefix(ErrorPrefix))
+			code := report(&stderr, &helperproto.Error{Kind: kind, Message: "m \"quoted\"\nline"})
+			Expect(stderr.String()).To(HavePrefix(helperproto.ErrorPrefix))
 			Expect(strings.Count(stderr.String(), "\n")).To(Equal(1), "one line")
-			he, ok := ParseError(append([]byte("noise\n"), stderr.Bytes()...))
+			he, ok := helperproto.ParseError(append([]byte("noise\n"), stderr.Bytes()...))
 			Expect(ok).To(BeTrue())
 			Expect(he.Kind).To(Equal(kind))
 			Expect(he.Message).To(Equal("m \"quoted\"\nline"))
 			Expect(he).To(MatchError(want))
 			Expect(code).To(Equal(he.ExitCode()))
 		}
-		_, ok := ParseError([]byte("plain failure"))
+		_, ok := helperproto.ParseError([]byte("plain failure"))
 		Expect(ok).To(BeFalse())
-		_, ok = ParseError([]byte(ErrorPrefix + "{not json"))
+		_, ok = helperproto.ParseError([]byte(helperproto.ErrorPrefix + "{not json"))
 		Expect(ok).To(BeFalse())
 	})
 
 	It("classifies errors from execio, the file system and os.Root", func() {
-		Expect(classify(os.ErrNotExist).Kind).To(Equal(KindNotFound))
-		Expect(classify(errors.New("openat x: path escapes from parent")).Kind).To(Equal(KindInvalidPath))
-		Expect(classify(execio.ErrTooLarge).Kind).To(Equal(KindTooLarge))
-		Expect(classify(errors.New("boom")).Kind).To(Equal(KindOther))
-		Expect(classify(errors.New("boom")).ExitCode()).To(Equal(ExitOther))
+		Expect(classify(os.ErrNotExist).Kind).To(Equal(helperproto.KindNotFound))
+		Expect(classify(errors.New("openat x: path escapes from parent")).Kind).To(Equal(helperproto.KindInvalidPath))
+		Expect(classify(execio.ErrTooLarge).Kind).To(Equal(helperproto.KindTooLarge))
+		Expect(classify(errors.New("boom")).Kind).To(Equal(helperproto.KindOther))
+		Expect(classify(errors.New("boom")).ExitCode()).To(Equal(helperproto.ExitOther))
 	})
 })
 
@@ -119,10 +120,10 @@ var _ = Describe("Argument parsing", unit, func() {
 		_, err = parseFlags([]string{"--root=/app"}, "tar")
 		Expect(err).To(HaveOccurred())
 		code, _, stderr := call(nil, "bogus")
-		Expect(code).To(Equal(ExitUsage))
+		Expect(code).To(Equal(helperproto.ExitUsage))
 		Expect(stderr).To(ContainSubstring("usage:"))
 		code, _, _ = call(nil, "kill", "bad id")
-		Expect(code).To(Equal(ExitUsage))
+		Expect(code).To(Equal(helperproto.ExitUsage))
 	})
 })
 
@@ -169,11 +170,11 @@ var _ = Describe("untar and tar", unit, func() {
 		}
 
 		code, _, stderr := call(file("x"), "untar", "--root="+root, "--dest=out")
-		Expect(code).To(Equal(ExitInvalidPath), stderr)
+		Expect(code).To(Equal(helperproto.ExitInvalidPath), stderr)
 		code, _, stderr = call(file("out/x"), "untar", "--root="+root, "--dest=")
-		Expect(code).To(Equal(ExitInvalidPath), stderr)
+		Expect(code).To(Equal(helperproto.ExitInvalidPath), stderr)
 		code, _, stderr = call(nil, "tar", "--root="+root, "--path=out/victim")
-		Expect(code).To(Equal(ExitInvalidPath), stderr)
+		Expect(code).To(Equal(helperproto.ExitInvalidPath), stderr)
 		Expect(filepath.Join(outside, "x")).NotTo(BeAnExistingFile())
 
 		// Writing over a symlink replaces it; the target is untouched.
@@ -192,23 +193,23 @@ var _ = Describe("untar and tar", unit, func() {
 
 	It("refuses bad entries, over-cap archives and missing paths", func() {
 		code, _, _ := call(tarOf(&tar.Header{Name: "l", Typeflag: tar.TypeSymlink, Linkname: "/"}), "untar", "--root="+root, "--dest=")
-		Expect(code).To(Equal(ExitUnsupportedEntry))
+		Expect(code).To(Equal(helperproto.ExitUnsupportedEntry))
 		code, _, _ = call(tarOf(&tar.Header{Name: "../x", Typeflag: tar.TypeReg}), "untar", "--root="+root, "--dest=")
-		Expect(code).To(Equal(ExitInvalidPath))
+		Expect(code).To(Equal(helperproto.ExitInvalidPath))
 		code, _, _ = call(tarOf(&tar.Header{Name: "a", Typeflag: tar.TypeReg, Size: 10}), "untar", "--root="+root, "--dest=", "--max-bytes=5")
-		Expect(code).To(Equal(ExitTooLarge))
+		Expect(code).To(Equal(helperproto.ExitTooLarge))
 		code, _, _ = call(tarOf(&tar.Header{Name: "a", Typeflag: tar.TypeReg}, &tar.Header{Name: "b", Typeflag: tar.TypeReg}), "untar", "--root="+root, "--dest=", "--max-entries=1")
-		Expect(code).To(Equal(ExitTooLarge))
+		Expect(code).To(Equal(helperproto.ExitTooLarge))
 		code, _, _ = call(nil, "untar", "--root="+root, "--dest=../x")
-		Expect(code).To(Equal(ExitInvalidPath))
+		Expect(code).To(Equal(helperproto.ExitInvalidPath))
 		code, _, _ = call(nil, "untar", "--root=relative", "--dest=")
-		Expect(code).To(Equal(ExitInvalidPath))
+		Expect(code).To(Equal(helperproto.ExitInvalidPath))
 
 		Expect(os.WriteFile(filepath.Join(root, "big"), make([]byte, 100), 0o644)).To(Succeed())
 		code, _, _ = call(nil, "tar", "--root="+root, "--path=big", "--max-bytes=99")
-		Expect(code).To(Equal(ExitTooLarge))
+		Expect(code).To(Equal(helperproto.ExitTooLarge))
 		code, _, stderr := call(nil, "tar", "--root="+root, "--path=missing")
-		Expect(code).To(Equal(ExitNotFound))
+		Expect(code).To(Equal(helperproto.ExitNotFound))
 		Expect(stderr).To(ContainSubstring("missing"))
 	})
 
@@ -220,7 +221,7 @@ var _ = Describe("untar and tar", unit, func() {
 		Expect(code).To(BeZero())
 		Expect(names(out)).To(Equal([]string{"s/", "s/f"}))
 		code, _, _ = call(nil, "tar", "--root="+root, "--path=s/fifo")
-		Expect(code).To(Equal(ExitUnsupportedEntry))
+		Expect(code).To(Equal(helperproto.ExitUnsupportedEntry))
 	})
 })
 
@@ -268,22 +269,22 @@ var _ = Describe("run and kill (a built helper)", unit, Ordered, func() {
 	}
 
 	It("propagates exit codes, signals and exec failures, and marks the environment", func() {
-		code, stdout, stderr := helperCmd("run", "--id=t1", "--", "sh", "-c", `echo "$`+RunIDEnv+`"; echo err >&2; exit 3`)
+		code, stdout, stderr := helperCmd("run", "--id=t1", "--", "sh", "-c", `echo "$`+helperproto.RunIDEnv+`"; echo err >&2; exit 3`)
 		Expect(code).To(Equal(3))
 		Expect(stdout).To(Equal("t1\n"))
 		Expect(stderr).To(Equal("err\n"))
 		code, _, _ = helperCmd("run", "--id=t1", "--", "sh", "-c", "kill -9 $$")
 		Expect(code).To(Equal(137))
 		code, _, stderr = helperCmd("run", "--id=t1", "--", "/no/such/program")
-		Expect(code).To(Equal(ExitCommandNotFound))
-		Expect(stderr).To(ContainSubstring(ErrorPrefix))
+		Expect(code).To(Equal(helperproto.ExitCommandNotFound))
+		Expect(stderr).To(ContainSubstring(helperproto.ErrorPrefix))
 	})
 
 	It("kills a tree with setsid and double-fork escapees at the backstop", func() {
 		tag := "sleep 3" + randomDigits()
 		start := time.Now()
 		code, _, _ := helperCmd("run", "--id=t2", "--backstop=1", "--", "sh", "-c", tag+"1 & setsid sh -c '"+tag+"2' & (sh -c '"+tag+"3 &' &); "+tag+"4")
-		Expect(code).To(Equal(ExitKilled))
+		Expect(code).To(Equal(helperproto.ExitKilled))
 		Expect(time.Since(start)).To(BeNumerically("<", 3*time.Second))
 		Expect(alive(tag)).To(BeFalse())
 	})
@@ -298,7 +299,7 @@ var _ = Describe("run and kill (a built helper)", unit, Ordered, func() {
 		err := cmd.Wait()
 		var exitErr *exec.ExitError
 		Expect(errors.As(err, &exitErr)).To(BeTrue())
-		Expect(exitErr.ExitCode()).To(Equal(ExitKilled))
+		Expect(exitErr.ExitCode()).To(Equal(helperproto.ExitKilled))
 		Expect(alive(tag)).To(BeFalse())
 		code, _, _ = helperCmd("kill", "t3")
 		Expect(code).To(BeZero(), "nothing left to kill is fine")

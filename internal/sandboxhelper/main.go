@@ -6,6 +6,8 @@ import (
 	"io"
 	"strconv"
 	"strings"
+
+	"github.com/code-sandbox/code-sandbox-operator/internal/sandboxhelper/helperproto"
 )
 
 const usage = `usage:
@@ -54,7 +56,7 @@ func Main(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 
 func usageError(stderr io.Writer, err error) int {
 	report(stderr, fmt.Errorf("%v\n%s", err, usage))
-	return ExitUsage
+	return helperproto.ExitUsage
 }
 
 // validID keeps run IDs to a charset that cannot be confused with another

@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"os"
 	"strconv"
+
+	"github.com/code-sandbox/code-sandbox-operator/internal/sandboxhelper/helperproto"
 )
 
 // procEntry is what the helper needs of /proc/PID/stat.
@@ -54,12 +56,12 @@ func listPIDs() []int {
 // treeMembers returns every process whose parent chain leads to ancestor
 // (a subreaper's orphans are re-parented to it, so even a process that
 // called setsid or double-forked is found), plus every process of ours whose
-// environment carries RunIDEnv=id (which finds them where there is no
+// environment carries helperproto.RunIDEnv=id (which finds them where there is no
 // subreaper).
 func treeMembers(ancestor int, id string) []procEntry {
 	children := map[int][]procEntry{}
 	var marked []procEntry
-	marker := []byte("\x00" + RunIDEnv + "=" + id + "\x00")
+	marker := []byte("\x00" + helperproto.RunIDEnv + "=" + id + "\x00")
 	for _, pid := range listPIDs() {
 		e, ok := readStat(pid)
 		if !ok {

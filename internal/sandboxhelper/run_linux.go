@@ -12,6 +12,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/code-sandbox/code-sandbox-operator/internal/sandboxhelper/helperproto"
 )
 
 const (
@@ -34,7 +36,7 @@ func run(opts runOptions, stdout, stderr io.Writer) int {
 	// init, so the whole tree stays visible below our PID and can be
 	// killed, however it daemonised. Some gVisor releases refuse the
 	// prctl (EINVAL); orphans then go to the container's init, which reaps
-	// them, and the kill finds them by the RunIDEnv marker instead.
+	// them, and the kill finds them by the helperproto.RunIDEnv marker instead.
 	_, _, _ = syscall.RawSyscall(syscall.SYS_PRCTL, prSetChildSubreaper, 1, 0)
 	term := make(chan os.Signal, 1)
 	signal.Notify(term, syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP)
@@ -101,11 +103,11 @@ func run(opts runOptions, stdout, stderr io.Writer) int {
 			return exitCode(status)
 		case <-term:
 			killTree(child, opts.id)
-			return ExitKilled
+			return helperproto.ExitKilled
 		case <-backstop:
 			killTree(child, opts.id)
 			_, _ = io.WriteString(stderr, "\ncode-sandbox-helper: the backstop deadline of "+strconv.FormatInt(opts.backstop, 10)+"s passed; the process tree was killed\n")
-			return ExitKilled
+			return helperproto.ExitKilled
 		}
 	}
 }
@@ -149,13 +151,13 @@ func reap(main int, status *syscall.WaitStatus) bool {
 	}
 }
 
-// markedEnv is our environment for the command, with RunIDEnv set to id.
+// markedEnv is our environment for the command, with helperproto.RunIDEnv set to id.
 // Every descendant inherits it unless it scrubs its environment, which is
 // how the tree is found where there is no subreaper.
 func markedEnv(id string) []string {
-	env := []string{RunIDEnv + "=" + id}
+	env := []string{helperproto.RunIDEnv + "=" + id}
 	for _, kv := range os.Environ() {
-		if !strings.HasPrefix(kv, RunIDEnv+"=") {
+		if !strings.HasPrefix(kv, helperproto.RunIDEnv+"=") {
 			env = append(env, kv)
 		}
 	}
@@ -163,7 +165,7 @@ func markedEnv(id string) []string {
 }
 
 // killTree SIGKILLs the command's tree until none of it is left: every
-// descendant of ours, and every process carrying our RunIDEnv marker.
+// descendant of ours, and every process carrying our helperproto.RunIDEnv marker.
 // Killing a parent re-parents its children to us (or, without a subreaper,
 // to init, where the marker still finds them), so a process forked between
 // a scan and the kill is found by the next scan. It ends when a scan finds
@@ -210,9 +212,9 @@ func exitCode(ws syscall.WaitStatus) int {
 // execFailure reports a command that could not be started, with the shell's
 // exit codes: 127 when it does not exist, 126 when it cannot be executed.
 func execFailure(stderr io.Writer, name string, err error) int {
-	code := ExitCannotExecute
+	code := helperproto.ExitCannotExecute
 	if errors.Is(err, exec.ErrNotFound) || errors.Is(err, fs.ErrNotExist) {
-		code = ExitCommandNotFound
+		code = helperproto.ExitCommandNotFound
 	}
 	report(stderr, fmt.Errorf("cannot execute %q: %w", name, err))
 	return code

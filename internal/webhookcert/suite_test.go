@@ -13,6 +13,7 @@ import (
 	. "github.com/onsi/gomega"
 
 	"github.com/code-sandbox/code-sandbox-operator/internal/testenv"
+	"github.com/code-sandbox/code-sandbox-operator/internal/testenv/tier"
 )
 
 // cp is envtest's API server; the webhook configurations created here never
@@ -21,7 +22,7 @@ var cp *testenv.ControlPlane
 
 func TestWebhookCert(t *testing.T) {
 	RegisterFailHandler(Fail)
-	RunSpecs(t, "webhookcert suite (envtest)")
+	RunSpecs(t, "webhookcert suite (envtest)", tier.Config()...) // -short: only specs labelled unit
 }
 
 var _ = BeforeSuite(func() {

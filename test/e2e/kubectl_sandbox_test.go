@@ -17,6 +17,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"net/http"
 	"os"
 	"os/exec"
@@ -222,8 +223,10 @@ spec:
 				Expect(code).To(BeZero(), stderr)
 				Expect(stdout).To(Equal("from main\n"))
 
+				// A trailing / asks for a directory; dst does not exist, so
+				// the directory lands as dst.
 				dst := filepath.Join(workDir, cred.key+"-cp-dst")
-				_, stderr, code = sandbox(ctx, cred.key, "", "cp", namespace+"/"+box+":"+remote, dst)
+				_, stderr, code = sandbox(ctx, cred.key, "", "cp", namespace+"/"+box+":"+remote+"/", dst)
 				Expect(code).To(BeZero(), stderr)
 				got, err := os.ReadFile(filepath.Join(dst, "sub", "payload.bin"))
 				Expect(err).NotTo(HaveOccurred())
@@ -262,6 +265,57 @@ spec:
 			}, NodeTimeout(2*time.Minute))
 		})
 	}
+
+	It("downloads only what was asked for: no planted tree, no overwrite, no exec bits", func(ctx SpecContext) {
+		// The user's project, into which a report is downloaded.
+		project := filepath.Join(workDir, "cp-project")
+		Expect(os.MkdirAll(filepath.Join(project, ".git", "hooks"), 0o755)).To(Succeed())
+		Expect(os.WriteFile(filepath.Join(project, "Makefile"), []byte("mine\n"), 0o644)).To(Succeed())
+		before := localListing(project)
+
+		// Code in the sandbox turns /app/report.txt into a directory of
+		// things that run on the host once merged into a project.
+		_, stderr, code := sandbox(ctx, "token", "", "exec", box, "--shell",
+			"rm -rf /app/report.txt && mkdir -p /app/report.txt/.git/hooks && printf '#!/bin/sh\\necho pwned\\n' > /app/report.txt/.git/hooks/pre-commit && chmod 755 /app/report.txt/.git/hooks/pre-commit && echo 'echo pwned' > /app/report.txt/.envrc && echo 'all:' > /app/report.txt/Makefile")
+		Expect(code).To(BeZero(), stderr)
+		for _, args := range [][]string{
+			{"cp", box + ":/app/report.txt", project},
+			{"cp", box + ":/app/report.txt", project + "/"},
+			{"cp", "--overwrite", "--preserve-exec", box + ":report.txt", filepath.Join(project, "report.txt")},
+		} {
+			_, stderr, code = sandbox(ctx, "token", "", args...)
+			Expect(code).To(Equal(1), "%v", args)
+			Expect(stderr).To(ContainSubstring("report.txt is a directory in the sandbox, but a file was asked for"), "%v", args)
+			Expect(localListing(project)).To(Equal(before), "%v", args)
+		}
+
+		// A file with every mode bit set lands without exec bits and
+		// without group/world write unless asked; an existing file is
+		// replaced only with --overwrite.
+		_, stderr, code = sandbox(ctx, "token", "", "exec", box, "--shell", "echo tool > /app/tool.sh && chmod 777 /app/tool.sh")
+		Expect(code).To(BeZero(), stderr)
+		_, stderr, code = sandbox(ctx, "token", "", "cp", box+":/app/tool.sh", project)
+		Expect(code).To(BeZero(), stderr)
+		fi, err := os.Stat(filepath.Join(project, "tool.sh"))
+		Expect(err).NotTo(HaveOccurred())
+		Expect(fi.Mode().Perm()&0o133).To(BeZero(), "mode %v", fi.Mode())
+		_, stderr, code = sandbox(ctx, "token", "", "cp", "--preserve-exec", box+":/app/tool.sh", project)
+		Expect(code).To(Equal(1))
+		Expect(stderr).To(ContainSubstring("exists"))
+		_, stderr, code = sandbox(ctx, "token", "", "cp", "--preserve-exec", "--overwrite", box+":/app/tool.sh", project)
+		Expect(code).To(BeZero(), stderr)
+		fi, err = os.Stat(filepath.Join(project, "tool.sh"))
+		Expect(err).NotTo(HaveOccurred())
+		Expect(fi.Mode().Perm()&0o111).NotTo(BeZero(), "mode %v", fi.Mode())
+		Expect(fi.Mode().Perm()&0o022).To(BeZero(), "mode %v", fi.Mode())
+
+		// Asked for as a directory, the tree lands as a new directory.
+		quarantine := filepath.Join(workDir, "cp-quarantine")
+		_, stderr, code = sandbox(ctx, "token", "", "cp", box+":/app/report.txt/", quarantine)
+		Expect(code).To(BeZero(), stderr)
+		Expect(filepath.Join(quarantine, ".git", "hooks", "pre-commit")).To(BeARegularFile())
+		Expect(filepath.Join(project, ".git", "hooks", "pre-commit")).NotTo(BeAnExistingFile())
+	}, NodeTimeout(3*time.Minute))
 
 	It("refuses a user without the exec role, with the API server's 403", func(ctx SpecContext) {
 		for _, args := range [][]string{
@@ -340,3 +394,22 @@ spec:
 		}, NodeTimeout(time.Minute))
 	})
 })
+
+// localListing is every path below dir with its mode (cp specs).
+func localListing(dir string) []string {
+	GinkgoHelper()
+	var out []string
+	Expect(filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		info, err := d.Info()
+		if err != nil {
+			return err
+		}
+		rel, _ := filepath.Rel(dir, p)
+		out = append(out, rel+" "+info.Mode().String())
+		return nil
+	})).To(Succeed())
+	return out
+}

@@ -11,6 +11,7 @@ package e2e
 import (
 	"context"
 	"encoding/base64"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"strings"
@@ -231,6 +232,57 @@ var _ = Describe("code-sandbox-mcp tools over stdio", Ordered, func() {
 		Expect(os.ReadFile(filepath.Join(outside, "secret.txt"))).To(Equal([]byte("TOP SECRET\n")))
 	})
 
+	It("copies from the sandbox only what was asked for: no planted tree, no overwrite, no exec bits", func(ctx SpecContext) {
+		// The user's project, into which a report is downloaded.
+		project := filepath.Join(hostDir, "project")
+		Expect(os.MkdirAll(filepath.Join(project, ".git", "hooks"), 0o755)).To(Succeed())
+		Expect(os.WriteFile(filepath.Join(project, "Makefile"), []byte("mine\n"), 0o644)).To(Succeed())
+		before := hostListing(project)
+
+		// Code in the sandbox turns report.txt into a directory of things
+		// that run on the host once merged into a project.
+		res := call(ctx, sess, "sandbox_exec", map[string]any{"container_id": id, "commands": []string{
+			"rm -rf /app/report.txt && mkdir -p /app/report.txt/.git/hooks && printf '#!/bin/sh\\necho pwned\\n' > /app/report.txt/.git/hooks/pre-commit && chmod 755 /app/report.txt/.git/hooks/pre-commit && echo 'echo pwned' > /app/report.txt/.envrc && echo 'all:' > /app/report.txt/Makefile",
+		}})
+		Expect(res.IsError).To(BeFalse(), text(res))
+		for _, args := range []map[string]any{
+			{"container_id": id, "container_src_path": "/app/report.txt", "local_dest_path": project},
+			{"container_id": id, "container_src_path": "report.txt", "local_dest_path": filepath.Join(project, "report.txt"), "overwrite": true, "keep_exec_bits": true},
+		} {
+			res = call(ctx, sess, "copy_file_from_sandbox", args)
+			Expect(res.IsError).To(BeTrue(), text(res))
+			Expect(text(res)).To(ContainSubstring("report.txt is a directory in the sandbox, but a file was asked for"))
+			Expect(hostListing(project)).To(Equal(before))
+		}
+
+		// A file with every mode bit set: no exec bits unless asked, never
+		// group/world-writable; an existing file replaced only on request.
+		res = call(ctx, sess, "sandbox_exec", map[string]any{"container_id": id, "commands": []string{"echo tool > /app/tool.sh && chmod 777 /app/tool.sh"}})
+		Expect(res.IsError).To(BeFalse(), text(res))
+		res = call(ctx, sess, "copy_file_from_sandbox", map[string]any{"container_id": id, "container_src_path": "tool.sh", "local_dest_path": project})
+		Expect(res.IsError).To(BeFalse(), text(res))
+		fi, err := os.Stat(filepath.Join(project, "tool.sh"))
+		Expect(err).NotTo(HaveOccurred())
+		Expect(fi.Mode().Perm()&0o133).To(BeZero(), "mode %v", fi.Mode())
+
+		res = call(ctx, sess, "copy_file_from_sandbox", map[string]any{"container_id": id, "container_src_path": "tool.sh", "local_dest_path": project, "keep_exec_bits": true})
+		Expect(res.IsError).To(BeTrue(), text(res))
+		Expect(text(res)).To(ContainSubstring("exists"))
+
+		res = call(ctx, sess, "copy_file_from_sandbox", map[string]any{"container_id": id, "container_src_path": "tool.sh", "local_dest_path": project, "keep_exec_bits": true, "overwrite": true})
+		Expect(res.IsError).To(BeFalse(), text(res))
+		fi, err = os.Stat(filepath.Join(project, "tool.sh"))
+		Expect(err).NotTo(HaveOccurred())
+		Expect(fi.Mode().Perm()&0o111).NotTo(BeZero(), "mode %v", fi.Mode())
+		Expect(fi.Mode().Perm()&0o022).To(BeZero(), "mode %v", fi.Mode())
+
+		// A directory asked for with a trailing / lands as a new directory.
+		res = call(ctx, sess, "copy_file_from_sandbox", map[string]any{"container_id": id, "container_src_path": "/app/report.txt/", "local_dest_path": filepath.Join(hostDir, "quarantine")})
+		Expect(res.IsError).To(BeFalse(), text(res))
+		Expect(filepath.Join(hostDir, "quarantine", ".git", "hooks", "pre-commit")).To(BeARegularFile())
+		Expect(filepath.Join(project, ".git", "hooks", "pre-commit")).NotTo(BeAnExistingFile())
+	})
+
 	It("confines sandbox paths: traversal and paths outside the writable roots are refused", func(ctx SpecContext) {
 		for _, p := range []string{"../../etc/passwd", "/etc/passwd", "a/../../x", "", strings.Repeat("a", 5000), "x\x00y"} {
 			res := call(ctx, sess, "read_file", map[string]any{"container_id": id, "path": p})
@@ -327,3 +379,22 @@ var _ = Describe("code-sandbox-mcp tools over stdio", Ordered, func() {
 		Expect(text(res)).To(ContainSubstring("not found"))
 	})
 })
+
+// hostListing is every path below dir with its mode (copy specs).
+func hostListing(dir string) []string {
+	GinkgoHelper()
+	var out []string
+	Expect(filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		info, err := d.Info()
+		if err != nil {
+			return err
+		}
+		rel, _ := filepath.Rel(dir, p)
+		out = append(out, rel+" "+info.Mode().String())
+		return nil
+	})).To(Succeed())
+	return out
+}

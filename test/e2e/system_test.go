@@ -445,7 +445,7 @@ func startKubectlProxy(kubeconfigPath string) string {
 	go func() { waited <- cmd.Wait() }()
 	DeferCleanup(func() {
 		_ = cmd.Process.Kill()
-		<-waited
+		Eventually(waited).WithTimeout(time.Minute).Should(Receive())
 	})
 	served := regexp.MustCompile(`Starting to serve on (127\.0\.0\.1:\d+)`)
 	Eventually(out.String).WithTimeout(30*time.Second).Should(MatchRegexp(served.String()), "kubectl proxy did not start")

@@ -100,6 +100,12 @@ var _ = Describe("The default overlay (make deploy, make build-installer)", func
 			"Role "+ns+"code-sandbox-manager-role",
 			"RoleBinding "+ns+"code-sandbox-manager-rolebinding",
 			"DaemonSet "+ns+"code-sandbox-controller-manager",
+			// HTTPS metrics for authenticated and authorized callers.
+			"ClusterRole code-sandbox-metrics-auth-role",
+			"ClusterRoleBinding code-sandbox-metrics-auth-rolebinding",
+			"ClusterRole code-sandbox-metrics-reader",
+			"Service "+ns+"code-sandbox-controller-manager-metrics-service",
+			"Service "+ns+"code-sandbox-webhook-metrics-service",
 			// User-facing roles.
 			"ClusterRole code-sandbox-sandbox-admin-role",
 			"ClusterRole code-sandbox-sandbox-editor-role",
@@ -205,7 +211,10 @@ var _ = Describe("The default overlay (make deploy, make build-installer)", func
 			workloads++
 			what := describe(o)
 			pod := tmpl.Spec
-			Expect(pod.HostNetwork).To(BeFalse(), what)
+			// The manager alone runs in the host's network namespace, with
+			// NET_ADMIN and NET_RAW: it keeps the egress firewall there.
+			isManager := o.GetKind() == "DaemonSet" && o.GetName() == "code-sandbox-controller-manager"
+			Expect(pod.HostNetwork).To(Equal(isManager), what)
 			Expect(pod.HostPID).To(BeFalse(), what)
 			Expect(pod.HostIPC).To(BeFalse(), what)
 			Expect(pod.SecurityContext).NotTo(BeNil(), what)
@@ -221,7 +230,11 @@ var _ = Describe("The default overlay (make deploy, make build-installer)", func
 				Expect(sc.Privileged).To(Or(BeNil(), HaveValue(BeFalse())), what)
 				Expect(sc.Capabilities).NotTo(BeNil(), what)
 				Expect(sc.Capabilities.Drop).To(ContainElement(corev1.Capability("ALL")), what)
-				Expect(sc.Capabilities.Add).To(BeEmpty(), what)
+				if isManager {
+					Expect(sc.Capabilities.Add).To(ConsistOf(corev1.Capability("NET_ADMIN"), corev1.Capability("NET_RAW")), what)
+				} else {
+					Expect(sc.Capabilities.Add).To(BeEmpty(), what)
+				}
 				Expect(c.Resources.Requests).To(HaveKey(corev1.ResourceCPU), what)
 				Expect(c.Resources.Requests).To(HaveKey(corev1.ResourceMemory), what)
 				Expect(c.Resources.Limits).To(HaveKey(corev1.ResourceMemory), what)
@@ -266,6 +279,19 @@ var _ = Describe("The default overlay (make deploy, make build-installer)", func
 		Expect(c.Args).To(ContainElement("--node-name=$(NODE_NAME)"))
 		Expect(c.Ports).To(ContainElement(And(HaveField("Name", "node-api"), HaveField("ContainerPort", BeEquivalentTo(9443)))))
 		Expect(c.Args).To(ContainElement("--node-api-bind-address=:9443"))
+		// Metrics: HTTPS (--metrics-secure defaults to true) through the
+		// metrics Service.
+		Expect(c.Args).To(ContainElement("--metrics-bind-address=:8443"))
+		Expect(c.Args).NotTo(ContainElement(HavePrefix("--metrics-secure=false")))
+		Expect(c.Ports).To(ContainElement(And(HaveField("Name", "metrics"), HaveField("ContainerPort", BeEquivalentTo(8443)))))
+		metricsSvc := &corev1.Service{}
+		convert(find(objs, "Service", "code-sandbox-controller-manager-metrics-service"), metricsSvc)
+		Expect(metricsSvc.Spec.Ports).To(ConsistOf(And(HaveField("Port", BeEquivalentTo(8443)), HaveField("TargetPort", intstr.FromString("metrics")))))
+		Expect(selects(metricsSvc.Spec.Selector, ds.Spec.Template.Labels)).To(BeTrue())
+		// The egress firewall: host network, iptables' lock shared with
+		// the node.
+		Expect(pod.HostNetwork).To(BeTrue())
+		Expect(c.VolumeMounts).To(ContainElement(HaveField("MountPath", "/run/xtables.lock")))
 		var socket *corev1.Volume
 		for i := range pod.Volumes {
 			if v := pod.Volumes[i]; v.HostPath != nil && v.HostPath.Path == "/var/run/docker.sock" {

@@ -41,6 +41,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/code-sandbox/code-sandbox-operator/internal/testenv"
+	"github.com/code-sandbox/code-sandbox-operator/internal/testenv/tier"
 )
 
 // fieldOwner is the field manager of everything this suite applies.
@@ -55,7 +56,7 @@ var (
 
 func TestManifests(t *testing.T) {
 	RegisterFailHandler(Fail)
-	RunSpecs(t, "Deployment manifests suite (kustomize + envtest dry-run)")
+	RunSpecs(t, "Deployment manifests suite (kustomize + envtest dry-run)", tier.Config()...) // -short: only specs labelled unit
 }
 
 var _ = BeforeSuite(func() {

@@ -7,7 +7,6 @@
 package dockerbackend
 
 import (
-	"bytes"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -16,11 +15,13 @@ import (
 	"io"
 	"log/slog"
 	"sort"
-	"strings"
 	"sync"
 	"time"
 
+	cerrdefs "github.com/containerd/errdefs"
+
 	"github.com/code-sandbox/code-sandbox-operator/internal/dockerruntime"
+	"github.com/code-sandbox/code-sandbox-operator/internal/egress"
 	"github.com/code-sandbox/code-sandbox-operator/internal/execio"
 	"github.com/code-sandbox/code-sandbox-operator/internal/history"
 	"github.com/code-sandbox/code-sandbox-operator/internal/mcpserver"
@@ -53,6 +54,13 @@ type Options struct {
 	// HistoryDir keeps exec history files; empty keeps it in memory.
 	HistoryDir string
 	Logger     *slog.Logger
+	// EgressFirewall, if set, is installed by Start, kept until Close and
+	// removed by Close unless a node manager owns the rules. The Client
+	// must have been created with EgressReady: EgressFirewall.Healthy.
+	EgressFirewall *egress.Firewall
+	// Clock is the time idle and lifetime reaping go by (default
+	// time.Now); tests set a fake one.
+	Clock func() time.Time
 }
 
 // Backend implements mcpserver.Backend on Docker.
@@ -73,6 +81,9 @@ type Backend struct {
 
 	stop     chan struct{}
 	loopDone chan struct{}
+
+	egressStop context.CancelFunc
+	egressDone chan struct{}
 }
 
 // entry is one sandbox this server run created. The registry is the
@@ -116,6 +127,9 @@ func New(opts Options) (*Backend, error) {
 	if opts.Logger == nil {
 		opts.Logger = slog.Default()
 	}
+	if opts.Clock == nil {
+		opts.Clock = time.Now
+	}
 	hist, err := history.New(opts.HistoryDir, 0)
 	if err != nil {
 		return nil, err
@@ -140,6 +154,21 @@ func (b *Backend) Start(ctx context.Context) {
 	sctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	b.sweepOrphans(sctx)
 	cancel()
+	if fw := b.opts.EgressFirewall; fw != nil {
+		fctx, cancel := context.WithCancel(context.Background())
+		b.egressStop = cancel
+		b.egressDone = make(chan struct{})
+		go func() {
+			defer close(b.egressDone)
+			fw.Run(fctx, egress.DefaultCheckInterval, func(repaired []string, err error) {
+				if err != nil {
+					b.log.Error("egress firewall check; egress sandboxes are not created until it passes", "error", err)
+					return
+				}
+				b.log.Info("repaired the egress firewall", "repaired", repaired)
+			})
+		}()
+	}
 	go b.loop()
 }
 
@@ -158,7 +187,13 @@ func mapErr(err error) error {
 	switch {
 	case err == nil:
 		return nil
+	case errors.Is(err, dockerruntime.ErrImageNotAllowed):
+		// The server's registry policy (--allowed-registries) refuses the
+		// image's registry; nothing was pulled.
+		return fmt.Errorf("%w: %w", mcpserver.ErrInvalid, err)
 	case errors.Is(err, dockerruntime.ErrImageNotFound):
+		// A failed pull's text names the failure class only; the daemon's
+		// own error (which may quote the registry) is logged by Create.
 		return fmt.Errorf("%w: %w", mcpserver.ErrImageNotFound, err)
 	case errors.Is(err, dockerruntime.ErrUnavailable):
 		return fmt.Errorf("%w: %w", mcpserver.ErrUnavailable, err)
@@ -168,7 +203,9 @@ func mapErr(err error) error {
 		return fmt.Errorf("%w: %w", mcpserver.ErrInvalid, err)
 	case errors.Is(err, dockerruntime.ErrNotFound):
 		return fmt.Errorf("%w: %w", mcpserver.ErrNotFound, err)
-	case strings.Contains(err.Error(), "is not running"), strings.Contains(err.Error(), "is paused"), strings.Contains(err.Error(), "is restarting"):
+	case cerrdefs.IsConflict(err):
+		// Docker answers 409 Conflict to an exec in a container that is
+		// not running, paused or restarting.
 		return fmt.Errorf("%w: %w", mcpserver.ErrNotRunning, err)
 	}
 	return err
@@ -187,7 +224,7 @@ func (b *Backend) lookup(caller mcpserver.Caller, id string) (*entry, error) {
 	if !ok || e.owner != caller.ID || e.Removing {
 		return nil, b.notFound(id)
 	}
-	e.LastUsedAt = time.Now()
+	e.LastUsedAt = b.opts.Clock()
 	return e, nil
 }
 
@@ -249,10 +286,13 @@ func (b *Backend) Create(ctx context.Context, caller mcpserver.Caller, req mcpse
 	// create runs to completion and is undone below if the caller left.
 	ct, err := b.docker.CreateAndStart(context.WithoutCancel(ctx), spec)
 	if err != nil {
+		if pe := (*dockerruntime.PullError)(nil); errors.As(err, &pe) {
+			b.log.Warn("image pull failed", "image", req.Image, "class", string(pe.Class), "error", pe.Detail, "owner", mcpserver.IdentityHash(caller.ID))
+		}
 		b.cleanupFailedCreate(uid)
 		return mcpserver.Sandbox{}, mapErr(err)
 	}
-	now := time.Now()
+	now := b.opts.Clock()
 	e := &entry{
 		id: uid, owner: caller.ID, dockerID: ct.ID, image: req.Image, network: req.Network,
 		nanoCPUs: orDefault(req.NanoCPUs, dockerruntime.DefaultNanoCPUs), memory: orDefault(req.MemoryBytes, dockerruntime.DefaultMemoryBytes),
@@ -376,7 +416,7 @@ func (b *Backend) busy(e *entry) func() {
 	return func() {
 		b.mu.Lock()
 		e.InFlight--
-		e.LastUsedAt = time.Now()
+		e.LastUsedAt = b.opts.Clock()
 		b.mu.Unlock()
 	}
 }
@@ -444,25 +484,6 @@ func (b *Backend) Download(ctx context.Context, caller mcpserver.Caller, id, src
 	return stats, mapErr(err)
 }
 
-// tailBuffer keeps the last max bytes written to it.
-type tailBuffer struct {
-	buf     bytes.Buffer
-	max     int
-	dropped bool
-}
-
-func (t *tailBuffer) Write(p []byte) (int, error) {
-	t.buf.Write(p)
-	if over := t.buf.Len() - t.max; over > 0 {
-		t.buf.Next(over)
-		rest := append([]byte(nil), t.buf.Bytes()...)
-		t.buf.Reset()
-		t.buf.Write(rest)
-		t.dropped = true
-	}
-	return len(p), nil
-}
-
 // Logs implements mcpserver.Backend.
 func (b *Backend) Logs(ctx context.Context, caller mcpserver.Caller, id string, opts mcpserver.LogsOptions) (mcpserver.Logs, error) {
 	e, err := b.lookup(caller, id)
@@ -473,7 +494,7 @@ func (b *Backend) Logs(ctx context.Context, caller mcpserver.Caller, id string, 
 	if maxBytes <= 0 {
 		maxBytes = 1 << 20
 	}
-	tb := &tailBuffer{max: int(maxBytes)}
+	tb := execio.NewTailBuffer(int(maxBytes))
 	lctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
 	if err := b.docker.Logs(lctx, e.dockerID, dockerruntime.LogsOptions{Tail: opts.TailLines}, tb, tb); err != nil {
@@ -483,7 +504,7 @@ func (b *Backend) Logs(ctx context.Context, caller mcpserver.Caller, id string, 
 	if err != nil {
 		return mcpserver.Logs{}, err
 	}
-	return mcpserver.Logs{Output: tb.buf.String(), Truncated: tb.dropped, History: recs}, nil
+	return mcpserver.Logs{Output: tb.String(), Truncated: tb.Truncated(), History: recs}, nil
 }
 
 // Stop implements mcpserver.Backend.
@@ -538,6 +559,17 @@ func (b *Backend) Close(ctx context.Context) error {
 	b.mu.Unlock()
 	if len(list) > 0 {
 		b.log.Info("removed this server's sandboxes", "count", len(list)-len(errs))
+	}
+	if fw := b.opts.EgressFirewall; fw != nil && b.egressStop != nil {
+		b.egressStop()
+		<-b.egressDone
+		if len(errs) == 0 {
+			// Rules stay while sandboxes may remain, and when a node
+			// manager owns them.
+			if err := fw.Close(ctx); err != nil {
+				errs = append(errs, fmt.Errorf("removing the egress firewall: %w", err))
+			}
+		}
 	}
 	return errors.Join(errs...)
 }
@@ -608,7 +640,7 @@ func (b *Backend) loop() {
 		case <-b.stop:
 			return
 		case <-t.C:
-			b.reap(time.Now())
+			b.reap(b.opts.Clock())
 			b.mu.Lock()
 			swept := b.swept
 			b.mu.Unlock()

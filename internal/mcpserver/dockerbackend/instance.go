@@ -74,13 +74,13 @@ const (
 	Dead
 )
 
-// Check decides other's liveness as seen from self.
-func (self Instance) Check(other Instance) Liveness {
-	if other.Host != self.Host || other.Boot != self.Boot {
+// Check decides other's liveness as seen from i (this process).
+func (i Instance) Check(other Instance) Liveness {
+	if other.Host != i.Host || other.Boot != i.Boot {
 		return Unknown
 	}
-	if other.PID == self.PID {
-		if other.Start == self.Start {
+	if other.PID == i.PID {
+		if other.Start == i.Start {
 			return Alive
 		}
 		return Dead

@@ -405,7 +405,7 @@ func (b *Backend) waitReady(ctx context.Context, sbx *sandboxv1alpha1.Sandbox) (
 	wctx, cancel := context.WithTimeout(ctx, b.opts.ReadyTimeout)
 	defer cancel()
 	name := sbx.Name
-	last := errors.New("it was just created")
+	var last error
 	for {
 		state, why := startStatus(sbx)
 		switch state {
@@ -606,8 +606,8 @@ func (b *Backend) Exec(ctx context.Context, caller mcpserver.Caller, id string, 
 		return execio.Result{}, err
 	}
 	defer b.busy(sbx)()
-	res, err := b.nodes.Exec(ctx, sbx.Namespace, id, req, out.Writer("stdout"), out.Writer("stderr"))
-	return res, clientError(opExec, err)
+	res, err := b.nodes.Exec(ctx, sandboxclient.For(sbx), req, out.Writer("stdout"), out.Writer("stderr"))
+	return res, clientError(err)
 }
 
 // errStreamStopped ends a transfer pipe from the reading side, so that the
@@ -632,12 +632,12 @@ func (b *Backend) Upload(ctx context.Context, caller mcpserver.Caller, id, destD
 		pw.CloseWithError(err)
 		sanitized <- err
 	}()
-	stats, err := b.nodes.Upload(ctx, sbx.Namespace, id, destDir, pr)
+	stats, err := b.nodes.Upload(ctx, sandboxclient.For(sbx), destDir, pr)
 	pr.CloseWithError(errStreamStopped)
 	if serr := <-sanitized; serr != nil && !errors.Is(serr, errStreamStopped) {
 		return stats, serr
 	}
-	return stats, clientError(opFiles, err)
+	return stats, clientError(err)
 }
 
 // Download implements mcpserver.Backend.
@@ -658,7 +658,7 @@ func (b *Backend) Download(ctx context.Context, caller mcpserver.Caller, id, src
 	pr, pw := io.Pipe()
 	downloaded := make(chan error, 1)
 	go func() {
-		err := b.nodes.Download(dctx, sbx.Namespace, id, src, pw)
+		err := b.nodes.Download(dctx, sandboxclient.For(sbx), src, pw)
 		pw.CloseWithError(err)
 		downloaded <- err
 	}()
@@ -672,7 +672,7 @@ func (b *Backend) Download(ctx context.Context, caller mcpserver.Caller, id, src
 	case ferr != nil && errors.Is(ferr, execio.ErrTooLarge):
 		return stats, ferr
 	case derr != nil && !errors.Is(derr, errStreamStopped) && !(ferr != nil && errors.Is(derr, context.Canceled)):
-		return stats, clientError(opFiles, derr)
+		return stats, clientError(derr)
 	}
 	return stats, ferr
 }
@@ -690,19 +690,19 @@ func (b *Backend) Logs(ctx context.Context, caller mcpserver.Caller, id string, 
 	}
 	lctx, cancel := context.WithTimeout(ctx, apiTimeout)
 	defer cancel()
-	tb := &tailBuffer{max: int(maxBytes)}
-	if err := b.nodes.Logs(lctx, sbx.Namespace, id, sandboxclient.LogOptions{Tail: opts.TailLines}, tb); err != nil {
-		return mcpserver.Logs{}, clientError(opLogs, err)
+	tb := execio.NewTailBuffer(int(maxBytes))
+	if err := b.nodes.Logs(lctx, sandboxclient.For(sbx), sandboxclient.LogOptions{Tail: opts.TailLines}, tb); err != nil {
+		return mcpserver.Logs{}, clientError(err)
 	}
 	var recs []history.Record
-	err = b.nodes.History(lctx, sbx.Namespace, id, sandboxclient.LogOptions{Tail: opts.HistoryRecords}, func(r history.Record) error {
+	err = b.nodes.History(lctx, sandboxclient.For(sbx), sandboxclient.LogOptions{Tail: opts.HistoryRecords}, func(r history.Record) error {
 		recs = append(recs, r)
 		return nil
 	})
 	if err != nil {
-		return mcpserver.Logs{}, clientError(opLogs, err)
+		return mcpserver.Logs{}, clientError(err)
 	}
-	return mcpserver.Logs{Output: tb.buf.String(), Truncated: tb.dropped, History: recs}, nil
+	return mcpserver.Logs{Output: tb.String(), Truncated: tb.Truncated(), History: recs}, nil
 }
 
 // Stop implements mcpserver.Backend: it deletes the Sandbox and waits until

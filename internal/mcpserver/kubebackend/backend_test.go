@@ -22,6 +22,7 @@ import (
 	sandboxv1alpha1 "github.com/code-sandbox/code-sandbox-operator/api/v1alpha1"
 	"github.com/code-sandbox/code-sandbox-operator/internal/execio"
 	"github.com/code-sandbox/code-sandbox-operator/internal/mcpserver"
+	"github.com/code-sandbox/code-sandbox-operator/internal/nodeapi/wire"
 	"github.com/code-sandbox/code-sandbox-operator/internal/sandboxclient"
 )
 
@@ -95,15 +96,18 @@ var _ = Describe("apiError", Label("unit"), func() {
 		Entry("no answer", errors.New("dial tcp 127.0.0.1:6443: connect: connection refused"), mcpserver.ErrUnavailable, "connection refused"),
 	)
 
-	// What the API server returns when the SandboxQuota webhook refuses: a
-	// 403 whose message is prefixed with the webhook's name.
-	denied := func(msg string) error {
+	// What the API server returns when the SandboxQuota webhook refuses: the
+	// webhook's 403 Status, its causes kept, its message prefixed with the
+	// webhook's name.
+	denied := func(cause metav1.CauseType, field, msg string) error {
 		return &apierrors.StatusError{ErrStatus: metav1.Status{
 			Status: metav1.StatusFailure, Code: http.StatusForbidden, Reason: metav1.StatusReasonForbidden,
 			Message: `admission webhook "sandbox-quota.code-sandbox.dev" denied the request: ` + msg,
+			Details: &metav1.StatusDetails{Name: "mcp-x", Group: wire.StatusGroup, Kind: wire.StatusKind,
+				Causes: []metav1.StatusCause{{Type: cause, Field: field, Message: msg}}},
 		}}
 	}
-	DescribeTable("tells quota usage from quota rules and keeps the whole message",
+	DescribeTable("tells quota usage from quota rules by the webhook's causes and keeps the whole message",
 		func(in, kind error, text string) {
 			err := apiError("creating the sandbox", in)
 			Expect(err).To(MatchError(kind), "%v is not %v", err, kind)
@@ -115,31 +119,34 @@ var _ = Describe("apiError", Label("unit"), func() {
 			Expect(err.Error()).To(ContainSubstring("creating the sandbox: "))
 			Expect(err.Error()).To(ContainSubstring(text), "%q does not carry %q", err, text)
 		},
-		Entry("usage", denied(`sandbox quota "team-a" exceeded: sandboxes: requested 1, used 3, limit 3 (1 over)`),
+		Entry("usage", denied(wire.CauseQuotaExceeded, "", `sandbox quota "team-a" exceeded: sandboxes: requested 1, used 3, limit 3 (1 over)`),
 			mcpserver.ErrQuota, `admission webhook "sandbox-quota.code-sandbox.dev" denied the request: sandbox quota "team-a" exceeded: sandboxes: requested 1, used 3, limit 3 (1 over)`),
-		Entry("usage of several limits", denied(`sandbox quota "team-a" exceeded: cpu: requested 2, used 3, limit 4 (1 over); memory: requested 1Gi, used 4Gi, limit 4Gi (1Gi over)`),
+		Entry("usage of several limits", denied(wire.CauseQuotaExceeded, "", `sandbox quota "team-a" exceeded: cpu: requested 2, used 3, limit 4 (1 over); memory: requested 1Gi, used 4Gi, limit 4Gi (1Gi over)`),
 			mcpserver.ErrQuota, `cpu: requested 2, used 3, limit 4 (1 over); memory: requested 1Gi, used 4Gi, limit 4Gi (1Gi over)`),
-		Entry("ResourceQuota object count", apierrors.NewForbidden(gr, "mcp-x", errors.New("exceeded quota: sandboxes, requested: count/sandboxes.sandbox.code-sandbox.dev=1, used: count/sandboxes.sandbox.code-sandbox.dev=2, limited: count/sandboxes.sandbox.code-sandbox.dev=2")),
-			mcpserver.ErrQuota, "used: count/sandboxes.sandbox.code-sandbox.dev=2, limited: count/sandboxes.sandbox.code-sandbox.dev=2"),
-		Entry("image rule", denied(`sandbox quota "team-a" does not allow image "evil/x:1" (docker.io/evil/x:1); allowed images: docker.io/library/python:*, code-sandbox-test/*`),
+		Entry("image rule", denied(wire.CauseQuotaRule, "", `sandbox quota "team-a" does not allow image "evil/x:1" (docker.io/evil/x:1); allowed images: docker.io/library/python:*, code-sandbox-test/*`),
 			mcpserver.ErrInvalid, `does not allow image "evil/x:1" (docker.io/evil/x:1); allowed images: docker.io/library/python:*, code-sandbox-test/*`),
-		Entry("image rule naming an image that says exceeded", denied(`sandbox quota "team-a" does not allow image "quota/exceeded:1" (docker.io/quota/exceeded:1); allowed images: code-sandbox-test/*`),
+		Entry("image rule naming an image that says exceeded", denied(wire.CauseQuotaRule, "", `sandbox quota "team-a" does not allow image "quota/exceeded:1" (docker.io/quota/exceeded:1); allowed images: code-sandbox-test/*`),
 			mcpserver.ErrInvalid, `"quota/exceeded:1"`),
-		Entry("runtime rule", denied(`sandbox quota "team-a" does not allow runtime "gvisor"; allowed runtimes: runc`),
+		Entry("runtime rule", denied(wire.CauseQuotaRule, "", `sandbox quota "team-a" does not allow runtime "gvisor"; allowed runtimes: runc`),
 			mcpserver.ErrInvalid, `does not allow runtime "gvisor"; allowed runtimes: runc`),
-		Entry("egress rule", denied(`sandbox quota "team-a" does not allow network mode Egress (its allowEgress is false); use network mode None`),
+		Entry("egress rule", denied(wire.CauseQuotaRule, "", `sandbox quota "team-a" does not allow network mode Egress (its allowEgress is false); use network mode None`),
 			mcpserver.ErrInvalid, "use network mode None"),
-		Entry("lifetime required", denied(`sandbox quota "team-a" requires spec.activeDeadlineSeconds of at most 3600; the Sandbox sets none`),
+		Entry("lifetime required", denied(wire.CauseQuotaRule, "spec.activeDeadlineSeconds", `sandbox quota "team-a" requires spec.activeDeadlineSeconds of at most 3600; the Sandbox sets none`),
 			mcpserver.ErrInvalid, "requires spec.activeDeadlineSeconds of at most 3600; the Sandbox sets none"),
-		Entry("lifetime too long", denied(`sandbox quota "team-a" allows activeDeadlineSeconds of at most 3600; the Sandbox asks for 14400 (10800 over)`),
+		Entry("lifetime too long", denied(wire.CauseQuotaRule, "spec.activeDeadlineSeconds", `sandbox quota "team-a" allows activeDeadlineSeconds of at most 3600; the Sandbox asks for 14400 (10800 over)`),
 			mcpserver.ErrInvalid, "allows activeDeadlineSeconds of at most 3600; the Sandbox asks for 14400 (10800 over)"),
-		Entry("usage not counted yet", denied(`sandbox quota "team-a" has not counted its usage yet; retry in a few seconds`),
+		Entry("usage not counted yet", denied(wire.CauseQuotaNotCounted, "", `sandbox quota "team-a" has not counted its usage yet; retry in a few seconds`),
 			mcpserver.ErrUnavailable, "has not counted its usage yet; retry in a few seconds"),
-		Entry("ResourceQuota not counted yet", apierrors.NewForbidden(gr, "mcp-x", errors.New("status unknown for quota: sandboxes, resource: count/sandboxes.sandbox.code-sandbox.dev")),
-			mcpserver.ErrUnavailable, "status unknown for quota: sandboxes"),
+		Entry("a refusal whose message reads like a quota but carries no cause (RBAC, ResourceQuota)",
+			apierrors.NewForbidden(gr, "mcp-x", errors.New("exceeded quota: sandboxes, requested: count/sandboxes.sandbox.code-sandbox.dev=1, used: count/sandboxes.sandbox.code-sandbox.dev=2, limited: count/sandboxes.sandbox.code-sandbox.dev=2")),
+			mcpserver.ErrInvalid, "used: count/sandboxes.sandbox.code-sandbox.dev=2, limited: count/sandboxes.sandbox.code-sandbox.dev=2"),
 		Entry("webhook failed to record usage", &apierrors.StatusError{ErrStatus: metav1.Status{
-			Status: metav1.StatusFailure, Code: http.StatusInternalServerError,
+			Status: metav1.StatusFailure, Code: http.StatusInternalServerError, Reason: metav1.StatusReasonInternalError,
 			Message: `admission webhook "sandbox-quota.code-sandbox.dev" denied the request: sandbox quota "team-a": could not record usage: etcdserver: request timed out`,
+		}}, mcpserver.ErrUnavailable, "could not record usage"),
+		Entry("webhook failed, no reason", &apierrors.StatusError{ErrStatus: metav1.Status{
+			Status: metav1.StatusFailure, Code: http.StatusInternalServerError,
+			Message: `admission webhook "sandbox-quota.code-sandbox.dev" denied the request: sandbox quota "team-a": could not record usage`,
 		}}, mcpserver.ErrUnavailable, "could not record usage"),
 		Entry("webhook down (fail closed)", apierrors.NewInternalError(errors.New(`failed calling webhook "sandbox-quota.code-sandbox.dev": failed to call webhook: Post "https://127.0.0.1:9444/validate-sandbox-code-sandbox-dev-v1alpha1-sandbox?timeout=10s": dial tcp 127.0.0.1:9444: connect: connection refused`)),
 			mcpserver.ErrUnavailable, "failed calling webhook"),
@@ -148,7 +155,8 @@ var _ = Describe("apiError", Label("unit"), func() {
 	)
 
 	It("tells the model that its lifetime is what a deadline rule limits", func() {
-		err := apiError("creating the sandbox", denied(`sandbox quota "team-a" allows activeDeadlineSeconds of at most 3600; the Sandbox asks for 14400 (10800 over)`))
+		err := apiError("creating the sandbox", denied(wire.CauseQuotaRule, "spec.activeDeadlineSeconds",
+			`sandbox quota "team-a" allows activeDeadlineSeconds of at most 3600; the Sandbox asks for 14400 (10800 over)`))
 		Expect(err.Error()).To(ContainSubstring("lifetime"))
 	})
 
@@ -159,27 +167,51 @@ var _ = Describe("apiError", Label("unit"), func() {
 })
 
 var _ = Describe("clientError", Label("unit"), func() {
-	node := func(code int32, msg string) error {
-		return &sandboxclient.APIError{Namespace: "ns", Name: "mcp-x", Code: code, Message: msg, Source: sandboxclient.SourceSubresources}
+	// node is a subresource refusal as sandboxclient decodes it.
+	node := func(code int32, reason metav1.StatusReason, msg string, causes ...metav1.CauseType) error {
+		ae := &sandboxclient.APIError{Namespace: "ns", Name: "mcp-x", Code: code, Reason: reason, Message: msg, Source: sandboxclient.SourceSubresources}
+		if len(causes) > 0 {
+			ae.Details = &metav1.StatusDetails{Name: "mcp-x", Group: wire.StatusGroup, Kind: wire.StatusKind}
+			for _, c := range causes {
+				ae.Details.Causes = append(ae.Details.Causes, metav1.StatusCause{Type: c})
+			}
+		}
+		return ae
 	}
-	DescribeTable("classifies node API and client errors",
-		func(op nodeOp, in, kind error) {
-			err := clientError(op, in)
+	DescribeTable("maps every reason and cause to a tool error kind",
+		func(in, kind error) {
+			err := clientError(in)
 			Expect(err).To(MatchError(kind), "%v is not %v", err, kind)
 		},
-		Entry("sandbox gone", opExec, &sandboxclient.APIError{Code: 404, Message: "not found", Source: sandboxclient.SourceAPIServer}, mcpserver.ErrNotFound),
-		Entry("path missing", opFiles, node(404, "downloading /app/nope from sandbox 0123: open nope: no such file or directory"), execio.ErrPathNotFound),
-		Entry("sandbox gone from node", opFiles, node(404, "sandbox ns/mcp-x not found"), mcpserver.ErrNotFound),
-		Entry("not ready", opExec, &sandboxclient.NotReadyError{Namespace: "ns", Name: "mcp-x", Reason: "OOMKilled", Message: "memory"}, mcpserver.ErrNotRunning),
-		Entry("conflict", opExec, node(http.StatusConflict, "container gone"), mcpserver.ErrNotRunning),
-		Entry("docker down", opExec, node(503, "docker"), mcpserver.ErrUnavailable),
-		Entry("busy", opExec, node(429, "too many"), mcpserver.ErrUnavailable),
-		Entry("too large", opFiles, node(413, "too large"), execio.ErrTooLarge),
-		Entry("bad path", opFiles, node(400, "invalid path: ../x"), mcpserver.ErrInvalid),
+		Entry("sandbox gone (API server)", &sandboxclient.APIError{Code: 404, Reason: metav1.StatusReasonNotFound, Message: "not found", Source: sandboxclient.SourceAPIServer}, mcpserver.ErrNotFound),
+		Entry("NotFound", node(404, metav1.StatusReasonNotFound, "sandbox ns/mcp-x not found"), mcpserver.ErrNotFound),
+		Entry("NotFound, SandboxNotOnNode", node(404, metav1.StatusReasonNotFound, "not on node", wire.CauseSandboxNotOnNode), mcpserver.ErrNotFound),
+		Entry("NotFound, PathNotFound", node(404, metav1.StatusReasonNotFound, "open nope: no such file or directory", wire.CausePathNotFound), execio.ErrPathNotFound),
+		Entry("NotReadyError", &sandboxclient.NotReadyError{Namespace: "ns", Name: "mcp-x", Reason: "OOMKilled", Message: "memory"}, mcpserver.ErrNotRunning),
+		Entry("Conflict, SandboxNotReady", node(409, metav1.StatusReasonConflict, "not Ready", wire.CauseSandboxNotReady), mcpserver.ErrNotRunning),
+		Entry("Conflict, SandboxTerminating", node(409, metav1.StatusReasonConflict, "being deleted", wire.CauseSandboxTerminating), mcpserver.ErrNotRunning),
+		Entry("Conflict, ContainerNotRunning", node(409, metav1.StatusReasonConflict, "container gone", wire.CauseContainerNotRunning), mcpserver.ErrNotRunning),
+		Entry("Conflict without a cause", node(409, metav1.StatusReasonConflict, "container gone"), mcpserver.ErrNotRunning),
+		Entry("ServiceUnavailable, RuntimeUnavailable", node(503, metav1.StatusReasonServiceUnavailable, "docker", wire.CauseRuntimeUnavailable), mcpserver.ErrUnavailable),
+		Entry("ServiceUnavailable, NodeAPIUnavailable", node(503, metav1.StatusReasonServiceUnavailable, "node API", wire.CauseNodeAPIUnavailable), mcpserver.ErrUnavailable),
+		Entry("TooManyRequests, ExecLimit", node(429, metav1.StatusReasonTooManyRequests, "too many", wire.CauseExecLimit), mcpserver.ErrUnavailable),
+		Entry("Timeout", node(504, metav1.StatusReasonTimeout, "deadline"), mcpserver.ErrUnavailable),
+		Entry("RequestEntityTooLarge", node(413, metav1.StatusReasonRequestEntityTooLarge, "too large"), execio.ErrTooLarge),
+		Entry("a download cut off by its cap", &sandboxclient.TransferError{Namespace: "ns", Name: "mcp-x", Path: "/app", Message: "cap", Reason: metav1.StatusReasonRequestEntityTooLarge}, execio.ErrTooLarge),
+		Entry("a stream cut off by Docker", &sandboxclient.TransferError{Namespace: "ns", Name: "mcp-x", Message: "docker", Reason: metav1.StatusReasonServiceUnavailable}, mcpserver.ErrUnavailable),
+		Entry("an exec cut off by Docker", &sandboxclient.ExecError{Namespace: "ns", Name: "mcp-x", Message: "docker", Reason: metav1.StatusReasonServiceUnavailable}, mcpserver.ErrUnavailable),
+		Entry("BadRequest, InvalidPath", node(400, metav1.StatusReasonBadRequest, "invalid path: ../x", wire.CauseInvalidPath), mcpserver.ErrInvalid),
+		Entry("Invalid", node(422, metav1.StatusReasonInvalid, "invalid"), mcpserver.ErrInvalid),
 	)
 
+	It("names the server's own credentials for Unauthorized and Forbidden", func() {
+		for _, in := range []error{node(401, metav1.StatusReasonUnauthorized, "Unauthorized"), node(403, metav1.StatusReasonForbidden, "forbidden")} {
+			Expect(clientError(in).Error()).To(ContainSubstring("the MCP server's own credentials were refused"))
+		}
+	})
+
 	It("keeps the reason of a not-ready error", func() {
-		err := clientError(opExec, &sandboxclient.NotReadyError{Name: "mcp-x", Reason: "OOMKilled", Message: "killed"})
+		err := clientError(&sandboxclient.NotReadyError{Name: "mcp-x", Reason: "OOMKilled", Message: "killed"})
 		Expect(err.Error()).To(ContainSubstring("OOMKilled"), "not-ready error %q lost its reason", err)
 	})
 })

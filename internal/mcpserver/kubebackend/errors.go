@@ -5,8 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
-	"regexp"
-	"strings"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
@@ -15,6 +13,7 @@ import (
 	sandboxv1alpha1 "github.com/code-sandbox/code-sandbox-operator/api/v1alpha1"
 	"github.com/code-sandbox/code-sandbox-operator/internal/execio"
 	"github.com/code-sandbox/code-sandbox-operator/internal/mcpserver"
+	"github.com/code-sandbox/code-sandbox-operator/internal/nodeapi/wire"
 	"github.com/code-sandbox/code-sandbox-operator/internal/sandboxclient"
 )
 
@@ -46,14 +45,15 @@ const (
 // manager retries some of them (ImageNotFound, CreateFailed), but not in a
 // way that helps a model waiting for its sandbox.
 var terminalReasons = map[string]error{
-	sandboxv1alpha1.SandboxReasonImageNotFound:      mcpserver.ErrImageNotFound,
-	sandboxv1alpha1.SandboxReasonRuntimeUnavailable: mcpserver.ErrUnavailable,
-	sandboxv1alpha1.SandboxReasonCreateFailed:       mcpserver.ErrInvalid,
-	sandboxv1alpha1.SandboxReasonContainerExited:    mcpserver.ErrInvalid,
-	sandboxv1alpha1.SandboxReasonOOMKilled:          mcpserver.ErrInvalid,
-	sandboxv1alpha1.SandboxReasonMultipleContainers: mcpserver.ErrInvalid,
-	sandboxv1alpha1.SandboxReasonExpired:            mcpserver.ErrInvalid,
-	sandboxv1alpha1.SandboxReasonTerminating:        mcpserver.ErrInvalid,
+	sandboxv1alpha1.SandboxReasonImageNotFound:           mcpserver.ErrImageNotFound,
+	sandboxv1alpha1.SandboxReasonImageRegistryNotAllowed: mcpserver.ErrInvalid,
+	sandboxv1alpha1.SandboxReasonRuntimeUnavailable:      mcpserver.ErrUnavailable,
+	sandboxv1alpha1.SandboxReasonCreateFailed:            mcpserver.ErrInvalid,
+	sandboxv1alpha1.SandboxReasonContainerExited:         mcpserver.ErrInvalid,
+	sandboxv1alpha1.SandboxReasonOOMKilled:               mcpserver.ErrInvalid,
+	sandboxv1alpha1.SandboxReasonMultipleContainers:      mcpserver.ErrInvalid,
+	sandboxv1alpha1.SandboxReasonExpired:                 mcpserver.ErrInvalid,
+	sandboxv1alpha1.SandboxReasonTerminating:             mcpserver.ErrInvalid,
 }
 
 // startStatus reads a Sandbox's status for a create that waits on it. For
@@ -92,9 +92,10 @@ func conditionError(name string, kind error, reason, message string) error {
 	return &messageError{kind: kind, msg: msg + " (the Sandbox was deleted)"}
 }
 
-// apiError maps an API server error onto the Backend's errors, keeping the
-// API server's message: a refusal by RBAC, an admission webhook (the quota
-// webhook) or CRD validation is something the model can act on.
+// apiError maps an API server error onto the Backend's errors by its Status
+// reason and causes, keeping the API server's message: a refusal by RBAC,
+// an admission webhook (the quota webhook) or CRD validation is something
+// the model can act on.
 func apiError(what string, err error) error {
 	switch {
 	case err == nil:
@@ -104,7 +105,7 @@ func apiError(what string, err error) error {
 	case apierrors.IsNotFound(err):
 		return fmt.Errorf("%w: %s: %w", mcpserver.ErrNotFound, what, err)
 	case apierrors.IsForbidden(err):
-		return refusedError(what, statusMessage(err))
+		return refusedError(what, err)
 	case apierrors.IsInvalid(err), apierrors.IsBadRequest(err), apierrors.IsAlreadyExists(err), apierrors.IsConflict(err):
 		return &messageError{kind: mcpserver.ErrInvalid, msg: fmt.Sprintf("%s: the API server refused: %s", what, statusMessage(err))}
 	case apierrors.IsServiceUnavailable(err), apierrors.IsServerTimeout(err), apierrors.IsTimeout(err),
@@ -114,8 +115,8 @@ func apiError(what string, err error) error {
 	var st apierrors.APIStatus
 	if errors.As(err, &st) {
 		// An admission webhook that failed (rather than refused) answers
-		// with a 5xx status and no reason, for example the quota webhook
-		// when it could not record usage: worth a retry.
+		// with a 5xx status, for example the quota webhook when it could
+		// not record usage: worth a retry.
 		if st.Status().Code >= http.StatusInternalServerError {
 			return &messageError{kind: mcpserver.ErrUnavailable, msg: fmt.Sprintf("%s: %s", what, statusMessage(err))}
 		}
@@ -125,112 +126,68 @@ func apiError(what string, err error) error {
 	return fmt.Errorf("%w: %s: the API server did not answer: %w", mcpserver.ErrUnavailable, what, err)
 }
 
-// The SandboxQuota webhook's refusals (internal/quota, internal/admission),
-// as the API server passes them on after `admission webhook "…" denied the
-// request: `. The quota's name is quoted, so nothing in it can fake the
-// words after it.
-var (
-	// A rule of the quota forbids the Sandbox as asked: another image,
-	// runtime, network mode or lifetime would be admitted.
-	sandboxQuotaRuleRE = regexp.MustCompile(`sandbox quota "[^"]*" (does not allow |requires spec\.activeDeadlineSeconds|allows activeDeadlineSeconds )`)
-	// The quota's usage was never counted; it will be in a few seconds.
-	sandboxQuotaUncountedRE = regexp.MustCompile(`sandbox quota "[^"]*" has not counted its usage yet`)
-	// The quota is used up: `sandbox quota "team-a" exceeded: sandboxes:
-	// requested 1, used 3, limit 3 (1 over)`.
-	sandboxQuotaExceededRE = regexp.MustCompile(`sandbox quota "[^"]*" exceeded: `)
-)
-
-// refusedError classifies a 403 from the API server: RBAC, the built-in
-// ResourceQuota admission, or the SandboxQuota webhook. Every case keeps
-// the API server's message, which names the limit and by how much it is
-// exceeded, or which rule refused and what is allowed instead.
-func refusedError(what, msg string) error {
-	lower := strings.ToLower(msg)
+// refusedError classifies a 403 from the API server by the causes the
+// SandboxQuota webhook puts in its Status (wire.CauseQuota*), which
+// kube-apiserver passes on. Every case keeps the API server's message,
+// which names the limit and by how much it is exceeded, or which rule
+// refused and what is allowed instead. Any other 403 (RBAC, or the built-in
+// ResourceQuota admission, whose Status carries no cause) is a refusal the
+// model can only read.
+func refusedError(what string, err error) error {
+	msg := statusMessage(err)
+	st := sandboxclient.StatusOf(err)
 	switch {
-	case sandboxQuotaRuleRE.MatchString(msg):
-		// Checked first: the refused image may itself contain "exceeded"
-		// or "quota". Stopping sandboxes would not help; asking for
+	case wire.HasCause(st, wire.CauseQuotaRule):
+		// Checked first: stopping sandboxes would not help; asking for
 		// something else does.
-		if strings.Contains(msg, "activeDeadlineSeconds") {
-			msg += " (a sandbox's lifetime is its activeDeadlineSeconds: ask for a shorter one)"
+		for _, c := range st.Details.Causes {
+			if c.Type == wire.CauseQuotaRule && c.Field == "spec.activeDeadlineSeconds" {
+				msg += " (a sandbox's lifetime is its activeDeadlineSeconds: ask for a shorter one)"
+				break
+			}
 		}
 		return &messageError{kind: mcpserver.ErrInvalid, msg: fmt.Sprintf("%s: the API server refused: %s", what, msg)}
-	case sandboxQuotaUncountedRE.MatchString(msg),
-		// ResourceQuota's counterpart: `status unknown for quota: q, …`.
-		strings.Contains(lower, "status unknown for quota"):
+	case wire.HasCause(st, wire.CauseQuotaNotCounted):
 		return &messageError{kind: mcpserver.ErrUnavailable, msg: fmt.Sprintf("%s: %s", what, msg)}
-	case sandboxQuotaExceededRE.MatchString(msg),
-		// ResourceQuota (count/sandboxes.sandbox.code-sandbox.dev):
-		// `exceeded quota: q, requested: …, used: …, limited: …`.
-		strings.Contains(lower, "exceeded") && strings.Contains(lower, "quota"):
+	case wire.HasCause(st, wire.CauseQuotaExceeded):
 		return &messageError{kind: mcpserver.ErrQuota, msg: fmt.Sprintf("%s: %s", what, msg)}
 	}
 	return &messageError{kind: mcpserver.ErrInvalid, msg: fmt.Sprintf("%s: the API server refused: %s", what, msg)}
 }
 
 func statusMessage(err error) string {
-	var st apierrors.APIStatus
-	if errors.As(err, &st) && st.Status().Message != "" {
-		return st.Status().Message
+	if st := sandboxclient.StatusOf(err); st != nil && st.Message != "" {
+		return st.Message
 	}
 	return err.Error()
 }
 
-// nodeOp says which node API operation failed, because a 404 means
-// different things: no such path for files, no such sandbox otherwise.
-type nodeOp int
-
-const (
-	opExec nodeOp = iota
-	opFiles
-	opLogs
-)
-
-// clientError maps a sandboxclient error onto the Backend's errors.
-func clientError(op nodeOp, err error) error {
-	var (
-		ae *sandboxclient.APIError
-		nr *sandboxclient.NotReadyError
-		te *sandboxclient.TransferError
-	)
+// clientError maps a sandboxclient error onto the Backend's errors by its
+// Status reason and causes (wire.Cause*).
+func clientError(err error) error {
 	switch {
 	case err == nil:
 		return nil
 	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
 		return err
-	case errors.As(err, &nr):
+	case sandboxclient.IsSandboxNotReady(err):
 		return fmt.Errorf("%w: %w", mcpserver.ErrNotRunning, err)
 	case sandboxclient.IsTooLarge(err):
 		return fmt.Errorf("%w: %w", execio.ErrTooLarge, err)
-	case errors.As(err, &te):
-		return err
-	case !errors.As(err, &ae):
-		return err
+	case sandboxclient.IsPathNotFound(err):
+		return &messageError{kind: execio.ErrPathNotFound, msg: execio.ErrPathNotFound.Error() + ": " + statusMessage(err)}
 	}
-	switch {
-	case ae.Code == http.StatusNotFound && op == opFiles && pathMissing(ae):
-		return &messageError{kind: execio.ErrPathNotFound, msg: execio.ErrPathNotFound.Error() + ": " + ae.Message}
-	case ae.Code == http.StatusNotFound:
+	switch apierrors.ReasonForError(err) {
+	case metav1.StatusReasonNotFound:
 		return fmt.Errorf("%w: %w", mcpserver.ErrNotFound, err)
-	case sandboxclient.IsNotReady(err):
+	case metav1.StatusReasonConflict:
 		return fmt.Errorf("%w: %w", mcpserver.ErrNotRunning, err)
-	case ae.Code == http.StatusBadRequest:
-		return &messageError{kind: mcpserver.ErrInvalid, msg: ae.Message}
-	case ae.Code == http.StatusServiceUnavailable, ae.Code == http.StatusTooManyRequests, ae.Code == http.StatusGatewayTimeout:
+	case metav1.StatusReasonBadRequest, metav1.StatusReasonInvalid:
+		return &messageError{kind: mcpserver.ErrInvalid, msg: statusMessage(err)}
+	case metav1.StatusReasonServiceUnavailable, metav1.StatusReasonTooManyRequests, metav1.StatusReasonTimeout:
 		return fmt.Errorf("%w: %w", mcpserver.ErrUnavailable, err)
-	case ae.Code == http.StatusUnauthorized, ae.Code == http.StatusForbidden:
+	case metav1.StatusReasonUnauthorized, metav1.StatusReasonForbidden:
 		return fmt.Errorf("the MCP server's own credentials were refused (check its RBAC: sandboxes/exec, sandboxes/files, sandboxes/log): %w", err)
 	}
 	return err
-}
-
-// pathMissing tells a node API 404 about a path inside the Sandbox from one
-// about the Sandbox itself ("sandbox NS/NAME not found", "… is not on
-// node …") or the endpoint ("no such …"). The client found the Sandbox
-// through the API server just before, so on a file transfer it is almost
-// always the path.
-func pathMissing(ae *sandboxclient.APIError) bool {
-	return ae.Source == sandboxclient.SourceSubresources &&
-		!strings.HasPrefix(ae.Message, "sandbox "+ae.Namespace+"/") &&
-		!strings.HasPrefix(ae.Message, "no such ")
 }

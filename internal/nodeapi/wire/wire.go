@@ -5,6 +5,8 @@
 package wire
 
 import (
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
 	"github.com/code-sandbox/code-sandbox-operator/internal/execio"
 )
 
@@ -54,6 +56,11 @@ const (
 	// began streaming (for example the size cap); a client must treat a
 	// download with this trailer set as failed.
 	TrailerTransferError = "Sandbox-Transfer-Error"
+	// TrailerTransferErrorReason is the metav1.StatusReason of the failure
+	// in TrailerTransferError (RequestEntityTooLarge for the size cap,
+	// ServiceUnavailable, …). Log streams (GET log) that end early carry
+	// both trailers too.
+	TrailerTransferErrorReason = "Sandbox-Transfer-Error-Reason"
 )
 
 // Frame is one line of an exec response. Output frames carry Stream and
@@ -65,8 +72,11 @@ type Frame struct {
 	Data   []byte `json:"data,omitempty"`
 	// Result ends a successful exec (whatever the command's exit code).
 	Result *execio.Result `json:"result,omitempty"`
-	// Error ends an exec that failed (Docker unavailable mid-way, …).
-	Error string `json:"error,omitempty"`
+	// Error ends an exec that failed (Docker unavailable mid-way, …);
+	// Status says the same as a typed metav1.Status (its reason, and the
+	// cause CauseStreamFailed).
+	Error  string         `json:"error,omitempty"`
+	Status *metav1.Status `json:"status,omitempty"`
 }
 
 // Stream names in frames.

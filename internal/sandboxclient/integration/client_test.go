@@ -22,6 +22,7 @@ import (
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
 	rbacv1 "k8s.io/api/rbac/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
@@ -29,6 +30,7 @@ import (
 	sandboxv1alpha1 "github.com/code-sandbox/code-sandbox-operator/api/v1alpha1"
 	"github.com/code-sandbox/code-sandbox-operator/internal/execio"
 	"github.com/code-sandbox/code-sandbox-operator/internal/history"
+	"github.com/code-sandbox/code-sandbox-operator/internal/nodeapi/wire"
 	"github.com/code-sandbox/code-sandbox-operator/internal/operatorca"
 	"github.com/code-sandbox/code-sandbox-operator/internal/sandboxclient"
 )
@@ -126,7 +128,7 @@ var _ = Describe("sandboxclient through the API server and the aggregated API", 
 	Describe("Exec", func() {
 		It("returns stdout, stderr and the exit code", func() {
 			var stdout, stderr bytes.Buffer
-			res, err := admin.Exec(ctx, ns, "box", shell("echo out; echo err >&2; exit 3"), &stdout, &stderr)
+			res, err := admin.Exec(ctx, sandboxclient.Named(ns, "box"), shell("echo out; echo err >&2; exit 3"), &stdout, &stderr)
 			Expect(err).NotTo(HaveOccurred())
 			Expect(res.ExitCode).To(Equal(3))
 			Expect(stdout.String()).To(Equal("out\n"))
@@ -136,7 +138,7 @@ var _ = Describe("sandboxclient through the API server and the aggregated API", 
 		It("streams output as the command produces it", func() {
 			out := &timedWriter{}
 			start := time.Now()
-			res, err := admin.Exec(ctx, ns, "box", shell("echo first; sleep 2; echo second"), out, nil)
+			res, err := admin.Exec(ctx, sandboxclient.Named(ns, "box"), shell("echo first; sleep 2; echo second"), out, nil)
 			Expect(err).NotTo(HaveOccurred())
 			Expect(res.ExitCode).To(BeZero())
 			Expect(out.buf.String()).To(Equal("first\nsecond\n"))
@@ -146,7 +148,7 @@ var _ = Describe("sandboxclient through the API server and the aggregated API", 
 
 		It("passes argv, stdin, environment and working directory", func() {
 			var stdout bytes.Buffer
-			res, err := admin.Exec(ctx, ns, "box", execio.Request{
+			res, err := admin.Exec(ctx, sandboxclient.Named(ns, "box"), execio.Request{
 				Command: []string{"sh", "-c", `printf '%s|%s|' "$GREETING" "$(pwd)"; cat`, "; rm -rf /"},
 				Env:     []string{"GREETING=hi there"}, WorkingDir: "/tmp", Stdin: []byte("from stdin"),
 			}, &stdout, nil)
@@ -156,7 +158,7 @@ var _ = Describe("sandboxclient through the API server and the aggregated API", 
 		})
 
 		It("reports a timeout", func() {
-			res, err := admin.Exec(ctx, ns, "box", execio.Request{Command: []string{"sleep", "30"}, TimeoutSeconds: 1}, nil, nil)
+			res, err := admin.Exec(ctx, sandboxclient.Named(ns, "box"), execio.Request{Command: []string{"sleep", "30"}, TimeoutSeconds: 1}, nil, nil)
 			Expect(err).NotTo(HaveOccurred())
 			Expect(res.TimedOut).To(BeTrue())
 			Expect(res.Duration()).To(BeNumerically("<", 10*time.Second))
@@ -164,7 +166,7 @@ var _ = Describe("sandboxclient through the API server and the aggregated API", 
 
 		It("reports truncated output", func() {
 			var stdout bytes.Buffer
-			res, err := admin.Exec(ctx, ns, "box", execio.Request{Shell: "head -c 100000 /dev/zero", OutputLimitBytes: 1000}, &stdout, nil)
+			res, err := admin.Exec(ctx, sandboxclient.Named(ns, "box"), execio.Request{Shell: "head -c 100000 /dev/zero", OutputLimitBytes: 1000}, &stdout, nil)
 			Expect(err).NotTo(HaveOccurred())
 			Expect(res.StdoutTruncated).To(BeTrue())
 			Expect(res.StdoutBytes).To(BeEquivalentTo(100000))
@@ -172,7 +174,7 @@ var _ = Describe("sandboxclient through the API server and the aggregated API", 
 		})
 
 		It("refuses an invalid request as a bad request naming the sandbox", func() {
-			_, err := admin.Exec(ctx, ns, "box", execio.Request{}, nil, nil)
+			_, err := admin.Exec(ctx, sandboxclient.Named(ns, "box"), execio.Request{}, nil, nil)
 			Expect(sandboxclient.IsBadRequest(err)).To(BeTrue(), "%v", err)
 			Expect(err.Error()).To(ContainSubstring("sandbox " + ns + "/box"))
 		})
@@ -188,13 +190,13 @@ var _ = Describe("sandboxclient through the API server and the aggregated API", 
 				"sub/deep/a.txt": []byte("A\x00B\r\n"),
 				"sub/b.txt":      []byte(strings.Repeat("b", 10000)),
 			}
-			stats, err := admin.Upload(ctx, ns, "box", "/app/tree", tarOfTree(files, "sub", "sub/deep"))
+			stats, err := admin.Upload(ctx, sandboxclient.Named(ns, "box"), "/app/tree", tarOfTree(files, "sub", "sub/deep"))
 			Expect(err).NotTo(HaveOccurred())
 			Expect(stats.Files).To(Equal(4))
 			Expect(stats.Bytes).To(BeEquivalentTo(len(big) + 1 + 4 + 10000))
 
 			var archive bytes.Buffer
-			Expect(admin.Download(ctx, ns, "box", "/app/tree", &archive)).To(Succeed())
+			Expect(admin.Download(ctx, sandboxclient.Named(ns, "box"), "/app/tree", &archive)).To(Succeed())
 			got, _ := readTree(&archive)
 			want := tree{}
 			for name, data := range files {
@@ -208,37 +210,38 @@ var _ = Describe("sandboxclient through the API server and the aggregated API", 
 		})
 
 		It("uploads a single file with its mode, creating parents, and downloads it", func() {
-			_, err := admin.UploadFile(ctx, ns, "box", "/tmp/bin/run.sh", 0o750, strings.NewReader("#!/bin/sh\necho ran\n"))
+			_, err := admin.UploadFile(ctx, sandboxclient.Named(ns, "box"), "/tmp/bin/run.sh", 0o750, strings.NewReader("#!/bin/sh\necho ran\n"))
 			Expect(err).NotTo(HaveOccurred())
 			var stdout bytes.Buffer
-			res, err := admin.Exec(ctx, ns, "box", shell("stat -c %a /tmp/bin/run.sh && /tmp/bin/run.sh"), &stdout, nil)
+			res, err := admin.Exec(ctx, sandboxclient.Named(ns, "box"), shell("stat -c %a /tmp/bin/run.sh && /tmp/bin/run.sh"), &stdout, nil)
 			Expect(err).NotTo(HaveOccurred())
 			Expect(res.ExitCode).To(BeZero())
 			Expect(stdout.String()).To(Equal("750\nran\n"))
 
 			var archive bytes.Buffer
-			Expect(admin.Download(ctx, ns, "box", "/tmp/bin/run.sh", &archive)).To(Succeed())
+			Expect(admin.Download(ctx, sandboxclient.Named(ns, "box"), "/tmp/bin/run.sh", &archive)).To(Succeed())
 			got, modes := readTree(&archive)
 			Expect(got).To(Equal(tree{"run.sh": []byte("#!/bin/sh\necho ran\n")}))
 			Expect(modes["run.sh"]).To(BeEquivalentTo(0o750))
 		})
 
 		It("uploads relative to the working directory", func() {
-			_, err := admin.UploadFile(ctx, ns, "box", "rel.txt", 0o644, strings.NewReader("relative"))
+			_, err := admin.UploadFile(ctx, sandboxclient.Named(ns, "box"), "rel.txt", 0o644, strings.NewReader("relative"))
 			Expect(err).NotTo(HaveOccurred())
 			var stdout bytes.Buffer
-			_, err = admin.Exec(ctx, ns, "box", shell("cat /app/rel.txt"), &stdout, nil)
+			_, err = admin.Exec(ctx, sandboxclient.Named(ns, "box"), shell("cat /app/rel.txt"), &stdout, nil)
 			Expect(err).NotTo(HaveOccurred())
 			Expect(stdout.String()).To(Equal("relative"))
 		})
 
 		It("reports a missing path as not found", func() {
-			err := admin.Download(ctx, ns, "box", "/app/does-not-exist", io.Discard)
+			err := admin.Download(ctx, sandboxclient.Named(ns, "box"), "/app/does-not-exist", io.Discard)
 			Expect(sandboxclient.IsNotFound(err)).To(BeTrue(), "%v", err)
+			Expect(sandboxclient.IsPathNotFound(err)).To(BeTrue(), "%+v", sandboxclient.StatusOf(err))
 		})
 
 		It("refuses paths outside the sandbox's writable roots", func() {
-			_, err := admin.UploadFile(ctx, ns, "box", "/etc/passwd", 0o644, strings.NewReader("x"))
+			_, err := admin.UploadFile(ctx, sandboxclient.Named(ns, "box"), "/etc/passwd", 0o644, strings.NewReader("x"))
 			Expect(sandboxclient.IsBadRequest(err)).To(BeTrue(), "%v", err)
 		})
 	})
@@ -251,19 +254,19 @@ var _ = Describe("sandboxclient through the API server and the aggregated API", 
 			waitReady(logged)
 			Eventually(func() string {
 				var out bytes.Buffer
-				_ = admin.Logs(ctx, ns, "logged", sandboxclient.LogOptions{}, &out)
+				_ = admin.Logs(ctx, sandboxclient.Named(ns, "logged"), sandboxclient.LogOptions{}, &out)
 				return out.String()
 			}, 10*time.Second).Should(Equal("line-1\nline-2\n"))
 			var out bytes.Buffer
-			Expect(admin.Logs(ctx, ns, "logged", sandboxclient.LogOptions{Tail: 1}, &out)).To(Succeed())
+			Expect(admin.Logs(ctx, sandboxclient.Named(ns, "logged"), sandboxclient.LogOptions{Tail: 1}, &out)).To(Succeed())
 			Expect(out.String()).To(Equal("line-2\n"))
 		})
 
 		It("lists the commands run, and follows new ones", func() {
-			_, err := admin.Exec(ctx, ns, "box", execio.Request{Command: []string{"sh", "-c", "exit 7"}}, nil, nil)
+			_, err := admin.Exec(ctx, sandboxclient.Named(ns, "box"), execio.Request{Command: []string{"sh", "-c", "exit 7"}}, nil, nil)
 			Expect(err).NotTo(HaveOccurred())
 			var recs []history.Record
-			Expect(admin.History(ctx, ns, "box", sandboxclient.LogOptions{Tail: 1}, func(r history.Record) error {
+			Expect(admin.History(ctx, sandboxclient.Named(ns, "box"), sandboxclient.LogOptions{Tail: 1}, func(r history.Record) error {
 				recs = append(recs, r)
 				return nil
 			})).To(Succeed())
@@ -276,13 +279,13 @@ var _ = Describe("sandboxclient through the API server and the aggregated API", 
 			followed := make(chan history.Record, 10)
 			done := make(chan error, 1)
 			go func() {
-				done <- admin.History(fctx, ns, "box", sandboxclient.LogOptions{Tail: 1, Follow: true}, func(r history.Record) error {
+				done <- admin.History(fctx, sandboxclient.Named(ns, "box"), sandboxclient.LogOptions{Tail: 1, Follow: true}, func(r history.Record) error {
 					followed <- r
 					return nil
 				})
 			}()
 			Eventually(followed, 10*time.Second).Should(Receive(HaveField("ExitCode", 7)))
-			_, err = admin.Exec(ctx, ns, "box", shell("echo followed"), nil, nil)
+			_, err = admin.Exec(ctx, sandboxclient.Named(ns, "box"), shell("echo followed"), nil, nil)
 			Expect(err).NotTo(HaveOccurred())
 			Eventually(followed, 10*time.Second).Should(Receive(HaveField("Shell", "echo followed")))
 			cancel()
@@ -297,13 +300,13 @@ var _ = Describe("sandboxclient through the API server and the aggregated API", 
 			var stdout bytes.Buffer
 			Eventually(func() error {
 				stdout.Reset()
-				_, err := newClient(runner).Exec(ctx, ns, "box", shell("echo as-runner"), &stdout, nil)
+				_, err := newClient(runner).Exec(ctx, sandboxclient.Named(ns, "box"), shell("echo as-runner"), &stdout, nil)
 				return err
 			}, 10*time.Second, 500*time.Millisecond).Should(Succeed())
 			Expect(stdout.String()).To(Equal("as-runner\n"))
 
 			var recs []history.Record
-			Expect(admin.History(ctx, ns, "box", sandboxclient.LogOptions{Tail: 1}, func(r history.Record) error {
+			Expect(admin.History(ctx, sandboxclient.Named(ns, "box"), sandboxclient.LogOptions{Tail: 1}, func(r history.Record) error {
 				recs = append(recs, r)
 				return nil
 			})).To(Succeed())
@@ -311,7 +314,7 @@ var _ = Describe("sandboxclient through the API server and the aggregated API", 
 		})
 
 		It("refuses a ServiceAccount without a binding, at the API server", func() {
-			_, err := newClient(serviceAccountConfig(ns, "outsider")).Exec(ctx, ns, "box", shell("true"), nil, nil)
+			_, err := newClient(serviceAccountConfig(ns, "outsider")).Exec(ctx, sandboxclient.Named(ns, "box"), shell("true"), nil, nil)
 			Expect(sandboxclient.IsForbidden(err)).To(BeTrue(), "%v", err)
 			Expect(err.Error()).To(ContainSubstring("sandbox " + ns + "/box"))
 		})
@@ -319,7 +322,7 @@ var _ = Describe("sandboxclient through the API server and the aggregated API", 
 		It("refuses a ServiceAccount that may read Sandboxes but not exec, at the API server", func() {
 			reader := serviceAccountConfig(ns, "reader")
 			bind(ns, "sandbox-reader", saSubject(ns, "reader"))
-			_, err := newClient(reader).Exec(ctx, ns, "box", shell("true"), nil, nil)
+			_, err := newClient(reader).Exec(ctx, sandboxclient.Named(ns, "box"), shell("true"), nil, nil)
 			Expect(sandboxclient.IsForbidden(err)).To(BeTrue(), "%v", err)
 			Expect(err.Error()).To(ContainSubstring(`"sandboxes/exec" in API group "subresources.sandbox.code-sandbox.dev"`))
 		})
@@ -334,7 +337,7 @@ var _ = Describe("sandboxclient through the API server and the aggregated API", 
 			bind(ns, "aggregated-only-exec", saSubject(ns, "half"))
 			var err error
 			Eventually(func() string {
-				_, err = newClient(half).Exec(ctx, ns, "box", shell("true"), nil, nil)
+				_, err = newClient(half).Exec(ctx, sandboxclient.Named(ns, "box"), shell("true"), nil, nil)
 				if err == nil {
 					return ""
 				}
@@ -351,11 +354,11 @@ var _ = Describe("sandboxclient through the API server and the aggregated API", 
 			asAlice := rest.CopyConfig(mcp)
 			asAlice.Impersonate = rest.ImpersonationConfig{UserName: "alice", Groups: []string{"system:authenticated"}}
 			Eventually(func() error {
-				_, err := newClient(asAlice).Exec(ctx, ns, "box", shell("echo as-alice"), nil, nil)
+				_, err := newClient(asAlice).Exec(ctx, sandboxclient.Named(ns, "box"), shell("echo as-alice"), nil, nil)
 				return err
 			}, 10*time.Second, 500*time.Millisecond).Should(Succeed())
 			var recs []history.Record
-			Expect(admin.History(ctx, ns, "box", sandboxclient.LogOptions{Tail: 1}, func(r history.Record) error {
+			Expect(admin.History(ctx, sandboxclient.Named(ns, "box"), sandboxclient.LogOptions{Tail: 1}, func(r history.Record) error {
 				recs = append(recs, r)
 				return nil
 			})).To(Succeed())
@@ -363,7 +366,7 @@ var _ = Describe("sandboxclient through the API server and the aggregated API", 
 
 			asMallory := rest.CopyConfig(mcp)
 			asMallory.Impersonate = rest.ImpersonationConfig{UserName: "mallory"}
-			_, err := newClient(asMallory).Exec(ctx, ns, "box", shell("true"), nil, nil)
+			_, err := newClient(asMallory).Exec(ctx, sandboxclient.Named(ns, "box"), shell("true"), nil, nil)
 			Expect(sandboxclient.IsForbidden(err)).To(BeTrue(), "%v", err)
 		})
 
@@ -374,7 +377,7 @@ var _ = Describe("sandboxclient through the API server and the aggregated API", 
 			var stdout bytes.Buffer
 			Eventually(func() error {
 				stdout.Reset()
-				_, err := newClient(user.Config()).Exec(ctx, ns, "box", shell("echo as-carol"), &stdout, nil)
+				_, err := newClient(user.Config()).Exec(ctx, sandboxclient.Named(ns, "box"), shell("echo as-carol"), &stdout, nil)
 				return err
 			}, 10*time.Second, 500*time.Millisecond).Should(Succeed())
 			Expect(stdout.String()).To(Equal("as-carol\n"))
@@ -387,14 +390,24 @@ var _ = Describe("sandboxclient through the API server and the aggregated API", 
 			s.Spec.ImagePullPolicy = sandboxv1alpha1.PullNever
 		})
 		Eventually(readyState(broken), 60*time.Second).Should(HavePrefix("False/ImageNotFound"))
-		_, err := admin.Exec(ctx, ns, "broken", shell("true"), nil, nil)
+		_, err := admin.Exec(ctx, sandboxclient.Named(ns, "broken"), shell("true"), nil, nil)
 		Expect(sandboxclient.IsNotReady(err)).To(BeTrue(), "%v", err)
 		Expect(err.Error()).To(ContainSubstring("sandbox " + ns + "/broken is not Ready: ImageNotFound: "))
+		// Through kube-apiserver and the aggregated API server, typed.
+		Expect(apierrors.ReasonForError(err)).To(Equal(metav1.StatusReasonConflict))
+		Expect(sandboxclient.HasCause(err, wire.CauseSandboxNotReady)).To(BeTrue(), "%+v", sandboxclient.StatusOf(err))
+		st := sandboxclient.StatusOf(err)
+		Expect(st.Details.Name).To(Equal("broken"))
+		Expect(st.Details.Group).To(Equal(wire.StatusGroup))
+		Expect(st.Details.Kind).To(Equal(wire.StatusKind))
 	})
 
 	It("reports a Sandbox that does not exist", func() {
-		_, err := admin.Exec(ctx, ns, "nope", shell("true"), nil, nil)
+		_, err := admin.Exec(ctx, sandboxclient.Named(ns, "nope"), shell("true"), nil, nil)
 		Expect(sandboxclient.IsNotFound(err)).To(BeTrue(), "%v", err)
+		Expect(apierrors.IsNotFound(err)).To(BeTrue(), "%v", err)
+		Expect(sandboxclient.IsSandboxGone(err)).To(BeTrue(), "%v", err)
+		Expect(sandboxclient.StatusOf(err).Details.Name).To(Equal("nope"))
 	})
 })
 
@@ -458,7 +471,7 @@ var _ = Describe("a forged node API endpoint", Label("integration"), func() {
 		var err error
 		// The RoleBinding reaches the authorizer's cache within seconds.
 		Eventually(func() bool {
-			_, err = newClient(runner).Exec(ctx, ns, "forged", shell("echo hi"), nil, nil)
+			_, err = newClient(runner).Exec(ctx, sandboxclient.Named(ns, "forged"), shell("echo hi"), nil, nil)
 			return err != nil && !sandboxclient.IsForbidden(err)
 		}, 15*time.Second, 500*time.Millisecond).Should(BeTrue(), "%v", err)
 		return err

@@ -27,6 +27,7 @@ import (
 	"github.com/code-sandbox/code-sandbox-operator/internal/execio"
 	"github.com/code-sandbox/code-sandbox-operator/internal/nodeapi/wire"
 	"github.com/code-sandbox/code-sandbox-operator/internal/operatorca"
+	"github.com/code-sandbox/code-sandbox-operator/internal/sandboxclient"
 )
 
 // The extra cost of the trust model's data path, reported (never asserted:
@@ -51,7 +52,7 @@ var _ = Describe("exec latency through the API server", Label("integration", "la
 
 		viaAPIServer := func() error {
 			var out bytes.Buffer
-			_, err := c.Exec(ctx, ns, "latency", req, &out, nil)
+			_, err := c.Exec(ctx, sandboxclient.Named(ns, "latency"), req, &out, nil)
 			return err
 		}
 		endpoint := latest(sbx).Status.NodeAPIEndpoint

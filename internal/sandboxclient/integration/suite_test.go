@@ -14,6 +14,7 @@ import (
 
 	"github.com/code-sandbox/code-sandbox-operator/internal/testenv"
 	"github.com/code-sandbox/code-sandbox-operator/internal/testenv/testnode"
+	"github.com/code-sandbox/code-sandbox-operator/internal/testenv/tier"
 
 	dockerclient "github.com/docker/docker/client"
 	. "github.com/onsi/ginkgo/v2"
@@ -51,7 +52,7 @@ var (
 
 func TestIntegration(t *testing.T) {
 	RegisterFailHandler(Fail)
-	RunSpecs(t, "sandboxclient against the node API (envtest + Docker)")
+	RunSpecs(t, "sandboxclient against the node API (envtest + Docker)", tier.Config()...) // -short: only specs labelled unit
 }
 
 var _ = BeforeSuite(func() {

@@ -1,0 +1,86 @@
+/*
+Copyright 2026 The code-sandbox-operator Authors.
+
+Licensed under the MIT License; see the LICENSE file.
+*/
+
+package main
+
+import (
+	"net/http"
+	"time"
+
+	. "github.com/onsi/ginkgo/v2"
+	. "github.com/onsi/gomega"
+
+	"github.com/code-sandbox/code-sandbox-operator/internal/mcpserver"
+	"github.com/code-sandbox/code-sandbox-operator/internal/testenv"
+)
+
+// The transport's per-peer and per-identity limits, wired from the flags
+// through serveWith to a real TokenReview.
+var _ = Describe("the HTTP transport's limits", Ordered, func() {
+	var ns string
+
+	BeforeAll(func() {
+		ns = cp.NewNamespace("mcp-limits-")
+	})
+
+	It("refuses negative limits and non-positive timeouts", func() {
+		for _, args := range [][]string{
+			{"--max-requests-per-peer", "-1"},
+			{"--auth-failures-per-minute", "-1"},
+			{"--max-sessions-per-identity", "-1"},
+			{"--http-read-timeout", "0s"},
+			{"--http-read-header-timeout", "-1s"},
+			{"--http-idle-timeout", "0s"},
+		} {
+			err := startupError(append([]string{"--backend", "docker", "--http", "127.0.0.1:0", "--auth", "none"}, args...)...)
+			Expect(err).To(HaveOccurred(), "started with %q", args)
+			Expect(isUsageError(err)).To(BeTrue(), "%q: want a usage error, got %v", args, err)
+		}
+	})
+
+	It("passes the flags to the transport, 0 disabling a limit", func() {
+		o := parseFlags("--http", "127.0.0.1:0", "--auth", "none", "--max-requests-per-peer", "0", "--max-sessions-per-identity", "7", "--http-read-timeout", "42s")
+		hs, err := setupHTTP(o, nil, testLogger())
+		Expect(err).NotTo(HaveOccurred())
+		defer hs.listener.Close()
+		Expect(hs.opts.MaxRequestsPerPeer).To(BeNumerically("<", 0), "0 must disable the cap")
+		Expect(hs.opts.AuthFailuresPerMinute).To(Equal(mcpserver.DefaultAuthFailuresPerMinute))
+		Expect(hs.opts.MaxSessionsPerIdentity).To(Equal(7))
+		Expect(hs.opts.ReadTimeout).To(Equal(42 * time.Second))
+		Expect(hs.opts.ReadHeaderTimeout).To(Equal(mcpserver.DefaultReadHeaderTimeout))
+		Expect(hs.opts.IdleTimeout).To(Equal(mcpserver.DefaultIdleTimeout))
+	})
+
+	It("limits failed authentications per address before reviewing tokens, but not a token already accepted; and caps sessions per identity", func(ctx SpecContext) {
+		aud := mcpserver.DefaultTokenAudience
+		alice := saToken(ns, "alice", aud)
+		bob := saToken(ns, "bob", aud)
+		url := startServer("--backend", "docker", "--kubeconfig", reviewerKubeconfig,
+			"--http", "127.0.0.1:0", "--auth", "kubernetes", "--default-image", testenv.BusyboxImage, "--pull-policy", "Never",
+			"--allow-group", "system:serviceaccounts:"+ns,
+			"--auth-failures-per-minute", "3", "--max-sessions-per-identity", "2")
+
+		code, _, body := initialize(ctx, url, alice)
+		Expect(code).To(Equal(http.StatusOK), body)
+		codes := map[int]int{}
+		for range 10 {
+			code, _, _ := initialize(ctx, url, "not-a-token-not-a-token")
+			codes[code]++
+		}
+		Expect(codes).To(Equal(map[int]int{http.StatusUnauthorized: 3, http.StatusTooManyRequests: 7}))
+		// alice's token was accepted moments ago: it still works from
+		// this address. bob's has never been seen: it is not reviewed.
+		code, _, body = initialize(ctx, url, alice)
+		Expect(code).To(Equal(http.StatusOK), "a token already accepted was refused from a limited address: %s", body)
+		code, _, body = initialize(ctx, url, bob)
+		Expect(code).To(Equal(http.StatusTooManyRequests), body)
+
+		// alice now has two sessions open: a third is refused.
+		code, _, body = initialize(ctx, url, alice)
+		Expect(code).To(Equal(http.StatusTooManyRequests), body)
+		Expect(body).To(ContainSubstring("--max-sessions-per-identity"))
+	}, NodeTimeout(2*time.Minute))
+})

@@ -1,0 +1,42 @@
+/*
+Copyright 2026 The code-sandbox-operator Authors.
+
+Licensed under the MIT License; see the LICENSE file.
+*/
+
+package controllers
+
+import (
+	"context"
+	"time"
+
+	"github.com/code-sandbox/code-sandbox-operator/internal/dockerruntime"
+)
+
+// Runtime is what the Sandbox reconciler, its Docker event watcher and its
+// orphan collector need from the node's Docker Engine: no more, so that the
+// reconcile logic can be tested against a fake (the unit tier) as well as
+// against a real Docker Engine (the integration tier). Errors carry
+// dockerruntime's sentinels (ErrNotFound, ErrUnavailable, …), which the
+// reconciler maps to conditions. *dockerruntime.Client implements it.
+type Runtime interface {
+	// Ping checks that the Docker Engine answers.
+	Ping(ctx context.Context) error
+	// Find returns the one container of the Sandbox with this UID, or
+	// ErrNotFound, or ErrMultipleContainers.
+	Find(ctx context.Context, uid string) (dockerruntime.Container, error)
+	// CreateAndStart creates the container for spec (adopting one that a
+	// retried create collides with) and starts it.
+	CreateAndStart(ctx context.Context, spec dockerruntime.Spec) (dockerruntime.Container, error)
+	// Start starts a created container.
+	Start(ctx context.Context, id string) error
+	// Remove stops (SIGTERM, grace, SIGKILL) and removes a container.
+	Remove(ctx context.Context, id string, grace time.Duration) error
+	// ListManaged lists this operator's containers that match the filter.
+	ListManaged(ctx context.Context, f dockerruntime.ListFilter) ([]dockerruntime.Container, error)
+	// WatchEvents streams the container events of node until ctx ends or
+	// the stream breaks.
+	WatchEvents(ctx context.Context, node string, handle func(dockerruntime.Event)) error
+}
+
+var _ Runtime = (*dockerruntime.Client)(nil)

@@ -1,0 +1,617 @@
+/*
+Copyright 2026 The code-sandbox-operator Authors.
+
+Licensed under the MIT License; see the LICENSE file.
+*/
+
+package egress
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"os"
+	"os/exec"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+)
+
+// Chains this package owns, in the filter table of iptables (and ip6tables).
+const (
+	// ForwardChain holds the rules for traffic the node routes for the
+	// egress bridge. IPv4: DOCKER-USER jumps to it; IPv6: FORWARD does.
+	ForwardChain = "CSBX-EGRESS"
+	// InputChain holds the rules for traffic from the egress bridge to the
+	// node itself; INPUT jumps to it.
+	InputChain = "CSBX-EGRESS-INPUT"
+	// ManagerMarkerChain is an empty IPv4 chain whose existence says that
+	// a node manager owns the rules: the MCP server's Docker backend then
+	// leaves them alone (neither rewrites nor removes them).
+	ManagerMarkerChain = "CSBX-EGRESS-MANAGER"
+
+	dockerUserChain = "DOCKER-USER"
+)
+
+// DefaultCheckInterval is how often Run re-checks the rules.
+const DefaultCheckInterval = 10 * time.Second
+
+// BlockedIPv4 are the destinations egress sandboxes may not reach (unless an
+// allow-list entry reopens one): "this network", private (RFC 1918), shared
+// (CGNAT, RFC 6598), loopback, link-local (cloud metadata at
+// 169.254.169.254), IETF protocol assignments, benchmarking, multicast and
+// reserved/broadcast. The node's own addresses are added at run time.
+var BlockedIPv4 = []netip.Prefix{
+	netip.MustParsePrefix("0.0.0.0/8"),
+	netip.MustParsePrefix("10.0.0.0/8"),
+	netip.MustParsePrefix("100.64.0.0/10"),
+	netip.MustParsePrefix("127.0.0.0/8"),
+	netip.MustParsePrefix("169.254.0.0/16"),
+	netip.MustParsePrefix("172.16.0.0/12"),
+	netip.MustParsePrefix("192.0.0.0/24"),
+	netip.MustParsePrefix("192.168.0.0/16"),
+	netip.MustParsePrefix("198.18.0.0/15"),
+	netip.MustParsePrefix("224.0.0.0/4"),
+	netip.MustParsePrefix("240.0.0.0/4"),
+}
+
+// Options configure a Firewall.
+type Options struct {
+	// AllowCIDRs reopens destinations that BlockedIPv4 or the node's
+	// addresses would block, for routed traffic only: the node itself is
+	// never reachable from the egress bridge. IPv4 only.
+	AllowCIDRs []netip.Prefix
+	// DNSServers are the upstream resolvers Docker's embedded DNS server
+	// forwards to. The embedded server answers inside each container's
+	// network namespace, but Docker 20.10+ sends the forwarded query from
+	// that namespace (the sandbox's own address), so it crosses the
+	// firewall; these get TCP and UDP port 53 only. Nil means the
+	// nameservers of ResolvConf (as Docker picks them).
+	DNSServers []netip.Addr
+	// ResolvConf is read when DNSServers is nil; default /etc/resolv.conf.
+	ResolvConf string
+	// Manager marks the rules as owned by a node manager (see
+	// ManagerMarkerChain). A Firewall without it (the MCP server's Docker
+	// backend) only checks rules a manager owns, and removes its own on
+	// Close.
+	Manager bool
+	// Mode chooses the iptables backend: ModeAuto (also ""), ModeNFT or
+	// ModeLegacy; see Backend.
+	Mode string
+	// IPTables and IP6Tables name the binaries, overriding Mode (IP6Tables
+	// defaults to ip6tables then); iptables-restore and ip6tables-restore
+	// are found next to them by name.
+	IPTables, IP6Tables string
+	// HostAddrs lists the node's addresses; nil uses net.InterfaceAddrs.
+	HostAddrs func() ([]netip.Addr, error)
+}
+
+// Firewall installs and keeps the egress rules.
+type Firewall struct {
+	opts Options
+
+	mu      sync.Mutex
+	checked bool
+	lastErr error
+	// applied is what each of our chains listed (iptables -S) right after
+	// we last wrote it, and desired the rules we wrote then: a chain that
+	// lists anything else was changed behind our back and is rewritten.
+	applied map[string]string
+	desired map[string]string
+	// backend, once chosen (resolve).
+	backend *Backend
+
+	// exec runs a binary (stdin may be empty) and returns its stdout;
+	// lookPath finds one in $PATH. Unit tests replace both.
+	exec     func(ctx context.Context, stdin, bin string, args ...string) (string, error)
+	lookPath func(string) (string, error)
+}
+
+// NewFirewall validates opts. It changes nothing yet.
+func NewFirewall(opts Options) (*Firewall, error) {
+	for _, p := range opts.AllowCIDRs {
+		if !p.Addr().Is4() {
+			return nil, fmt.Errorf("egress allow CIDR %s: only IPv4 is supported", p)
+		}
+	}
+	mode, err := ParseMode(opts.Mode)
+	if err != nil {
+		return nil, err
+	}
+	opts.Mode = mode
+	if opts.ResolvConf == "" {
+		opts.ResolvConf = "/etc/resolv.conf"
+	}
+	if opts.HostAddrs == nil {
+		opts.HostAddrs = interfaceAddrs
+	}
+	return &Firewall{opts: opts, applied: map[string]string{}, desired: map[string]string{}, exec: execCommand, lookPath: exec.LookPath}, nil
+}
+
+// ParseCIDRs parses a list of CIDRs (or single addresses), as given by
+// repeated or comma-separated flags.
+func ParseCIDRs(values []string) ([]netip.Prefix, error) {
+	var out []netip.Prefix
+	for _, v := range values {
+		for _, s := range strings.Split(v, ",") {
+			s = strings.TrimSpace(s)
+			if s == "" {
+				continue
+			}
+			p, err := netip.ParsePrefix(s)
+			if err != nil {
+				a, aerr := netip.ParseAddr(s)
+				if aerr != nil {
+					return nil, fmt.Errorf("%q is not a CIDR such as 10.1.0.0/16", s)
+				}
+				p = netip.PrefixFrom(a, a.BitLen())
+			}
+			if !p.Addr().Is4() {
+				return nil, fmt.Errorf("%q: only IPv4 CIDRs are supported", s)
+			}
+			out = append(out, p.Masked())
+		}
+	}
+	return out, nil
+}
+
+// Healthy reports whether the last Ensure succeeded. Egress sandboxes must
+// not be created while it returns an error.
+func (f *Firewall) Healthy(context.Context) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if !f.checked {
+		return errors.New("egress firewall not installed yet")
+	}
+	if f.lastErr != nil {
+		return fmt.Errorf("egress firewall: %w", f.lastErr)
+	}
+	return nil
+}
+
+// Run calls Ensure now and every interval until ctx ends. report, if not
+// nil, hears about every repair and every failure.
+func (f *Firewall) Run(ctx context.Context, interval time.Duration, report func(repaired []string, err error)) {
+	if interval <= 0 {
+		interval = DefaultCheckInterval
+	}
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	for {
+		repaired, err := f.Ensure(ctx)
+		if ctx.Err() != nil {
+			return
+		}
+		if report != nil && (err != nil || len(repaired) > 0) {
+			report(repaired, err)
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// family is one of iptables and ip6tables.
+type family struct {
+	bin string
+	v6  bool
+	// forwardParent is the chain that jumps to ForwardChain.
+	forwardParent string
+}
+
+// families are those to configure, with the chosen backend's binaries
+// (resolve first).
+func (f *Firewall) families() []family {
+	fams := []family{{bin: f.backend.IPTables, forwardParent: dockerUserChain}}
+	if ipv6Enabled() {
+		// Docker (without ip6tables: true) has no DOCKER-USER for IPv6,
+		// and the network has no IPv6 subnet: all routed IPv6 from the
+		// bridge (link-local to other sandboxes included) is dropped.
+		fams = append(fams, family{bin: f.backend.IP6Tables, v6: true, forwardParent: "FORWARD"})
+	}
+	return fams
+}
+
+func ipv6Enabled() bool {
+	_, err := os.Stat("/proc/net/if_inet6")
+	return err == nil
+}
+
+// jump is the rule in parent that sends the bridge's traffic to chain.
+func jump(chain string) []string { return []string{"-i", BridgeName, "-j", chain} }
+
+// Ensure installs whatever is missing or changed: the chains and their
+// rules, and the jumps to them as the first rule of DOCKER-USER (FORWARD
+// for IPv6) and INPUT. It returns what it repaired.
+func (f *Firewall) Ensure(ctx context.Context) (repaired []string, err error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	repaired, err = f.ensure(ctx)
+	f.checked, f.lastErr = true, err
+	return repaired, err
+}
+
+func (f *Firewall) ensure(ctx context.Context) ([]string, error) {
+	if _, err := f.resolve(ctx); err != nil {
+		return nil, err
+	}
+	v4 := family{bin: f.backend.IPTables, forwardParent: dockerUserChain}
+	if !f.opts.Manager && f.chainExists(ctx, v4, ManagerMarkerChain) {
+		// A node manager owns the rules: check, never write.
+		return nil, f.verifyOwned(ctx)
+	}
+	if f.opts.Manager {
+		if err := f.ensureChain(ctx, v4, ManagerMarkerChain); err != nil {
+			return nil, err
+		}
+	}
+	var repaired []string
+	for _, fam := range f.families() {
+		forward, input, err := f.rules(fam)
+		if err != nil {
+			return repaired, err
+		}
+		if !fam.v6 {
+			// Docker creates DOCKER-USER and jumps to it from FORWARD when
+			// it starts; make sure of both, so our jump is reached.
+			if err := f.ensureChain(ctx, fam, dockerUserChain); err != nil {
+				return repaired, err
+			}
+			if _, err := f.run(ctx, fam.bin, "-C", "FORWARD", "-j", dockerUserChain); err != nil {
+				if _, err := f.run(ctx, fam.bin, "-I", "FORWARD", "1", "-j", dockerUserChain); err != nil {
+					return repaired, err
+				}
+				repaired = append(repaired, fam.bin+" FORWARD -j "+dockerUserChain)
+			}
+		}
+		for _, c := range []struct {
+			name  string
+			rules [][]string
+		}{{ForwardChain, forward}, {InputChain, input}} {
+			did, err := f.ensureRules(ctx, fam, c.name, c.rules)
+			if err != nil {
+				return repaired, err
+			}
+			if did {
+				repaired = append(repaired, fam.bin+" "+c.name)
+			}
+		}
+		for _, j := range []struct{ parent, chain string }{{fam.forwardParent, ForwardChain}, {"INPUT", InputChain}} {
+			did, err := f.ensureFirst(ctx, fam, j.parent, jump(j.chain))
+			if err != nil {
+				return repaired, err
+			}
+			if did {
+				repaired = append(repaired, fmt.Sprintf("%s %s -> %s", fam.bin, j.parent, j.chain))
+			}
+		}
+	}
+	return repaired, nil
+}
+
+// verifyOwned checks the rules a manager installed: both chains and their
+// jumps exist. The manager repairs them; we only refuse to run egress
+// sandboxes while they are missing.
+func (f *Firewall) verifyOwned(ctx context.Context) error {
+	for _, fam := range f.families() {
+		for _, j := range []struct{ parent, chain string }{{fam.forwardParent, ForwardChain}, {"INPUT", InputChain}} {
+			rules, err := f.list(ctx, fam, j.chain)
+			if err != nil {
+				return fmt.Errorf("the node manager's egress rules are missing: %w", err)
+			}
+			if len(rules) == 0 {
+				return fmt.Errorf("the node manager's egress chain %s (%s) is empty", j.chain, fam.bin)
+			}
+			if _, err := f.run(ctx, fam.bin, append([]string{"-C", j.parent}, jump(j.chain)...)...); err != nil {
+				return fmt.Errorf("the node manager's jump %s -> %s (%s) is missing", j.parent, j.chain, fam.bin)
+			}
+		}
+	}
+	return nil
+}
+
+// rules returns the rules (without "-A chain") of the forward and input
+// chains for one family.
+func (f *Firewall) rules(fam family) (forward, input [][]string, err error) {
+	if fam.v6 {
+		drop := [][]string{{"-j", "DROP"}}
+		return drop, drop, nil
+	}
+	dns, err := f.dnsServers()
+	if err != nil {
+		return nil, nil, err
+	}
+	hosts, err := f.opts.HostAddrs()
+	if err != nil {
+		return nil, nil, fmt.Errorf("listing the node's addresses: %w", err)
+	}
+	established := []string{"-m", "conntrack", "--ctstate", "RELATED,ESTABLISHED", "-j", "RETURN"}
+	var dnsRules [][]string
+	for _, a := range dns {
+		for _, proto := range []string{"udp", "tcp"} {
+			dnsRules = append(dnsRules, []string{"-d", a.String() + "/32", "-p", proto, "-m", proto, "--dport", "53", "-j", "RETURN"})
+		}
+	}
+
+	forward = append(forward, established)
+	// Allowed destinations RETURN to DOCKER-USER's caller rather than
+	// ACCEPT, so that Docker's own rules (inter-container isolation among
+	// them) still apply to them.
+	for _, p := range f.opts.AllowCIDRs {
+		forward = append(forward, []string{"-d", p.String(), "-j", "RETURN"})
+	}
+	forward = append(forward, dnsRules...)
+	for _, p := range BlockedIPv4 {
+		forward = append(forward, []string{"-d", p.String(), "-j", "DROP"})
+	}
+	seen := map[netip.Addr]bool{}
+	for _, a := range hosts {
+		if !a.Is4() || seen[a] || slices.ContainsFunc(BlockedIPv4, func(p netip.Prefix) bool { return p.Contains(a) }) {
+			continue
+		}
+		seen[a] = true
+		forward = append(forward, []string{"-d", a.String() + "/32", "-j", "DROP"})
+	}
+
+	// Nothing on the node answers the bridge except DNS, when the node
+	// itself is the upstream resolver.
+	input = append(input, established)
+	input = append(input, dnsRules...)
+	input = append(input, []string{"-j", "DROP"})
+	return forward, input, nil
+}
+
+// dnsServers returns the IPv4 upstream resolvers, sorted.
+func (f *Firewall) dnsServers() ([]netip.Addr, error) {
+	var out []netip.Addr
+	if f.opts.DNSServers != nil {
+		out = slices.Clone(f.opts.DNSServers)
+	} else {
+		servers, err := resolvConfServers(f.opts.ResolvConf)
+		if err != nil {
+			return nil, err
+		}
+		out = servers
+	}
+	out = slices.DeleteFunc(out, func(a netip.Addr) bool { return !a.Is4() || a.IsLoopback() })
+	slices.SortFunc(out, func(a, b netip.Addr) int { return a.Compare(b) })
+	return slices.Compact(out), nil
+}
+
+// resolvConfServers reads the nameservers Docker would use: those of path,
+// or of systemd-resolved's upstream file when path names only its stub
+// (Docker does the same). A missing file means none.
+func resolvConfServers(path string) ([]netip.Addr, error) {
+	servers, err := readNameservers(path)
+	if err != nil {
+		return nil, err
+	}
+	if slices.Contains(servers, netip.MustParseAddr("127.0.0.53")) {
+		upstream, err := readNameservers("/run/systemd/resolve/resolv.conf")
+		if err != nil {
+			return nil, err
+		}
+		servers = append(servers, upstream...)
+	}
+	return servers, nil
+}
+
+func readNameservers(path string) ([]netip.Addr, error) {
+	data, err := os.ReadFile(path)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("reading DNS servers: %w", err)
+	}
+	var out []netip.Addr
+	sc := bufio.NewScanner(bytes.NewReader(data))
+	for sc.Scan() {
+		fields := strings.Fields(sc.Text())
+		if len(fields) >= 2 && fields[0] == "nameserver" {
+			if a, err := netip.ParseAddr(fields[1]); err == nil {
+				out = append(out, a.Unmap())
+			}
+		}
+	}
+	return out, nil
+}
+
+func interfaceAddrs() ([]netip.Addr, error) {
+	addrs, err := net.InterfaceAddrs()
+	if err != nil {
+		return nil, err
+	}
+	var out []netip.Addr
+	for _, a := range addrs {
+		if ipn, ok := a.(*net.IPNet); ok {
+			if ip, ok := netip.AddrFromSlice(ipn.IP); ok {
+				out = append(out, ip.Unmap())
+			}
+		}
+	}
+	slices.SortFunc(out, func(a, b netip.Addr) int { return a.Compare(b) })
+	return out, nil
+}
+
+// ensureRules rewrites chain (atomically, with iptables-restore) unless it
+// still lists exactly what we wrote last time and the rules wanted now are
+// the same.
+func (f *Firewall) ensureRules(ctx context.Context, fam family, chain string, rules [][]string) (bool, error) {
+	var want strings.Builder
+	for _, r := range rules {
+		want.WriteString("-A " + chain + " " + strings.Join(r, " ") + "\n")
+	}
+	key := fam.bin + "/" + chain
+	current, err := f.run(ctx, fam.bin, "-S", chain)
+	if err == nil && f.desired[key] == want.String() && current == f.applied[key] {
+		return false, nil
+	}
+	payload := "*filter\n:" + chain + " - [0:0]\n" + want.String() + "COMMIT\n"
+	// --noflush keeps every other chain; declaring ours flushes it, so the
+	// chain is replaced in one transaction and never seen half-written.
+	if _, err := f.runInput(ctx, payload, fam.bin+"-restore", "-w", "5", "--noflush"); err != nil {
+		return false, err
+	}
+	listed, err := f.run(ctx, fam.bin, "-S", chain)
+	if err != nil {
+		return false, err
+	}
+	f.desired[key], f.applied[key] = want.String(), listed
+	return true, nil
+}
+
+// ensureFirst makes rule the first rule of parent (exactly once).
+func (f *Firewall) ensureFirst(ctx context.Context, fam family, parent string, rule []string) (bool, error) {
+	rules, err := f.list(ctx, fam, parent)
+	if err != nil {
+		return false, err
+	}
+	want := "-A " + parent + " " + strings.Join(rule, " ")
+	if len(rules) > 0 && rules[0] == want && slices.Index(rules[1:], want) < 0 {
+		return false, nil
+	}
+	if err := f.deleteAll(ctx, fam, parent, rule); err != nil {
+		return false, err
+	}
+	if _, err := f.run(ctx, fam.bin, append([]string{"-I", parent, "1"}, rule...)...); err != nil {
+		return false, err
+	}
+	return true, nil
+}
+
+// deleteAll deletes every copy of rule from parent.
+func (f *Firewall) deleteAll(ctx context.Context, fam family, parent string, rule []string) error {
+	for range 100 {
+		if _, err := f.run(ctx, fam.bin, append([]string{"-C", parent}, rule...)...); err != nil {
+			return nil
+		}
+		if _, err := f.run(ctx, fam.bin, append([]string{"-D", parent}, rule...)...); err != nil {
+			return err
+		}
+	}
+	return fmt.Errorf("%s: could not delete %v from %s", fam.bin, rule, parent)
+}
+
+// list returns the "-A" lines of chain.
+func (f *Firewall) list(ctx context.Context, fam family, chain string) ([]string, error) {
+	out, err := f.run(ctx, fam.bin, "-S", chain)
+	if err != nil {
+		return nil, err
+	}
+	var rules []string
+	for _, line := range strings.Split(out, "\n") {
+		if strings.HasPrefix(line, "-A ") {
+			rules = append(rules, strings.TrimSpace(line))
+		}
+	}
+	return rules, nil
+}
+
+func (f *Firewall) chainExists(ctx context.Context, fam family, chain string) bool {
+	_, err := f.run(ctx, fam.bin, "-S", chain)
+	return err == nil
+}
+
+func (f *Firewall) ensureChain(ctx context.Context, fam family, chain string) error {
+	if f.chainExists(ctx, fam, chain) {
+		return nil
+	}
+	if _, err := f.run(ctx, fam.bin, "-N", chain); err != nil && !f.chainExists(ctx, fam, chain) {
+		return err
+	}
+	return nil
+}
+
+// Remove deletes the jumps and chains (also the manager marker), for both
+// families. Missing pieces are not errors.
+func (f *Firewall) Remove(ctx context.Context) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if _, err := f.resolve(ctx); err != nil {
+		return err
+	}
+	var errs []error
+	for _, fam := range f.families() {
+		for _, j := range []struct{ parent, chain string }{{fam.forwardParent, ForwardChain}, {"INPUT", InputChain}} {
+			if f.chainExists(ctx, fam, j.parent) {
+				if err := f.deleteAll(ctx, fam, j.parent, jump(j.chain)); err != nil {
+					errs = append(errs, err)
+				}
+			}
+		}
+		chains := []string{ForwardChain, InputChain}
+		if !fam.v6 {
+			chains = append(chains, ManagerMarkerChain)
+		}
+		for _, c := range chains {
+			if !f.chainExists(ctx, fam, c) {
+				continue
+			}
+			if _, err := f.run(ctx, fam.bin, "-F", c); err != nil {
+				errs = append(errs, err)
+				continue
+			}
+			if _, err := f.run(ctx, fam.bin, "-X", c); err != nil {
+				errs = append(errs, err)
+			}
+		}
+	}
+	f.applied, f.desired = map[string]string{}, map[string]string{}
+	f.checked, f.lastErr = false, nil
+	return errors.Join(errs...)
+}
+
+// Close is what the MCP server's Docker backend calls on exit: it removes
+// the rules unless a node manager owns them. A manager's Firewall keeps
+// them (sandboxes outlive a manager restart); remove those with Remove
+// (manager --egress-cleanup).
+func (f *Firewall) Close(ctx context.Context) error {
+	if f.opts.Manager {
+		return nil
+	}
+	b, err := f.Backend(ctx)
+	if err != nil {
+		return err
+	}
+	if f.chainExists(ctx, family{bin: b.IPTables}, ManagerMarkerChain) {
+		return nil
+	}
+	return f.Remove(ctx)
+}
+
+func (f *Firewall) run(ctx context.Context, bin string, args ...string) (string, error) {
+	return f.runInput(ctx, "", bin, args...)
+}
+
+func (f *Firewall) runInput(ctx context.Context, stdin, bin string, args ...string) (string, error) {
+	if !strings.HasSuffix(bin, "-restore") && (len(args) == 0 || args[0] != "-w") {
+		// Wait for the xtables lock rather than fail while Docker or
+		// kube-proxy hold it.
+		args = append([]string{"-w", "5"}, args...)
+	}
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	return f.exec(ctx, stdin, bin, args...)
+}
+
+// execCommand is Firewall.exec outside unit tests.
+func execCommand(ctx context.Context, stdin, bin string, args ...string) (string, error) {
+	cmd := exec.CommandContext(ctx, bin, args...)
+	if stdin != "" {
+		cmd.Stdin = strings.NewReader(stdin)
+	}
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	if err := cmd.Run(); err != nil {
+		return stdout.String(), fmt.Errorf("%s %s: %w: %s", bin, strings.Join(args, " "), err, strings.TrimSpace(stderr.String()))
+	}
+	return stdout.String(), nil
+}

@@ -1,0 +1,141 @@
+/*
+Copyright 2026 The code-sandbox-operator Authors.
+
+Licensed under the MIT License; see the LICENSE file.
+*/
+
+// Package egress isolates the sandboxes that may reach the internet
+// (network mode Egress) from everything else. They do not share Docker's
+// default bridge: they get a dedicated bridge network without
+// inter-container communication (EnsureNetwork), and iptables rules that let
+// them reach public addresses only (Firewall): not the node itself, not
+// link-local (cloud metadata), not private or shared address space, and not
+// the node's other addresses. The node's manager and the MCP server's Docker
+// backend share this one implementation.
+package egress
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+
+	cerrdefs "github.com/containerd/errdefs"
+	"github.com/docker/docker/api/types/network"
+)
+
+// Names of the egress network and of the Linux bridge behind it. The bridge
+// name is fixed so that the firewall rules can match the interface.
+const (
+	NetworkName = "code-sandbox-egress"
+	BridgeName  = "csbx-egress0"
+
+	// Docker's bridge driver options the network is created with.
+	optBridgeName = "com.docker.network.bridge.name"
+	optICC        = "com.docker.network.bridge.enable_icc"
+	optMasquerade = "com.docker.network.bridge.enable_ip_masquerade"
+
+	labelManagedBy = "sandbox.code-sandbox.dev/managed-by"
+	managedByValue = "code-sandbox-operator"
+)
+
+// ErrNetworkMisconfigured: a network named NetworkName exists but was not
+// created with the options this package needs. It is never changed or
+// removed automatically: sandboxes may be attached to it.
+var ErrNetworkMisconfigured = errors.New("egress network misconfigured")
+
+// NetworkAPI is the part of the Docker client EnsureNetwork needs.
+type NetworkAPI interface {
+	NetworkInspect(ctx context.Context, networkID string, options network.InspectOptions) (network.Inspect, error)
+	NetworkCreate(ctx context.Context, name string, options network.CreateOptions) (network.CreateResponse, error)
+}
+
+// NetworkRemover is the part of the Docker client RemoveNetwork needs.
+type NetworkRemover interface {
+	NetworkRemove(ctx context.Context, networkID string) error
+}
+
+// NetworkOptions are the driver options of the egress network.
+func NetworkOptions() map[string]string {
+	return map[string]string{
+		optBridgeName: BridgeName,
+		optICC:        "false",
+		optMasquerade: "true",
+	}
+}
+
+// EnsureNetwork creates the egress network unless it exists, and checks that
+// an existing one has the options the firewall relies on. It is idempotent
+// and safe to call concurrently from several processes.
+func EnsureNetwork(ctx context.Context, api NetworkAPI) (network.Inspect, error) {
+	n, err := api.NetworkInspect(ctx, NetworkName, network.InspectOptions{})
+	if err == nil {
+		return n, checkNetwork(n)
+	}
+	if !cerrdefs.IsNotFound(err) {
+		return network.Inspect{}, fmt.Errorf("inspecting Docker network %s: %w", NetworkName, err)
+	}
+	ipv6 := false
+	_, err = api.NetworkCreate(ctx, NetworkName, network.CreateOptions{
+		Driver:     "bridge",
+		Options:    NetworkOptions(),
+		EnableIPv6: &ipv6,
+		Labels:     map[string]string{labelManagedBy: managedByValue},
+	})
+	// Another process may have created it in between.
+	if err != nil && !cerrdefs.IsConflict(err) && !strings.Contains(err.Error(), "already exists") {
+		return network.Inspect{}, fmt.Errorf("creating Docker network %s: %w", NetworkName, err)
+	}
+	n, err = api.NetworkInspect(ctx, NetworkName, network.InspectOptions{})
+	if err != nil {
+		return network.Inspect{}, fmt.Errorf("inspecting Docker network %s: %w", NetworkName, err)
+	}
+	return n, checkNetwork(n)
+}
+
+// checkNetwork refuses a network the firewall would not cover: another
+// driver, another bridge name (the rules match BridgeName), inter-container
+// communication on, or internal (no egress at all).
+func checkNetwork(n network.Inspect) error {
+	var problems []string
+	if n.Name != NetworkName {
+		problems = append(problems, fmt.Sprintf("name %q", n.Name))
+	}
+	if n.Driver != "bridge" {
+		problems = append(problems, fmt.Sprintf("driver %q (want bridge)", n.Driver))
+	}
+	if got := n.Options[optBridgeName]; got != BridgeName {
+		problems = append(problems, fmt.Sprintf("%s=%q (want %q)", optBridgeName, got, BridgeName))
+	}
+	if got := n.Options[optICC]; got != "false" {
+		problems = append(problems, fmt.Sprintf("%s=%q (want \"false\")", optICC, got))
+	}
+	if got, ok := n.Options[optMasquerade]; ok && got != "true" {
+		problems = append(problems, fmt.Sprintf("%s=%q (want \"true\")", optMasquerade, got))
+	}
+	if n.Internal {
+		problems = append(problems, "internal (no route out)")
+	}
+	if len(problems) == 0 {
+		return nil
+	}
+	return fmt.Errorf("%w: Docker network %s (%s) exists with %s; remove it (docker network rm %s, after removing the containers attached to it) so that it is re-created",
+		ErrNetworkMisconfigured, NetworkName, shortID(n.ID), strings.Join(problems, ", "), NetworkName)
+}
+
+// RemoveNetwork removes the egress network. A network that does not exist is
+// not an error; one with containers attached is (Docker refuses).
+func RemoveNetwork(ctx context.Context, api NetworkRemover) error {
+	err := api.NetworkRemove(ctx, NetworkName)
+	if err == nil || cerrdefs.IsNotFound(err) {
+		return nil
+	}
+	return fmt.Errorf("removing Docker network %s: %w", NetworkName, err)
+}
+
+func shortID(id string) string {
+	if len(id) > 12 {
+		return id[:12]
+	}
+	return id
+}

@@ -1,0 +1,100 @@
+package wire
+
+import (
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+// Every refusal of the node API, the aggregated API server and the
+// SandboxQuota webhook is a metav1.Status whose reason is one of
+// apimachinery's standard ones (NotFound, Forbidden, Conflict, …), so
+// apierrors.ReasonForError and the apierrors.Is* helpers work on it. Its
+// details name the Sandbox (StatusGroup, StatusKind, the Sandbox's name) and,
+// where the reason alone is too coarse, details.causes[].type says exactly
+// why with one of the Cause constants below. A client must treat a cause it
+// does not know as absent, and decide by the reason.
+const (
+	// StatusGroup and StatusKind are details.group and details.kind: the
+	// Sandbox resource the failure is about.
+	StatusGroup = "sandbox.code-sandbox.dev"
+	StatusKind  = "sandboxes"
+)
+
+// Causes (details.causes[].type), each with the reason it comes with.
+const (
+	// CauseSandboxNotReady (Conflict): the Sandbox exists but its Ready
+	// condition is not True, or no node has claimed it yet.
+	CauseSandboxNotReady metav1.CauseType = "SandboxNotReady"
+	// CauseSandboxTerminating (Conflict): the Sandbox is being deleted.
+	CauseSandboxTerminating metav1.CauseType = "SandboxTerminating"
+	// CauseContainerNotRunning (Conflict): the Sandbox's container is gone,
+	// stopped or paused, or is not the Sandbox's own; the manager repairs it
+	// or reports the Sandbox not Ready.
+	CauseContainerNotRunning metav1.CauseType = "ContainerNotRunning"
+	// CauseSandboxNotOnNode (NotFound, node API only): the Sandbox is not
+	// bound to the node that was asked.
+	CauseSandboxNotOnNode metav1.CauseType = "SandboxNotOnNode"
+	// CausePathNotFound (NotFound): the path inside the Sandbox does not
+	// exist; the Sandbox itself does.
+	CausePathNotFound metav1.CauseType = "PathNotFound"
+	// CauseInvalidPath (BadRequest): the path is not one the Sandbox may
+	// use (outside the allowed roots, "..", …). The cause's field is
+	// "path".
+	CauseInvalidPath metav1.CauseType = "InvalidPath"
+	// CauseNoSuchEndpoint (NotFound): the URL names no subresource of this
+	// API; nothing is said about the Sandbox.
+	CauseNoSuchEndpoint metav1.CauseType = "NoSuchEndpoint"
+	// CauseExecLimit (TooManyRequests): the Sandbox, or its node, already
+	// runs as many commands and transfers as it allows; retry after
+	// details.retryAfterSeconds.
+	CauseExecLimit metav1.CauseType = "ExecLimit"
+	// CauseRuntimeUnavailable (ServiceUnavailable): the node's Docker
+	// Engine does not answer.
+	CauseRuntimeUnavailable metav1.CauseType = "RuntimeUnavailable"
+	// CauseNodeAPIUnavailable (ServiceUnavailable, aggregated API server):
+	// the Sandbox's node has not published its node API, or it does not
+	// answer.
+	CauseNodeAPIUnavailable metav1.CauseType = "NodeAPIUnavailable"
+	// CauseStreamFailed (the reason says why: ServiceUnavailable, Timeout,
+	// InternalError): the terminal Status of an exec stream, or of a
+	// download or log stream, that failed after its response began.
+	CauseStreamFailed metav1.CauseType = "StreamFailed"
+
+	// CauseQuotaExceeded (Forbidden, SandboxQuota webhook): the Sandbox does
+	// not fit in a SandboxQuota's remaining room. The cause's field is the
+	// quota's name.
+	CauseQuotaExceeded metav1.CauseType = "QuotaExceeded"
+	// CauseQuotaRule (Forbidden, SandboxQuota webhook): a rule of a
+	// SandboxQuota (allowed images or runtimes, egress, lifetime) refuses
+	// the Sandbox as asked; another spec may be admitted. The cause's field
+	// is the refused spec field, e.g. spec.image.
+	CauseQuotaRule metav1.CauseType = "QuotaRule"
+	// CauseQuotaNotCounted (Forbidden, SandboxQuota webhook): the quota has
+	// not counted its usage yet; retry in a few seconds.
+	CauseQuotaNotCounted metav1.CauseType = "QuotaNotCounted"
+)
+
+// HasCause reports whether st carries a cause of type t.
+func HasCause(st *metav1.Status, t metav1.CauseType) bool {
+	if st == nil || st.Details == nil {
+		return false
+	}
+	for _, c := range st.Details.Causes {
+		if c.Type == t {
+			return true
+		}
+	}
+	return false
+}
+
+// FailureStatus is the Status of a failure about the Sandbox name (may be
+// empty), with optional causes.
+func FailureStatus(code int32, reason metav1.StatusReason, name, message string, causes ...metav1.StatusCause) *metav1.Status {
+	return &metav1.Status{
+		TypeMeta: metav1.TypeMeta{Kind: "Status", APIVersion: "v1"},
+		Status:   metav1.StatusFailure,
+		Code:     code,
+		Reason:   reason,
+		Message:  message,
+		Details:  &metav1.StatusDetails{Name: name, Group: StatusGroup, Kind: StatusKind, Causes: causes},
+	}
+}
