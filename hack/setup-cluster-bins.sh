@@ -1,0 +1,145 @@
+#!/usr/bin/env bash
+# Provides the binaries of the local single-node cluster (make cluster-up) and
+# prints the directory that holds them:
+#   kube-apiserver, kube-controller-manager, kube-scheduler, kubelet,
+#   kube-proxy, kubectl   built from k8s.io/kubernetes in ONE go build, so the
+#                         packages they share compile once;
+#   containerd, containerd-shim-runc-v2
+#                         containerd 2.x from its Go module (Kubernetes 1.36+
+#                         refuses Debian's containerd 1.6);
+#   coredns               CoreDNS from its Go module, with only the plugins
+#                         the cluster's Corefile uses.
+# runc, the CNI plugins and conntrack come from Debian's packages
+# (hack/cluster-up.sh installs them). Everything is cached per user, next to
+# the envtest binaries, and only the Go module proxy is needed.
+#
+# All progress goes to stderr so that callers can capture stdout.
+set -euo pipefail
+
+K8S_VERSION="${CLUSTER_K8S_VERSION:-${ENVTEST_K8S_VERSION:-1.37.1}}"
+CONTAINERD_VERSION="${CONTAINERD_VERSION:-2.2.0}"
+COREDNS_VERSION="${COREDNS_VERSION:-1.14.7}"
+CACHE_ROOT="${CODE_SANDBOX_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/code-sandbox-operator}"
+BIN_DIR="${CACHE_ROOT}/cluster/${K8S_VERSION}"
+
+log() { echo "setup-cluster-bins: $*" >&2; }
+
+k8s_bins=(kube-apiserver kube-controller-manager kube-scheduler kubelet kube-proxy kubectl)
+have_all() {
+  local b
+  for b in "${k8s_bins[@]}" containerd containerd-shim-runc-v2 coredns; do
+    [[ -x "${BIN_DIR}/$b" ]] || return 1
+  done
+}
+if have_all; then
+  echo "${BIN_DIR}"
+  exit 0
+fi
+mkdir -p "${BIN_DIR}"
+export GOTOOLCHAIN=local CGO_ENABLED=0
+work=$(mktemp -d)
+trap 'rm -rf "${work}"' EXIT
+
+build_kubernetes() {
+  local missing=0 b
+  for b in "${k8s_bins[@]}"; do [[ -x "${BIN_DIR}/$b" ]] || missing=1; done
+  ((missing)) || return 0
+  log "building Kubernetes v${K8S_VERSION} (${k8s_bins[*]}) from the Go module proxy; 20-40 minutes on 2 cores"
+  local dir="${work}/kubernetes" staging_version="v0.${K8S_VERSION#1.}"
+  mkdir -p "${dir}/out" && cd "${dir}"
+  printf 'module cluster-build\n\ngo 1.26\n' > go.mod
+  go mod download -json "k8s.io/kubernetes@v${K8S_VERSION}" >/dev/null
+  local modfile
+  modfile=$(go env GOMODCACHE)/cache/download/k8s.io/kubernetes/@v/v${K8S_VERSION}.mod
+  {
+    echo "require k8s.io/kubernetes v${K8S_VERSION}"
+    echo "replace ("
+    sed -n '/^replace (/,/^)/p' "${modfile}" | awk '/=>/ {print "\t" $1 " => " $1 " '"${staging_version}"'"}'
+    echo ")"
+  } >> go.mod
+  {
+    echo "package main"
+    echo
+    # What the commands' main packages import, so that tidy records every
+    # module they need (kubectl has no app package; its code lives in the
+    # k8s.io/kubectl staging module).
+    for b in "${k8s_bins[@]}"; do
+      if [[ $b == kubectl ]]; then
+        echo "import _ \"k8s.io/kubectl/pkg/cmd\""
+        echo "import _ \"k8s.io/client-go/plugin/pkg/client/auth\""
+      else
+        echo "import _ \"k8s.io/kubernetes/cmd/$b/app\""
+      fi
+    done
+    echo
+    echo "func main() {}"
+  } > main.go
+  GOFLAGS=-mod=mod go mod tidy >&2
+  # The version the components report (kubelet and kube-proxy register it on
+  # the Node; skew checks read it).
+  local ldflags="-s -w"
+  local v
+  for v in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
+    ldflags+=" -X ${v}.gitVersion=v${K8S_VERSION} -X ${v}.gitMajor=1 -X ${v}.gitMinor=$(cut -d. -f2 <<<"${K8S_VERSION}") -X ${v}.gitTreeState=clean"
+  done
+  local pkgs=()
+  for b in "${k8s_bins[@]}"; do pkgs+=("k8s.io/kubernetes/cmd/$b"); done
+  GOFLAGS=-mod=mod go build -trimpath -ldflags="${ldflags}" -o out/ "${pkgs[@]}" >&2
+  for b in "${k8s_bins[@]}"; do mv "out/$b" "${BIN_DIR}/$b"; done
+}
+
+build_containerd() {
+  [[ -x "${BIN_DIR}/containerd" && -x "${BIN_DIR}/containerd-shim-runc-v2" ]] && return 0
+  log "building containerd v${CONTAINERD_VERSION} from the Go module proxy"
+  local dir="${work}/containerd"
+  mkdir -p "${dir}/out" && cd "${dir}"
+  printf 'module containerd-build\n\ngo 1.26\n' > go.mod
+  printf 'package main\n\nimport (\n\t_ "github.com/containerd/containerd/v2/cmd/containerd"\n\t_ "github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2"\n)\n\nfunc main() {}\n' > main.go
+  GOFLAGS=-mod=mod go get "github.com/containerd/containerd/v2@v${CONTAINERD_VERSION}" >&2
+  GOFLAGS=-mod=mod go mod tidy >&2
+  GOFLAGS=-mod=mod go build -trimpath -tags "no_btrfs no_devmapper no_zfs" \
+    -ldflags "-s -w -X github.com/containerd/containerd/v2/version.Version=v${CONTAINERD_VERSION}" \
+    -o out/ github.com/containerd/containerd/v2/cmd/containerd github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2 >&2
+  mv out/containerd out/containerd-shim-runc-v2 "${BIN_DIR}/"
+}
+
+build_coredns() {
+  [[ -x "${BIN_DIR}/coredns" ]] && return 0
+  log "building CoreDNS v${COREDNS_VERSION} (kubernetes, forward, cache, errors, health, ready, loop, reload) from the Go module proxy"
+  local dir="${work}/coredns"
+  mkdir -p "${dir}" && cd "${dir}"
+  printf 'module coredns-build\n\ngo 1.26\n' > go.mod
+  cat > main.go <<'GOMAIN'
+// A CoreDNS with only the plugins the local cluster's Corefile uses.
+package main
+
+import (
+	"github.com/coredns/coredns/core/dnsserver"
+	"github.com/coredns/coredns/coremain"
+
+	_ "github.com/coredns/coredns/plugin/cache"
+	_ "github.com/coredns/coredns/plugin/errors"
+	_ "github.com/coredns/coredns/plugin/forward"
+	_ "github.com/coredns/coredns/plugin/health"
+	_ "github.com/coredns/coredns/plugin/kubernetes"
+	_ "github.com/coredns/coredns/plugin/loop"
+	_ "github.com/coredns/coredns/plugin/ready"
+	_ "github.com/coredns/coredns/plugin/reload"
+)
+
+func init() {
+	dnsserver.Directives = []string{"reload", "errors", "health", "ready", "kubernetes", "cache", "loop", "forward"}
+}
+
+func main() { coremain.Run() }
+GOMAIN
+  GOFLAGS=-mod=mod go get "github.com/coredns/coredns@v${COREDNS_VERSION}" >&2
+  GOFLAGS=-mod=mod go mod tidy >&2
+  GOFLAGS=-mod=mod go build -trimpath -ldflags "-s -w" -o "${BIN_DIR}/coredns.tmp" . >&2
+  mv "${BIN_DIR}/coredns.tmp" "${BIN_DIR}/coredns"
+}
+
+build_containerd
+build_coredns
+build_kubernetes
+echo "${BIN_DIR}"

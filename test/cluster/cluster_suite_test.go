@@ -1,0 +1,254 @@
+//go:build cluster
+
+/*
+Copyright 2026 The code-sandbox-operator Authors.
+
+Licensed under the MIT License; see the LICENSE file.
+*/
+
+// Package cluster tests the operator as a platform team runs it: deployed
+// with `make deploy` into a real cluster (make cluster-up: a kubelet on
+// containerd, kube-proxy, CoreDNS), its manager DaemonSet, webhook and MCP
+// server running as pods with their shipped security contexts, probes,
+// ServiceAccount tokens and RBAC. Like test/e2e it imports nothing from this
+// module and drives the system only through kubectl, the kubectl plugin, an
+// MCP client and the Docker CLI.
+//
+// Run it with `make test-cluster` after
+//
+//	make cluster-up && make docker-build cluster-load deploy
+//
+// (KUBECONFIG is bin/cluster/kubeconfig). The suite ends with `make
+// undeploy` and checks that nothing is left, then deploys again so that the
+// cluster is as it found it.
+package cluster
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	. "github.com/onsi/ginkgo/v2"
+	. "github.com/onsi/gomega"
+)
+
+const (
+	// operatorNS is config/default's namespace; prefix its namePrefix.
+	operatorNS = "code-sandbox-system"
+	prefix     = "code-sandbox-"
+
+	labelPrefix = "sandbox.code-sandbox.dev/"
+	nodeLabel   = labelPrefix + "node"
+	uidLabel    = labelPrefix + "sandbox-uid"
+
+	// sampleImage is config/samples' image; make test-images builds it.
+	sampleImage = "code-sandbox-test/python:3"
+)
+
+var (
+	repoRoot   string
+	kubeconfig string
+	kubectlBin string
+	pluginBin  string
+	nodeName   string
+)
+
+func TestCluster(t *testing.T) {
+	RegisterFailHandler(Fail)
+	RunSpecs(t, "code-sandbox-operator on a real cluster")
+}
+
+var _ = BeforeSuite(func(ctx SpecContext) {
+	var err error
+	repoRoot, err = findRepoRoot()
+	Expect(err).NotTo(HaveOccurred())
+	kubeconfig = os.Getenv("KUBECONFIG")
+	if kubeconfig == "" {
+		kubeconfig = filepath.Join(repoRoot, "bin", "cluster", "kubeconfig")
+	}
+	Expect(kubeconfig).To(BeAnExistingFile(), "no cluster: run `make cluster-up`")
+	kubectlBin = os.Getenv("KUBECTL")
+	if kubectlBin == "" {
+		kubectlBin = "kubectl"
+	}
+	pluginBin = filepath.Join(repoRoot, "bin", "kubectl-sandbox")
+	Expect(pluginBin).To(BeAnExistingFile(), "run `make build`")
+
+	_, err = run(ctx, "", nil, "docker", "image", "inspect", "--format", "{{.Id}}", sampleImage)
+	Expect(err).NotTo(HaveOccurred(), "the sample's image is missing; run `make test-images`")
+
+	out, err := kubectl(ctx, "get", "nodes", "-o", "jsonpath={.items[*].metadata.name}")
+	Expect(err).NotTo(HaveOccurred())
+	nodes := strings.Fields(out)
+	Expect(nodes).To(HaveLen(1), "the suite expects the single-node cluster of make cluster-up")
+	nodeName = nodes[0]
+	_, err = kubectl(ctx, "wait", "--for=condition=Ready", "node/"+nodeName, "--timeout=60s")
+	Expect(err).NotTo(HaveOccurred())
+
+	By("waiting for the operator's workloads (make docker-build cluster-load deploy)")
+	Expect(waitOperatorRollout(ctx)).To(Succeed())
+}, NodeTimeout(5*time.Minute))
+
+// waitOperatorRollout waits until the manager DaemonSet and the webhook and
+// MCP Deployments are rolled out and Ready.
+func waitOperatorRollout(ctx context.Context) error {
+	for _, w := range []string{"daemonset/" + prefix + "controller-manager", "deployment/" + prefix + "webhook", "deployment/" + prefix + "mcp-server"} {
+		if out, err := kubectl(ctx, "rollout", "status", "-n", operatorNS, w, "--timeout=180s"); err != nil {
+			return fmt.Errorf("%s is not rolled out: %w\n%s\n%s", w, err, out, describeOperator(ctx))
+		}
+	}
+	if out, err := kubectl(ctx, "wait", "--for=condition=Available", "apiservice/v1alpha1.subresources.sandbox.code-sandbox.dev", "--timeout=120s"); err != nil {
+		return fmt.Errorf("the aggregated API is not available: %w\n%s", err, out)
+	}
+	return nil
+}
+
+// describeOperator is what an operator of the cluster would look at.
+func describeOperator(ctx context.Context) string {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+	defer cancel()
+	var b strings.Builder
+	for _, args := range [][]string{
+		{"get", "pods", "-n", operatorNS, "-o", "wide"},
+		{"get", "events", "-n", operatorNS, "--sort-by=.lastTimestamp"},
+	} {
+		out, err := kubectl(ctx, args...)
+		fmt.Fprintf(&b, "$ kubectl %s\n%s", strings.Join(args, " "), out)
+		if err != nil {
+			fmt.Fprintf(&b, "(%v)\n", err)
+		}
+	}
+	return b.String()
+}
+
+func describeSandbox(ctx context.Context, ns, name string) string {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+	defer cancel()
+	var b strings.Builder
+	for _, args := range [][]string{
+		{"get", "sandbox", name, "-n", ns, "-o", "yaml"},
+		{"get", "events", "-n", ns, "--field-selector", "involvedObject.name=" + name},
+		{"logs", "-n", operatorNS, "-l", "app.kubernetes.io/component=manager", "--tail=40"},
+	} {
+		out, err := kubectl(ctx, args...)
+		fmt.Fprintf(&b, "$ kubectl %s\n%s", strings.Join(args, " "), out)
+		if err != nil {
+			fmt.Fprintf(&b, "(%v)\n", err)
+		}
+	}
+	return b.String()
+}
+
+func findRepoRoot() (string, error) {
+	dir, err := os.Getwd()
+	if err != nil {
+		return "", err
+	}
+	for {
+		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
+			return dir, nil
+		}
+		parent := filepath.Dir(dir)
+		if parent == dir {
+			return "", fmt.Errorf("no go.mod above the working directory")
+		}
+		dir = parent
+	}
+}
+
+// run runs a command and returns its stdout; the error carries stderr.
+func run(ctx context.Context, dir string, stdin io.Reader, name string, args ...string) (string, error) {
+	cmd := exec.CommandContext(ctx, name, args...)
+	cmd.Dir = dir
+	cmd.Stdin = stdin
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout = &stdout
+	cmd.Stderr = &stderr
+	fmt.Fprintf(GinkgoWriter, "$ %s %s\n", name, strings.Join(args, " "))
+	err := cmd.Run()
+	if err != nil {
+		return stdout.String(), fmt.Errorf("%s %s: %w: %s", name, strings.Join(args, " "), err, strings.TrimSpace(stderr.String()))
+	}
+	return stdout.String(), nil
+}
+
+func kubectl(ctx context.Context, args ...string) (string, error) {
+	return run(ctx, "", nil, kubectlBin, append([]string{"--kubeconfig", kubeconfig}, args...)...)
+}
+
+func kubectlApply(ctx context.Context, yaml string) error {
+	_, err := run(ctx, "", strings.NewReader(yaml), kubectlBin, "--kubeconfig", kubeconfig, "apply", "-f", "-")
+	return err
+}
+
+func plugin(ctx context.Context, stdin io.Reader, args ...string) (string, error) {
+	return run(ctx, "", stdin, pluginBin, append([]string{"--kubeconfig", kubeconfig}, args...)...)
+}
+
+func docker(ctx context.Context, args ...string) (string, error) {
+	return run(ctx, "", nil, "docker", args...)
+}
+
+func mustKubectl(ctx context.Context, args ...string) string {
+	GinkgoHelper()
+	out, err := kubectl(ctx, args...)
+	Expect(err).NotTo(HaveOccurred())
+	return strings.TrimSpace(out)
+}
+
+// One ordered tree, so that uninstalling comes last.
+var _ = Describe("the operator on a real cluster", Ordered, func() {
+	sandboxSpecs()
+	mcpSpecs()
+	benchSpecs()
+
+	Describe("make undeploy", Ordered, Label("undeploy"), func() {
+		It("leaves no containers, CRDs, webhooks or APIService behind, and deploys again", func(ctx SpecContext) {
+			// A Sandbox left running, for undeploy to remove.
+			_, _ = kubectl(ctx, "create", "namespace", "cluster-undeploy")
+			Expect(kubectlApply(ctx, `apiVersion: sandbox.code-sandbox.dev/v1alpha1
+kind: Sandbox
+metadata:
+  name: left
+  namespace: cluster-undeploy
+spec:
+  image: `+sampleImage+`
+  imagePullPolicy: Never
+  activeDeadlineSeconds: 600
+`)).To(Succeed())
+			_, err := kubectl(ctx, "wait", "--for=condition=Ready", "sandbox/left", "-n", "cluster-undeploy", "--timeout=120s")
+			Expect(err).NotTo(HaveOccurred(), describeSandbox(ctx, "cluster-undeploy", "left"))
+
+			out, err := run(ctx, repoRoot, nil, "make", "undeploy", "KUBECONFIG="+kubeconfig)
+			Expect(err).NotTo(HaveOccurred(), out)
+			// Whatever is found below, put the operator back for the next run.
+			DeferCleanup(func(ctx SpecContext) {
+				out, err := run(ctx, repoRoot, nil, "make", "deploy", "KUBECONFIG="+kubeconfig)
+				Expect(err).NotTo(HaveOccurred(), out)
+				Expect(waitOperatorRollout(ctx)).To(Succeed())
+			}, NodeTimeout(5*time.Minute))
+			_, _ = kubectl(ctx, "delete", "namespace", "cluster-undeploy", "--wait=false")
+
+			Eventually(func() (string, error) {
+				out, err := docker(ctx, "ps", "-aq", "--filter", "label="+nodeLabel+"="+nodeName)
+				return strings.TrimSpace(out), err
+			}).WithContext(ctx).WithTimeout(time.Minute).Should(BeEmpty(), "sandbox containers left on the node")
+			Expect(mustKubectl(ctx, "get", "crds", "-o", "name")).NotTo(ContainSubstring("code-sandbox.dev"))
+			Expect(mustKubectl(ctx, "get", "validatingwebhookconfigurations", "-o", "name")).NotTo(ContainSubstring("code-sandbox"))
+			Expect(mustKubectl(ctx, "get", "validatingadmissionpolicies", "-o", "name")).NotTo(ContainSubstring("sandbox"))
+			Expect(mustKubectl(ctx, "get", "apiservices", "-o", "name")).NotTo(ContainSubstring("code-sandbox.dev"))
+			Expect(mustKubectl(ctx, "get", "clusterroles", "-o", "name")).NotTo(ContainSubstring("code-sandbox-"))
+			Eventually(func() (string, error) {
+				out, _ := kubectl(ctx, "get", "namespace", operatorNS, "-o", "name", "--ignore-not-found")
+				return strings.TrimSpace(out), nil
+			}).WithContext(ctx).WithTimeout(2*time.Minute).Should(BeEmpty(), "the operator's namespace is still there")
+		}, NodeTimeout(6*time.Minute))
+	})
+})

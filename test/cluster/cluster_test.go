@@ -1,0 +1,276 @@
+//go:build cluster
+
+/*
+Copyright 2026 The code-sandbox-operator Authors.
+
+Licensed under the MIT License; see the LICENSE file.
+*/
+
+package cluster
+
+import (
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	. "github.com/onsi/ginkgo/v2"
+	. "github.com/onsi/gomega"
+)
+
+func sandboxSpecs() {
+	Describe("a Sandbox from the manager DaemonSet", Ordered, func() {
+		const ns = "cluster-e2e"
+		var sandboxUID, containerID string
+
+		BeforeAll(func(ctx SpecContext) {
+			_, _ = kubectl(ctx, "delete", "namespace", ns, "--ignore-not-found", "--wait", "--timeout=120s")
+			mustKubectl(ctx, "create", "namespace", ns)
+			DeferCleanup(func(ctx SpecContext) {
+				_, _ = kubectl(ctx, "delete", "sandboxes", "--all", "-n", ns, "--wait", "--timeout=90s")
+				_, _ = kubectl(ctx, "delete", "namespace", ns, "--ignore-not-found", "--wait=false")
+			}, NodeTimeout(3*time.Minute))
+		}, NodeTimeout(3*time.Minute))
+
+		It("runs every operator pod Ready, with its shipped security context, probes and limits", func(ctx SpecContext) {
+			out := mustKubectl(ctx, "get", "pods", "-n", operatorNS, "-o", "json")
+			var pods struct {
+				Items []struct {
+					Metadata struct{ Name string }
+					Spec     struct {
+						NodeName        string `json:"nodeName"`
+						SecurityContext struct {
+							RunAsNonRoot *bool  `json:"runAsNonRoot"`
+							RunAsUser    *int64 `json:"runAsUser"`
+							Seccomp      *struct {
+								Type string
+							} `json:"seccompProfile"`
+						} `json:"securityContext"`
+						Containers []struct {
+							Name            string
+							SecurityContext struct {
+								AllowPrivilegeEscalation *bool `json:"allowPrivilegeEscalation"`
+								Privileged               *bool
+								ReadOnlyRootFilesystem   *bool `json:"readOnlyRootFilesystem"`
+								Capabilities             struct{ Drop []string }
+							} `json:"securityContext"`
+							LivenessProbe  *json.RawMessage `json:"livenessProbe"`
+							ReadinessProbe *json.RawMessage `json:"readinessProbe"`
+							Resources      struct {
+								Limits map[string]string
+							}
+						}
+					}
+					Status struct {
+						Conditions []struct{ Type, Status string }
+					}
+				}
+			}
+			Expect(json.Unmarshal([]byte(out), &pods)).To(Succeed())
+			seen := map[string]bool{}
+			for _, p := range pods.Items {
+				ready := false
+				for _, c := range p.Status.Conditions {
+					if c.Type == "Ready" && c.Status == "True" {
+						ready = true
+					}
+				}
+				Expect(ready).To(BeTrue(), "pod %s is not Ready\n%s", p.Metadata.Name, describeOperator(ctx))
+				Expect(p.Spec.NodeName).To(Equal(nodeName))
+				Expect(p.Spec.SecurityContext.Seccomp).NotTo(BeNil(), p.Metadata.Name)
+				Expect(p.Spec.SecurityContext.Seccomp.Type).To(Equal("RuntimeDefault"), p.Metadata.Name)
+				for _, c := range p.Spec.Containers {
+					seen[c.Name] = true
+					sc := c.SecurityContext
+					Expect(sc.AllowPrivilegeEscalation).To(HaveValue(BeFalse()), "%s/%s", p.Metadata.Name, c.Name)
+					Expect(sc.Privileged == nil || !*sc.Privileged).To(BeTrue(), "%s/%s", p.Metadata.Name, c.Name)
+					Expect(sc.ReadOnlyRootFilesystem).To(HaveValue(BeTrue()), "%s/%s", p.Metadata.Name, c.Name)
+					Expect(sc.Capabilities.Drop).To(ContainElement("ALL"), "%s/%s", p.Metadata.Name, c.Name)
+					Expect(c.LivenessProbe).NotTo(BeNil(), "%s/%s", p.Metadata.Name, c.Name)
+					Expect(c.ReadinessProbe).NotTo(BeNil(), "%s/%s", p.Metadata.Name, c.Name)
+					Expect(c.Resources.Limits).To(HaveKey("memory"), "%s/%s", p.Metadata.Name, c.Name)
+					if c.Name != "manager" {
+						// Only the node manager runs as root (the Docker socket).
+						Expect(p.Spec.SecurityContext.RunAsNonRoot).To(HaveValue(BeTrue()), "%s/%s", p.Metadata.Name, c.Name)
+					}
+				}
+			}
+			Expect(seen).To(HaveKey("manager"))
+			Expect(seen).To(HaveKey("webhook"))
+			Expect(seen).To(HaveKey("mcp-server"))
+		})
+
+		It("makes a Sandbox Ready from the DaemonSet's manager, as a hardened container on the node's Docker", func(ctx SpecContext) {
+			Expect(kubectlApply(ctx, fmt.Sprintf(`apiVersion: sandbox.code-sandbox.dev/v1alpha1
+kind: Sandbox
+metadata:
+  name: first
+  namespace: %s
+spec:
+  image: %s
+  imagePullPolicy: Never
+  activeDeadlineSeconds: 1800
+`, ns, sampleImage))).To(Succeed())
+			_, err := kubectl(ctx, "wait", "--for=condition=Ready", "sandbox/first", "-n", ns, "--timeout=120s")
+			Expect(err).NotTo(HaveOccurred(), describeSandbox(ctx, ns, "first"))
+			Expect(mustKubectl(ctx, "get", "sandbox/first", "-n", ns, "-o", "jsonpath={.status.nodeName}")).To(Equal(nodeName))
+			sandboxUID = mustKubectl(ctx, "get", "sandbox/first", "-n", ns, "-o", "jsonpath={.metadata.uid}")
+			containerID = mustKubectl(ctx, "get", "sandbox/first", "-n", ns, "-o", "jsonpath={.status.containerID}")
+			Expect(containerID).NotTo(BeEmpty())
+
+			ids, err := docker(ctx, "ps", "-q", "--no-trunc", "--filter", "label="+uidLabel+"="+sandboxUID)
+			Expect(err).NotTo(HaveOccurred())
+			Expect(strings.Fields(ids)).To(ConsistOf(HavePrefix(strings.TrimPrefix(containerID, "docker://"))))
+
+			out, err := docker(ctx, "inspect", strings.Fields(ids)[0])
+			Expect(err).NotTo(HaveOccurred())
+			var inspect []struct {
+				Config struct {
+					User   string
+					Labels map[string]string
+				}
+				HostConfig struct {
+					Privileged     bool
+					CapDrop        []string
+					CapAdd         []string
+					SecurityOpt    []string
+					ReadonlyRootfs bool
+					NetworkMode    string
+					PidsLimit      *int64
+					Memory         int64
+					MemorySwap     int64
+					NanoCpus       int64 `json:"NanoCpus"`
+					Init           *bool
+					MaskedPaths    []string
+					Binds          []string
+					PidMode        string
+					IpcMode        string
+					UsernsMode     string
+					RestartPolicy  struct{ Name string }
+					Tmpfs          map[string]string
+				}
+				Mounts []struct{ Source, Destination string }
+			}
+			Expect(json.Unmarshal([]byte(out), &inspect)).To(Succeed())
+			Expect(inspect).To(HaveLen(1))
+			c := inspect[0]
+			hc := c.HostConfig
+			Expect(hc.Privileged).To(BeFalse())
+			Expect(hc.CapDrop).To(ContainElement("ALL"))
+			Expect(hc.CapAdd).To(BeEmpty())
+			Expect(hc.SecurityOpt).To(ContainElement(HavePrefix("no-new-privileges")))
+			for _, o := range hc.SecurityOpt {
+				Expect(o).NotTo(ContainSubstring("unconfined"))
+			}
+			Expect(hc.ReadonlyRootfs).To(BeTrue())
+			Expect(hc.NetworkMode).To(Equal("none"))
+			Expect(hc.PidsLimit).To(HaveValue(BeNumerically(">", 0)))
+			Expect(hc.Memory).To(BeNumerically(">", 0))
+			Expect(hc.MemorySwap).To(Equal(hc.Memory), "no swap on top of the memory limit")
+			Expect(hc.NanoCpus).To(BeNumerically(">", 0))
+			Expect(hc.Init).To(HaveValue(BeTrue()))
+			Expect(hc.MaskedPaths).NotTo(BeEmpty(), "Docker's default masked paths apply")
+			Expect(hc.PidMode).NotTo(Equal("host"))
+			Expect(hc.IpcMode).NotTo(Equal("host"))
+			Expect(hc.UsernsMode).NotTo(Equal("host"))
+			Expect(hc.RestartPolicy.Name).To(BeElementOf("", "no"))
+			for _, m := range c.Mounts {
+				Expect(m.Source).NotTo(ContainSubstring("docker.sock"))
+			}
+			Expect(c.Config.User).NotTo(BeElementOf("", "0", "root", "0:0"))
+			Expect(c.Config.Labels).To(HaveKeyWithValue(nodeLabel, nodeName))
+		}, NodeTimeout(3*time.Minute))
+
+		It("streams kubectl sandbox exec, cp and logs through the API server and the aggregated API", func(ctx SpecContext) {
+			Expect(sandboxUID).NotTo(BeEmpty(), "no Sandbox from the previous spec")
+			out, err := plugin(ctx, nil, "exec", "first", "-n", ns, "--", "python3", "-c", "import sys; print(6*7); print('to stderr', file=sys.stderr)")
+			Expect(err).NotTo(HaveOccurred())
+			Expect(out).To(Equal("42\n"))
+
+			out, err = plugin(ctx, strings.NewReader("from stdin\n"), "exec", "-i", "first", "-n", ns, "--", "cat")
+			Expect(err).NotTo(HaveOccurred())
+			Expect(out).To(Equal("from stdin\n"))
+
+			_, err = plugin(ctx, nil, "exec", "first", "-n", ns, "--", "sh", "-c", "exit 7")
+			Expect(err).To(HaveOccurred(), "the command's exit status reaches the caller")
+
+			dir := GinkgoT().TempDir()
+			src := filepath.Join(dir, "in.txt")
+			Expect(os.WriteFile(src, []byte("a file from the host\n"), 0o644)).To(Succeed())
+			_, err = plugin(ctx, nil, "cp", src, ns+"/first:/tmp/in.txt")
+			Expect(err).NotTo(HaveOccurred())
+			out, err = plugin(ctx, nil, "exec", "first", "-n", ns, "--", "cat", "/tmp/in.txt")
+			Expect(err).NotTo(HaveOccurred())
+			Expect(out).To(Equal("a file from the host\n"))
+			back := filepath.Join(dir, "back.txt")
+			_, err = plugin(ctx, nil, "cp", ns+"/first:/tmp/in.txt", back)
+			Expect(err).NotTo(HaveOccurred())
+			Expect(os.ReadFile(back)).To(Equal([]byte("a file from the host\n")))
+
+			_, err = plugin(ctx, nil, "logs", "first", "-n", ns)
+			Expect(err).NotTo(HaveOccurred())
+			out, err = plugin(ctx, nil, "logs", "first", "-n", ns, "--history")
+			if err == nil {
+				Expect(out).To(ContainSubstring("cat"))
+			}
+		}, NodeTimeout(3*time.Minute))
+
+		It("adopts running sandboxes when the DaemonSet recreates a deleted manager pod", func(ctx SpecContext) {
+			Expect(sandboxUID).NotTo(BeEmpty(), "no Sandbox from the earlier spec")
+			before, err := docker(ctx, "ps", "-q", "--no-trunc", "--filter", "label="+nodeLabel+"="+nodeName)
+			Expect(err).NotTo(HaveOccurred())
+			old := mustKubectl(ctx, "get", "pods", "-n", operatorNS, "-l", "app.kubernetes.io/component=manager", "-o", "jsonpath={.items[*].metadata.name}")
+			Expect(strings.Fields(old)).To(HaveLen(1))
+
+			mustKubectl(ctx, "delete", "pod", "-n", operatorNS, old, "--wait", "--timeout=60s")
+			Eventually(func() (string, error) {
+				out, err := kubectl(ctx, "get", "pods", "-n", operatorNS, "-l", "app.kubernetes.io/component=manager",
+					"-o", `jsonpath={range .items[*]}{.metadata.name} {.status.conditions[?(@.type=="Ready")].status}{"\n"}{end}`)
+				return strings.TrimSpace(out), err
+			}).WithContext(ctx).WithTimeout(2*time.Minute).WithPolling(2*time.Second).
+				Should(And(HaveSuffix(" True"), Not(HavePrefix(old+" "))), describeOperator(ctx))
+
+			after, err := docker(ctx, "ps", "-q", "--no-trunc", "--filter", "label="+nodeLabel+"="+nodeName)
+			Expect(err).NotTo(HaveOccurred())
+			Expect(strings.Fields(after)).To(ConsistOf(strings.Fields(before)), "the same containers, none recreated")
+			Expect(mustKubectl(ctx, "get", "sandbox/first", "-n", ns, "-o", "jsonpath={.status.containerID}")).To(Equal(containerID))
+			Eventually(func() (string, error) {
+				return plugin(ctx, nil, "exec", "first", "-n", ns, "--", "echo", "still here")
+			}).WithContext(ctx).WithTimeout(90 * time.Second).WithPolling(2 * time.Second).Should(Equal("still here\n"))
+		}, NodeTimeout(4*time.Minute))
+
+		It("keeps Sandboxes running through kubectl drain of the node (they are Docker containers, not pods)", func(ctx SpecContext) {
+			Expect(sandboxUID).NotTo(BeEmpty(), "no Sandbox from the earlier spec")
+			DeferCleanup(func(ctx SpecContext) {
+				mustKubectl(ctx, "uncordon", nodeName)
+				Expect(waitOperatorRollout(ctx)).To(Succeed())
+			}, NodeTimeout(4*time.Minute))
+			// On one node the webhook's PodDisruptionBudget (minAvailable 1)
+			// keeps its last replica: the evicted ones have nowhere to go, so
+			// drain gives up on it after the timeout. The manager is a
+			// DaemonSet pod (--ignore-daemonsets) and stays.
+			_, err := kubectl(ctx, "drain", nodeName, "--ignore-daemonsets", "--delete-emptydir-data", "--timeout=30s")
+			Expect(err).To(MatchError(ContainSubstring("disruption budget")))
+			Expect(mustKubectl(ctx, "get", "sandbox/first", "-n", ns, "-o", `jsonpath={.status.containerID} {.status.conditions[?(@.type=="Ready")].status}`)).
+				To(Equal(containerID + " True"))
+			out, err := plugin(ctx, nil, "exec", "first", "-n", ns, "--", "echo", "drained")
+			Expect(err).NotTo(HaveOccurred())
+			Expect(out).To(Equal("drained\n"))
+			Eventually(func() ([]string, error) {
+				out, err := kubectl(ctx, "get", "pods", "-n", operatorNS, "-l", "app.kubernetes.io/component=webhook",
+					"--field-selector=status.phase=Running", "-o", "name")
+				return strings.Fields(out), err
+			}).WithContext(ctx).WithTimeout(30*time.Second).Should(HaveLen(1), "the PodDisruptionBudget keeps one webhook replica")
+		}, NodeTimeout(6*time.Minute))
+
+		It("removes the container when the Sandbox is deleted", func(ctx SpecContext) {
+			mustKubectl(ctx, "delete", "sandbox/first", "-n", ns, "--wait", "--timeout=90s")
+			Eventually(func() (string, error) {
+				out, err := docker(ctx, "ps", "-aq", "--filter", "label="+uidLabel+"="+sandboxUID)
+				return strings.TrimSpace(out), err
+			}).WithContext(ctx).WithTimeout(30 * time.Second).Should(BeEmpty())
+		}, NodeTimeout(2*time.Minute))
+	})
+}
