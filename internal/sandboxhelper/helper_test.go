@@ -280,6 +280,29 @@ var _ = Describe("run and kill (a built helper)", unit, Ordered, func() {
 		Expect(stderr).To(ContainSubstring(helperproto.ErrorPrefix))
 	})
 
+	It("delivers everything a command wrote before it exited, even to a slow reader", func() {
+		// 512 KiB, then a last line. The command exits as soon as its last
+		// bytes are in the helper's pipe; the reader here takes about a
+		// second more for the rest, far longer than the drain grace.
+		cmd := exec.Command(helper, "run", "--id=t5", "--", "sh", "-c", "head -c 524288 /dev/zero | tr '\\0' a; echo END")
+		out, err := cmd.StdoutPipe()
+		Expect(err).NotTo(HaveOccurred())
+		Expect(cmd.Start()).To(Succeed())
+		var got bytes.Buffer
+		buf := make([]byte, 4<<10)
+		for {
+			n, rerr := out.Read(buf)
+			got.Write(buf[:n])
+			if rerr != nil {
+				break
+			}
+			time.Sleep(8 * time.Millisecond)
+		}
+		Expect(cmd.Wait()).To(Succeed())
+		Expect(got.Len()).To(Equal(524288+len("END\n")), "output lost after the command exited")
+		Expect(strings.HasSuffix(got.String(), "END\n")).To(BeTrue())
+	})
+
 	It("kills a tree with setsid and double-fork escapees at the backstop", func() {
 		tag := "sleep 3" + randomDigits()
 		start := time.Now()

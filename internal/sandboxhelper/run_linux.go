@@ -10,6 +10,7 @@ import (
 	"os/signal"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -19,10 +20,17 @@ import (
 const (
 	prSetChildSubreaper = 36
 	// drainGrace is how long run keeps copying output after its command
-	// exited. Background children that still hold the pipes after that are
-	// abandoned: the helper exits, they are re-parented to the container's
-	// init, keep running, and get EPIPE (or SIGPIPE) when they next write.
+	// exited once nothing moves: no byte copied and no write blocked on a
+	// slow reader for that long. Background children that still hold the
+	// pipes after that are abandoned: the helper exits, they are
+	// re-parented to the container's init, keep running, and get EPIPE (or
+	// SIGPIPE) when they next write. While output still flows (the command's
+	// last writes, behind a slow exec reader) draining goes on, up to
+	// drainCap, so what the command wrote before it exited is not lost.
 	drainGrace = 150 * time.Millisecond
+	// drainCap bounds the drain when a background child writes without
+	// pause.
+	drainCap = 5 * time.Second
 	// killBudget bounds the kill loop; only an unkillable (D-state) process
 	// can exhaust it.
 	killBudget = 10 * time.Second
@@ -72,8 +80,9 @@ func run(opts runOptions, stdout, stderr io.Writer) int {
 	child := proc.Pid
 
 	copied := make(chan struct{}, 2)
-	go copyStream(outR, stdout, copied)
-	go copyStream(errR, stderr, copied)
+	var flow copyProgress
+	go copyStream(outR, stdout, &flow, copied)
+	go copyStream(errR, stderr, &flow, copied)
 
 	var backstop <-chan time.Time
 	if opts.backstop > 0 {
@@ -84,6 +93,8 @@ func run(opts runOptions, stdout, stderr io.Writer) int {
 		exited   bool
 		drain    <-chan time.Time
 		draining = 2
+		exitedAt time.Time
+		seen     int64
 	)
 	for {
 		select {
@@ -93,6 +104,7 @@ func run(opts runOptions, stdout, stderr io.Writer) int {
 				if draining == 0 {
 					return exitCode(status)
 				}
+				exitedAt, seen = time.Now(), flow.bytes.Load()
 				drain = time.After(drainGrace)
 			}
 		case <-copied:
@@ -100,6 +112,11 @@ func run(opts runOptions, stdout, stderr io.Writer) int {
 				return exitCode(status)
 			}
 		case <-drain:
+			if now := flow.bytes.Load(); (now != seen || flow.writing.Load() > 0) && time.Since(exitedAt) < drainCap {
+				seen = now
+				drain = time.After(drainGrace)
+				continue
+			}
 			return exitCode(status)
 		case <-term:
 			killTree(child, opts.id)
@@ -112,17 +129,27 @@ func run(opts runOptions, stdout, stderr io.Writer) int {
 	}
 }
 
+// copyProgress tells the drain whether output still moves.
+type copyProgress struct {
+	bytes   atomic.Int64 // copied so far, both streams
+	writing atomic.Int32 // writes under way (possibly blocked on a slow reader)
+}
+
 // copyStream copies a command's pipe to ours. When our side fails (the
 // exec's reader went away) it keeps reading and discarding, so the command
 // never blocks on a full pipe.
-func copyStream(src *os.File, dst io.Writer, done chan<- struct{}) {
+func copyStream(src *os.File, dst io.Writer, flow *copyProgress, done chan<- struct{}) {
 	defer func() { done <- struct{}{} }()
 	buf := make([]byte, 32<<10)
 	broken := false
 	for {
 		n, err := src.Read(buf)
 		if n > 0 && !broken {
-			if _, werr := dst.Write(buf[:n]); werr != nil {
+			flow.writing.Add(1)
+			_, werr := dst.Write(buf[:n])
+			flow.writing.Add(-1)
+			flow.bytes.Add(int64(n))
+			if werr != nil {
 				broken = true
 			}
 		}

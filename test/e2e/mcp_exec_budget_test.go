@@ -66,10 +66,8 @@ var _ = Describe("code-sandbox-mcp sandbox_exec output budget", Ordered, func() 
 			out, _ := m["stdout"].(string)
 			errOut, _ := m["stderr"].(string)
 			total += len(out) + len(errOut)
-			// The end of each stream is what is kept.
-			// The end of each stream is what is kept. (Under heavy load
-			// the runtime has been seen to lose the last line of a stream
-			// once in a hundred; that is not what this spec is about.)
+			// The end of each stream is what is kept, down to the last
+			// line written just before the command exited.
 			if !strings.HasSuffix(out, fmt.Sprintf("END-OUT-%d\n", i)) || !strings.HasSuffix(errOut, fmt.Sprintf("END-ERR-%d\n", i)) {
 				missingEnd++
 				GinkgoWriter.Printf("command %d: stdout ends %q, stderr ends %q\n", i, out[max(0, len(out)-80):], errOut[max(0, len(errOut)-80):])
@@ -77,7 +75,7 @@ var _ = Describe("code-sandbox-mcp sandbox_exec output budget", Ordered, func() 
 			Expect(out).To(ContainSubstring("the first"), "a marker says the start was cut")
 			Expect(m["truncated"]).To(BeTrue())
 		}
-		Expect(missingEnd).To(BeNumerically("<=", 2), "commands whose kept output does not end with their last line")
+		Expect(missingEnd).To(BeZero(), "commands whose kept output does not end with their last line")
 		Expect(total).To(BeNumerically("<=", 2<<20+100*2*200), "the call's default output budget is 2 MiB (plus markers)")
 		Expect(len(text(res))).To(BeNumerically("<", 3<<20))
 	})
