@@ -232,6 +232,47 @@ cluster-load: ## Import the images IMG and MCP_IMG from Docker into the cluster'
 test-cluster: build test-images ## Run the Ginkgo suite test/cluster against the deployed operator on the single-node cluster (cluster-up, docker-build cluster-load deploy first).
 	KUBECONFIG="$(CLUSTER_KUBECONFIG)" $(GO) test -tags cluster ./test/cluster/... -count=1 -timeout 40m -v
 
+##@ kind
+
+# For machines that can pull kind's node image (kindest/node, from a
+# registry); it has not run where this was developed (docs/cluster.md#kind).
+# config/kind/cluster.yaml mounts the host's Docker socket into the node, so
+# the manager's sandboxes run on the host's Docker Engine. See
+# docs/deploy.md#kind.
+#   make kind-up kind-deploy && export KUBECONFIG=$$PWD/bin/kind-cluster/kubeconfig
+# (bin/kind is the kind binary, hence bin/kind-cluster/ for the kubeconfig.)
+KIND_CLUSTER ?= code-sandbox
+KIND_KUBECONFIG ?= $(LOCALBIN)/kind-cluster/kubeconfig
+# Empty: the node image of the pinned kind release. Set it to a kindest/node
+# image from a mirror, or one built with `kind build node-image`.
+KIND_NODE_IMAGE ?=
+
+.PHONY: kind-up
+kind-up: kind docker-up ## Create the kind cluster code-sandbox (KIND_CLUSTER) from config/kind/cluster.yaml (pulls kindest/node), write bin/kind-cluster/kubeconfig. Safe to rerun.
+	@mkdir -p "$(dir $(KIND_KUBECONFIG))"
+	@if $(KIND) get clusters 2>/dev/null | grep -qx '$(KIND_CLUSTER)'; then \
+		echo "kind cluster $(KIND_CLUSTER) exists; writing $(KIND_KUBECONFIG)"; \
+		$(KIND) export kubeconfig --name '$(KIND_CLUSTER)' --kubeconfig "$(KIND_KUBECONFIG)"; \
+	else \
+		$(KIND) create cluster --name '$(KIND_CLUSTER)' --config config/kind/cluster.yaml --kubeconfig "$(KIND_KUBECONFIG)" $(if $(KIND_NODE_IMAGE),--image '$(KIND_NODE_IMAGE)'); \
+	fi
+
+.PHONY: kind-load
+kind-load: kind ## Load the images IMG and MCP_IMG from Docker into the kind node (after docker-build).
+	$(KIND) load docker-image --name '$(KIND_CLUSTER)' $(IMG) $(MCP_IMG)
+
+.PHONY: kind-deploy
+kind-deploy: docker-build kind-load ## Build the images, load them into the kind node and deploy to the kind cluster.
+	KUBECONFIG="$(KIND_KUBECONFIG)" $(MAKE) deploy IMG="$(IMG)" MCP_IMG="$(MCP_IMG)"
+
+# The sandboxes are containers on the host's Docker Engine, not in the node:
+# delete the Sandboxes first, while the manager still runs to remove them.
+.PHONY: kind-down
+kind-down: kind ## Delete every Sandbox, then the kind cluster and bin/kind-cluster/kubeconfig.
+	-[ ! -f "$(KIND_KUBECONFIG)" ] || kubectl --kubeconfig "$(KIND_KUBECONFIG)" delete sandboxes.sandbox.code-sandbox.dev --all --all-namespaces --ignore-not-found --wait --timeout=$(UNDEPLOY_TIMEOUT)
+	$(KIND) delete cluster --name '$(KIND_CLUSTER)'
+	rm -f "$(KIND_KUBECONFIG)"
+
 ##@ Dependencies
 
 LOCALBIN ?= $(shell pwd)/bin
@@ -241,6 +282,7 @@ $(LOCALBIN):
 CONTROLLER_GEN ?= $(LOCALBIN)/controller-gen
 KUSTOMIZE ?= $(LOCALBIN)/kustomize
 GOLANGCI_LINT ?= $(LOCALBIN)/golangci-lint
+KIND ?= $(LOCALBIN)/kind
 # test/manifests renders config/ with it.
 export KUSTOMIZE
 
@@ -248,6 +290,8 @@ export KUSTOMIZE
 CONTROLLER_TOOLS_VERSION ?= v0.23.0
 KUSTOMIZE_VERSION ?= v5.8.0
 GOLANGCI_LINT_VERSION ?= v2.15.0
+# Its default node image is kindest/node:v1.37.0, the envtest minor version.
+KIND_VERSION ?= v0.33.0
 
 .PHONY: controller-gen
 controller-gen: $(CONTROLLER_GEN) ## Download controller-gen locally if necessary.
@@ -263,6 +307,11 @@ $(KUSTOMIZE): $(LOCALBIN)
 golangci-lint: $(GOLANGCI_LINT) ## Download golangci-lint locally if necessary.
 $(GOLANGCI_LINT): $(LOCALBIN)
 	$(call go-install-tool,$(GOLANGCI_LINT),github.com/golangci/golangci-lint/v2/cmd/golangci-lint,$(GOLANGCI_LINT_VERSION))
+
+.PHONY: kind
+kind: $(KIND) ## Download kind locally if necessary.
+$(KIND): $(LOCALBIN)
+	$(call go-install-tool,$(KIND),sigs.k8s.io/kind,$(KIND_VERSION))
 
 # go-install-tool installs a pinned tool as bin/<name>-<version> and links
 # bin/<name> to it, so a version bump reinstalls.

@@ -726,6 +726,13 @@ func (c *Client) EnsureEgressNetwork(ctx context.Context) error {
 		}
 		return classify(err, "preparing the egress network")
 	}
+	if c.egressReady != nil {
+		// The firewall's rules live in this process's network namespace;
+		// they filter the sandboxes only if Docker's bridge is here too.
+		if err := egress.BridgeVisible(egress.BridgeName); err != nil {
+			return fmt.Errorf("%w: %v", ErrEgressUnavailable, err)
+		}
+	}
 	return nil
 }
 

@@ -18,6 +18,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"strings"
 
 	cerrdefs "github.com/containerd/errdefs"
@@ -138,4 +139,16 @@ func shortID(id string) string {
 		return id[:12]
 	}
 	return id
+}
+
+// BridgeVisible reports an error unless the network interface name exists
+// in this process's network namespace. The firewall's rules match the egress
+// bridge by name in the namespace they are installed in; a manager that does
+// not share the Docker host's network namespace (a kind node, a Pod without
+// hostNetwork) would install rules that never see the sandboxes' traffic.
+func BridgeVisible(name string) error {
+	if _, err := net.InterfaceByName(name); err != nil {
+		return fmt.Errorf("the egress bridge %s is not in this process's network namespace (%v): firewall rules installed here would not filter Egress sandboxes, so run the manager in the Docker host's network namespace (hostNetwork on the node that runs dockerd; not possible on kind)", name, err)
+	}
+	return nil
 }

@@ -157,3 +157,13 @@ func TestRulesOrder(t *testing.T) {
 		t.Fatalf("input rules: the node is closed but for DNS; the allow-list does not open it:\n%s", in)
 	}
 }
+
+func TestBridgeVisible(t *testing.T) {
+	if err := BridgeVisible("lo"); err != nil {
+		t.Errorf("BridgeVisible(lo) = %v, want nil", err)
+	}
+	err := BridgeVisible("csbx-absent9")
+	if err == nil || !strings.Contains(err.Error(), "not in this process's network namespace") {
+		t.Errorf("BridgeVisible(absent) = %v, want an error naming the namespace", err)
+	}
+}
