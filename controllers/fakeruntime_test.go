@@ -29,6 +29,8 @@ type fakeRuntime struct {
 	down bool
 	// createErr, when set, is what CreateAndStart returns.
 	createErr error
+	// pauseFails makes Pause fail as an unreachable Docker Engine does.
+	pauseFails bool
 	// calls records each mutating call ("create UID", "start ID",
 	// "remove ID grace").
 	calls []string
@@ -189,6 +191,39 @@ func (f *fakeRuntime) Start(_ context.Context, id string) error {
 		return fmt.Errorf("container %s: %w", id, dockerruntime.ErrNotFound)
 	}
 	ct.State = dockerruntime.ContainerState{Status: "running", Running: true}
+	f.containers[id] = ct
+	return nil
+}
+
+func (f *fakeRuntime) Pause(_ context.Context, id string) error {
+	return f.freeze(id, "pause", true)
+}
+
+func (f *fakeRuntime) Unpause(_ context.Context, id string) error {
+	return f.freeze(id, "unpause", false)
+}
+
+// freeze pauses or thaws a running container, as Docker does: only a
+// running container can be paused.
+func (f *fakeRuntime) freeze(id, verb string, paused bool) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.down || (paused && f.pauseFails) {
+		return f.unavailable(verb + " container")
+	}
+	f.calls = append(f.calls, verb+" "+id)
+	ct, ok := f.containers[id]
+	if !ok {
+		return fmt.Errorf("container %s: %w", id, dockerruntime.ErrNotFound)
+	}
+	if !ct.State.Running {
+		return fmt.Errorf("container %s is not running", id)
+	}
+	ct.State.Paused = paused
+	ct.State.Status = "running"
+	if paused {
+		ct.State.Status = "paused"
+	}
 	f.containers[id] = ct
 	return nil
 }

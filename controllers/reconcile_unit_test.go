@@ -257,6 +257,84 @@ var _ = Describe("Reconcile against a fake runtime", Label("unit"), func() {
 			wantCalls:      []string{"create " + unitUID},
 			wantEvents:     []string{"Normal Running"},
 		}),
+		Entry("pause: spec.paused freezes the running container; Ready goes False/Paused and Paused True", reconcileCase{
+			sandbox: unitSandbox(true, withReady(metav1.ConditionTrue, sandboxv1alpha1.SandboxReasonRunning),
+				func(s *sandboxv1alpha1.Sandbox) { s.Spec.Paused = true }),
+			setup:          func(e *unitEnv) { e.rt.add(e.owner(), "running") },
+			wantReady:      "False/Paused",
+			wantContainers: 1,
+			wantCalls:      []string{"pause "},
+			wantNoCalls:    []string{"create", "remove", "unpause"},
+			wantEvents:     []string{"Normal Paused"},
+			check: func(e *unitEnv, sbx *sandboxv1alpha1.Sandbox) {
+				Expect(meta.IsStatusConditionTrue(sbx.Status.Conditions, string(sandboxv1alpha1.SandboxConditionPaused))).To(BeTrue())
+				ct, err := e.rt.Find(context.Background(), unitUID)
+				Expect(err).NotTo(HaveOccurred())
+				Expect(ct.State.Paused).To(BeTrue())
+			},
+		}),
+		Entry("pause: a paused container stays paused without another call", reconcileCase{
+			sandbox: unitSandbox(true, withReady(metav1.ConditionFalse, sandboxv1alpha1.SandboxReasonPaused),
+				func(s *sandboxv1alpha1.Sandbox) { s.Spec.Paused = true }),
+			setup: func(e *unitEnv) {
+				id := e.rt.add(e.owner(), "running")
+				Expect(e.rt.Pause(context.Background(), id)).To(Succeed())
+				e.rt.calls = nil
+			},
+			wantReady:      "False/Paused",
+			wantContainers: 1,
+			wantNoCalls:    []string{"pause", "unpause", "create", "remove"},
+		}),
+		Entry("resume: spec.paused false thaws the container; Ready True/Running, Paused False/Resumed", reconcileCase{
+			sandbox: unitSandbox(true, withReady(metav1.ConditionFalse, sandboxv1alpha1.SandboxReasonPaused),
+				func(s *sandboxv1alpha1.Sandbox) {
+					meta.SetStatusCondition(&s.Status.Conditions, metav1.Condition{Type: "Paused", Status: metav1.ConditionTrue, Reason: "Paused", Message: "m"})
+				}),
+			setup: func(e *unitEnv) {
+				id := e.rt.add(e.owner(), "running")
+				Expect(e.rt.Pause(context.Background(), id)).To(Succeed())
+			},
+			wantReady:      "True/Running",
+			wantContainers: 1,
+			wantCalls:      []string{"unpause "},
+			wantNoCalls:    []string{"create", "remove"},
+			wantEvents:     []string{"Normal Running"},
+			check: func(e *unitEnv, sbx *sandboxv1alpha1.Sandbox) {
+				c := meta.FindStatusCondition(sbx.Status.Conditions, string(sandboxv1alpha1.SandboxConditionPaused))
+				Expect(c).NotTo(BeNil())
+				Expect(c.Status).To(Equal(metav1.ConditionFalse))
+				Expect(c.Reason).To(Equal(sandboxv1alpha1.SandboxReasonResumed))
+				ct, err := e.rt.Find(context.Background(), unitUID)
+				Expect(err).NotTo(HaveOccurred())
+				Expect(ct.State.Paused).To(BeFalse())
+			},
+		}),
+		Entry("pause: a Sandbox created paused starts, is frozen, and its lifetime counts from the start", reconcileCase{
+			sandbox: unitSandbox(true, func(s *sandboxv1alpha1.Sandbox) {
+				s.Spec.Paused = true
+				s.Spec.ActiveDeadlineSeconds = ptr.To[int64](60)
+			}),
+			wantReady:      "False/Paused",
+			wantContainers: 1,
+			wantCalls:      []string{"create " + unitUID, "pause "},
+			wantRequeue:    time.Minute,
+			wantEvents:     []string{"Normal Paused"},
+			check: func(e *unitEnv, sbx *sandboxv1alpha1.Sandbox) {
+				Expect(sbx.Status.StartTime).NotTo(BeNil())
+			},
+		}),
+		Entry("pause: Docker down while pausing is DockerUnavailable with a retry", reconcileCase{
+			sandbox: unitSandbox(true, withReady(metav1.ConditionTrue, sandboxv1alpha1.SandboxReasonRunning),
+				func(s *sandboxv1alpha1.Sandbox) { s.Spec.Paused = true }),
+			setup: func(e *unitEnv) {
+				e.rt.add(e.owner(), "running")
+				e.rt.pauseFails = true
+			},
+			wantErr:        dockerruntime.ErrUnavailable,
+			wantReady:      "False/DockerUnavailable",
+			wantContainers: 1,
+			wantEvents:     []string{"Warning DockerUnavailable"},
+		}),
 		Entry("create: an invalid spec is reported, not retried", reconcileCase{
 			sandbox:     unitSandbox(true, func(s *sandboxv1alpha1.Sandbox) { s.Spec.Runtime = "kata" }),
 			wantReady:   "False/" + sandboxv1alpha1.SandboxReasonCreateFailed,

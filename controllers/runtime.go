@@ -30,6 +30,10 @@ type Runtime interface {
 	CreateAndStart(ctx context.Context, spec dockerruntime.Spec) (dockerruntime.Container, error)
 	// Start starts a created container.
 	Start(ctx context.Context, id string) error
+	// Pause freezes a running container; Unpause thaws it. Both are
+	// idempotent.
+	Pause(ctx context.Context, id string) error
+	Unpause(ctx context.Context, id string) error
 	// Remove stops (SIGTERM, grace, SIGKILL) and removes a container.
 	Remove(ctx context.Context, id string, grace time.Duration) error
 	// ListManaged lists this operator's containers that match the filter.

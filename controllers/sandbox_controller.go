@@ -276,8 +276,8 @@ func (r *SandboxReconciler) reconcile(ctx context.Context, sbx *sandboxv1alpha1.
 
 	sbx.Status.ContainerID = ct.ID
 	switch ct.State.Status {
-	case "running":
-		return r.markRunning(sbx, ct.ID, requeueAfter), nil
+	case "running", "paused":
+		return r.settlePaused(ctx, sbx, ct, requeueAfter)
 	case "created":
 		// A manager died between create and start; adopt and start it.
 		log.Info("starting adopted container", "container", dockerruntime.ShortID(ct.ID))
@@ -299,7 +299,7 @@ func (r *SandboxReconciler) reconcile(ctx context.Context, sbx *sandboxv1alpha1.
 		// Sandboxes are not restarted in place: the agent's state is gone.
 		return ctrl.Result{RequeueAfter: requeueAfter}, nil
 	default:
-		// paused, restarting or removing: transient; look again shortly.
+		// restarting or removing: transient; look again shortly.
 		r.setReady(sbx, metav1.ConditionFalse, sandboxv1alpha1.SandboxReasonProvisioning, "container is "+ct.State.Status)
 		return ctrl.Result{RequeueAfter: time.Second}, nil
 	}
@@ -321,9 +321,44 @@ func (r *SandboxReconciler) create(ctx context.Context, sbx *sandboxv1alpha1.San
 	// The start event will requeue us; checking state right away keeps the
 	// create-to-Ready path short.
 	if ct.State.Running {
-		return r.markRunning(sbx, ct.ID, requeueAfter), nil
+		return r.settlePaused(ctx, sbx, ct, requeueAfter)
 	}
 	return ctrl.Result{RequeueAfter: 100 * time.Millisecond}, nil
+}
+
+// settlePaused brings a live container's freezer state in line with
+// spec.paused, then records it: Ready and Running when thawed, Ready=False
+// and Paused when frozen. The lifetime counts from the first start either
+// way, so a Sandbox created paused still expires on time.
+func (r *SandboxReconciler) settlePaused(ctx context.Context, sbx *sandboxv1alpha1.Sandbox, ct dockerruntime.Container, requeueAfter time.Duration) (ctrl.Result, error) {
+	switch {
+	case sbx.Spec.Paused && !ct.State.Paused:
+		if err := r.docker.Pause(ctx, ct.ID); err != nil {
+			return r.dockerFailure(ctx, sbx, err)
+		}
+	case !sbx.Spec.Paused && ct.State.Paused:
+		if err := r.docker.Unpause(ctx, ct.ID); err != nil {
+			return r.dockerFailure(ctx, sbx, err)
+		}
+	}
+	result := r.markRunning(sbx, ct.ID, requeueAfter)
+	paused := meta.FindStatusCondition(sbx.Status.Conditions, string(sandboxv1alpha1.SandboxConditionPaused))
+	switch {
+	case sbx.Spec.Paused:
+		msg := "container " + dockerruntime.ShortID(ct.ID) + " is paused (spec.paused is true); set spec.paused to false to resume it"
+		r.setReady(sbx, metav1.ConditionFalse, sandboxv1alpha1.SandboxReasonPaused, msg)
+		meta.SetStatusCondition(&sbx.Status.Conditions, metav1.Condition{
+			Type: string(sandboxv1alpha1.SandboxConditionPaused), Status: metav1.ConditionTrue,
+			Reason: sandboxv1alpha1.SandboxReasonPaused, Message: msg, ObservedGeneration: sbx.Generation,
+		})
+	case paused != nil:
+		meta.SetStatusCondition(&sbx.Status.Conditions, metav1.Condition{
+			Type: string(sandboxv1alpha1.SandboxConditionPaused), Status: metav1.ConditionFalse,
+			Reason: sandboxv1alpha1.SandboxReasonResumed, Message: "container " + dockerruntime.ShortID(ct.ID) + " was resumed",
+			ObservedGeneration: sbx.Generation,
+		})
+	}
+	return result, nil
 }
 
 // markRunning records a running container: Ready, and on the first start the
@@ -491,7 +526,7 @@ func (r *SandboxReconciler) recordTransition(sbx *sandboxv1alpha1.Sandbox, old *
 	}
 	eventType := "Warning"
 	switch now.Reason {
-	case sandboxv1alpha1.SandboxReasonRunning, sandboxv1alpha1.SandboxReasonProvisioning:
+	case sandboxv1alpha1.SandboxReasonRunning, sandboxv1alpha1.SandboxReasonProvisioning, sandboxv1alpha1.SandboxReasonPaused:
 		eventType = "Normal"
 	}
 	r.recorder.Eventf(sbx, nil, eventType, now.Reason, "Reconcile", "%s", now.Message)

@@ -25,13 +25,16 @@ import (
 	cerrdefs "github.com/containerd/errdefs"
 	"github.com/docker/docker/api/types/container"
 	"github.com/docker/docker/api/types/image"
+	"github.com/docker/docker/pkg/stdcopy"
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
 	eventsv1 "k8s.io/api/events/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/utils/clock"
 	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
@@ -833,6 +836,44 @@ var _ = Describe("Sandbox validation", func() {
 		Entry("bad node name", map[string]any{"image": "x", "nodeName": "Node_1"}, "spec.nodeName"),
 	)
 
+	It("pauses a Sandbox (no CPU, exec refused) and resumes it with its files and processes", func() {
+		node := testNodePrefix + "pause"
+		startManager(node, managerConfig{})
+		// A busy loop, so that a frozen container's CPU usage standing still
+		// means something.
+		sbx := waitReady(createSandbox(newSandbox(ns, "pause", node, func(s *sandboxv1alpha1.Sandbox) {
+			s.Spec.Command = []string{"sh", "-c", "echo kept > /app/f; while :; do :; done"}
+		})))
+		key := client.ObjectKeyFromObject(sbx)
+		id := sbx.Status.ContainerID
+		pidBefore := inspect(id).State.Pid
+		Expect(cpuUsage(id)).To(BeNumerically(">", 0))
+
+		setPaused(key, true)
+		Eventually(readyReason(key), 30*time.Second, 100*time.Millisecond).Should(Equal("False/Paused"))
+		Expect(meta.IsStatusConditionTrue(getSandbox(key).Status.Conditions, string(sandboxv1alpha1.SandboxConditionPaused))).To(BeTrue())
+		Expect(inspect(id).State.Paused).To(BeTrue())
+		first := cpuUsage(id)
+		time.Sleep(time.Second)
+		Expect(cpuUsage(id)).To(Equal(first), "a paused container used CPU")
+		_, err := docker.ContainerExecCreate(ctx, id, container.ExecOptions{Cmd: []string{"true"}})
+		Expect(err).To(MatchError(ContainSubstring("paused")))
+		Eventually(eventReasons(sbx), 10*time.Second).Should(ContainElement("Paused"))
+
+		setPaused(key, false)
+		Eventually(readyReason(key), 30*time.Second, 100*time.Millisecond).Should(Equal("True/Running"))
+		cond := meta.FindStatusCondition(getSandbox(key).Status.Conditions, string(sandboxv1alpha1.SandboxConditionPaused))
+		Expect(cond.Status).To(Equal(metav1.ConditionFalse))
+		Expect(cond.Reason).To(Equal(sandboxv1alpha1.SandboxReasonResumed))
+		after := inspect(id)
+		Expect(after.State.Paused).To(BeFalse())
+		Expect(after.State.Pid).To(Equal(pidBefore), "the sandbox's process did not survive the pause")
+		Expect(getSandbox(key).Status.ContainerID).To(Equal(id))
+		Expect(dockerExecOutput(id, "cat", "/app/f")).To(Equal("kept\n"))
+		resumed := cpuUsage(id)
+		Eventually(func() uint64 { return cpuUsage(id) }, 5*time.Second, 200*time.Millisecond).Should(BeNumerically(">", resumed))
+	})
+
 	It("rejects spec changes that cannot take effect, and accepts a new lifetime", func() {
 		sbx := createSandbox(newSandbox(ns, "immutable", testNodePrefix+"nowhere"))
 		key := client.ObjectKeyFromObject(sbx)
@@ -857,6 +898,45 @@ var _ = Describe("Sandbox validation", func() {
 		Expect(k8sClient.Update(ctx, s)).To(Succeed())
 	})
 })
+
+// setPaused writes spec.paused, retrying on conflicts with the manager's
+// finalizer and status writes.
+func setPaused(key types.NamespacedName, paused bool) {
+	GinkgoHelper()
+	Eventually(func() error {
+		s := getSandbox(key)
+		s.Spec.Paused = paused
+		return k8sClient.Update(context.Background(), s)
+	}, 10*time.Second, 100*time.Millisecond).Should(Succeed())
+}
+
+// cpuUsage is the container's cumulative CPU time in nanoseconds, as its
+// cgroup counts it (read through Docker's one-shot stats).
+func cpuUsage(id string) uint64 {
+	GinkgoHelper()
+	resp, err := docker.ContainerStatsOneShot(context.Background(), id)
+	Expect(err).NotTo(HaveOccurred())
+	defer resp.Body.Close()
+	var st container.StatsResponse
+	Expect(json.NewDecoder(resp.Body).Decode(&st)).To(Succeed())
+	return st.CPUStats.CPUUsage.TotalUsage
+}
+
+// dockerExecOutput runs a command in the container with plain docker exec
+// and returns its standard output.
+func dockerExecOutput(id string, cmd ...string) string {
+	GinkgoHelper()
+	ctx := context.Background()
+	created, err := docker.ContainerExecCreate(ctx, id, container.ExecOptions{Cmd: cmd, AttachStdout: true, AttachStderr: true})
+	Expect(err).NotTo(HaveOccurred())
+	attach, err := docker.ContainerExecAttach(ctx, created.ID, container.ExecAttachOptions{})
+	Expect(err).NotTo(HaveOccurred())
+	defer attach.Close()
+	var stdout, stderr bytes.Buffer
+	_, err = stdcopy.StdCopy(&stdout, &stderr, attach.Reader)
+	Expect(err).NotTo(HaveOccurred())
+	return stdout.String()
+}
 
 // createToReadyCount reads the number of observations of the
 // create-to-Ready histogram from the metrics registry.

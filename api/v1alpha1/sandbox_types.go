@@ -26,6 +26,12 @@ const (
 	// and the container has been removed. An expired Sandbox is never
 	// provisioned again; delete it.
 	SandboxConditionExpired ConditionType = "Expired"
+
+	// SandboxConditionPaused is True while the sandbox's container is
+	// frozen because spec.paused is true: its processes get no CPU and keep
+	// their memory. Ready is False (reason Paused) meanwhile, and exec and
+	// file transfers are refused until spec.paused is false again.
+	SandboxConditionPaused ConditionType = "Paused"
 )
 
 // Reasons for the Ready and Expired conditions.
@@ -99,6 +105,15 @@ const (
 	// SandboxReasonTerminating: the Sandbox is being deleted; the container is
 	// being stopped and removed.
 	SandboxReasonTerminating = "Terminating"
+
+	// SandboxReasonPaused: spec.paused is true and the container is frozen
+	// (the cgroup freezer). Used with Ready=False and Paused=True.
+	SandboxReasonPaused = "Paused"
+
+	// SandboxReasonResumed: spec.paused went back to false and the container
+	// was thawed with its processes and files intact. Used with
+	// Paused=False.
+	SandboxReasonResumed = "Resumed"
 )
 
 // ImagePullPolicy says when the manager pulls the sandbox image.
@@ -181,7 +196,7 @@ type SandboxNetwork struct {
 }
 
 // SandboxSpec is the desired state of a Sandbox. Everything but
-// activeDeadlineSeconds is fixed once the Sandbox exists, because a running
+// activeDeadlineSeconds and paused is fixed once the Sandbox exists, because a running
 // container cannot take the change; create a new Sandbox instead.
 // +kubebuilder:validation:XValidation:rule="has(self.command) == has(oldSelf.command) && (!has(self.command) || self.command == oldSelf.command)",message="command is immutable"
 // +kubebuilder:validation:XValidation:rule="has(self.env) == has(oldSelf.env) && (!has(self.env) || self.env == oldSelf.env)",message="env is immutable"
@@ -264,6 +279,16 @@ type SandboxSpec struct {
 	// +optional
 	ActiveDeadlineSeconds *int64 `json:"activeDeadlineSeconds,omitempty"`
 
+	// Paused freezes the sandbox's container while true: its processes get
+	// no CPU time and keep their memory, files and network state. Exec and
+	// file transfers are refused meanwhile (Ready=False, reason Paused);
+	// setting it back to false resumes the sandbox where it stopped. A
+	// paused sandbox still counts against its quota and its node's capacity,
+	// and its lifetime (activeDeadlineSeconds) keeps running. It may be
+	// changed while the Sandbox lives.
+	// +optional
+	Paused bool `json:"paused,omitempty"`
+
 	// NodeName pins the Sandbox to one node. When it is empty, the first
 	// manager with spare capacity claims the Sandbox.
 	// +kubebuilder:validation:MaxLength=253
@@ -289,7 +314,8 @@ type EnvVar struct {
 
 // SandboxStatus is the observed state of a Sandbox.
 type SandboxStatus struct {
-	// Conditions: Ready, and Expired once the lifetime has passed.
+	// Conditions: Ready; Paused once spec.paused has been set; Expired once
+	// the lifetime has passed.
 	// +listType=map
 	// +listMapKey=type
 	// +optional

@@ -210,6 +210,10 @@ func (s *Server) sandbox(ctx context.Context, rt wire.Route) (*sandboxv1alpha1.S
 			if ready != nil {
 				why = ready.Reason + ": " + ready.Message
 			}
+			if ready != nil && ready.Reason == sandboxv1alpha1.SandboxReasonPaused {
+				return nil, nodeapi.WithCause(nodeapi.NewError(http.StatusConflict, metav1.StatusReasonConflict,
+					"sandbox %s is paused: %s", key, ready.Message), wire.CauseSandboxPaused)
+			}
 			return nil, nodeapi.WithCause(nodeapi.NewError(http.StatusConflict, metav1.StatusReasonConflict,
 				"sandbox %s is not Ready: %s", key, why), wire.CauseSandboxNotReady)
 		}

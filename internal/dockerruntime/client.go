@@ -61,6 +61,9 @@ var (
 	// ErrImagePullFailed: a pull was attempted and failed. Such errors are
 	// *PullError (which also matches ErrImageNotFound).
 	ErrImagePullFailed = errors.New("ImagePullFailed")
+	// ErrPaused: the container is frozen (paused); Docker refuses to exec
+	// in it until it is unpaused.
+	ErrPaused = errors.New("container is paused")
 )
 
 // PullFailure names the class of a failed pull. The class, never the
@@ -282,8 +285,11 @@ func (c *Client) HasRuntime(ctx context.Context, name string) (bool, error) {
 type ContainerState struct {
 	// Status is Docker's: created, running, paused, restarting, removing,
 	// exited or dead.
-	Status     string
-	Running    bool
+	Status  string
+	Running bool
+	// Paused is true while the cgroup freezer holds the container (Running
+	// stays true then, as Docker reports it).
+	Paused     bool
 	ExitCode   int
 	OOMKilled  bool
 	Error      string
@@ -318,6 +324,7 @@ func fromInspect(resp container.InspectResponse) Container {
 		out.State = ContainerState{
 			Status:    st.Status,
 			Running:   st.Running,
+			Paused:    st.Paused,
 			ExitCode:  st.ExitCode,
 			OOMKilled: st.OOMKilled,
 			Error:     st.Error,
@@ -747,6 +754,31 @@ func (c *Client) Start(ctx context.Context, id string) error {
 	return classify(err, "starting container "+ShortID(id))
 }
 
+// Pause freezes a running container with the cgroup freezer: its processes
+// get no CPU time and keep their memory. Pausing a paused container is not
+// an error.
+func (c *Client) Pause(ctx context.Context, id string) error {
+	ctx, cancel := c.bounded(ctx)
+	defer cancel()
+	err := c.docker.ContainerPause(ctx, id)
+	if err != nil && strings.Contains(err.Error(), "already paused") {
+		return nil
+	}
+	return classify(err, "pausing container "+ShortID(id))
+}
+
+// Unpause thaws a paused container. Unpausing a running container that is
+// not paused is not an error.
+func (c *Client) Unpause(ctx context.Context, id string) error {
+	ctx, cancel := c.bounded(ctx)
+	defer cancel()
+	err := c.docker.ContainerUnpause(ctx, id)
+	if err != nil && strings.Contains(err.Error(), "is not paused") {
+		return nil
+	}
+	return classify(err, "unpausing container "+ShortID(id))
+}
+
 // Remove stops a container with a grace period (SIGTERM, then SIGKILL), then
 // removes it and its anonymous volumes. It returns nil only once Docker
 // confirms the container is gone; a container that never existed counts as
@@ -811,7 +843,8 @@ func (c *Client) WatchEvents(ctx context.Context, node string, handle func(Event
 	if node != "" {
 		args.Add("label", LabelNode+"="+node)
 	}
-	for _, action := range []events.Action{events.ActionStart, events.ActionDie, events.ActionOOM, events.ActionDestroy, events.ActionCreate} {
+	for _, action := range []events.Action{events.ActionStart, events.ActionDie, events.ActionOOM, events.ActionDestroy, events.ActionCreate,
+		events.ActionPause, events.ActionUnPause} {
 		args.Add("event", string(action))
 	}
 	c.negotiate(ctx)
@@ -897,6 +930,9 @@ func (c *Client) startExec(ctx context.Context, id string, opts ExecOptions) (st
 	})
 	cancel()
 	if err != nil {
+		if cerrdefs.IsConflict(err) && strings.Contains(err.Error(), "is paused") {
+			return "", types.HijackedResponse{}, fmt.Errorf("creating exec in %s: %w: %v", ShortID(id), ErrPaused, err)
+		}
 		return "", types.HijackedResponse{}, classify(err, "creating exec in "+ShortID(id))
 	}
 	attach, err := c.docker.ContainerExecAttach(ctx, created.ID, container.ExecAttachOptions{})

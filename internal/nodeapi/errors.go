@@ -193,6 +193,8 @@ func classify(err error) *apiError {
 		return unavailable(err)
 	case errors.Is(err, dockerruntime.ErrNotFound):
 		return conflict("the sandbox's container is gone: %v", err).because(wire.CauseContainerNotRunning, "")
+	case errors.Is(err, dockerruntime.ErrPaused):
+		return conflict("the sandbox is paused; set spec.paused to false to resume it: %v", err).because(wire.CauseSandboxPaused, "")
 	case errors.Is(err, context.Canceled):
 		// The caller went away; nobody reads this answer.
 		return newError(http.StatusRequestTimeout, metav1.StatusReasonTimeout, "request canceled: %v", err)

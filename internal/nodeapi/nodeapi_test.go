@@ -318,6 +318,50 @@ var _ = Describe("Node API", Ordered, ContinueOnFailure, func() {
 			Expect(historyLen(broken)).To(BeZero())
 		})
 
+		It("answers 409 SandboxPaused for a paused Sandbox, runs nothing, and serves it again once resumed", func() {
+			paused := waitReady(createSandbox(ns, uniqueName("paused")))
+			setPausedSpec(paused, true)
+			Eventually(readyReason(paused), 30*time.Second).Should(Equal("False/Paused"))
+			Eventually(func(g Gomega) {
+				res := api.exec(ns, paused.Name, execio.Request{Command: []string{"touch", "/app/while-paused"}})
+				g.Expect(res.status).To(Equal(http.StatusConflict))
+				g.Expect(res.stdout.String()).To(ContainSubstring("paused"))
+				g.Expect(wire.HasCause(expectStatus(res, metav1.StatusReasonConflict), wire.CauseSandboxPaused)).To(BeTrue())
+			}, 5*time.Second, 100*time.Millisecond).Should(Succeed())
+			Expect(historyLen(paused)).To(BeZero())
+
+			setPausedSpec(paused, false)
+			Eventually(readyReason(paused), 30*time.Second).Should(Equal("True/Running"))
+			Eventually(func(g Gomega) {
+				res := api.exec(ns, paused.Name, execio.Request{Command: []string{"ls", "/app"}})
+				g.Expect(res.status).To(Equal(http.StatusOK))
+				g.Expect(res.result.ExitCode).To(BeZero())
+				g.Expect(res.stdout.String()).NotTo(ContainSubstring("while-paused"))
+			}, 5*time.Second, 100*time.Millisecond).Should(Succeed())
+		})
+
+		It("serves a container frozen behind the manager's back again once the manager thaws it (spec.paused is the truth)", func() {
+			frozen := waitReady(createSandbox(ns, uniqueName("frozen")))
+			Expect(api.exec(ns, frozen.Name, echo).status).To(Equal(http.StatusOK))
+			Expect(docker.Pause(context.Background(), frozen.Status.ContainerID)).To(Succeed())
+			DeferCleanup(func() { _ = docker.Unpause(context.Background(), frozen.Status.ContainerID) })
+			// Docker's pause event wakes the manager, which unpauses a
+			// container whose Sandbox does not ask to be paused. Until then
+			// an exec is refused as SandboxPaused, never hung.
+			Eventually(func(g Gomega) {
+				ct, err := docker.Inspect(context.Background(), frozen.Status.ContainerID)
+				g.Expect(err).NotTo(HaveOccurred())
+				g.Expect(ct.State.Paused).To(BeFalse())
+			}, 10*time.Second, 100*time.Millisecond).Should(Succeed())
+			Eventually(func(g Gomega) {
+				res := api.exec(ns, frozen.Name, echo)
+				if res.status == http.StatusConflict {
+					g.Expect(wire.HasCause(expectStatus(res, metav1.StatusReasonConflict), wire.CauseSandboxPaused)).To(BeTrue(), res.stdout.String())
+				}
+				g.Expect(res.status).To(Equal(http.StatusOK))
+			}, 10*time.Second, 100*time.Millisecond).Should(Succeed())
+		})
+
 		It("refuses a container that is not the Sandbox's own, whatever status.containerID says", func() {
 			// A server for a node without a manager, so that nothing fixes
 			// the forged status behind the test's back.
@@ -767,6 +811,17 @@ func setStatus(sbx *sandboxv1alpha1.Sandbox, node, containerID string) {
 }
 
 // sleepers counts `sleep 1000` processes in the sandbox.
+// setPausedSpec writes spec.paused, retrying on conflicts with the
+// manager's writes.
+func setPausedSpec(sbx *sandboxv1alpha1.Sandbox, paused bool) {
+	GinkgoHelper()
+	Eventually(func() error {
+		s := getSandbox(sbx)
+		s.Spec.Paused = paused
+		return k8sClient.Update(context.Background(), s)
+	}, 10*time.Second, 100*time.Millisecond).Should(Succeed())
+}
+
 func sleepers(ns, name string) func() string {
 	return func() string {
 		res := api.exec(ns, name, execio.Request{Shell: "ps -o args | grep -c '^[s]leep 1000'"})

@@ -267,6 +267,9 @@ func (s *Server) sandbox(ctx context.Context, rt wire.Route, needReady bool) (*s
 		if cond != nil {
 			why = fmt.Sprintf("Ready is %s, reason %s: %s", cond.Status, cond.Reason, cond.Message)
 		}
+		if cond != nil && cond.Reason == sandboxv1alpha1.SandboxReasonPaused {
+			return nil, conflict("sandbox %s is paused (%s)", key, cond.Message).because(wire.CauseSandboxPaused, "")
+		}
 		return nil, conflict("sandbox %s is not Ready (%s)", key, why).because(wire.CauseSandboxNotReady, "")
 	}
 	return sbx, nil
@@ -302,6 +305,10 @@ func (s *Server) container(ctx context.Context, sbx *sandboxv1alpha1.Sandbox, ne
 			"container", dockerruntime.ShortID(ct.ID), "name", ct.Name, "labels", ct.Labels)
 		return ct, conflict("sandbox %s: container %s is not the sandbox's own container; refusing to touch it",
 			key, dockerruntime.ShortID(ct.ID)).because(wire.CauseContainerNotRunning, "")
+	}
+	if needRunning && ct.State.Paused {
+		return ct, conflict("sandbox %s: its container %s is paused; set spec.paused to false to resume it",
+			key, dockerruntime.ShortID(ct.ID)).because(wire.CauseSandboxPaused, "")
 	}
 	if needRunning && !ct.State.Running {
 		return ct, conflict("sandbox %s: its container %s is %s, not running", key, dockerruntime.ShortID(ct.ID), ct.State.Status).because(wire.CauseContainerNotRunning, "")

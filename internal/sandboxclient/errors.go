@@ -92,11 +92,15 @@ func (e *NotReadyError) Error() string {
 
 // Status makes *NotReadyError an apierrors.APIStatus: a Conflict with the
 // cause wire.CauseSandboxNotReady (wire.CauseSandboxTerminating while it is
-// being deleted), as the servers answer.
+// being deleted, wire.CauseSandboxPaused while it is paused), as the servers
+// answer.
 func (e *NotReadyError) Status() metav1.Status {
 	cause := wire.CauseSandboxNotReady
-	if e.Reason == sandboxv1alpha1.SandboxReasonTerminating {
+	switch e.Reason {
+	case sandboxv1alpha1.SandboxReasonTerminating:
 		cause = wire.CauseSandboxTerminating
+	case sandboxv1alpha1.SandboxReasonPaused:
+		cause = wire.CauseSandboxPaused
 	}
 	return *wire.FailureStatus(http.StatusConflict, metav1.StatusReasonConflict, e.Name, e.Error(), metav1.StatusCause{Type: cause})
 }
@@ -212,7 +216,7 @@ func IsUnavailable(err error) bool { return apiCode(err) == http.StatusServiceUn
 // IsSandboxNotReady: the Sandbox exists but cannot take commands or files,
 // either as its status says (*NotReadyError) or as the aggregated API server
 // or the node API found it: a Conflict with the cause
-// wire.CauseSandboxNotReady, CauseSandboxTerminating or
+// wire.CauseSandboxNotReady, CauseSandboxTerminating, CauseSandboxPaused or
 // CauseContainerNotRunning (or a 409 of the subresources with no cause).
 func IsSandboxNotReady(err error) bool {
 	var nr *NotReadyError
@@ -220,11 +224,23 @@ func IsSandboxNotReady(err error) bool {
 		return true
 	}
 	if HasCause(err, wire.CauseSandboxNotReady) || HasCause(err, wire.CauseSandboxTerminating) ||
-		HasCause(err, wire.CauseContainerNotRunning) {
+		HasCause(err, wire.CauseSandboxPaused) || HasCause(err, wire.CauseContainerNotRunning) {
 		return true
 	}
 	var ae *APIError
 	return errors.As(err, &ae) && ae.Source == SourceSubresources && ae.Code == http.StatusConflict
+}
+
+// IsSandboxPaused: the Sandbox is paused (spec.paused), as its status says
+// or as a server found it (a Conflict with the cause wire.CauseSandboxPaused).
+// Setting spec.paused to false resumes it. Such errors also satisfy
+// IsSandboxNotReady.
+func IsSandboxPaused(err error) bool {
+	var nr *NotReadyError
+	if errors.As(err, &nr) && nr.Reason == sandboxv1alpha1.SandboxReasonPaused {
+		return true
+	}
+	return HasCause(err, wire.CauseSandboxPaused)
 }
 
 // IsNotReady is IsSandboxNotReady.

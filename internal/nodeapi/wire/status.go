@@ -26,8 +26,12 @@ const (
 	CauseSandboxNotReady metav1.CauseType = "SandboxNotReady"
 	// CauseSandboxTerminating (Conflict): the Sandbox is being deleted.
 	CauseSandboxTerminating metav1.CauseType = "SandboxTerminating"
-	// CauseContainerNotRunning (Conflict): the Sandbox's container is gone,
-	// stopped or paused, or is not the Sandbox's own; the manager repairs it
+	// CauseSandboxPaused (Conflict): the Sandbox is paused (spec.paused is
+	// true, or its container is frozen); set spec.paused to false to resume
+	// it.
+	CauseSandboxPaused metav1.CauseType = "SandboxPaused"
+	// CauseContainerNotRunning (Conflict): the Sandbox's container is gone
+	// or stopped, or is not the Sandbox's own; the manager repairs it
 	// or reports the Sandbox not Ready.
 	CauseContainerNotRunning metav1.CauseType = "ContainerNotRunning"
 	// CauseSandboxNotOnNode (NotFound, node API only): the Sandbox is not
