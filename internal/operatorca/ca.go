@@ -16,7 +16,9 @@ Licensed under the MIT License; see the LICENSE file.
 //     CertificateSigningRequests for signer NodeSignerName;
 //   - NodeCertificate: the node manager's side, which requests, serves and
 //     renews its node's serving certificate and follows the bundle;
-//   - VerifyNode: the client-side check that a peer is the named node.
+//   - VerifyNode: the client-side check that a peer is the named node;
+//   - SelfSigned and NewSigningKey: a certificate no CA vouches for (tests
+//     that play a forged peer) and a bare key pair (ServiceAccount tokens).
 //
 // The admission webhook's and the aggregated API server's serving
 // certificates, the aggregated API server's client certificate and the node
@@ -132,13 +134,59 @@ func NewCA(commonName string, validity time.Duration, now time.Time) (*CA, error
 	if err != nil {
 		return nil, fmt.Errorf("creating the CA %q: %w", commonName, err)
 	}
-	keyDER, err := x509.MarshalECPrivateKey(key)
+	keyPEM, err := encodeECKey(key)
 	if err != nil {
 		return nil, err
 	}
-	return LoadCA(
-		pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}),
-		pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: keyDER}))
+	return LoadCA(pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), keyPEM)
+}
+
+// NewSigningKey returns a new ECDSA P-256 key pair, PEM-encoded: the
+// private key as "EC PRIVATE KEY" (SEC 1) and the public key as
+// "PUBLIC KEY" (PKIX), as kube-apiserver reads a ServiceAccount token
+// signing key (--service-account-signing-key-file, --service-account-key-file).
+func NewSigningKey() (keyPEM, pubPEM []byte, err error) {
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return nil, nil, err
+	}
+	keyPEM, err = encodeECKey(key)
+	if err != nil {
+		return nil, nil, err
+	}
+	pubDER, err := x509.MarshalPKIXPublicKey(&key.PublicKey)
+	if err != nil {
+		return nil, nil, err
+	}
+	return keyPEM, pem.EncodeToMemory(&pem.Block{Type: "PUBLIC KEY", Bytes: pubDER}), nil
+}
+
+// SelfSigned returns a certificate signed with its own new P-256 key, for
+// commonName and hosts (DNS names or IP addresses; none is fine), with the
+// one extended key usage usage, valid from now for validity. No CA vouches
+// for it: it is for tests that play a forged peer (a node API impostor, a
+// client the operator CA never issued to), whose certificate must not chain
+// to the operator CA however well it names its subject.
+func SelfSigned(commonName string, hosts []string, usage x509.ExtKeyUsage, validity time.Duration) (*tls.Certificate, error) {
+	if commonName == "" {
+		return nil, errors.New("a self-signed certificate needs a common name")
+	}
+	if validity <= 0 {
+		return nil, errors.New("the certificate validity must be positive")
+	}
+	tmpl := &x509.Certificate{
+		Subject:     pkix.Name{CommonName: commonName},
+		ExtKeyUsage: []x509.ExtKeyUsage{usage},
+	}
+	addHosts(tmpl, hosts)
+	return withNewKey(func(key *ecdsa.PrivateKey) (*x509.Certificate, error) {
+		fillLeaf(tmpl, &key.PublicKey, time.Now(), validity)
+		der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+		if err != nil {
+			return nil, fmt.Errorf("creating a self-signed certificate for %q: %w", commonName, err)
+		}
+		return x509.ParseCertificate(der)
+	})
 }
 
 // LoadCA parses a CA certificate and its private key (PEM; the key as EC,
@@ -203,6 +251,12 @@ func (ca *CA) IssueServing(hosts []string, validity time.Duration) (*tls.Certifi
 		Subject:     pkix.Name{CommonName: hosts[0]},
 		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
 	}
+	addHosts(tmpl, hosts)
+	return ca.issueKeyPair(tmpl, validity)
+}
+
+// addHosts adds each host to tmpl as an IP address or a DNS name.
+func addHosts(tmpl *x509.Certificate, hosts []string) {
 	for _, h := range hosts {
 		if ip := net.ParseIP(h); ip != nil {
 			tmpl.IPAddresses = append(tmpl.IPAddresses, ip)
@@ -210,7 +264,6 @@ func (ca *CA) IssueServing(hosts []string, validity time.Duration) (*tls.Certifi
 			tmpl.DNSNames = append(tmpl.DNSNames, h)
 		}
 	}
-	return ca.issueKeyPair(tmpl, validity)
 }
 
 // IssueClient issues a client-auth certificate for commonName with groups
@@ -268,11 +321,19 @@ func (ca *CA) SignCSR(der []byte, usages []x509.ExtKeyUsage, validity time.Durat
 
 // issueKeyPair issues tmpl for a new P-256 key.
 func (ca *CA) issueKeyPair(tmpl *x509.Certificate, validity time.Duration) (*tls.Certificate, error) {
+	return withNewKey(func(key *ecdsa.PrivateKey) (*x509.Certificate, error) {
+		return ca.issue(tmpl, &key.PublicKey, validity)
+	})
+}
+
+// withNewKey generates a P-256 key and returns it with the certificate
+// sign makes for it.
+func withNewKey(sign func(*ecdsa.PrivateKey) (*x509.Certificate, error)) (*tls.Certificate, error) {
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
 		return nil, err
 	}
-	leaf, err := ca.issue(tmpl, &key.PublicKey, validity)
+	leaf, err := sign(key)
 	if err != nil {
 		return nil, err
 	}
@@ -289,25 +350,32 @@ func (ca *CA) issue(tmpl *x509.Certificate, pub crypto.PublicKey, validity time.
 	if !now.Before(ca.cert.NotAfter) {
 		return nil, fmt.Errorf("the CA %q expired at %s", ca.cert.Subject.CommonName, ca.cert.NotAfter.UTC().Format(time.RFC3339))
 	}
-	tmpl.SerialNumber = serial()
-	tmpl.NotBefore = now.Add(-min(leafBackdate, validity/4))
+	fillLeaf(tmpl, pub, now, validity)
 	if tmpl.NotBefore.Before(ca.cert.NotBefore) {
 		tmpl.NotBefore = ca.cert.NotBefore
 	}
-	tmpl.NotAfter = now.Add(validity)
 	if tmpl.NotAfter.After(ca.cert.NotAfter) {
 		tmpl.NotAfter = ca.cert.NotAfter
 	}
-	tmpl.KeyUsage = x509.KeyUsageDigitalSignature
-	if _, isRSA := pub.(*rsa.PublicKey); isRSA {
-		tmpl.KeyUsage |= x509.KeyUsageKeyEncipherment
-	}
-	tmpl.BasicConstraintsValid = true
 	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca.cert, pub, ca.key)
 	if err != nil {
 		return nil, fmt.Errorf("signing a certificate for %q: %w", tmpl.Subject.CommonName, err)
 	}
 	return x509.ParseCertificate(der)
+}
+
+// fillLeaf sets what every end-entity certificate has: a serial number, a
+// validity from now for validity (back-dated a little) and the key usage
+// that fits pub; it is not a CA.
+func fillLeaf(tmpl *x509.Certificate, pub crypto.PublicKey, now time.Time, validity time.Duration) {
+	tmpl.SerialNumber = serial()
+	tmpl.NotBefore = now.Add(-min(leafBackdate, validity/4))
+	tmpl.NotAfter = now.Add(validity)
+	tmpl.KeyUsage = x509.KeyUsageDigitalSignature
+	if _, isRSA := pub.(*rsa.PublicKey); isRSA {
+		tmpl.KeyUsage |= x509.KeyUsageKeyEncipherment
+	}
+	tmpl.BasicConstraintsValid = true
 }
 
 // checkPublicKey accepts the key types and sizes the operator signs.
@@ -406,6 +474,15 @@ func ParseCertificates(bundle []byte) ([]*x509.Certificate, error) {
 		}
 		out = append(out, c)
 	}
+}
+
+// encodeECKey PEM-encodes key as "EC PRIVATE KEY" (SEC 1).
+func encodeECKey(key *ecdsa.PrivateKey) ([]byte, error) {
+	der, err := x509.MarshalECPrivateKey(key)
+	if err != nil {
+		return nil, err
+	}
+	return pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: der}), nil
 }
 
 func parseCertPEM(b []byte) (*x509.Certificate, error) {

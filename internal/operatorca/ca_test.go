@@ -148,6 +148,66 @@ var _ = Describe("CA", func() {
 		Expect(err).To(HaveOccurred())
 	})
 
+	It("makes a self-signed certificate that names what it is asked to and chains to no CA", func() {
+		ca := newCA(24 * time.Hour)
+		forged, err := operatorca.SelfSigned(operatorca.NodeCommonName("node-a"), []string{"localhost", "node-a", "127.0.0.1"},
+			x509.ExtKeyUsageServerAuth, time.Hour)
+		Expect(err).NotTo(HaveOccurred())
+		leaf := forged.Leaf
+		Expect(leaf.CheckSignature(leaf.SignatureAlgorithm, leaf.RawTBSCertificate, leaf.Signature)).To(Succeed(), "signed with its own key")
+		Expect(leaf.Issuer.String()).To(Equal(leaf.Subject.String()))
+		Expect(leaf.Subject.CommonName).To(Equal("system:code-sandbox:node:node-a"))
+		Expect(leaf.DNSNames).To(Equal([]string{"localhost", "node-a"}))
+		Expect(leaf.IPAddresses).To(HaveLen(1))
+		Expect(leaf.IPAddresses[0].String()).To(Equal("127.0.0.1"))
+		Expect(leaf.IsCA).To(BeFalse())
+		Expect(leaf.KeyUsage).To(Equal(x509.KeyUsageDigitalSignature))
+		Expect(leaf.ExtKeyUsage).To(Equal([]x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}))
+		Expect(leaf.NotAfter).To(BeTemporally("~", time.Now().Add(time.Hour), time.Minute))
+		Expect(leaf.NotBefore).To(BeTemporally("<", time.Now()))
+		Expect(ca.Signed(leaf)).To(BeFalse())
+		_, err = leaf.Verify(x509.VerifyOptions{Roots: ca.Pool(), DNSName: "localhost"})
+		Expect(err).To(HaveOccurred())
+		certPEM, keyPEM, err := operatorca.EncodeKeyPair(forged)
+		Expect(err).NotTo(HaveOccurred())
+		pair, err := tls.X509KeyPair(certPEM, keyPEM)
+		Expect(err).NotTo(HaveOccurred(), "the key matches the certificate")
+		Expect(pair.Leaf.Equal(leaf)).To(BeTrue())
+
+		client, err := operatorca.SelfSigned(operatorca.AggregatorCommonName, nil, x509.ExtKeyUsageClientAuth, time.Hour)
+		Expect(err).NotTo(HaveOccurred())
+		Expect(client.Leaf.Subject.CommonName).To(Equal(operatorca.AggregatorCommonName))
+		Expect(client.Leaf.DNSNames).To(BeEmpty())
+		Expect(client.Leaf.IPAddresses).To(BeEmpty())
+		Expect(client.Leaf.ExtKeyUsage).To(Equal([]x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}))
+
+		_, err = operatorca.SelfSigned("", nil, x509.ExtKeyUsageClientAuth, time.Hour)
+		Expect(err).To(HaveOccurred())
+		_, err = operatorca.SelfSigned("x", nil, x509.ExtKeyUsageClientAuth, 0)
+		Expect(err).To(HaveOccurred())
+	})
+
+	It("makes a signing key pair, the private key as SEC 1 and the public key as PKIX", func() {
+		keyPEM, pubPEM, err := operatorca.NewSigningKey()
+		Expect(err).NotTo(HaveOccurred())
+		keyBlock, rest := pem.Decode(keyPEM)
+		Expect(rest).To(BeEmpty())
+		Expect(keyBlock.Type).To(Equal("EC PRIVATE KEY"))
+		key, err := x509.ParseECPrivateKey(keyBlock.Bytes)
+		Expect(err).NotTo(HaveOccurred())
+		Expect(key.Curve).To(Equal(elliptic.P256()))
+		pubBlock, rest := pem.Decode(pubPEM)
+		Expect(rest).To(BeEmpty())
+		Expect(pubBlock.Type).To(Equal("PUBLIC KEY"))
+		pub, err := x509.ParsePKIXPublicKey(pubBlock.Bytes)
+		Expect(err).NotTo(HaveOccurred())
+		Expect(key.PublicKey.Equal(pub)).To(BeTrue())
+
+		again, _, err := operatorca.NewSigningKey()
+		Expect(err).NotTo(HaveOccurred())
+		Expect(again).NotTo(Equal(keyPEM), "a new key each time")
+	})
+
 	It("never issues a certificate that outlives the CA, nor from an expired CA", func() {
 		ca := newCA(2 * time.Hour)
 		leaf, err := ca.IssueNode("a", 24*time.Hour)
@@ -256,6 +316,14 @@ var _ = Describe("VerifyNode", func() {
 		impostor, err := operatorca.NewCA(operatorca.NodeCommonName("node-a"), time.Hour, time.Now())
 		Expect(err).NotTo(HaveOccurred())
 		refused(func() *tls.Certificate { return keyPairOf(impostor) }, fixedPool(ca.Pool()), "node-a", "not from the operator CA")
+	})
+
+	It("refuses a self-signed end-entity certificate that names the node", func() {
+		refused(func() *tls.Certificate {
+			c, err := operatorca.SelfSigned(operatorca.NodeCommonName("node-a"), []string{"127.0.0.1"}, x509.ExtKeyUsageServerAuth, time.Hour)
+			Expect(err).NotTo(HaveOccurred())
+			return c
+		}, fixedPool(ca.Pool()), "node-a", "not from the operator CA")
 	})
 
 	It("refuses a node certificate from another CA", func() {

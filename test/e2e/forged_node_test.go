@@ -11,16 +11,11 @@ package e2e
 import (
 	"bytes"
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/tls"
 	"crypto/x509"
-	"crypto/x509/pkix"
 	"errors"
 	"fmt"
 	"io"
-	"math/big"
 	"net"
 	"os/exec"
 	"strings"
@@ -30,6 +25,8 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
+
+	"github.com/code-sandbox/code-sandbox-operator/internal/operatorca"
 )
 
 // A node API endpoint that is not a node's: the status of a Sandbox names
@@ -198,20 +195,8 @@ type forgedStats struct {
 }
 
 func startForgedListener(node string) (*forgedListener, error) {
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		return nil, err
-	}
-	tmpl := &x509.Certificate{
-		SerialNumber: big.NewInt(42),
-		Subject:      pkix.Name{CommonName: "system:code-sandbox:node:" + node},
-		IPAddresses:  []net.IP{net.ParseIP("127.0.0.1")},
-		DNSNames:     []string{"localhost", node},
-		NotBefore:    time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
-		KeyUsage:    x509.KeyUsageDigitalSignature,
-		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	cert, err := operatorca.SelfSigned(operatorca.NodeCommonName(node), []string{"localhost", node, "127.0.0.1"},
+		x509.ExtKeyUsageServerAuth, time.Hour)
 	if err != nil {
 		return nil, err
 	}
@@ -220,7 +205,7 @@ func startForgedListener(node string) (*forgedListener, error) {
 		return nil, err
 	}
 	f := &forgedListener{l: l, conf: &tls.Config{
-		Certificates: []tls.Certificate{{Certificate: [][]byte{der}, PrivateKey: key}},
+		Certificates: []tls.Certificate{*cert},
 		ClientAuth:   tls.RequestClientCert,
 		NextProtos:   []string{"h2", "http/1.1"},
 	}}

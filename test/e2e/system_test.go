@@ -11,16 +11,9 @@ package e2e
 import (
 	"bytes"
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
-	"crypto/x509"
-	"crypto/x509/pkix"
 	"encoding/base64"
-	"encoding/pem"
 	"errors"
 	"fmt"
-	"math/big"
 	"net"
 	"net/url"
 	"os"
@@ -37,6 +30,8 @@ import (
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 	"sigs.k8s.io/yaml"
+
+	"github.com/code-sandbox/code-sandbox-operator/internal/frontproxy"
 )
 
 // The system as make dev-up-system runs it (hack/dev-lib.sh,
@@ -52,9 +47,6 @@ const (
 	editorRole = "code-sandbox-sandbox-editor-role"
 	execRole   = "code-sandbox-sandbox-exec-role"
 
-	// frontProxyClientName is kube-apiserver's front-proxy client
-	// certificate's CommonName, as hack/devcluster names it.
-	frontProxyClientName = "front-proxy-client"
 	// nodeCertificateLog is what a manager logs once the signer has issued
 	// its node API certificate.
 	nodeCertificateLog = "serving a new node API certificate"
@@ -69,66 +61,13 @@ var (
 )
 
 // configureFrontProxy sets kube-apiserver's aggregation flags with a fresh
-// front-proxy CA and client certificate in dir, as hack/devcluster does.
+// front-proxy CA and client certificate in dir, as hack/devcluster does
+// (package frontproxy).
 func configureFrontProxy(env *envtest.Environment, dir string) error {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return err
 	}
-	caKey, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		return err
-	}
-	now := time.Now()
-	caTmpl := &x509.Certificate{
-		SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "code-sandbox-e2e-front-proxy-ca"},
-		NotBefore: now.Add(-time.Hour), NotAfter: now.Add(24 * time.Hour),
-		KeyUsage: x509.KeyUsageCertSign | x509.KeyUsageDigitalSignature, BasicConstraintsValid: true, IsCA: true,
-	}
-	caDER, err := x509.CreateCertificate(rand.Reader, caTmpl, caTmpl, &caKey.PublicKey, caKey)
-	if err != nil {
-		return err
-	}
-	ca, err := x509.ParseCertificate(caDER)
-	if err != nil {
-		return err
-	}
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		return err
-	}
-	tmpl := &x509.Certificate{
-		SerialNumber: big.NewInt(2), Subject: pkix.Name{CommonName: frontProxyClientName},
-		NotBefore: now.Add(-time.Hour), NotAfter: now.Add(24 * time.Hour),
-		KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth},
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca, &key.PublicKey, caKey)
-	if err != nil {
-		return err
-	}
-	keyDER, err := x509.MarshalPKCS8PrivateKey(key)
-	if err != nil {
-		return err
-	}
-	files := map[string][]byte{
-		"ca.crt":     pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: caDER}),
-		"client.crt": pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}),
-		"client.key": pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: keyDER}),
-	}
-	for name, data := range files {
-		if err := os.WriteFile(filepath.Join(dir, name), data, 0o600); err != nil {
-			return err
-		}
-	}
-	args := env.ControlPlane.GetAPIServer().Configure()
-	args.Set("requestheader-client-ca-file", filepath.Join(dir, "ca.crt"))
-	args.Set("requestheader-allowed-names", frontProxyClientName)
-	args.Set("requestheader-username-headers", "X-Remote-User")
-	args.Set("requestheader-uid-headers", "X-Remote-Uid")
-	args.Set("requestheader-group-headers", "X-Remote-Group")
-	args.Set("requestheader-extra-headers-prefix", "X-Remote-Extra-")
-	args.Set("proxy-client-cert-file", filepath.Join(dir, "client.crt"))
-	args.Set("proxy-client-key-file", filepath.Join(dir, "client.key"))
-	return nil
+	return frontproxy.Configure(env, dir, 24*time.Hour)
 }
 
 // freeAddr is a loopback address nothing listens on right now.

@@ -4,16 +4,11 @@ import (
 	"archive/tar"
 	"bytes"
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
 	"crypto/rand"
 	"crypto/tls"
 	"crypto/x509"
-	"crypto/x509/pkix"
 	"errors"
 	"io"
-	"math/big"
-	"net"
 	"net/http"
 	"strings"
 	"sync"
@@ -479,14 +474,9 @@ var _ = Describe("a forged node API endpoint", Label("integration"), func() {
 
 	It("gets no bytes from a self-signed impostor", func() {
 		ns := newNamespace()
-		key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+		cert, err := operatorca.SelfSigned(operatorca.NodeCommonName("fake-node"), []string{"127.0.0.1"}, x509.ExtKeyUsageServerAuth, time.Hour)
 		Expect(err).NotTo(HaveOccurred())
-		tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: operatorca.NodeCommonName("fake-node")},
-			NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
-			ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}, IPAddresses: []net.IP{net.ParseIP("127.0.0.1")}}
-		der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
-		Expect(err).NotTo(HaveOccurred())
-		endpoint, received := impostor(tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key})
+		endpoint, received := impostor(*cert)
 		forge(ns, "fake-node", endpoint)
 		err = execIn(ns)
 		Expect(sandboxclient.IsUnavailable(err)).To(BeTrue(), "%v", err)

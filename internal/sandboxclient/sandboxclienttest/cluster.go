@@ -11,20 +11,13 @@
 package sandboxclienttest
 
 import (
-	"bytes"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/sha256"
 	"crypto/tls"
-	"crypto/x509"
-	"crypto/x509/pkix"
 	"encoding/hex"
 	"encoding/json"
 	"encoding/pem"
 	"fmt"
 	"io"
-	"math/big"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -40,6 +33,7 @@ import (
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 
 	"github.com/code-sandbox/code-sandbox-operator/internal/nodeapi/wire"
+	"github.com/code-sandbox/code-sandbox-operator/internal/operatorca"
 )
 
 // Handler answers a subresource request that passed authentication and
@@ -81,8 +75,7 @@ type Cluster struct {
 	// status.agentCertSHA256 carried it.
 	DecoyPin string
 
-	clientCA    *x509.Certificate
-	clientCAKey *ecdsa.PrivateKey
+	clientCA *operatorca.CA
 
 	mu            sync.Mutex
 	sandboxes     map[string]map[string]any
@@ -97,9 +90,12 @@ type Cluster struct {
 // New starts the API server and the decoy; Close stops them.
 func New() *Cluster {
 	c := &Cluster{sandboxes: map[string]map[string]any{}, tokens: map[string]string{}}
-	c.clientCA, c.clientCAKey = newCA("fake-apiserver-client-ca")
-	pool := x509.NewCertPool()
-	pool.AddCert(c.clientCA)
+	clientCA, err := operatorca.NewCA("fake-apiserver-client-ca", 24*time.Hour, time.Now())
+	if err != nil {
+		panic(err)
+	}
+	c.clientCA = clientCA
+	pool := clientCA.Pool()
 
 	c.API = httptest.NewUnstartedServer(http.HandlerFunc(c.serveAPI))
 	c.API.EnableHTTP2 = true
@@ -416,20 +412,15 @@ func (c *Cluster) CertConfig(cn string) *rest.Config {
 // ClientCertificate issues a client certificate (PEM) for user cn that the
 // API server accepts.
 func (c *Cluster) ClientCertificate(cn string) (certPEM, keyPEM []byte) {
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	cert, err := c.clientCA.IssueClient(cn, nil, time.Hour)
 	if err != nil {
 		panic(err)
 	}
-	tmpl := &x509.Certificate{
-		SerialNumber: serial(), Subject: pkix.Name{CommonName: cn},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
-		KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth},
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, c.clientCA, &key.PublicKey, c.clientCAKey)
+	certPEM, keyPEM, err = operatorca.EncodeKeyPair(cert)
 	if err != nil {
 		panic(err)
 	}
-	return pemCertAndKey(der, key)
+	return certPEM, keyPEM
 }
 
 // WriteKubeconfig writes a kubeconfig for the fake API server with a bearer
@@ -452,44 +443,4 @@ func WriteKubeconfigFor(path string, cfg *rest.Config, namespace string) error {
 		return fmt.Errorf("encoding the kubeconfig: %w", err)
 	}
 	return os.WriteFile(path, data, 0o600)
-}
-
-func newCA(cn string) (*x509.Certificate, *ecdsa.PrivateKey) {
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		panic(err)
-	}
-	tmpl := &x509.Certificate{
-		SerialNumber: serial(), Subject: pkix.Name{CommonName: cn},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(24 * time.Hour),
-		KeyUsage: x509.KeyUsageCertSign | x509.KeyUsageDigitalSignature, IsCA: true, BasicConstraintsValid: true,
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
-	if err != nil {
-		panic(err)
-	}
-	cert, err := x509.ParseCertificate(der)
-	if err != nil {
-		panic(err)
-	}
-	return cert, key
-}
-
-func serial() *big.Int {
-	n, err := rand.Int(rand.Reader, new(big.Int).Lsh(big.NewInt(1), 62))
-	if err != nil {
-		panic(err)
-	}
-	return n
-}
-
-func pemCertAndKey(der []byte, key *ecdsa.PrivateKey) (certPEM, keyPEM []byte) {
-	keyDER, err := x509.MarshalECPrivateKey(key)
-	if err != nil {
-		panic(err)
-	}
-	var cb, kb bytes.Buffer
-	_ = pem.Encode(&cb, &pem.Block{Type: "CERTIFICATE", Bytes: der})
-	_ = pem.Encode(&kb, &pem.Block{Type: "EC PRIVATE KEY", Bytes: keyDER})
-	return cb.Bytes(), kb.Bytes()
 }
