@@ -17,7 +17,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"io/fs"
 	"net/http"
 	"os"
 	"os/exec"
@@ -27,6 +26,8 @@ import (
 
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
+
+	"github.com/code-sandbox/code-sandbox-operator/internal/testenv/fstree"
 )
 
 // The kubectl plugin, built from the tree, driven as a user would:
@@ -271,7 +272,7 @@ spec:
 		project := filepath.Join(workDir, "cp-project")
 		Expect(os.MkdirAll(filepath.Join(project, ".git", "hooks"), 0o755)).To(Succeed())
 		Expect(os.WriteFile(filepath.Join(project, "Makefile"), []byte("mine\n"), 0o644)).To(Succeed())
-		before := localListing(project)
+		before := fstree.List(project)
 
 		// Code in the sandbox turns /app/report.txt into a directory of
 		// things that run on the host once merged into a project.
@@ -286,7 +287,7 @@ spec:
 			_, stderr, code = sandbox(ctx, "token", "", args...)
 			Expect(code).To(Equal(1), "%v", args)
 			Expect(stderr).To(ContainSubstring("report.txt is a directory in the sandbox, but a file was asked for"), "%v", args)
-			Expect(localListing(project)).To(Equal(before), "%v", args)
+			Expect(fstree.List(project)).To(Equal(before), "%v", args)
 		}
 
 		// A file with every mode bit set lands without exec bits and
@@ -394,22 +395,3 @@ spec:
 		}, NodeTimeout(time.Minute))
 	})
 })
-
-// localListing is every path below dir with its mode (cp specs).
-func localListing(dir string) []string {
-	GinkgoHelper()
-	var out []string
-	Expect(filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
-		if err != nil {
-			return err
-		}
-		info, err := d.Info()
-		if err != nil {
-			return err
-		}
-		rel, _ := filepath.Rel(dir, p)
-		out = append(out, rel+" "+info.Mode().String())
-		return nil
-	})).To(Succeed())
-	return out
-}

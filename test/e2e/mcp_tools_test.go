@@ -21,6 +21,8 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
+
+	"github.com/code-sandbox/code-sandbox-operator/internal/testenv/fstree"
 )
 
 var _ = Describe("code-sandbox-mcp tools over stdio", Ordered, func() {
@@ -237,7 +239,7 @@ var _ = Describe("code-sandbox-mcp tools over stdio", Ordered, func() {
 		project := filepath.Join(hostDir, "project")
 		Expect(os.MkdirAll(filepath.Join(project, ".git", "hooks"), 0o755)).To(Succeed())
 		Expect(os.WriteFile(filepath.Join(project, "Makefile"), []byte("mine\n"), 0o644)).To(Succeed())
-		before := hostListing(project)
+		before := fstree.List(project)
 
 		// Code in the sandbox turns report.txt into a directory of things
 		// that run on the host once merged into a project.
@@ -252,7 +254,7 @@ var _ = Describe("code-sandbox-mcp tools over stdio", Ordered, func() {
 			res = call(ctx, sess, "copy_file_from_sandbox", args)
 			Expect(res.IsError).To(BeTrue(), text(res))
 			Expect(text(res)).To(ContainSubstring("report.txt is a directory in the sandbox, but a file was asked for"))
-			Expect(hostListing(project)).To(Equal(before))
+			Expect(fstree.List(project)).To(Equal(before))
 		}
 
 		// A file with every mode bit set: no exec bits unless asked, never
@@ -379,22 +381,3 @@ var _ = Describe("code-sandbox-mcp tools over stdio", Ordered, func() {
 		Expect(text(res)).To(ContainSubstring("not found"))
 	})
 })
-
-// hostListing is every path below dir with its mode (copy specs).
-func hostListing(dir string) []string {
-	GinkgoHelper()
-	var out []string
-	Expect(filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
-		if err != nil {
-			return err
-		}
-		info, err := d.Info()
-		if err != nil {
-			return err
-		}
-		rel, _ := filepath.Rel(dir, p)
-		out = append(out, rel+" "+info.Mode().String())
-		return nil
-	})).To(Succeed())
-	return out
-}
