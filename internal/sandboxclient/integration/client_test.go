@@ -19,6 +19,7 @@ import (
 	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
@@ -395,6 +396,42 @@ var _ = Describe("sandboxclient through the API server and the aggregated API", 
 		Expect(st.Details.Name).To(Equal("broken"))
 		Expect(st.Details.Group).To(Equal(wire.StatusGroup))
 		Expect(st.Details.Kind).To(Equal(wire.StatusKind))
+	})
+
+	It("refuses exec and files on a paused Sandbox with the cause SandboxPaused, and serves it again once resumed", func() {
+		paused := createSandbox(ns, "paused")
+		waitReady(paused)
+		setPaused := func(v bool) {
+			Eventually(func() error {
+				latest := &sandboxv1alpha1.Sandbox{}
+				if err := k8sClient.Get(ctx, types.NamespacedName{Namespace: ns, Name: "paused"}, latest); err != nil {
+					return err
+				}
+				latest.Spec.Paused = v
+				return k8sClient.Update(ctx, latest)
+			}, 10*time.Second, 100*time.Millisecond).Should(Succeed())
+		}
+		setPaused(true)
+		Eventually(readyState(paused), 30*time.Second).Should(HavePrefix("False/Paused"))
+		// The aggregated API server reads through its cache, which may be a
+		// moment behind.
+		Eventually(func(g Gomega) {
+			_, err := admin.Exec(ctx, sandboxclient.Named(ns, "paused"), shell("touch /app/while-paused"), nil, nil)
+			g.Expect(sandboxclient.IsSandboxPaused(err)).To(BeTrue(), "%v", err)
+			g.Expect(sandboxclient.IsNotReady(err)).To(BeTrue())
+			g.Expect(apierrors.ReasonForError(err)).To(Equal(metav1.StatusReasonConflict))
+		}, 10*time.Second, 200*time.Millisecond).Should(Succeed())
+		err := admin.Download(ctx, sandboxclient.Named(ns, "paused"), "/app/", io.Discard)
+		Expect(sandboxclient.IsSandboxPaused(err)).To(BeTrue(), "%v", err)
+
+		setPaused(false)
+		Eventually(readyState(paused), 30*time.Second).Should(HavePrefix("True/Running"))
+		Eventually(func(g Gomega) {
+			var stdout bytes.Buffer
+			_, err := admin.Exec(ctx, sandboxclient.Named(ns, "paused"), shell("ls /app"), &stdout, nil)
+			g.Expect(err).NotTo(HaveOccurred())
+			g.Expect(stdout.String()).NotTo(ContainSubstring("while-paused"))
+		}, 10*time.Second, 200*time.Millisecond).Should(Succeed())
 	})
 
 	It("reports a Sandbox that does not exist", func() {
