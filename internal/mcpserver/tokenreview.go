@@ -2,7 +2,6 @@ package mcpserver
 
 import (
 	"context"
-	"crypto/sha256"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -13,6 +12,8 @@ import (
 
 	authnv1 "k8s.io/api/authentication/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apiserver/pkg/authentication/authenticator"
+	"k8s.io/apiserver/pkg/authentication/token/cache"
 	authnclient "k8s.io/client-go/kubernetes/typed/authentication/v1"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
@@ -24,7 +25,6 @@ import (
 const (
 	tokenReviewTTL         = 10 * time.Second
 	tokenReviewNegativeTTL = 2 * time.Second
-	tokenReviewCacheMax    = 10000
 	tokenReviewTimeout     = 10 * time.Second
 )
 
@@ -56,38 +56,39 @@ type TokenReviewOptions struct {
 	AcceptAPIServerAudience bool
 	// Logger, when set, records each newly accepted API-server-audience
 	// token's identity (as a hash), so that an operator can see who still
-	// needs one for the server's audience.
+	// needs one for the server's audience, and (at debug level) the API
+	// server's reason for each refusal it reviewed.
 	Logger *slog.Logger
 }
 
 // TokenReviewAuth authenticates bearer tokens with the Kubernetes API's
 // TokenReview, as kubelet does. The token is sent only to the API server
 // for review, never used to act. Identities are "kube:<username>".
+//
+// Answers are cached by k8s.io/apiserver's token cache (the one its
+// delegating authenticator uses): acceptances for tokenReviewTTL, refusals
+// for tokenReviewNegativeTTL, and an API server that did not answer not at
+// all. Each review has a cache of its own, so a token the
+// API-server-audience review accepted can never be taken for one the
+// server's own audience review accepted.
 type TokenReviewAuth struct {
 	reviewer  TokenReviewer
 	audiences []string
-	acceptAPI bool
 	log       *slog.Logger
+	// own reviews for audiences; api, set with AcceptAPIServerAudience,
+	// for the API server's.
+	own, api authenticator.Token
 
-	mu    sync.Mutex
-	cache map[[sha256.Size]byte]reviewResult
+	mu sync.Mutex
+	// reviewing counts the Authenticate calls in flight per token. A cache
+	// miss reviews only such a token, so that Recognizes, which looks up
+	// tokens no one has authenticated yet, never causes a TokenReview.
+	reviewing map[string]int
 }
 
-// reviewKind is which review a result answers. It is part of the cache
-// key, so a token the API-server-audience review accepted can never be
-// taken for one the server's own audience review accepted.
-type reviewKind byte
-
-const (
-	ownAudience       reviewKind = 'o'
-	apiServerAudience reviewKind = 'a'
-)
-
-type reviewResult struct {
-	caller  Caller
-	err     error
-	expires time.Time
-}
+// errNotReviewed is a cache miss for a token no Authenticate call is
+// reviewing. It is an error, and so never cached.
+var errNotReviewed = errors.New("token not reviewed")
 
 // KubeRESTConfig loads a kubeconfig file, or the in-cluster configuration
 // when the path is empty.
@@ -123,139 +124,126 @@ func NewTokenReviewAuthWith(r TokenReviewer, audiences []string) *TokenReviewAut
 
 // NewTokenReviewAuthWithOptions uses the given reviewer.
 func NewTokenReviewAuthWithOptions(r TokenReviewer, opts TokenReviewOptions) *TokenReviewAuth {
-	aud := slices.Clone(opts.Audiences)
-	if len(aud) == 0 {
-		aud = []string{DefaultTokenAudience}
+	a := &TokenReviewAuth{reviewer: r, audiences: slices.Clone(opts.Audiences), log: opts.Logger, reviewing: map[string]int{}}
+	if len(a.audiences) == 0 {
+		a.audiences = []string{DefaultTokenAudience}
 	}
-	return &TokenReviewAuth{reviewer: r, audiences: aud, acceptAPI: opts.AcceptAPIServerAudience, log: opts.Logger,
-		cache: map[[sha256.Size]byte]reviewResult{}}
+	a.own = a.cached(a.audiences)
+	if opts.AcceptAPIServerAudience {
+		a.api = a.cached(nil)
+	}
+	return a
+}
+
+// cached is a cache of the reviews for audiences (nil: the API server's).
+// Errors are not cached: the API server did not answer.
+func (a *TokenReviewAuth) cached(audiences []string) authenticator.Token {
+	return cache.New(authenticator.TokenFunc(func(ctx context.Context, token string) (*authenticator.Response, bool, error) {
+		return a.review(ctx, audiences, token)
+	}), false, tokenReviewTTL, tokenReviewNegativeTTL)
 }
 
 // Authenticate implements Authenticator. The token is reviewed for the
 // server's own audiences; only when that review refuses it, and
 // AcceptAPIServerAudience is set, is it reviewed again for the API server's
-// audiences. Each review's answer is cached on its own.
+// audiences.
 func (a *TokenReviewAuth) Authenticate(ctx context.Context, token string) (Caller, error) {
-	caller, err := a.cachedReview(ctx, ownAudience, token)
-	if err == nil || !a.acceptAPI || !errors.Is(err, ErrUnauthenticated) {
-		return caller, err
+	a.mu.Lock()
+	a.reviewing[token]++
+	a.mu.Unlock()
+	defer func() {
+		a.mu.Lock()
+		if a.reviewing[token]--; a.reviewing[token] == 0 {
+			delete(a.reviewing, token)
+		}
+		a.mu.Unlock()
+	}()
+	if c, ok, err := lookup(ctx, a.own, token); ok || err != nil {
+		return c, err
 	}
-	caller, apiErr := a.cachedReview(ctx, apiServerAudience, token)
-	if apiErr == nil || !errors.Is(apiErr, ErrUnauthenticated) {
-		return caller, apiErr
+	aud := strings.Join(a.audiences, " or ")
+	err := fmt.Errorf("%w: the token is not valid for this server's audience, or not valid at all (this server wants a token for audience %s)", ErrUnauthenticated, aud)
+	if a.api == nil {
+		return Caller{}, err
 	}
-	return Caller{}, fmt.Errorf("%w; for the API server's audiences: %s", err, strings.TrimPrefix(apiErr.Error(), ErrUnauthenticated.Error()+": "))
+	if c, ok, apiErr := lookup(ctx, a.api, token); ok || apiErr != nil {
+		return c, apiErr
+	}
+	return Caller{}, fmt.Errorf("%w; nor for the API server's audiences", err)
+}
+
+// lookup asks the cache t. A miss joins a lookup already under way for
+// the token; when that was Recognizes', which reviews nothing, it asks
+// once more, and then the review happens.
+func lookup(ctx context.Context, t authenticator.Token, token string) (Caller, bool, error) {
+	resp, ok, err := t.AuthenticateToken(ctx, token)
+	if errors.Is(err, errNotReviewed) {
+		resp, ok, err = t.AuthenticateToken(ctx, token)
+	}
+	switch {
+	case err != nil && !errors.Is(err, ErrUnavailable):
+		return Caller{}, false, fmt.Errorf("%w: TokenReview: %w", ErrUnavailable, err)
+	case err != nil || !ok:
+		return Caller{}, false, err
+	}
+	return resp.User.(reviewedCaller).Caller, true, nil
 }
 
 // Recognizes implements TokenRecognizer: the token has an unexpired
 // positive answer in the cache, from the review for the server's audiences
 // or (with AcceptAPIServerAudience) the API server's.
 func (a *TokenReviewAuth) Recognizes(token string) bool {
-	keys := [][sha256.Size]byte{a.cacheKey(ownAudience, token)}
-	if a.acceptAPI {
-		keys = append(keys, a.cacheKey(apiServerAudience, token))
-	}
-	now := time.Now()
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	for _, key := range keys {
-		if r, ok := a.cache[key]; ok && r.err == nil && now.Before(r.expires) {
-			return true
+	for _, t := range []authenticator.Token{a.own, a.api} {
+		if t != nil {
+			if _, ok, err := t.AuthenticateToken(context.Background(), token); ok && err == nil {
+				return true
+			}
 		}
 	}
 	return false
 }
 
-// cacheKey separates the two reviews of one token: the kind and the
-// audiences asked for are digested with it.
-func (a *TokenReviewAuth) cacheKey(kind reviewKind, token string) [sha256.Size]byte {
-	h := sha256.New()
-	h.Write([]byte{byte(kind), 0})
-	if kind == ownAudience {
-		for _, aud := range a.audiences {
-			h.Write([]byte(aud))
-			h.Write([]byte{0})
-		}
-	}
-	h.Write([]byte{0})
-	h.Write([]byte(token))
-	var key [sha256.Size]byte
-	h.Sum(key[:0])
-	return key
-}
-
-func (a *TokenReviewAuth) cachedReview(ctx context.Context, kind reviewKind, token string) (Caller, error) {
-	key := a.cacheKey(kind, token)
-	now := time.Now()
+// review asks the API server once, when an Authenticate call is reviewing
+// the token. With audiences the review names them and the answer must
+// include one of them; without, the API server checks the token against
+// its own. A refusal is (nil, false, nil), which the cache keeps without a
+// reason.
+func (a *TokenReviewAuth) review(ctx context.Context, audiences []string, token string) (*authenticator.Response, bool, error) {
 	a.mu.Lock()
-	if r, ok := a.cache[key]; ok && now.Before(r.expires) {
-		a.mu.Unlock()
-		return r.caller, r.err
-	}
+	wanted := a.reviewing[token] > 0
 	a.mu.Unlock()
-
-	caller, err := a.review(ctx, kind, token)
-	if err != nil && !errors.Is(err, ErrUnauthenticated) {
-		// The API server did not answer: do not cache, and do not call it
-		// a bad token.
-		return Caller{}, err
+	if !wanted {
+		return nil, false, errNotReviewed
 	}
-	ttl := tokenReviewTTL
-	if err != nil {
-		ttl = tokenReviewNegativeTTL
-	} else if kind == apiServerAudience && a.log != nil {
-		a.log.Info("accepted a token for the API server's audience (--accept-apiserver-audience); ask the caller for one with --audience "+a.audiences[0],
-			"caller", IdentityHash(caller.ID))
-	}
-	a.mu.Lock()
-	if len(a.cache) >= tokenReviewCacheMax {
-		for k, r := range a.cache {
-			if now.After(r.expires) {
-				delete(a.cache, k)
-			}
-		}
-		if len(a.cache) >= tokenReviewCacheMax {
-			clear(a.cache)
-		}
-	}
-	a.cache[key] = reviewResult{caller: caller, err: err, expires: now.Add(ttl)}
-	a.mu.Unlock()
-	return caller, err
-}
-
-// review asks the API server once. For ownAudience the review names the
-// server's audiences and the answer must include one of them; for
-// apiServerAudience it names none, so the API server checks the token
-// against its own.
-func (a *TokenReviewAuth) review(ctx context.Context, kind reviewKind, token string) (Caller, error) {
 	ctx, cancel := context.WithTimeout(ctx, tokenReviewTimeout)
 	defer cancel()
-	var audiences []string
-	if kind == ownAudience {
-		audiences = a.audiences
-	}
 	res, err := a.reviewer.Create(ctx, &authnv1.TokenReview{Spec: authnv1.TokenReviewSpec{Token: token, Audiences: audiences}}, metav1.CreateOptions{})
 	if err != nil {
-		return Caller{}, fmt.Errorf("%w: TokenReview failed: %w", ErrUnavailable, err)
+		return nil, false, fmt.Errorf("%w: TokenReview failed: %w", ErrUnavailable, err)
 	}
 	st := res.Status
-	switch {
-	case !st.Authenticated:
-		msg := st.Error
-		if msg == "" {
-			msg = "token not authenticated"
+	if !st.Authenticated || st.User.Username == "" ||
+		(audiences != nil && !slices.ContainsFunc(st.Audiences, func(s string) bool { return slices.Contains(audiences, s) })) {
+		if a.log != nil {
+			a.log.Debug("TokenReview refused a token", "audiences", audiences, "authenticated", st.Authenticated, "tokenAudiences", st.Audiences, "reason", st.Error)
 		}
-		if kind == ownAudience {
-			msg += fmt.Sprintf(" (this server wants a token for audience %s)", strings.Join(a.audiences, " or "))
-		}
-		return Caller{}, fmt.Errorf("%w: %s", ErrUnauthenticated, msg)
-	case st.User.Username == "":
-		return Caller{}, fmt.Errorf("%w: token has no username", ErrUnauthenticated)
-	case kind == ownAudience && !slices.ContainsFunc(st.Audiences, func(s string) bool { return slices.Contains(a.audiences, s) }):
-		return Caller{}, fmt.Errorf("%w: token is not valid for this server's audience %s", ErrUnauthenticated, strings.Join(a.audiences, " or "))
+		return nil, false, nil
 	}
-	return kubeCaller(st.User), nil
+	c := kubeCaller(st.User)
+	if audiences == nil && a.log != nil {
+		a.log.Info("accepted a token for the API server's audience (--accept-apiserver-audience); ask the caller for one with --audience "+a.audiences[0],
+			"caller", IdentityHash(c.ID))
+	}
+	return &authenticator.Response{User: reviewedCaller{c}}, true, nil
 }
+
+// reviewedCaller carries a reviewed Caller through the cache.
+type reviewedCaller struct{ Caller }
+
+func (c reviewedCaller) GetName() string               { return c.Username }
+func (c reviewedCaller) GetUID() string                { return c.UID }
+func (c reviewedCaller) GetGroups() []string           { return c.Groups }
+func (c reviewedCaller) GetExtra() map[string][]string { return c.Extra }
 
 // kubeCaller keeps everything a SubjectAccessReview needs to decide for
 // the reviewed user, not just the name.

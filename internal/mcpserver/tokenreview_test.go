@@ -140,7 +140,7 @@ var _ = Describe("TokenReview audiences", Label("unit"), func() {
 	It("caches each review on its own: an API-audience acceptance never passes for an own-audience one", func() {
 		r := newAudienceReviewer()
 		a := NewTokenReviewAuthWithOptions(r, TokenReviewOptions{AcceptAPIServerAudience: true})
-		Expect(a.cacheKey(ownAudience, "api")).NotTo(Equal(a.cacheKey(apiServerAudience, "api")))
+		Expect(a.api).NotTo(BeIdenticalTo(a.own), "the two reviews share a cache")
 
 		_, err := a.Authenticate(ctx, "api")
 		Expect(err).NotTo(HaveOccurred())
@@ -149,29 +149,49 @@ var _ = Describe("TokenReview audiences", Label("unit"), func() {
 		_, err = a.Authenticate(ctx, "api")
 		Expect(err).NotTo(HaveOccurred())
 		Expect(r.count()).To(Equal(2), "cache not used: %v", r.reviews)
+		Expect(a.Recognizes("api")).To(BeTrue())
 
-		// The same cache, with the API server's audiences no longer
-		// accepted: the cached acceptance must not count.
-		a.acceptAPI = false
+		// The same caches, with the API server's audiences no longer
+		// accepted: the cached acceptance must not count, and the own
+		// review's refusal comes from the cache.
+		api := a.api
+		a.api = nil
 		_, err = a.Authenticate(ctx, "api")
 		Expect(err).To(MatchError(ErrUnauthenticated), "the API-audience review's cached acceptance was used for the server's own audience")
+		Expect(r.count()).To(Equal(2), "the own review's refusal was not cached: %v", r.reviews)
+		Expect(a.Recognizes("api")).To(BeFalse(), "the API-audience review's cached acceptance was recognized for the server's own audience")
 
 		// Once the own review's negative answer (2 s) has expired, the own
 		// audience is asked again, not taken from the API review's entry
 		// (10 s).
-		a.mu.Lock()
-		k := a.cacheKey(ownAudience, "api")
-		e := a.cache[k]
-		Expect(e.err).To(HaveOccurred(), "the own review of an API token was cached as accepted")
-		Expect(time.Until(e.expires)).To(BeNumerically("<=", tokenReviewNegativeTTL))
-		e.expires = time.Now().Add(-time.Second)
-		a.cache[k] = e
-		a.mu.Unlock()
-		before := r.count()
-		_, err = a.Authenticate(ctx, "api")
-		Expect(err).To(MatchError(ErrUnauthenticated))
-		Expect(r.count()).To(Equal(before+1), "the expired own review was not redone")
+		Eventually(func() int {
+			_, err := a.Authenticate(ctx, "api")
+			Expect(err).To(MatchError(ErrUnauthenticated))
+			return r.count()
+		}).WithTimeout(tokenReviewNegativeTTL+500*time.Millisecond).WithPolling(50*time.Millisecond).Should(Equal(3), "the expired own review was not redone")
 		Expect(r.last()).To(Equal([]string{DefaultTokenAudience}))
+		// The API review's acceptance is still cached.
+		a.api = api
+		_, err = a.Authenticate(ctx, "api")
+		Expect(err).NotTo(HaveOccurred())
+		Expect(r.count()).To(Equal(3), "the API review's acceptance was not cached for its TTL: %v", r.reviews)
+	})
+
+	It("looks tokens up for Recognizes without reviewing them, and without failing a concurrent Authenticate", func() {
+		r := newAudienceReviewer()
+		a := NewTokenReviewAuthWithOptions(r, TokenReviewOptions{})
+		var wg sync.WaitGroup
+		for range 20 {
+			wg.Go(func() { a.Recognizes("mcp") })
+			wg.Go(func() {
+				defer GinkgoRecover()
+				_, err := a.Authenticate(ctx, "mcp")
+				Expect(err).NotTo(HaveOccurred())
+			})
+		}
+		wg.Wait()
+		Expect(a.Recognizes("else")).To(BeFalse())
+		Expect(r.count()).To(Equal(1), "want one review for a burst of one token, and none for Recognizes: %v", r.reviews)
 	})
 
 	It("does not fall back, nor cache, when the API server does not answer", func() {

@@ -18,11 +18,11 @@ import (
 	"errors"
 	"fmt"
 	"slices"
-	"sync"
 	"time"
 
 	authzv1 "k8s.io/api/authorization/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/cache"
 	authzclient "k8s.io/client-go/kubernetes/typed/authorization/v1"
 	"k8s.io/client-go/rest"
 
@@ -63,23 +63,17 @@ type Reviewer interface {
 // something in a namespace. The MCP server then acts with its own
 // credentials: it never forwards the caller's token and needs no
 // impersonate rights, which would make its ServiceAccount as powerful as any
-// user it could name. Decisions, allowed or denied, are cached for TTL.
+// user it could name. Decisions, allowed or denied, are cached for TTL, in
+// the LRU cache k8s.io/apiserver's webhook authorizer keeps its
+// SubjectAccessReview answers in, keyed as it keys them: by the whole spec.
 type Authorizer struct {
 	reviewer Reviewer
-
-	mu    sync.Mutex
-	cache map[[sha256.Size]byte]decision
-}
-
-type decision struct {
-	allowed bool
-	reason  string
-	expires time.Time
+	cache    *cache.LRUExpireCache // cacheKey -> authzv1.SubjectAccessReviewStatus
 }
 
 // New returns an Authorizer that reviews through r.
 func New(r Reviewer) *Authorizer {
-	return &Authorizer{reviewer: r, cache: map[[sha256.Size]byte]decision{}}
+	return &Authorizer{reviewer: r, cache: cache.NewLRUExpireCache(cacheMax)}
 }
 
 // NewForConfig returns an Authorizer that reviews through cfg's API server
@@ -156,11 +150,9 @@ func (a *Authorizer) Check(ctx context.Context, caller mcpserver.Caller, namespa
 	if err != nil {
 		return fmt.Errorf("building the access review cache key: %w", err)
 	}
-	now := time.Now()
-	a.mu.Lock()
-	d, ok := a.cache[key]
-	a.mu.Unlock()
-	if !ok || now.After(d.expires) {
+	cached, ok := a.cache.Get(key)
+	st, _ := cached.(authzv1.SubjectAccessReviewStatus)
+	if !ok {
 		rctx, cancel := context.WithTimeout(ctx, reviewTimeout)
 		res, err := a.reviewer.Create(rctx, sar, metav1.CreateOptions{})
 		cancel()
@@ -170,29 +162,13 @@ func (a *Authorizer) Check(ctx context.Context, caller mcpserver.Caller, namespa
 			}
 			return fmt.Errorf("%w: SubjectAccessReview for %s failed: %w", mcpserver.ErrUnavailable, caller.Username, err)
 		}
-		d = decision{allowed: res.Status.Allowed && !res.Status.Denied, reason: res.Status.Reason, expires: now.Add(TTL)}
-		a.store(key, d, now)
+		st = res.Status
+		a.cache.Add(key, st, TTL)
 	}
-	if d.allowed {
+	if st.Allowed && !st.Denied {
 		return nil
 	}
-	return &DeniedError{User: caller.Username, Permission: p, Namespace: namespace, Name: name, Reason: d.reason}
-}
-
-func (a *Authorizer) store(key [sha256.Size]byte, d decision, now time.Time) {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	if len(a.cache) >= cacheMax {
-		for k, old := range a.cache {
-			if now.After(old.expires) {
-				delete(a.cache, k)
-			}
-		}
-		if len(a.cache) >= cacheMax {
-			clear(a.cache)
-		}
-	}
-	a.cache[key] = d
+	return &DeniedError{User: caller.Username, Permission: p, Namespace: namespace, Name: name, Reason: st.Reason}
 }
 
 // cacheKey digests the whole review spec: user, uid, groups, extra and the

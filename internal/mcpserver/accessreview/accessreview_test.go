@@ -61,6 +61,19 @@ var _ = Describe("Gate", Label("unit"), func() {
 			Namespace: "team-a", Verb: "create", Group: "sandbox.code-sandbox.dev", Version: "v1alpha1", Resource: "sandboxes"}))
 	})
 
+	It("caches a denial too, and reviews another namespace or caller afresh", func() {
+		r := &reviewer{}
+		g := gate(r)
+		Expect(g.Authorize(ctx, alice)).To(MatchError(mcpserver.ErrForbidden))
+		r.allow = true
+		Expect(g.Authorize(ctx, alice)).To(MatchError(mcpserver.ErrForbidden), "the denial was not cached")
+		Expect(r.reviews).To(HaveLen(1))
+		g.Namespace = "team-b"
+		Expect(g.Authorize(ctx, alice)).To(Succeed())
+		Expect(g.Authorize(ctx, mcpserver.Caller{ID: "kube:alice", Username: "alice", UID: "u", Groups: []string{"devs", "admins"}})).To(Succeed())
+		Expect(r.reviews).To(HaveLen(3), "a decision was taken for another namespace or group set")
+	})
+
 	It("refuses with ErrForbidden naming the missing permission", func() {
 		err := gate(&reviewer{}).Authorize(ctx, alice)
 		Expect(err).To(MatchError(mcpserver.ErrForbidden))
