@@ -104,38 +104,6 @@ type LogsOptions struct {
 	HistoryRecords int
 }
 
-// Activity is what idle and lifetime reaping know about one sandbox. The
-// backends embed it in their records and guard it with their own lock.
-type Activity struct {
-	ExpiresAt  time.Time
-	LastUsedAt time.Time
-	// InFlight counts operations running in the sandbox; a sandbox with
-	// one is never idle.
-	InFlight int
-	// Removing: the sandbox is being removed and is no longer usable.
-	Removing bool
-}
-
-// ReapReason says why a reaper should remove the sandbox now ("lifetime
-// over" or "idle"), or "" to keep it.
-func (a *Activity) ReapReason(now time.Time, idleTimeout time.Duration) string {
-	switch {
-	case a.Removing:
-		return ""
-	case now.After(a.ExpiresAt):
-		return "lifetime over"
-	case a.InFlight == 0 && now.Sub(a.LastUsedAt) > idleTimeout:
-		return "idle"
-	}
-	return ""
-}
-
-// ReapInterval is how often a reaper looks for idle and expired sandboxes:
-// often enough to honour a short idle timeout, never more than every 30 s.
-func ReapInterval(idleTimeout time.Duration) time.Duration {
-	return min(30*time.Second, max(time.Second, idleTimeout/4))
-}
-
 // Logs is a sandbox's own output and the commands run in it.
 type Logs struct {
 	Output    string
@@ -146,7 +114,9 @@ type Logs struct {
 // Backend runs sandboxes. Implementations must be safe for concurrent use,
 // enforce ownership (a sandbox is visible only to the Caller.ID that
 // created it) and their own quotas, and map failures onto the errors below
-// (wrapped, with a message a user can act on).
+// (wrapped, with a message a user can act on). The server's backends are a
+// session.Manager (registry, ownership, limits, reaping) on a Docker or
+// Kubernetes driver.
 type Backend interface {
 	// Create starts a sandbox and returns once commands can run in it.
 	Create(ctx context.Context, caller Caller, req CreateRequest) (Sandbox, error)

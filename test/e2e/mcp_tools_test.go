@@ -11,7 +11,6 @@ package e2e
 import (
 	"context"
 	"encoding/base64"
-	"io/fs"
 	"os"
 	"path/filepath"
 	"strings"

@@ -3,7 +3,9 @@
 // operator's. Each container is labelled managed-by=code-sandbox-mcp with a
 // random sandbox UID, the owner's identity hash as namespace and this server
 // run's instance ID as node; the backend removes its containers when the
-// server exits, and the containers of dead server runs when it starts.
+// server exits, and the containers of dead server runs when it starts. The
+// bookkeeping (registry, ownership, limits, reaping) is the session
+// package's: this package is its Docker driver.
 package dockerbackend
 
 import (
@@ -14,7 +16,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"sort"
 	"sync"
 	"time"
 
@@ -25,12 +26,13 @@ import (
 	"github.com/code-sandbox/code-sandbox-operator/internal/execio"
 	"github.com/code-sandbox/code-sandbox-operator/internal/history"
 	"github.com/code-sandbox/code-sandbox-operator/internal/mcpserver"
+	"github.com/code-sandbox/code-sandbox-operator/internal/mcpserver/session"
 )
 
 // Defaults for Options.
 const (
-	DefaultMaxSandboxes = 5
-	DefaultIdleTimeout  = 30 * time.Minute
+	DefaultMaxSandboxes = session.DefaultMaxSandboxes
+	DefaultIdleTimeout  = session.DefaultIdleTimeout
 	DefaultStopGrace    = 10 * time.Second
 )
 
@@ -63,8 +65,16 @@ type Options struct {
 	Clock func() time.Time
 }
 
-// Backend implements mcpserver.Backend on Docker.
+// Backend implements mcpserver.Backend on Docker: a session.Manager on the
+// Docker driver.
 type Backend struct {
+	*session.Manager
+	driver *driver
+}
+
+// driver is the session.Driver that runs sandboxes as containers. Its
+// Refs are container IDs.
+type driver struct {
 	docker   *dockerruntime.Client
 	instance Instance
 	node     string
@@ -72,39 +82,25 @@ type Backend struct {
 	log      *slog.Logger
 	history  *history.Store
 
-	mu        sync.Mutex
-	sandboxes map[string]*entry
-	// pending counts creates in flight per identity, so that concurrent
-	// creates cannot overshoot the quota.
-	pending map[string]int
-	swept   bool
-
-	stop     chan struct{}
-	loopDone chan struct{}
+	mu sync.Mutex
+	// swept: the orphan sweep has completed once.
+	swept bool
+	// removeFailed: RemoveAll left containers behind, so the egress
+	// firewall stays.
+	removeFailed bool
 
 	egressStop context.CancelFunc
 	egressDone chan struct{}
 }
 
-// entry is one sandbox this server run created. The registry is the
-// ownership record: only the identity that created a sandbox finds it.
-type entry struct {
-	id        string
-	owner     string
-	dockerID  string
-	image     string
-	network   string
-	nanoCPUs  int64
-	memory    int64
-	createdAt time.Time
-	mcpserver.Activity
-}
+var (
+	_ mcpserver.Backend = (*Backend)(nil)
+	_ session.Starter   = (*driver)(nil)
+)
 
-var _ mcpserver.Backend = (*Backend)(nil)
-
-// New returns a backend and starts its reaper (idle, lifetime, and dead
-// servers' orphans). Docker need not be up yet: the orphan sweep is retried
-// until it succeeds.
+// New returns a backend; Start sweeps the orphans of dead server runs and
+// starts its reaper. Docker need not be up yet: the orphan sweep is
+// retried until it succeeds.
 func New(opts Options) (*Backend, error) {
 	if opts.Client == nil {
 		return nil, errors.New("dockerbackend: no Docker client")
@@ -115,42 +111,39 @@ func New(opts Options) (*Backend, error) {
 	if opts.Runtime == "" {
 		opts.Runtime = dockerruntime.RuntimeRunc
 	}
-	if opts.MaxSandboxes <= 0 {
-		opts.MaxSandboxes = DefaultMaxSandboxes
-	}
-	if opts.IdleTimeout <= 0 {
-		opts.IdleTimeout = DefaultIdleTimeout
-	}
 	if opts.StopGrace <= 0 {
 		opts.StopGrace = DefaultStopGrace
 	}
 	if opts.Logger == nil {
 		opts.Logger = slog.Default()
 	}
-	if opts.Clock == nil {
-		opts.Clock = time.Now
-	}
 	hist, err := history.New(opts.HistoryDir, 0)
 	if err != nil {
 		return nil, err
 	}
-	b := &Backend{
-		docker:    opts.Client,
-		instance:  opts.Instance,
-		node:      opts.Instance.String(),
-		opts:      opts,
-		log:       opts.Logger,
-		history:   hist,
-		sandboxes: map[string]*entry{},
-		pending:   map[string]int{},
-		stop:      make(chan struct{}),
-		loopDone:  make(chan struct{}),
+	d := &driver{
+		docker:   opts.Client,
+		instance: opts.Instance,
+		node:     opts.Instance.String(),
+		opts:     opts,
+		log:      opts.Logger,
+		history:  hist,
 	}
-	return b, nil
+	m := session.New(d, session.Options{
+		MaxSandboxes: opts.MaxSandboxes,
+		IdleTimeout:  opts.IdleTimeout,
+		Clock:        opts.Clock,
+		Logger:       opts.Logger,
+	})
+	return &Backend{Manager: m, driver: d}, nil
 }
 
-// Start sweeps orphans once (bounded) and starts the reaper loop.
-func (b *Backend) Start(ctx context.Context) {
+// InstanceID is the node label this run puts on its containers.
+func (b *Backend) InstanceID() string { return b.driver.node }
+
+// Start sweeps orphans once (bounded) and starts the egress firewall's
+// checks; the session.Manager then starts the reaper.
+func (b *driver) Start(ctx context.Context) {
 	sctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	b.sweepOrphans(sctx)
 	cancel()
@@ -169,11 +162,7 @@ func (b *Backend) Start(ctx context.Context) {
 			})
 		}()
 	}
-	go b.loop()
 }
-
-// InstanceID is the node label this run puts on its containers.
-func (b *Backend) InstanceID() string { return b.node }
 
 func newUID() string {
 	buf := make([]byte, 12)
@@ -211,56 +200,15 @@ func mapErr(err error) error {
 	return err
 }
 
-func (b *Backend) notFound(id string) error {
-	return fmt.Errorf("%w: %q", mcpserver.ErrNotFound, id)
-}
-
-// lookup returns the caller's sandbox and marks it used. A sandbox that
-// belongs to someone else is reported exactly like one that never existed.
-func (b *Backend) lookup(caller mcpserver.Caller, id string) (*entry, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	e, ok := b.sandboxes[id]
-	if !ok || e.owner != caller.ID || e.Removing {
-		return nil, b.notFound(id)
-	}
-	e.LastUsedAt = b.opts.Clock()
-	return e, nil
-}
-
-// forget drops a sandbox whose container is gone.
-func (b *Backend) forget(id string) {
-	b.mu.Lock()
-	delete(b.sandboxes, id)
-	b.mu.Unlock()
+// forgetHistory drops the exec history of a sandbox that is gone.
+func (b *driver) forgetHistory(id string) {
 	if err := b.history.Delete(id); err != nil {
 		b.log.Warn("deleting exec history", "sandbox", id, "error", err)
 	}
 }
 
-// Create implements mcpserver.Backend.
-func (b *Backend) Create(ctx context.Context, caller mcpserver.Caller, req mcpserver.CreateRequest) (mcpserver.Sandbox, error) {
-	b.mu.Lock()
-	n := b.pending[caller.ID]
-	for _, e := range b.sandboxes {
-		if e.owner == caller.ID && !e.Removing {
-			n++
-		}
-	}
-	if n >= b.opts.MaxSandboxes {
-		b.mu.Unlock()
-		return mcpserver.Sandbox{}, fmt.Errorf("%w: you already have %d sandboxes; the limit is %d", mcpserver.ErrQuota, n, b.opts.MaxSandboxes)
-	}
-	b.pending[caller.ID]++
-	b.mu.Unlock()
-	defer func() {
-		b.mu.Lock()
-		if b.pending[caller.ID]--; b.pending[caller.ID] <= 0 {
-			delete(b.pending, caller.ID)
-		}
-		b.mu.Unlock()
-	}()
-
+// Create implements session.Driver.
+func (b *driver) Create(ctx context.Context, caller mcpserver.Caller, req mcpserver.CreateRequest) (string, mcpserver.Sandbox, error) {
 	network := dockerruntime.NetworkNone
 	if req.Network == mcpserver.NetworkEgress {
 		network = dockerruntime.NetworkEgress
@@ -290,29 +238,21 @@ func (b *Backend) Create(ctx context.Context, caller mcpserver.Caller, req mcpse
 			b.log.Warn("image pull failed", "image", req.Image, "class", string(pe.Class), "error", pe.Detail, "owner", mcpserver.IdentityHash(caller.ID))
 		}
 		b.cleanupFailedCreate(uid)
-		return mcpserver.Sandbox{}, mapErr(err)
-	}
-	now := b.opts.Clock()
-	e := &entry{
-		id: uid, owner: caller.ID, dockerID: ct.ID, image: req.Image, network: req.Network,
-		nanoCPUs: orDefault(req.NanoCPUs, dockerruntime.DefaultNanoCPUs), memory: orDefault(req.MemoryBytes, dockerruntime.DefaultMemoryBytes),
-		createdAt: now, Activity: mcpserver.Activity{ExpiresAt: now.Add(req.Lifetime), LastUsedAt: now},
-	}
-	if req.Lifetime <= 0 {
-		e.ExpiresAt = now.Add(100 * 365 * 24 * time.Hour)
-	}
-	if e.network == "" {
-		e.network = mcpserver.NetworkNone
+		return "", mcpserver.Sandbox{}, mapErr(err)
 	}
 	if ctx.Err() != nil {
 		b.removeContainer(ct.ID, 0, "request cancelled during create")
-		return mcpserver.Sandbox{}, ctx.Err()
+		return "", mcpserver.Sandbox{}, ctx.Err()
 	}
-	b.mu.Lock()
-	b.sandboxes[uid] = e
-	b.mu.Unlock()
+	sb := mcpserver.Sandbox{
+		ID: uid, Image: req.Image, Network: req.Network, WorkingDir: dockerruntime.DefaultWorkingDir,
+		NanoCPUs: orDefault(req.NanoCPUs, dockerruntime.DefaultNanoCPUs), MemoryBytes: orDefault(req.MemoryBytes, dockerruntime.DefaultMemoryBytes),
+	}
+	if sb.Network == "" {
+		sb.Network = mcpserver.NetworkNone
+	}
 	b.log.Info("sandbox created", "sandbox", uid, "container", dockerruntime.ShortID(ct.ID), "image", req.Image, "owner", mcpserver.IdentityHash(caller.ID))
-	return b.view(e, ct.State), nil
+	return ct.ID, view(sb, ct.State), nil
 }
 
 func orDefault(v, d int64) int64 {
@@ -323,7 +263,7 @@ func orDefault(v, d int64) int64 {
 }
 
 // cleanupFailedCreate removes a container a failed create may have left.
-func (b *Backend) cleanupFailedCreate(uid string) {
+func (b *driver) cleanupFailedCreate(uid string) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	list, err := b.docker.ListManaged(ctx, dockerruntime.ListFilter{UID: uid})
@@ -335,7 +275,7 @@ func (b *Backend) cleanupFailedCreate(uid string) {
 	}
 }
 
-func (b *Backend) removeContainer(dockerID string, grace time.Duration, why string) {
+func (b *driver) removeContainer(dockerID string, grace time.Duration, why string) {
 	ctx, cancel := context.WithTimeout(context.Background(), grace+time.Minute)
 	defer cancel()
 	if err := b.docker.Remove(ctx, dockerID, grace); err != nil {
@@ -343,50 +283,30 @@ func (b *Backend) removeContainer(dockerID string, grace time.Duration, why stri
 	}
 }
 
-func (b *Backend) view(e *entry, st dockerruntime.ContainerState) mcpserver.Sandbox {
-	status := st.Status
+// view is sb, as recorded at create, in container state st.
+func view(sb mcpserver.Sandbox, st dockerruntime.ContainerState) mcpserver.Sandbox {
+	sb.Status = st.Status
 	if st.OOMKilled {
-		status += " (OOM-killed)"
+		sb.Status += " (OOM-killed)"
 	}
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return mcpserver.Sandbox{
-		ID: e.id, Image: e.image, Status: status, Network: e.network, WorkingDir: dockerruntime.DefaultWorkingDir,
-		NanoCPUs: e.nanoCPUs, MemoryBytes: e.memory,
-		CreatedAt: e.createdAt, LastUsedAt: e.LastUsedAt, ExpiresAt: e.ExpiresAt,
-	}
+	return sb
 }
 
-// Get implements mcpserver.Backend.
-func (b *Backend) Get(ctx context.Context, caller mcpserver.Caller, id string) (mcpserver.Sandbox, error) {
-	e, err := b.lookup(caller, id)
-	if err != nil {
-		return mcpserver.Sandbox{}, err
-	}
-	ct, err := b.docker.Inspect(ctx, e.dockerID)
+// Get implements session.Driver.
+func (b *driver) Get(ctx context.Context, h session.Handle) (mcpserver.Sandbox, error) {
+	ct, err := b.docker.Inspect(ctx, h.Ref)
 	if errors.Is(err, dockerruntime.ErrNotFound) {
-		b.forget(id)
-		return mcpserver.Sandbox{}, fmt.Errorf("%w: %q (its container was removed outside this server)", mcpserver.ErrNotFound, id)
+		b.forgetHistory(h.ID)
+		return mcpserver.Sandbox{}, session.Gone(fmt.Errorf("%w: %q (its container was removed outside this server)", mcpserver.ErrNotFound, h.ID))
 	}
 	if err != nil {
 		return mcpserver.Sandbox{}, mapErr(err)
 	}
-	return b.view(e, ct.State), nil
+	return view(h.Sandbox, ct.State), nil
 }
 
-// List implements mcpserver.Backend.
-func (b *Backend) List(ctx context.Context, caller mcpserver.Caller) ([]mcpserver.Sandbox, error) {
-	b.mu.Lock()
-	var mine []*entry
-	for _, e := range b.sandboxes {
-		if e.owner == caller.ID && !e.Removing {
-			mine = append(mine, e)
-		}
-	}
-	b.mu.Unlock()
-	if len(mine) == 0 {
-		return nil, nil
-	}
+// List implements session.Driver: the state of each of mine.
+func (b *driver) List(ctx context.Context, _ mcpserver.Caller, mine []session.Handle) ([]mcpserver.Sandbox, error) {
 	list, err := b.docker.ListManaged(ctx, dockerruntime.ListFilter{Node: b.node})
 	if err != nil {
 		return nil, mapErr(err)
@@ -396,48 +316,25 @@ func (b *Backend) List(ctx context.Context, caller mcpserver.Caller) ([]mcpserve
 		states[c.ID] = c.State
 	}
 	out := make([]mcpserver.Sandbox, 0, len(mine))
-	for _, e := range mine {
-		st, ok := states[e.dockerID]
+	for _, h := range mine {
+		st, ok := states[h.Ref]
 		if !ok {
 			st.Status = "removed"
 		}
-		out = append(out, b.view(e, st))
+		out = append(out, view(h.Sandbox, st))
 	}
-	sort.Slice(out, func(i, j int) bool { return out[i].CreatedAt.Before(out[j].CreatedAt) })
 	return out, nil
 }
 
-// busy marks a sandbox in use for the duration of an operation, so the
-// idle reaper never removes it mid-command.
-func (b *Backend) busy(e *entry) func() {
-	b.mu.Lock()
-	e.InFlight++
-	b.mu.Unlock()
-	return func() {
-		b.mu.Lock()
-		e.InFlight--
-		e.LastUsedAt = b.opts.Clock()
-		b.mu.Unlock()
-	}
-}
-
-// Exec implements mcpserver.Backend.
-func (b *Backend) Exec(ctx context.Context, caller mcpserver.Caller, id string, req execio.Request, out mcpserver.OutputFunc) (execio.Result, error) {
-	req, err := req.Normalize()
-	if err != nil {
-		return execio.Result{}, err
-	}
-	e, err := b.lookup(caller, id)
-	if err != nil {
-		return execio.Result{}, err
-	}
-	defer b.busy(e)()
+// Exec implements session.Driver, and records the command in the
+// sandbox's exec history.
+func (b *driver) Exec(ctx context.Context, h session.Handle, req execio.Request, out mcpserver.OutputFunc) (execio.Result, error) {
 	started := time.Now()
-	res, err := b.docker.RunCommand(ctx, e.dockerID, req, out.Writer("stdout"), out.Writer("stderr"))
+	res, err := b.docker.RunCommand(ctx, h.Ref, req, out.Writer("stdout"), out.Writer("stderr"))
 	rec := history.Record{
 		ID: newUID()[:16], Command: req.Command, Shell: req.Shell, WorkingDir: req.WorkingDir, StartedAt: started,
 		DurationMillis: res.DurationMillis, ExitCode: res.ExitCode, TimedOut: res.TimedOut, Truncated: res.Truncated(),
-		Caller: mcpserver.IdentityHash(caller.ID),
+		Caller: mcpserver.IdentityHash(h.Caller.ID),
 	}
 	if err != nil {
 		rec.Error = err.Error()
@@ -445,51 +342,38 @@ func (b *Backend) Exec(ctx context.Context, caller mcpserver.Caller, id string, 
 			rec.DurationMillis = time.Since(started).Milliseconds()
 		}
 	}
-	if herr := b.history.Append(id, rec); herr != nil {
-		b.log.Warn("recording exec history", "sandbox", id, "error", herr)
+	if herr := b.history.Append(h.ID, rec); herr != nil {
+		b.log.Warn("recording exec history", "sandbox", h.ID, "error", herr)
 	}
 	if errors.Is(err, dockerruntime.ErrNotFound) {
-		b.forget(id)
+		b.forgetHistory(h.ID)
+		return res, session.Gone(mapErr(err))
 	}
 	return res, mapErr(err)
 }
 
-// Upload implements mcpserver.Backend.
-func (b *Backend) Upload(ctx context.Context, caller mcpserver.Caller, id, destDir string, archive io.Reader, limits execio.UploadLimits) (execio.TransferStats, error) {
-	e, err := b.lookup(caller, id)
-	if err != nil {
-		return execio.TransferStats{}, err
-	}
+// Upload implements session.Driver.
+func (b *driver) Upload(ctx context.Context, h session.Handle, destDir string, archive io.Reader, limits execio.UploadLimits) (execio.TransferStats, error) {
 	target, err := execio.ResolvePath(dockerruntime.DefaultWorkingDir, destDir)
 	if err != nil {
 		return execio.TransferStats{}, err
 	}
-	defer b.busy(e)()
-	stats, err := b.docker.CopyIn(ctx, e.dockerID, target, archive, limits)
+	stats, err := b.docker.CopyIn(ctx, h.Ref, target, archive, limits)
 	return stats, mapErr(err)
 }
 
-// Download implements mcpserver.Backend.
-func (b *Backend) Download(ctx context.Context, caller mcpserver.Caller, id, src string, w io.Writer, maxBytes int64) (execio.TransferStats, error) {
-	e, err := b.lookup(caller, id)
-	if err != nil {
-		return execio.TransferStats{}, err
-	}
+// Download implements session.Driver.
+func (b *driver) Download(ctx context.Context, h session.Handle, src string, w io.Writer, maxBytes int64) (execio.TransferStats, error) {
 	target, err := execio.ResolvePath(dockerruntime.DefaultWorkingDir, src)
 	if err != nil {
 		return execio.TransferStats{}, err
 	}
-	defer b.busy(e)()
-	stats, err := b.docker.CopyOut(ctx, e.dockerID, target, w, maxBytes)
+	stats, err := b.docker.CopyOut(ctx, h.Ref, target, w, maxBytes)
 	return stats, mapErr(err)
 }
 
-// Logs implements mcpserver.Backend.
-func (b *Backend) Logs(ctx context.Context, caller mcpserver.Caller, id string, opts mcpserver.LogsOptions) (mcpserver.Logs, error) {
-	e, err := b.lookup(caller, id)
-	if err != nil {
-		return mcpserver.Logs{}, err
-	}
+// Logs implements session.Driver.
+func (b *driver) Logs(ctx context.Context, h session.Handle, opts mcpserver.LogsOptions) (mcpserver.Logs, error) {
 	maxBytes := opts.MaxBytes
 	if maxBytes <= 0 {
 		maxBytes = 1 << 20
@@ -497,85 +381,104 @@ func (b *Backend) Logs(ctx context.Context, caller mcpserver.Caller, id string, 
 	tb := execio.NewTailBuffer(int(maxBytes))
 	lctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
-	if err := b.docker.Logs(lctx, e.dockerID, dockerruntime.LogsOptions{Tail: opts.TailLines}, tb, tb); err != nil {
+	if err := b.docker.Logs(lctx, h.Ref, dockerruntime.LogsOptions{Tail: opts.TailLines}, tb, tb); err != nil {
 		return mcpserver.Logs{}, mapErr(err)
 	}
-	recs, err := b.history.Tail(id, opts.HistoryRecords)
+	recs, err := b.history.Tail(h.ID, opts.HistoryRecords)
 	if err != nil {
 		return mcpserver.Logs{}, err
 	}
 	return mcpserver.Logs{Output: tb.String(), Truncated: tb.Truncated(), History: recs}, nil
 }
 
-// Stop implements mcpserver.Backend.
-func (b *Backend) Stop(ctx context.Context, caller mcpserver.Caller, id string) error {
-	b.mu.Lock()
-	e, ok := b.sandboxes[id]
-	if !ok || e.owner != caller.ID || e.Removing {
-		b.mu.Unlock()
-		return b.notFound(id)
+// Remove implements session.Driver. sandbox_stop gives the container its
+// grace period; the reaper forces it.
+func (b *driver) Remove(ctx context.Context, h session.Handle, how session.Removal) error {
+	if how == session.RemoveReap {
+		err := b.docker.Remove(ctx, h.Ref, 0)
+		b.forgetHistory(h.ID)
+		return err
 	}
-	e.Removing = true
-	b.mu.Unlock()
 	// Removal continues if the caller goes away: a half-stopped sandbox
 	// helps nobody.
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), b.opts.StopGrace+time.Minute)
 	defer cancel()
-	if err := b.docker.Remove(rctx, e.dockerID, b.opts.StopGrace); err != nil {
-		b.mu.Lock()
-		e.Removing = false
-		b.mu.Unlock()
+	if err := b.docker.Remove(rctx, h.Ref, b.opts.StopGrace); err != nil {
 		return mapErr(err)
 	}
-	b.forget(id)
-	b.log.Info("sandbox stopped", "sandbox", id, "owner", mcpserver.IdentityHash(caller.ID))
+	b.forgetHistory(h.ID)
 	return nil
 }
 
-// Ready implements mcpserver.Backend.
-func (b *Backend) Ready(ctx context.Context) error {
+// Sweep implements session.Driver: it retries the orphan sweep until it
+// has completed once.
+func (b *driver) Sweep(ctx context.Context) {
+	b.mu.Lock()
+	swept := b.swept
+	b.mu.Unlock()
+	if !swept {
+		sctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		b.sweepOrphans(sctx)
+		cancel()
+	}
+}
+
+// Ready implements session.Driver.
+func (b *driver) Ready(ctx context.Context) error {
 	return mapErr(b.docker.Ping(ctx))
 }
 
-// Close implements mcpserver.Backend: it stops the reaper and force-removes
-// every container of this run, including any the registry does not know
-// (a create that finished while the server was shutting down).
-func (b *Backend) Close(ctx context.Context) error {
-	select {
-	case <-b.stop:
-	default:
-		close(b.stop)
-	}
+// RemoveAll implements session.Driver: it force-removes every container of
+// this run, including any the Manager does not hold (a create that
+// finished while the server was shutting down).
+func (b *driver) RemoveAll(ctx context.Context) error {
 	list, err := b.docker.ListManaged(ctx, dockerruntime.ListFilter{Node: b.node})
 	if err != nil {
+		b.mu.Lock()
+		b.removeFailed = true
+		b.mu.Unlock()
 		return fmt.Errorf("listing this server's sandboxes for removal: %w", err)
 	}
 	errs := b.removeAll(ctx, list)
-	b.mu.Lock()
-	for id := range b.sandboxes {
-		_ = b.history.Delete(id)
+	for _, c := range list {
+		if uid := c.Labels[dockerruntime.LabelSandboxUID]; uid != "" {
+			_ = b.history.Delete(uid)
+		}
 	}
-	b.sandboxes = map[string]*entry{}
-	b.mu.Unlock()
 	if len(list) > 0 {
 		b.log.Info("removed this server's sandboxes", "count", len(list)-len(errs))
 	}
-	if fw := b.opts.EgressFirewall; fw != nil && b.egressStop != nil {
-		b.egressStop()
-		<-b.egressDone
-		if len(errs) == 0 {
-			// Rules stay while sandboxes may remain, and when a node
-			// manager owns them.
-			if err := fw.Close(ctx); err != nil {
-				errs = append(errs, fmt.Errorf("removing the egress firewall: %w", err))
-			}
-		}
-	}
+	b.mu.Lock()
+	b.removeFailed = len(errs) > 0
+	b.mu.Unlock()
 	return errors.Join(errs...)
 }
 
+// Close implements session.Driver: it stops the egress firewall's checks
+// and removes its rules, unless sandboxes may remain.
+func (b *driver) Close(ctx context.Context) error {
+	fw := b.opts.EgressFirewall
+	if fw == nil || b.egressStop == nil {
+		return nil
+	}
+	b.egressStop()
+	<-b.egressDone
+	b.mu.Lock()
+	failed := b.removeFailed
+	b.mu.Unlock()
+	if failed {
+		return nil
+	}
+	// Rules stay while sandboxes may remain, and when a node manager owns
+	// them.
+	if err := fw.Close(ctx); err != nil {
+		return fmt.Errorf("removing the egress firewall: %w", err)
+	}
+	return nil
+}
+
 // removeAll force-removes containers, a few at a time.
-func (b *Backend) removeAll(ctx context.Context, list []dockerruntime.Container) []error {
+func (b *driver) removeAll(ctx context.Context, list []dockerruntime.Container) []error {
 	var (
 		wg   sync.WaitGroup
 		mu   sync.Mutex
@@ -601,7 +504,7 @@ func (b *Backend) removeAll(ctx context.Context, list []dockerruntime.Container)
 
 // sweepOrphans removes the containers of server runs that are provably
 // dead. It reports whether the sweep completed.
-func (b *Backend) sweepOrphans(ctx context.Context) bool {
+func (b *driver) sweepOrphans(ctx context.Context) bool {
 	list, err := b.docker.ListManaged(ctx, dockerruntime.ListFilter{})
 	if err != nil {
 		b.log.Warn("cannot sweep orphaned sandboxes yet; will retry", "error", err)
@@ -629,48 +532,4 @@ func (b *Backend) sweepOrphans(ctx context.Context) bool {
 	b.swept = len(errs) == 0
 	b.mu.Unlock()
 	return len(errs) == 0
-}
-
-func (b *Backend) loop() {
-	defer close(b.loopDone)
-	t := time.NewTicker(mcpserver.ReapInterval(b.opts.IdleTimeout))
-	defer t.Stop()
-	for {
-		select {
-		case <-b.stop:
-			return
-		case <-t.C:
-			b.reap(b.opts.Clock())
-			b.mu.Lock()
-			swept := b.swept
-			b.mu.Unlock()
-			if !swept {
-				ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-				b.sweepOrphans(ctx)
-				cancel()
-			}
-		}
-	}
-}
-
-// reap removes sandboxes past their lifetime, and idle ones.
-func (b *Backend) reap(now time.Time) {
-	type victim struct {
-		e   *entry
-		why string
-	}
-	var victims []victim
-	b.mu.Lock()
-	for _, e := range b.sandboxes {
-		if why := e.ReapReason(now, b.opts.IdleTimeout); why != "" {
-			e.Removing = true
-			victims = append(victims, victim{e, why})
-		}
-	}
-	b.mu.Unlock()
-	for _, v := range victims {
-		b.log.Info("removing sandbox", "sandbox", v.e.id, "reason", v.why)
-		b.removeContainer(v.e.dockerID, 0, v.why)
-		b.forget(v.e.id)
-	}
 }

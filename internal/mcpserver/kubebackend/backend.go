@@ -6,7 +6,8 @@
 // identities (--auth kubernetes), every operation is first put to a
 // SubjectAccessReview for the caller, so RBAC decides what each caller may
 // do; ownership labels then keep one identity's sandboxes invisible to
-// another.
+// another. The bookkeeping (this instance's registry, limits, reaping) is the
+// session package's: this package is its Kubernetes driver.
 package kubebackend
 
 import (
@@ -17,9 +18,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"sort"
 	"strings"
-	"sync"
 	"time"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -38,6 +37,7 @@ import (
 	"github.com/code-sandbox/code-sandbox-operator/internal/execio"
 	"github.com/code-sandbox/code-sandbox-operator/internal/history"
 	"github.com/code-sandbox/code-sandbox-operator/internal/mcpserver"
+	"github.com/code-sandbox/code-sandbox-operator/internal/mcpserver/session"
 	"github.com/code-sandbox/code-sandbox-operator/internal/sandboxclient"
 )
 
@@ -60,8 +60,8 @@ const (
 
 // Defaults for Options.
 const (
-	DefaultMaxSandboxes = 5
-	DefaultIdleTimeout  = 30 * time.Minute
+	DefaultMaxSandboxes = session.DefaultMaxSandboxes
+	DefaultIdleTimeout  = session.DefaultIdleTimeout
 	DefaultReadyTimeout = 2 * time.Minute
 	// DefaultStopTimeout bounds the wait for a deleted Sandbox to be gone:
 	// the manager holds its finalizer until the container is removed,
@@ -102,8 +102,18 @@ type Options struct {
 	Logger      *slog.Logger
 }
 
-// Backend implements mcpserver.Backend on Sandbox resources.
+// Backend implements mcpserver.Backend on Sandbox resources: a
+// session.Manager on the Kubernetes driver.
 type Backend struct {
+	*session.Manager
+	driver *driver
+}
+
+// driver is the session.Driver that runs sandboxes as Sandbox objects. Its
+// Refs are namespaces (the sandbox ID is the object's name). Ownership is
+// decided by the labels, so a caller also finds its Sandboxes made by
+// other server instances (a SharedDriver).
+type driver struct {
 	kube     client.WithWatch
 	nodes    *sandboxclient.Client
 	authz    *authorizer
@@ -111,33 +121,19 @@ type Backend struct {
 	instance string
 	opts     Options
 	log      *slog.Logger
-
-	// quotaMu makes counting an identity's Sandboxes and creating one
-	// atomic within this server, so concurrent creates cannot overshoot.
-	quotaMu sync.Mutex
-
-	mu        sync.Mutex
-	sandboxes map[string]*entry
-
-	stopOnce sync.Once
-	stop     chan struct{}
 }
 
-// entry is a Sandbox this server instance created, for idle reaping and
-// removal at exit. Ownership is decided by the labels, not by this record.
-type entry struct {
-	namespace, name string
-	mcpserver.Activity
-}
-
-// entryKey keys b.sandboxes: names are unique only within a namespace.
-func entryKey(namespace, name string) string { return namespace + "/" + name }
+var (
+	_ mcpserver.Backend    = (*Backend)(nil)
+	_ session.SharedDriver = (*driver)(nil)
+	_ session.Authorizer   = (*driver)(nil)
+)
 
 // serviceAccountPrefix starts the username of every ServiceAccount token.
 const serviceAccountPrefix = "system:serviceaccount:"
 
 // namespaceFor is where caller's Sandboxes live.
-func (b *Backend) namespaceFor(caller mcpserver.Caller) string {
+func (b *driver) namespaceFor(caller mcpserver.Caller) string {
 	if b.opts.NamespaceFromServiceAccount && caller.IsKubernetesUser() {
 		if rest, ok := strings.CutPrefix(caller.Username, serviceAccountPrefix); ok {
 			if ns, _, ok := strings.Cut(rest, ":"); ok && len(validation.IsDNS1123Label(ns)) == 0 {
@@ -150,14 +146,12 @@ func (b *Backend) namespaceFor(caller mcpserver.Caller) string {
 
 // sweepNamespace is where the server looks for its own Sandboxes in bulk:
 // every namespace when callers bring their own.
-func (b *Backend) sweepNamespace() string {
+func (b *driver) sweepNamespace() string {
 	if b.opts.NamespaceFromServiceAccount {
 		return ""
 	}
 	return b.ns
 }
-
-var _ mcpserver.Backend = (*Backend)(nil)
 
 // New returns a backend for opts.Namespace; Start starts its reaper.
 func New(opts Options) (*Backend, error) {
@@ -166,12 +160,6 @@ func New(opts Options) (*Backend, error) {
 	}
 	if errs := validation.IsDNS1123Label(opts.Namespace); len(errs) > 0 {
 		return nil, fmt.Errorf("kubebackend: namespace %q: %s", opts.Namespace, strings.Join(errs, "; "))
-	}
-	if opts.MaxSandboxes <= 0 {
-		opts.MaxSandboxes = DefaultMaxSandboxes
-	}
-	if opts.IdleTimeout <= 0 {
-		opts.IdleTimeout = DefaultIdleTimeout
 	}
 	if opts.ReadyTimeout <= 0 {
 		opts.ReadyTimeout = DefaultReadyTimeout
@@ -198,24 +186,31 @@ func New(opts Options) (*Backend, error) {
 	if err != nil {
 		return nil, fmt.Errorf("kubebackend: SubjectAccessReview client: %w", err)
 	}
-	return &Backend{
-		kube:      kube,
-		nodes:     nodes,
-		authz:     newAuthorizer(authz.SubjectAccessReviews()),
-		ns:        opts.Namespace,
-		instance:  "mcp-" + randomHex(8),
-		opts:      opts,
-		log:       opts.Logger,
-		sandboxes: map[string]*entry{},
-		stop:      make(chan struct{}),
-	}, nil
+	return newBackend(&driver{
+		kube:     kube,
+		nodes:    nodes,
+		authz:    newAuthorizer(authz.SubjectAccessReviews()),
+		ns:       opts.Namespace,
+		instance: "mcp-" + randomHex(8),
+		opts:     opts,
+		log:      opts.Logger,
+	}), nil
 }
 
-// Start starts the idle reaper.
-func (b *Backend) Start(context.Context) { go b.loop() }
+// newBackend puts the session.Manager on d.
+func newBackend(d *driver) *Backend {
+	return &Backend{driver: d, Manager: session.New(d, session.Options{
+		MaxSandboxes: d.opts.MaxSandboxes,
+		IdleTimeout:  d.opts.IdleTimeout,
+		Logger:       d.opts.Logger,
+		LimitError: func(have, limit int) error {
+			return &messageError{kind: mcpserver.ErrQuota, msg: fmt.Sprintf("you already have %d sandboxes; the limit is %d", have, limit)}
+		},
+	})}
+}
 
 // InstanceID is the value of LabelInstance on this run's Sandboxes.
-func (b *Backend) InstanceID() string { return b.instance }
+func (b *Backend) InstanceID() string { return b.driver.instance }
 
 func randomHex(n int) string {
 	buf := make([]byte, n)
@@ -235,59 +230,49 @@ func owns(caller mcpserver.Caller, sbx *sandboxv1alpha1.Sandbox) bool {
 		sbx.Labels[LabelOwner] == mcpserver.IdentityHash(caller.ID)
 }
 
-// lookup checks that caller may do p, then returns its Sandbox id. Anything
-// that is not the caller's is reported exactly like a Sandbox that never
-// existed.
-func (b *Backend) lookup(ctx context.Context, caller mcpserver.Caller, p permission, id string) (*sandboxv1alpha1.Sandbox, error) {
-	ns := b.namespaceFor(caller)
-	if err := b.authz.check(ctx, caller, ns, p, id); err != nil {
-		return nil, err
-	}
+// permissions are what each operation needs.
+var permissions = map[session.Op]permission{
+	session.OpCreate:   permCreate,
+	session.OpGet:      permGet,
+	session.OpList:     permList,
+	session.OpStop:     permDelete,
+	session.OpExec:     permExec,
+	session.OpUpload:   permUpload,
+	session.OpDownload: permDownload,
+	session.OpLogs:     permLogs,
+}
+
+// Authorize implements session.Authorizer: a SubjectAccessReview for the
+// caller, in the namespace of its Sandboxes.
+func (b *driver) Authorize(ctx context.Context, caller mcpserver.Caller, op session.Op, id string) error {
+	return b.authz.check(ctx, caller, b.namespaceFor(caller), permissions[op], id)
+}
+
+// lookup returns the caller's Sandbox h.ID. Anything that is not the
+// caller's is reported exactly like a Sandbox that never existed; when it
+// was one the Manager holds, it is gone.
+func (b *driver) lookup(ctx context.Context, h session.Handle) (*sandboxv1alpha1.Sandbox, error) {
+	id := h.ID
 	if !strings.HasPrefix(id, NamePrefix) || len(validation.IsDNS1123Label(id)) > 0 {
 		return nil, notFound(id)
 	}
+	gone := func(err error) error {
+		if h.Ref != "" {
+			return session.Gone(err)
+		}
+		return err
+	}
 	var sbx sandboxv1alpha1.Sandbox
-	if err := b.kube.Get(ctx, client.ObjectKey{Namespace: ns, Name: id}, &sbx); err != nil {
+	if err := b.kube.Get(ctx, client.ObjectKey{Namespace: b.namespaceFor(h.Caller), Name: id}, &sbx); err != nil {
 		if apierrors.IsNotFound(err) {
-			return nil, notFound(id)
+			return nil, gone(notFound(id))
 		}
 		return nil, apiError("reading sandbox "+id, err)
 	}
-	if !owns(caller, &sbx) {
-		return nil, notFound(id)
+	if !owns(h.Caller, &sbx) {
+		return nil, gone(notFound(id))
 	}
-	b.mu.Lock()
-	if e, ok := b.sandboxes[entryKey(ns, id)]; ok {
-		e.LastUsedAt = time.Now()
-	}
-	b.mu.Unlock()
 	return &sbx, nil
-}
-
-// busy marks a Sandbox in use for an operation, so the idle reaper never
-// deletes it mid-command.
-func (b *Backend) busy(sbx *sandboxv1alpha1.Sandbox) func() {
-	b.mu.Lock()
-	e := b.sandboxes[entryKey(sbx.Namespace, sbx.Name)]
-	if e != nil {
-		e.InFlight++
-	}
-	b.mu.Unlock()
-	return func() {
-		if e == nil {
-			return
-		}
-		b.mu.Lock()
-		e.InFlight--
-		e.LastUsedAt = time.Now()
-		b.mu.Unlock()
-	}
-}
-
-func (b *Backend) forget(namespace, name string) {
-	b.mu.Lock()
-	delete(b.sandboxes, entryKey(namespace, name))
-	b.mu.Unlock()
 }
 
 // ownerSelector selects the Sandboxes of one identity.
@@ -296,7 +281,7 @@ func ownerSelector(caller mcpserver.Caller) client.MatchingLabels {
 }
 
 // sandboxSpec is the Sandbox a CreateRequest asks for.
-func (b *Backend) sandboxSpec(caller mcpserver.Caller, name string, req mcpserver.CreateRequest) *sandboxv1alpha1.Sandbox {
+func (b *driver) sandboxSpec(caller mcpserver.Caller, name string, req mcpserver.CreateRequest) *sandboxv1alpha1.Sandbox {
 	sbx := &sandboxv1alpha1.Sandbox{
 		ObjectMeta: metav1.ObjectMeta{
 			Name:      name,
@@ -332,59 +317,48 @@ func (b *Backend) sandboxSpec(caller mcpserver.Caller, name string, req mcpserve
 	return sbx
 }
 
-// Create implements mcpserver.Backend: it creates the Sandbox, waits until
-// it is Ready, and deletes it again if it cannot start.
-func (b *Backend) Create(ctx context.Context, caller mcpserver.Caller, req mcpserver.CreateRequest) (mcpserver.Sandbox, error) {
-	if err := b.authz.check(ctx, caller, b.namespaceFor(caller), permCreate, ""); err != nil {
-		return mcpserver.Sandbox{}, err
-	}
-	sbx, err := b.createObject(ctx, caller, req)
-	if err != nil {
-		return mcpserver.Sandbox{}, err
-	}
-	name := sbx.Name
-	now := time.Now()
-	e := &entry{namespace: sbx.Namespace, name: name, Activity: mcpserver.Activity{LastUsedAt: now, ExpiresAt: now.Add(req.Lifetime)}}
-	if req.Lifetime <= 0 {
-		e.ExpiresAt = now.Add(maxActiveDeadline)
-	}
-	b.mu.Lock()
-	b.sandboxes[entryKey(sbx.Namespace, name)] = e
-	b.mu.Unlock()
-	b.log.Info("sandbox created; waiting for it to become ready", "sandbox", name, "image", req.Image, "owner", mcpserver.IdentityHash(caller.ID))
-
-	ready, err := b.waitReady(ctx, sbx)
-	if err != nil {
-		b.deleteQuietly(sbx.Namespace, name, "did not start")
-		b.forget(sbx.Namespace, name)
-		return mcpserver.Sandbox{}, err
-	}
-	b.log.Info("sandbox ready", "sandbox", name, "node", ready.Status.NodeName)
-	return b.view(ready), nil
-}
-
-// createObject counts the caller's Sandboxes against the quota and creates
-// a new one with a fresh random name.
-func (b *Backend) createObject(ctx context.Context, caller mcpserver.Caller, req mcpserver.CreateRequest) (*sandboxv1alpha1.Sandbox, error) {
-	b.quotaMu.Lock()
-	defer b.quotaMu.Unlock()
-	// Finished even if the caller leaves: a create cut off half-way could
-	// leave a Sandbox nobody knows about.
+// CountOthers implements session.SharedDriver: the caller's live Sandboxes
+// that other server instances created.
+func (b *driver) CountOthers(ctx context.Context, caller mcpserver.Caller) (int, error) {
 	actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), apiTimeout)
 	defer cancel()
 	var list sandboxv1alpha1.SandboxList
 	if err := b.kube.List(actx, &list, client.InNamespace(b.namespaceFor(caller)), ownerSelector(caller)); err != nil {
-		return nil, apiError("counting your sandboxes", err)
+		return 0, apiError("counting your sandboxes", err)
 	}
 	n := 0
 	for i := range list.Items {
-		if list.Items[i].DeletionTimestamp == nil {
+		if list.Items[i].DeletionTimestamp == nil && list.Items[i].Labels[LabelInstance] != b.instance {
 			n++
 		}
 	}
-	if n >= b.opts.MaxSandboxes {
-		return nil, &messageError{kind: mcpserver.ErrQuota, msg: fmt.Sprintf("you already have %d sandboxes; the limit is %d", n, b.opts.MaxSandboxes)}
+	return n, nil
+}
+
+// Create implements session.Driver: it creates the Sandbox, waits until it
+// is Ready, and deletes it again if it cannot start.
+func (b *driver) Create(ctx context.Context, caller mcpserver.Caller, req mcpserver.CreateRequest) (string, mcpserver.Sandbox, error) {
+	sbx, err := b.createObject(ctx, caller, req)
+	if err != nil {
+		return "", mcpserver.Sandbox{}, err
 	}
+	name := sbx.Name
+	b.log.Info("sandbox created; waiting for it to become ready", "sandbox", name, "image", req.Image, "owner", mcpserver.IdentityHash(caller.ID))
+	ready, err := b.waitReady(ctx, sbx)
+	if err != nil {
+		b.deleteQuietly(sbx.Namespace, name, "did not start")
+		return "", mcpserver.Sandbox{}, err
+	}
+	b.log.Info("sandbox ready", "sandbox", name, "node", ready.Status.NodeName)
+	return sbx.Namespace, view(ready), nil
+}
+
+// createObject creates a new Sandbox with a fresh random name.
+func (b *driver) createObject(ctx context.Context, caller mcpserver.Caller, req mcpserver.CreateRequest) (*sandboxv1alpha1.Sandbox, error) {
+	// Finished even if the caller leaves: a create cut off half-way could
+	// leave a Sandbox nobody knows about.
+	actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), apiTimeout)
+	defer cancel()
 	for attempt := 0; ; attempt++ {
 		sbx := b.sandboxSpec(caller, NamePrefix+randomHex(6), req)
 		err := b.kube.Create(actx, sbx)
@@ -401,7 +375,7 @@ func (b *Backend) createObject(ctx context.Context, caller mcpserver.Caller, req
 // waitReady follows the Sandbox until it is Ready, fails, or the ready
 // timeout passes. It watches, and reads the object again whenever a watch
 // ends, so a dropped watch costs nothing but a Get.
-func (b *Backend) waitReady(ctx context.Context, sbx *sandboxv1alpha1.Sandbox) (*sandboxv1alpha1.Sandbox, error) {
+func (b *driver) waitReady(ctx context.Context, sbx *sandboxv1alpha1.Sandbox) (*sandboxv1alpha1.Sandbox, error) {
 	wctx, cancel := context.WithTimeout(ctx, b.opts.ReadyTimeout)
 	defer cancel()
 	name := sbx.Name
@@ -457,7 +431,7 @@ var errDeleted = errors.New("deleted")
 // watchUntilChange watches the Sandbox from its resource version and
 // returns its next state whose readiness differs, or nil when the watch
 // ended without one.
-func (b *Backend) watchUntilChange(ctx context.Context, sbx *sandboxv1alpha1.Sandbox) (*sandboxv1alpha1.Sandbox, error) {
+func (b *driver) watchUntilChange(ctx context.Context, sbx *sandboxv1alpha1.Sandbox) (*sandboxv1alpha1.Sandbox, error) {
 	w, err := b.kube.Watch(ctx, &sandboxv1alpha1.SandboxList{}, &client.ListOptions{
 		Namespace:     sbx.Namespace,
 		FieldSelector: fields.OneTermEqualSelector("metadata.name", sbx.Name),
@@ -497,18 +471,26 @@ func (b *Backend) watchUntilChange(ctx context.Context, sbx *sandboxv1alpha1.San
 }
 
 // deleteQuietly deletes a Sandbox without waiting, logging a failure.
-func (b *Backend) deleteQuietly(namespace, name, why string) {
-	ctx, cancel := context.WithTimeout(context.Background(), apiTimeout)
-	defer cancel()
-	err := b.kube.Delete(ctx, &sandboxv1alpha1.Sandbox{ObjectMeta: metav1.ObjectMeta{Namespace: namespace, Name: name}},
-		client.PropagationPolicy(metav1.DeletePropagationBackground))
-	if err != nil && !apierrors.IsNotFound(err) {
+func (b *driver) deleteQuietly(namespace, name, why string) {
+	if err := b.delete(context.Background(), namespace, name); err != nil {
 		b.log.Warn("deleting sandbox", "namespace", namespace, "sandbox", name, "reason", why, "error", err)
 	}
 }
 
+// delete deletes a Sandbox without waiting; one already gone is no error.
+func (b *driver) delete(ctx context.Context, namespace, name string) error {
+	ctx, cancel := context.WithTimeout(ctx, apiTimeout)
+	defer cancel()
+	err := b.kube.Delete(ctx, &sandboxv1alpha1.Sandbox{ObjectMeta: metav1.ObjectMeta{Namespace: namespace, Name: name}},
+		client.PropagationPolicy(metav1.DeletePropagationBackground))
+	if err != nil && !apierrors.IsNotFound(err) {
+		return err
+	}
+	return nil
+}
+
 // view is what the caller may know about its Sandbox.
-func (b *Backend) view(sbx *sandboxv1alpha1.Sandbox) mcpserver.Sandbox {
+func view(sbx *sandboxv1alpha1.Sandbox) mcpserver.Sandbox {
 	s := mcpserver.Sandbox{
 		ID:          sbx.Name,
 		Image:       sbx.Spec.Image,
@@ -539,11 +521,6 @@ func (b *Backend) view(sbx *sandboxv1alpha1.Sandbox) mcpserver.Sandbox {
 		}
 		s.ExpiresAt = start.Add(time.Duration(*d) * time.Second)
 	}
-	b.mu.Lock()
-	if e, ok := b.sandboxes[entryKey(sbx.Namespace, sbx.Name)]; ok {
-		s.LastUsedAt = e.LastUsedAt
-	}
-	b.mu.Unlock()
 	return s
 }
 
@@ -565,47 +542,38 @@ func statusText(sbx *sandboxv1alpha1.Sandbox) string {
 	return c.Reason + ": " + c.Message
 }
 
-// Get implements mcpserver.Backend.
-func (b *Backend) Get(ctx context.Context, caller mcpserver.Caller, id string) (mcpserver.Sandbox, error) {
-	sbx, err := b.lookup(ctx, caller, permGet, id)
+// Get implements session.Driver.
+func (b *driver) Get(ctx context.Context, h session.Handle) (mcpserver.Sandbox, error) {
+	sbx, err := b.lookup(ctx, h)
 	if err != nil {
 		return mcpserver.Sandbox{}, err
 	}
-	return b.view(sbx), nil
+	return view(sbx), nil
 }
 
-// List implements mcpserver.Backend.
-func (b *Backend) List(ctx context.Context, caller mcpserver.Caller) ([]mcpserver.Sandbox, error) {
-	ns := b.namespaceFor(caller)
-	if err := b.authz.check(ctx, caller, ns, permList, ""); err != nil {
-		return nil, err
-	}
+// List implements session.Driver: the caller's Sandboxes, whichever
+// server instance made them.
+func (b *driver) List(ctx context.Context, caller mcpserver.Caller, _ []session.Handle) ([]mcpserver.Sandbox, error) {
 	var list sandboxv1alpha1.SandboxList
-	if err := b.kube.List(ctx, &list, client.InNamespace(ns), ownerSelector(caller)); err != nil {
+	if err := b.kube.List(ctx, &list, client.InNamespace(b.namespaceFor(caller)), ownerSelector(caller)); err != nil {
 		return nil, apiError("listing your sandboxes", err)
 	}
 	out := make([]mcpserver.Sandbox, 0, len(list.Items))
 	for i := range list.Items {
 		if owns(caller, &list.Items[i]) {
-			out = append(out, b.view(&list.Items[i]))
+			out = append(out, view(&list.Items[i]))
 		}
 	}
-	sort.Slice(out, func(i, j int) bool { return out[i].CreatedAt.Before(out[j].CreatedAt) })
 	return out, nil
 }
 
-// Exec implements mcpserver.Backend. The node API records the command in
-// the Sandbox's exec history (under the MCP server's identity).
-func (b *Backend) Exec(ctx context.Context, caller mcpserver.Caller, id string, req execio.Request, out mcpserver.OutputFunc) (execio.Result, error) {
-	req, err := req.Normalize()
+// Exec implements session.Driver. The node API records the command in the
+// Sandbox's exec history (under the MCP server's identity).
+func (b *driver) Exec(ctx context.Context, h session.Handle, req execio.Request, out mcpserver.OutputFunc) (execio.Result, error) {
+	sbx, err := b.lookup(ctx, h)
 	if err != nil {
 		return execio.Result{}, err
 	}
-	sbx, err := b.lookup(ctx, caller, permExec, id)
-	if err != nil {
-		return execio.Result{}, err
-	}
-	defer b.busy(sbx)()
 	res, err := b.nodes.Exec(ctx, sandboxclient.For(sbx), req, out.Writer("stdout"), out.Writer("stderr"))
 	return res, clientError(err)
 }
@@ -614,17 +582,16 @@ func (b *Backend) Exec(ctx context.Context, caller mcpserver.Caller, id string, 
 // error that made it stop, not the pipe's, is reported.
 var errStreamStopped = errors.New("stream stopped")
 
-// Upload implements mcpserver.Backend. The archive is sanitised and held to
+// Upload implements session.Driver. The archive is sanitised and held to
 // limits here, as it streams to the node API (which applies its own caps).
-func (b *Backend) Upload(ctx context.Context, caller mcpserver.Caller, id, destDir string, archive io.Reader, limits execio.UploadLimits) (execio.TransferStats, error) {
-	sbx, err := b.lookup(ctx, caller, permUpload, id)
+func (b *driver) Upload(ctx context.Context, h session.Handle, destDir string, archive io.Reader, limits execio.UploadLimits) (execio.TransferStats, error) {
+	sbx, err := b.lookup(ctx, h)
 	if err != nil {
 		return execio.TransferStats{}, err
 	}
-	if _, err := execio.ResolvePath(b.view(sbx).WorkingDir, destDir); err != nil {
+	if _, err := execio.ResolvePath(view(sbx).WorkingDir, destDir); err != nil {
 		return execio.TransferStats{}, err
 	}
-	defer b.busy(sbx)()
 	pr, pw := io.Pipe()
 	sanitized := make(chan error, 1)
 	go func() {
@@ -640,19 +607,18 @@ func (b *Backend) Upload(ctx context.Context, caller mcpserver.Caller, id, destD
 	return stats, clientError(err)
 }
 
-// Download implements mcpserver.Backend.
-func (b *Backend) Download(ctx context.Context, caller mcpserver.Caller, id, src string, w io.Writer, maxBytes int64) (execio.TransferStats, error) {
-	sbx, err := b.lookup(ctx, caller, permDownload, id)
+// Download implements session.Driver.
+func (b *driver) Download(ctx context.Context, h session.Handle, src string, w io.Writer, maxBytes int64) (execio.TransferStats, error) {
+	sbx, err := b.lookup(ctx, h)
 	if err != nil {
 		return execio.TransferStats{}, err
 	}
-	if _, err := execio.ResolvePath(b.view(sbx).WorkingDir, src); err != nil {
+	if _, err := execio.ResolvePath(view(sbx).WorkingDir, src); err != nil {
 		return execio.TransferStats{}, err
 	}
 	if maxBytes <= 0 {
 		maxBytes = execio.DefaultDownloadLimit
 	}
-	defer b.busy(sbx)()
 	dctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	pr, pw := io.Pipe()
@@ -677,10 +643,10 @@ func (b *Backend) Download(ctx context.Context, caller mcpserver.Caller, id, src
 	return stats, ferr
 }
 
-// Logs implements mcpserver.Backend: the container's output and the exec
+// Logs implements session.Driver: the container's output and the exec
 // history, both from the node API.
-func (b *Backend) Logs(ctx context.Context, caller mcpserver.Caller, id string, opts mcpserver.LogsOptions) (mcpserver.Logs, error) {
-	sbx, err := b.lookup(ctx, caller, permLogs, id)
+func (b *driver) Logs(ctx context.Context, h session.Handle, opts mcpserver.LogsOptions) (mcpserver.Logs, error) {
+	sbx, err := b.lookup(ctx, h)
 	if err != nil {
 		return mcpserver.Logs{}, err
 	}
@@ -705,45 +671,36 @@ func (b *Backend) Logs(ctx context.Context, caller mcpserver.Caller, id string, 
 	return mcpserver.Logs{Output: tb.String(), Truncated: tb.Truncated(), History: recs}, nil
 }
 
-// Stop implements mcpserver.Backend: it deletes the Sandbox and waits until
-// the manager has removed its container and released it.
-func (b *Backend) Stop(ctx context.Context, caller mcpserver.Caller, id string) error {
-	sbx, err := b.lookup(ctx, caller, permDelete, id)
+// Remove implements session.Driver. sandbox_stop deletes the Sandbox and
+// waits until the manager has removed its container and released it; the
+// reaper only deletes it.
+func (b *driver) Remove(ctx context.Context, h session.Handle, how session.Removal) error {
+	if how == session.RemoveReap {
+		return b.delete(ctx, h.Ref, h.ID)
+	}
+	sbx, err := b.lookup(ctx, h)
 	if err != nil {
 		return err
 	}
-	key := entryKey(sbx.Namespace, id)
-	b.mu.Lock()
-	if e, ok := b.sandboxes[key]; ok {
-		e.Removing = true
-	}
-	b.mu.Unlock()
 	// Removal continues if the caller goes away: a half-stopped sandbox
 	// helps nobody.
 	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), b.opts.StopTimeout)
 	defer cancel()
 	err = b.kube.Delete(sctx, sbx, client.Preconditions{UID: &sbx.UID}, client.PropagationPolicy(metav1.DeletePropagationBackground))
 	if err != nil && !apierrors.IsNotFound(err) {
-		b.mu.Lock()
-		if e, ok := b.sandboxes[key]; ok {
-			e.Removing = false
-		}
-		b.mu.Unlock()
-		return apiError("deleting sandbox "+id, err)
+		return apiError("deleting sandbox "+h.ID, err)
 	}
-	b.forget(sbx.Namespace, id)
 	if err := b.waitGone(sctx, []client.ObjectKey{client.ObjectKeyFromObject(sbx)}); err != nil {
 		// Deleted, not yet gone: the manager finishes it.
-		b.log.Warn("sandbox deleted but still terminating", "sandbox", id, "error", err)
+		b.log.Warn("sandbox deleted but still terminating", "sandbox", h.ID, "error", err)
 	}
-	b.log.Info("sandbox stopped", "sandbox", id, "owner", mcpserver.IdentityHash(caller.ID))
 	return nil
 }
 
 // waitGone returns once none of the named Sandboxes exists. It watches
 // rather than polls, so that sandbox_stop returns as soon as the manager has
 // removed the container and its finalizer.
-func (b *Backend) waitGone(ctx context.Context, keys []client.ObjectKey) error {
+func (b *driver) waitGone(ctx context.Context, keys []client.ObjectKey) error {
 	for i, key := range keys {
 		for {
 			var sbx sandboxv1alpha1.Sandbox
@@ -776,21 +733,19 @@ func (b *Backend) waitGone(ctx context.Context, keys []client.ObjectKey) error {
 	return nil
 }
 
-// Ready implements mcpserver.Backend: the API server answers and the
+// Ready implements session.Driver: the API server answers and the
 // server may list Sandboxes in its namespace.
-func (b *Backend) Ready(ctx context.Context) error {
+func (b *driver) Ready(ctx context.Context) error {
 	var list sandboxv1alpha1.SandboxList
 	return apiError("listing sandboxes", b.kube.List(ctx, &list, client.InNamespace(b.sweepNamespace()), client.Limit(1),
 		client.MatchingLabels{LabelManagedBy: ManagedBy}))
 }
 
-// Close implements mcpserver.Backend: it stops the reaper and deletes every
-// Sandbox this instance created, including any a create still in flight
-// made, and waits (bounded by ctx) until they are gone. Sandboxes of a
-// server that crashed end through their activeDeadlineSeconds.
-func (b *Backend) Close(ctx context.Context) error {
-	b.stopOnce.Do(func() { close(b.stop) })
-	defer b.nodes.Close()
+// RemoveAll implements session.Driver: it deletes every Sandbox this
+// instance created, including any a create still in flight made, and waits
+// (bounded by ctx) until they are gone. Sandboxes of a server that crashed
+// end through their activeDeadlineSeconds.
+func (b *driver) RemoveAll(ctx context.Context) error {
 	var list sandboxv1alpha1.SandboxList
 	if err := b.kube.List(ctx, &list, client.InNamespace(b.sweepNamespace()), client.MatchingLabels{LabelManagedBy: ManagedBy, LabelInstance: b.instance}); err != nil {
 		return fmt.Errorf("listing this server's sandboxes for removal: %w", apiError("listing sandboxes", err))
@@ -808,9 +763,6 @@ func (b *Backend) Close(ctx context.Context) error {
 		}
 		keys = append(keys, client.ObjectKeyFromObject(sbx))
 	}
-	b.mu.Lock()
-	b.sandboxes = map[string]*entry{}
-	b.mu.Unlock()
 	if len(keys) > 0 {
 		if err := b.waitGone(ctx, keys); err != nil {
 			errs = append(errs, err)
@@ -820,45 +772,22 @@ func (b *Backend) Close(ctx context.Context) error {
 	return errors.Join(errs...)
 }
 
-func (b *Backend) loop() {
-	t := time.NewTicker(mcpserver.ReapInterval(b.opts.IdleTimeout))
-	defer t.Stop()
-	for {
-		select {
-		case <-b.stop:
-			return
-		case <-t.C:
-			b.reap(time.Now())
-		}
+// Close implements session.Driver.
+func (b *driver) Close(context.Context) error {
+	if b.nodes != nil {
+		b.nodes.Close()
 	}
+	return nil
 }
 
-// reap deletes this instance's Sandboxes that are idle or past their
-// lifetime (an expired Sandbox keeps its object until someone deletes it).
-func (b *Backend) reap(now time.Time) {
-	type victim struct{ namespace, name, why string }
-	var victims []victim
-	b.mu.Lock()
-	for _, e := range b.sandboxes {
-		if why := e.ReapReason(now, b.opts.IdleTimeout); why != "" {
-			e.Removing = true
-			victims = append(victims, victim{e.namespace, e.name, why})
-		}
-	}
-	b.mu.Unlock()
-	for _, v := range victims {
-		b.log.Info("deleting sandbox", "namespace", v.namespace, "sandbox", v.name, "reason", v.why)
-		b.deleteQuietly(v.namespace, v.name, v.why)
-		b.forget(v.namespace, v.name)
-	}
-	b.sweepExpired()
-}
+// Sweep implements session.Driver: the expiry sweep.
+func (b *driver) Sweep(ctx context.Context) { b.sweepExpired(ctx) }
 
 // sweepExpired deletes MCP Sandboxes in the namespace that have expired,
 // whichever server instance created them: their containers are gone, and
 // without this the objects of a crashed server would stay forever.
-func (b *Backend) sweepExpired() {
-	ctx, cancel := context.WithTimeout(context.Background(), apiTimeout)
+func (b *driver) sweepExpired(ctx context.Context) {
+	ctx, cancel := context.WithTimeout(ctx, apiTimeout)
 	defer cancel()
 	var list sandboxv1alpha1.SandboxList
 	if err := b.kube.List(ctx, &list, client.InNamespace(b.sweepNamespace()), client.MatchingLabels{LabelManagedBy: ManagedBy}); err != nil {
@@ -870,7 +799,6 @@ func (b *Backend) sweepExpired() {
 		if sbx.DeletionTimestamp == nil && meta.IsStatusConditionTrue(sbx.Status.Conditions, string(sandboxv1alpha1.SandboxConditionExpired)) {
 			b.log.Info("deleting expired sandbox", "namespace", sbx.Namespace, "sandbox", sbx.Name, "instance", sbx.Labels[LabelInstance])
 			b.deleteQuietly(sbx.Namespace, sbx.Name, "expired")
-			b.forget(sbx.Namespace, sbx.Name)
 		}
 	}
 }

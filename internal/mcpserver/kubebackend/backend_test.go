@@ -242,7 +242,13 @@ func (r *recordingReviewer) last() *authzv1.SubjectAccessReview {
 	return r.reviews[len(r.reviews)-1]
 }
 
-func testBackend(rev AccessReviewer, objs ...*sandboxv1alpha1.Sandbox) *Backend {
+// testDriver is a driver on a fake API server; Backend() puts a
+// session.Manager on it with the driver's options as they are then.
+type testDriver struct{ *driver }
+
+func (d testDriver) Backend() *Backend { return newBackend(d.driver) }
+
+func testBackend(rev AccessReviewer, objs ...*sandboxv1alpha1.Sandbox) testDriver {
 	GinkgoHelper()
 	scheme := runtime.NewScheme()
 	Expect(sandboxv1alpha1.AddToScheme(scheme)).To(Succeed())
@@ -250,16 +256,14 @@ func testBackend(rev AccessReviewer, objs ...*sandboxv1alpha1.Sandbox) *Backend 
 	for _, o := range objs {
 		fb = fb.WithObjects(o)
 	}
-	return &Backend{
-		kube:      fb.Build(),
-		authz:     newAuthorizer(rev),
-		ns:        "team-a",
-		instance:  "mcp-test",
-		opts:      Options{MaxSandboxes: 2, IdleTimeout: time.Hour, ReadyTimeout: time.Second, StopTimeout: time.Second},
-		log:       slog.New(slog.DiscardHandler),
-		sandboxes: map[string]*entry{},
-		stop:      make(chan struct{}),
-	}
+	return testDriver{&driver{
+		kube:     fb.Build(),
+		authz:    newAuthorizer(rev),
+		ns:       "team-a",
+		instance: "mcp-test",
+		opts:     Options{MaxSandboxes: 2, IdleTimeout: time.Hour, ReadyTimeout: time.Second, StopTimeout: time.Second},
+		log:      slog.New(slog.DiscardHandler),
+	}}
 }
 
 var alice = mcpserver.Caller{
@@ -273,7 +277,7 @@ var _ = Describe("access reviews", Label("unit"), func() {
 	DescribeTable("each operation is reviewed for the caller",
 		func(call func(b *Backend, ctx context.Context) error, verb, sub, named, deny string) {
 			rev := &recordingReviewer{allow: func(*authzv1.ResourceAttributes) bool { return false }}
-			b := testBackend(rev)
+			b := testBackend(rev).Backend()
 			err := call(b, context.Background())
 			Expect(err).To(MatchError(mcpserver.ErrInvalid), "want a denial naming the user, %q and the namespace", deny)
 			Expect(err.Error()).To(ContainSubstring(deny), "want a denial naming the user, %q and the namespace", deny)
@@ -321,7 +325,7 @@ var _ = Describe("access reviews", Label("unit"), func() {
 
 	It("are cached and skipped for other identities", func() {
 		rev := &recordingReviewer{allow: func(*authzv1.ResourceAttributes) bool { return true }}
-		b := testBackend(rev)
+		b := testBackend(rev).Backend()
 		ctx := context.Background()
 		for range 3 {
 			_, err := b.List(ctx, alice)
@@ -347,7 +351,8 @@ var _ = Describe("Backend", Label("unit"), func() {
 	It("lets callers see and stop only their own sandboxes, within the quota", func() {
 		rev := &recordingReviewer{allow: func(*authzv1.ResourceAttributes) bool { return true }}
 		bob := mcpserver.Caller{ID: "kube:bob", Username: "bob"}
-		b := testBackend(rev, mcpSandbox("mcp-a1", alice.ID), mcpSandbox("mcp-b1", bob.ID))
+		d := testBackend(rev, mcpSandbox("mcp-a1", alice.ID), mcpSandbox("mcp-b1", bob.ID))
+		b := d.Backend()
 		ctx := context.Background()
 		_, err := b.Get(ctx, alice, "mcp-a1")
 		Expect(err).NotTo(HaveOccurred(), "alice cannot get her sandbox")
@@ -360,9 +365,10 @@ var _ = Describe("Backend", Label("unit"), func() {
 		Expect(list).To(HaveLen(1), "bob's list = %+v", list)
 		Expect(list[0].ID).To(Equal("mcp-b1"), "bob's list = %+v", list)
 		// Quota: MaxSandboxes is 2 and bob has one.
-		b.opts.MaxSandboxes = 1
-		_, err = b.Create(ctx, bob, mcpserver.CreateRequest{Image: "python:3"})
+		d.opts.MaxSandboxes = 1
+		_, err = d.Backend().Create(ctx, bob, mcpserver.CreateRequest{Image: "python:3"})
 		Expect(err).To(MatchError(mcpserver.ErrQuota), "create past the quota")
+		Expect(err.Error()).To(Equal("you already have 1 sandboxes; the limit is 1"))
 	})
 
 	It("builds the Sandbox spec from the request", func() {
@@ -393,7 +399,7 @@ var _ = Describe("Backend", Label("unit"), func() {
 			Status:     sandboxv1alpha1.SandboxStatus{Conditions: expired.Status.Conditions},
 		}
 		b := testBackend(&recordingReviewer{allow: func(*authzv1.ResourceAttributes) bool { return true }}, expired, live, foreign)
-		b.sweepExpired()
+		b.sweepExpired(context.Background())
 		var list sandboxv1alpha1.SandboxList
 		Expect(b.kube.List(context.Background(), &list)).To(Succeed())
 		var names []string
@@ -408,7 +414,7 @@ var _ = Describe("Backend", Label("unit"), func() {
 // ServiceAccount's Sandboxes, access reviews and hence SandboxQuotas are
 // those of its own namespace.
 var _ = Describe("namespace per ServiceAccount", Label("unit"), func() {
-	perSA := func(rev AccessReviewer) *Backend {
+	perSA := func(rev AccessReviewer) testDriver {
 		b := testBackend(rev)
 		b.ns = "shared"
 		b.opts.NamespaceFromServiceAccount = true
@@ -421,7 +427,7 @@ var _ = Describe("namespace per ServiceAccount", Label("unit"), func() {
 		b := perSA(rev)
 		Expect(b.namespaceFor(alice)).To(Equal("team-a"))
 		Expect(b.sandboxSpec(alice, "mcp-x", mcpserver.CreateRequest{Image: "busybox"}).Namespace).To(Equal("team-a"))
-		_, err := b.List(context.Background(), alice)
+		_, err := b.Backend().List(context.Background(), alice)
 		Expect(err).NotTo(HaveOccurred())
 		Expect(rev.last().Spec.ResourceAttributes.Namespace).To(Equal("team-a"))
 	})
@@ -434,11 +440,12 @@ var _ = Describe("namespace per ServiceAccount", Label("unit"), func() {
 		b := testBackend(&recordingReviewer{allow: allowAll}, own, elsewhere)
 		b.ns = "shared"
 		b.opts.NamespaceFromServiceAccount = true
-		_, err := b.Get(context.Background(), alice, own.Name)
+		bk := b.Backend()
+		_, err := bk.Get(context.Background(), alice, own.Name)
 		Expect(err).NotTo(HaveOccurred())
-		_, err = b.Get(context.Background(), alice, elsewhere.Name)
+		_, err = bk.Get(context.Background(), alice, elsewhere.Name)
 		Expect(err).To(MatchError(mcpserver.ErrNotFound))
-		list, err := b.List(context.Background(), alice)
+		list, err := bk.List(context.Background(), alice)
 		Expect(err).NotTo(HaveOccurred())
 		Expect(list).To(HaveLen(1))
 		Expect(list[0].ID).To(Equal(own.Name))

@@ -1,4 +1,4 @@
-package mcpserver
+package session
 
 import (
 	"time"
@@ -19,6 +19,7 @@ var _ = Describe("Activity", Label("unit"), func() {
 		Entry("past its lifetime", Activity{ExpiresAt: now.Add(-time.Second), LastUsedAt: now}, "lifetime over"),
 		Entry("past its lifetime even while busy", Activity{ExpiresAt: now.Add(-time.Second), LastUsedAt: now, InFlight: 1}, "lifetime over"),
 		Entry("unused for longer than the idle timeout", Activity{ExpiresAt: now.Add(time.Hour), LastUsedAt: now.Add(-idle - time.Second)}, "idle"),
+		Entry("unused for exactly the idle timeout", Activity{ExpiresAt: now.Add(time.Hour), LastUsedAt: now.Add(-idle)}, ""),
 		Entry("long unused but running a command", Activity{ExpiresAt: now.Add(time.Hour), LastUsedAt: now.Add(-idle - time.Second), InFlight: 1}, ""),
 		Entry("already being removed", Activity{ExpiresAt: now.Add(-time.Second), Removing: true}, ""),
 	)
