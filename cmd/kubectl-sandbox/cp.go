@@ -49,7 +49,7 @@ Downloads: what you ask for is what you get, whatever the Sandbox holds.
   NAME:PATH     asks for one regular file. It lands as DST, or as
                 DST/<name> when DST is a directory or ends with '/'.
   NAME:PATH/    asks for a directory. It lands as a new DST/<name> when DST
-                is an existing directory, else as DST.
+                is an existing directory or ends with '/', else as DST.
   NAME:PATH/.   asks for a directory whose contents become DST, which must
                 not exist.
 If the Sandbox has something else at PATH (a directory where you asked for

@@ -241,6 +241,35 @@ spec:
 			}).WithContext(ctx).WithTimeout(90 * time.Second).WithPolling(2 * time.Second).Should(Equal("still here\n"))
 		}, NodeTimeout(4*time.Minute))
 
+		It("upgrades in place with make deploy and new image tags: Sandboxes keep their containers and files", func(ctx SpecContext) {
+			Expect(sandboxUID).NotTo(BeEmpty(), "no Sandbox from the earlier spec")
+			Expect(plugin(ctx, nil, "exec", "first", "-n", ns, "--", "sh", "-c", "echo kept > /app/upgrade-marker")).To(BeEmpty())
+			before, err := docker(ctx, "ps", "-q", "--no-trunc", "--filter", "label="+nodeLabel+"="+nodeName)
+			Expect(err).NotTo(HaveOccurred())
+
+			// A new release is new tags of the images: docs/deploy.md#upgrade.
+			tag := fmt.Sprintf("upgrade-%d", GinkgoRandomSeed())
+			img, mcpImg := "code-sandbox-operator/manager:"+tag, "code-sandbox-operator/mcp-server:"+tag
+			for src, dst := range map[string]string{"code-sandbox-operator/manager:latest": img, "code-sandbox-operator/mcp-server:latest": mcpImg} {
+				_, err := docker(ctx, "tag", src, dst)
+				Expect(err).NotTo(HaveOccurred())
+			}
+			images := []string{"IMG=" + img, "MCP_IMG=" + mcpImg, "KUBECONFIG=" + kubeconfig}
+			out, err := run(ctx, repoRoot, nil, "make", append([]string{"cluster-load", "deploy"}, images...)...)
+			Expect(err).NotTo(HaveOccurred(), out)
+			Expect(waitOperatorRollout(ctx)).To(Succeed())
+			Expect(mustKubectl(ctx, "get", "pods", "-n", operatorNS, "-l", "app.kubernetes.io/component=manager",
+				"-o", "jsonpath={.items[*].spec.containers[0].image}")).To(Equal(img))
+
+			after, err := docker(ctx, "ps", "-q", "--no-trunc", "--filter", "label="+nodeLabel+"="+nodeName)
+			Expect(err).NotTo(HaveOccurred())
+			Expect(strings.Fields(after)).To(ConsistOf(strings.Fields(before)), "the same containers, none recreated")
+			Expect(mustKubectl(ctx, "get", "sandbox/first", "-n", ns, "-o", "jsonpath={.status.containerID}")).To(Equal(containerID))
+			Eventually(func() (string, error) {
+				return plugin(ctx, nil, "exec", "first", "-n", ns, "--", "cat", "/app/upgrade-marker")
+			}).WithContext(ctx).WithTimeout(90 * time.Second).WithPolling(2 * time.Second).Should(Equal("kept\n"))
+		}, NodeTimeout(8*time.Minute))
+
 		It("keeps Sandboxes running through kubectl drain of the node (they are Docker containers, not pods)", func(ctx SpecContext) {
 			Expect(sandboxUID).NotTo(BeEmpty(), "no Sandbox from the earlier spec")
 			DeferCleanup(func(ctx SpecContext) {
