@@ -187,6 +187,21 @@ var _ = Describe("code-sandbox-mcp --backend kubernetes", Ordered, func() {
 			Expect(logs.Contents[0].Text).To(And(ContainSubstring("== exec history =="), ContainSubstring("python3 /app/src/main.py"), ContainSubstring("exit=3")))
 		}, NodeTimeout(2*time.Minute))
 
+		It("resumes a Sandbox paused through the API (spec.paused) before the next command", func(ctx SpecContext) {
+			_, err := kubectl(ctx, "patch", "sandbox", id, "-n", kmcpNamespace, "--type", "merge", "-p", `{"spec":{"paused":true}}`)
+			Expect(err).NotTo(HaveOccurred())
+			Eventually(func() (string, error) {
+				return kubectl(ctx, "get", "sandbox", id, "-n", kmcpNamespace, "-o", `jsonpath={.status.conditions[?(@.type=="Ready")].reason}`)
+			}).WithContext(ctx).WithTimeout(30 * time.Second).Should(Equal("Paused"))
+			res := kmcpCall(ctx, sess, "sandbox_exec", map[string]any{"container_id": id, "commands": []string{"cat /app/src/main.py"}})
+			Expect(res.IsError).To(BeFalse(), kmcpText(res))
+			Expect(kmcpText(res)).To(ContainSubstring("from a file"))
+			out, err := kubectl(ctx, "get", "sandbox", id, "-n", kmcpNamespace, "-o",
+				`jsonpath={.spec.paused} {.status.conditions[?(@.type=="Ready")].reason} {.status.conditions[?(@.type=="Paused")].reason}`)
+			Expect(err).NotTo(HaveOccurred())
+			Expect(out).To(Equal("false Running Resumed"))
+		}, NodeTimeout(2*time.Minute))
+
 		It("lists the sandbox and deletes the Sandbox on sandbox_stop", func(ctx SpecContext) {
 			res := kmcpCall(ctx, sess, "list_sandboxes", nil)
 			Expect(res.IsError).To(BeFalse(), kmcpText(res))

@@ -95,6 +95,10 @@ type Options struct {
 	MaxSandboxes int
 	// IdleTimeout deletes a Sandbox of this instance nobody used this long.
 	IdleTimeout time.Duration
+	// IdlePause, when set, pauses a Sandbox of this instance nobody used
+	// for this long (spec.paused); its next exec or file transfer resumes
+	// it. It must be shorter than IdleTimeout.
+	IdlePause time.Duration
 	// ReadyTimeout bounds sandbox_initialize's wait for Ready.
 	ReadyTimeout time.Duration
 	// StopTimeout bounds sandbox_stop's wait for the Sandbox to be gone.
@@ -202,6 +206,7 @@ func newBackend(d *driver) *Backend {
 	return &Backend{driver: d, Manager: session.New(d, session.Options{
 		MaxSandboxes: d.opts.MaxSandboxes,
 		IdleTimeout:  d.opts.IdleTimeout,
+		IdlePause:    d.opts.IdlePause,
 		Logger:       d.opts.Logger,
 		LimitError: func(have, limit int) error {
 			return &messageError{kind: mcpserver.ErrQuota, msg: fmt.Sprintf("you already have %d sandboxes; the limit is %d", have, limit)}
@@ -571,6 +576,9 @@ func (b *driver) List(ctx context.Context, caller mcpserver.Caller, _ []session.
 // Sandbox's exec history (under the MCP server's identity).
 func (b *driver) Exec(ctx context.Context, h session.Handle, req execio.Request, out mcpserver.OutputFunc) (execio.Result, error) {
 	sbx, err := b.lookup(ctx, h)
+	if err == nil {
+		sbx, err = b.running(ctx, sbx)
+	}
 	if err != nil {
 		return execio.Result{}, err
 	}
@@ -586,6 +594,9 @@ var errStreamStopped = errors.New("stream stopped")
 // limits here, as it streams to the node API (which applies its own caps).
 func (b *driver) Upload(ctx context.Context, h session.Handle, destDir string, archive io.Reader, limits execio.UploadLimits) (execio.TransferStats, error) {
 	sbx, err := b.lookup(ctx, h)
+	if err == nil {
+		sbx, err = b.running(ctx, sbx)
+	}
 	if err != nil {
 		return execio.TransferStats{}, err
 	}
@@ -610,6 +621,9 @@ func (b *driver) Upload(ctx context.Context, h session.Handle, destDir string, a
 // Download implements session.Driver.
 func (b *driver) Download(ctx context.Context, h session.Handle, src string, w io.Writer, maxBytes int64) (execio.TransferStats, error) {
 	sbx, err := b.lookup(ctx, h)
+	if err == nil {
+		sbx, err = b.running(ctx, sbx)
+	}
 	if err != nil {
 		return execio.TransferStats{}, err
 	}

@@ -14,14 +14,17 @@ import (
 	. "github.com/onsi/gomega"
 	authzv1 "k8s.io/api/authorization/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
 
 	sandboxv1alpha1 "github.com/code-sandbox/code-sandbox-operator/api/v1alpha1"
 	"github.com/code-sandbox/code-sandbox-operator/internal/execio"
 	"github.com/code-sandbox/code-sandbox-operator/internal/mcpserver"
+	"github.com/code-sandbox/code-sandbox-operator/internal/mcpserver/session"
 	"github.com/code-sandbox/code-sandbox-operator/internal/nodeapi/wire"
 	"github.com/code-sandbox/code-sandbox-operator/internal/sandboxclient"
 )
@@ -369,6 +372,55 @@ var _ = Describe("Backend", Label("unit"), func() {
 		_, err = d.Backend().Create(ctx, bob, mcpserver.CreateRequest{Image: "python:3"})
 		Expect(err).To(MatchError(mcpserver.ErrQuota), "create past the quota")
 		Expect(err.Error()).To(Equal("you already have 1 sandboxes; the limit is 1"))
+	})
+
+	It("pauses through spec.paused and resumes by clearing it, waiting until the manager reports Ready", func() {
+		rev := &recordingReviewer{allow: func(*authzv1.ResourceAttributes) bool { return true }}
+		sbx := mcpSandbox("mcp-p1", alice.ID)
+		d := testBackend(rev, sbx)
+		d.opts.ReadyTimeout = 10 * time.Second
+		ctx := context.Background()
+		h := session.Handle{ID: "mcp-p1", Caller: alice}
+		get := func() *sandboxv1alpha1.Sandbox {
+			var got sandboxv1alpha1.Sandbox
+			Expect(d.kube.Get(ctx, client.ObjectKey{Namespace: "team-a", Name: "mcp-p1"}, &got)).To(Succeed())
+			return &got
+		}
+		setReady := func(status metav1.ConditionStatus, reason string) {
+			got := get()
+			got.Status.NodeAPIEndpoint = "https://node:9443"
+			meta.SetStatusCondition(&got.Status.Conditions, metav1.Condition{Type: "Ready", Status: status, Reason: reason, Message: "m"})
+			// The fake API server has no status subresource here.
+			Expect(d.kube.Update(ctx, got)).To(Succeed())
+		}
+		setReady(metav1.ConditionTrue, sandboxv1alpha1.SandboxReasonRunning)
+
+		Expect(d.Pause(ctx, h)).To(Succeed())
+		Expect(get().Spec.Paused).To(BeTrue())
+		Expect(get().Spec.Image).To(Equal("python:3"), "only spec.paused changed")
+		setReady(metav1.ConditionFalse, sandboxv1alpha1.SandboxReasonPaused)
+
+		// The manager thaws it a moment after spec.paused is cleared.
+		go func() {
+			defer GinkgoRecover()
+			Eventually(func() bool { return get().Spec.Paused }).Should(BeFalse())
+			time.Sleep(200 * time.Millisecond)
+			setReady(metav1.ConditionTrue, sandboxv1alpha1.SandboxReasonRunning)
+		}()
+		start := time.Now()
+		Expect(d.Resume(ctx, h)).To(Succeed())
+		Expect(time.Since(start)).To(BeNumerically(">=", 200*time.Millisecond), "Resume returned before the Sandbox was Ready")
+		Expect(get().Spec.Paused).To(BeFalse())
+
+		// A Sandbox paused by someone else is resumed the same way before
+		// an exec; one that never becomes Ready fails the exec clearly.
+		d.opts.ReadyTimeout = 500 * time.Millisecond
+		Expect(d.Pause(ctx, h)).To(Succeed())
+		setReady(metav1.ConditionFalse, sandboxv1alpha1.SandboxReasonPaused)
+		_, err := d.Exec(ctx, h, execio.Request{Shell: "true"}, nil)
+		Expect(err).To(MatchError(mcpserver.ErrUnavailable))
+		Expect(err.Error()).To(ContainSubstring("did not become ready"))
+		Expect(get().Spec.Paused).To(BeFalse(), "the exec cleared spec.paused")
 	})
 
 	It("builds the Sandbox spec from the request", func() {

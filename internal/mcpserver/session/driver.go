@@ -125,6 +125,17 @@ type SharedDriver interface {
 	CountOthers(ctx context.Context, caller mcpserver.Caller) (int, error)
 }
 
+// Pauser is a Driver that can freeze a sandbox and thaw it again with its
+// processes and files intact (Docker's cgroup freezer; a Sandbox's
+// spec.paused). The Manager pauses sandboxes idle for Options.IdlePause
+// and resumes one before the next operation that needs it to run.
+type Pauser interface {
+	// Pause freezes the sandbox; pausing a paused one is not an error.
+	Pause(ctx context.Context, h Handle) error
+	// Resume thaws it and returns once commands can run in it again.
+	Resume(ctx context.Context, h Handle) error
+}
+
 // Starter is a Driver with work to do before serving (an orphan sweep, a
 // firewall); Manager.Start calls it before it starts the reaper.
 type Starter interface {

@@ -56,11 +56,53 @@ type fakeDriver struct {
 	// removeAllErr is returned by RemoveAll.
 	removeAllErr error
 	closed       bool
+	// paused holds the Refs of frozen sandboxes; Exec, Upload and
+	// Download in one fail, as Docker's do. pauseErr fails Pause.
+	paused   map[string]bool
+	pauseErr error
 }
 
-var _ Driver = (*fakeDriver)(nil)
+var (
+	_ Driver = (*fakeDriver)(nil)
+	_ Pauser = (*fakeDriver)(nil)
+)
 
-func newFakeDriver() *fakeDriver { return &fakeDriver{live: map[string]bool{}} }
+func newFakeDriver() *fakeDriver {
+	return &fakeDriver{live: map[string]bool{}, paused: map[string]bool{}}
+}
+
+func (f *fakeDriver) Pause(_ context.Context, h Handle) error {
+	f.record("Pause", &h)
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.pauseErr != nil {
+		return f.pauseErr
+	}
+	f.paused[h.Ref] = true
+	return nil
+}
+
+func (f *fakeDriver) Resume(_ context.Context, h Handle) error {
+	f.record("Resume", &h)
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	delete(f.paused, h.Ref)
+	return nil
+}
+
+func (f *fakeDriver) isPaused(ref string) bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.paused[ref]
+}
+
+// frozen fails an operation in a paused sandbox.
+func (f *fakeDriver) frozen(h Handle) error {
+	if f.isPaused(h.Ref) {
+		return fmt.Errorf("%w: sandbox %s is paused", mcpserver.ErrNotRunning, h.ID)
+	}
+	return nil
+}
 
 func (f *fakeDriver) record(method string, h *Handle) {
 	f.mu.Lock()
@@ -129,6 +171,9 @@ func (f *fakeDriver) List(_ context.Context, _ mcpserver.Caller, mine []Handle) 
 
 func (f *fakeDriver) Exec(ctx context.Context, h Handle, req execio.Request, out mcpserver.OutputFunc) (execio.Result, error) {
 	f.record("Exec", &h)
+	if err := f.frozen(h); err != nil {
+		return execio.Result{}, err
+	}
 	f.mu.Lock()
 	gate, signal := f.execGate, f.execing
 	f.mu.Unlock()
@@ -148,12 +193,18 @@ func (f *fakeDriver) Exec(ctx context.Context, h Handle, req execio.Request, out
 
 func (f *fakeDriver) Upload(_ context.Context, h Handle, _ string, archive io.Reader, _ execio.UploadLimits) (execio.TransferStats, error) {
 	f.record("Upload", &h)
+	if err := f.frozen(h); err != nil {
+		return execio.TransferStats{}, err
+	}
 	_, _ = io.Copy(io.Discard, archive)
 	return execio.TransferStats{}, nil
 }
 
 func (f *fakeDriver) Download(_ context.Context, h Handle, _ string, _ io.Writer, _ int64) (execio.TransferStats, error) {
 	f.record("Download", &h)
+	if err := f.frozen(h); err != nil {
+		return execio.TransferStats{}, err
+	}
 	return execio.TransferStats{}, nil
 }
 

@@ -29,6 +29,10 @@ type Options struct {
 	MaxSandboxes int
 	// IdleTimeout removes a sandbox nobody used for this long.
 	IdleTimeout time.Duration
+	// IdlePause, when set (and shorter than IdleTimeout), pauses a
+	// sandbox nobody used for this long, if the driver is a Pauser; the
+	// next exec or file transfer resumes it.
+	IdlePause time.Duration
 	// Clock is the time activity, idle and lifetime reaping go by
 	// (default time.Now); tests set a fake one.
 	Clock func() time.Time
@@ -42,6 +46,7 @@ type Options struct {
 type Manager struct {
 	d      Driver
 	shared SharedDriver // d, when it is one
+	pauser Pauser       // d, when it is one
 	opts   Options
 	log    *slog.Logger
 
@@ -70,6 +75,8 @@ type entry struct {
 	id      string
 	ref     string
 	sandbox mcpserver.Sandbox
+	// state serialises pausing and resuming the sandbox.
+	state sync.Mutex
 	Activity
 }
 
@@ -104,6 +111,7 @@ func New(d Driver, opts Options) *Manager {
 		loopDone: make(chan struct{}),
 	}
 	m.shared, _ = d.(SharedDriver)
+	m.pauser, _ = d.(Pauser)
 	m.sweepCtx, m.sweepCancel = context.WithCancel(context.Background())
 	return m
 }
@@ -323,6 +331,10 @@ func (m *Manager) Exec(ctx context.Context, caller mcpserver.Caller, id string, 
 		return execio.Result{}, err
 	}
 	defer m.busy(e)()
+	if err := m.resume(ctx, e, h); err != nil {
+		m.done(e, err)
+		return execio.Result{}, err
+	}
 	res, err := m.d.Exec(ctx, h, req, out)
 	m.done(e, err)
 	return res, err
@@ -335,6 +347,10 @@ func (m *Manager) Upload(ctx context.Context, caller mcpserver.Caller, id, destD
 		return execio.TransferStats{}, err
 	}
 	defer m.busy(e)()
+	if err := m.resume(ctx, e, h); err != nil {
+		m.done(e, err)
+		return execio.TransferStats{}, err
+	}
 	stats, err := m.d.Upload(ctx, h, destDir, archive, limits)
 	m.done(e, err)
 	return stats, err
@@ -347,6 +363,10 @@ func (m *Manager) Download(ctx context.Context, caller mcpserver.Caller, id, src
 		return execio.TransferStats{}, err
 	}
 	defer m.busy(e)()
+	if err := m.resume(ctx, e, h); err != nil {
+		m.done(e, err)
+		return execio.TransferStats{}, err
+	}
 	stats, err := m.d.Download(ctx, h, src, w, maxBytes)
 	m.done(e, err)
 	return stats, err
@@ -382,6 +402,11 @@ func (m *Manager) Stop(ctx context.Context, caller mcpserver.Caller, id string) 
 		return notFound(id)
 	}
 	m.mu.Unlock()
+	// A paused sandbox is thawed first, so that its processes get the
+	// graceful stop's SIGTERM; if that fails the removal still kills it.
+	if err := m.resume(ctx, e, h); err != nil {
+		m.log.Warn("resuming a paused sandbox before stopping it", "sandbox", id, "error", err)
+	}
 	err := m.d.Remove(ctx, h, RemoveStop)
 	if err != nil && !errors.Is(err, ErrGone) {
 		if e != nil {

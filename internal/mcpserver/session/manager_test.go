@@ -5,6 +5,7 @@ import (
 	"errors"
 	"io"
 	"log/slog"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -245,6 +246,86 @@ var _ = Describe("Manager", Label("unit"), func() {
 		Expect(d.callList()).To(ContainElements("Reap "+idle, "Reap "+expiring, "Reap "+used, "Reap "+busy))
 	})
 
+	It("pauses a sandbox idle for IdlePause, resumes it before the next exec, and still reaps it at IdleTimeout", func(ctx SpecContext) {
+		m := newManager(d, clock, Options{IdleTimeout: 10 * time.Minute, IdlePause: 2 * time.Minute})
+		sleepy := create(m, alice, time.Hour)
+		awake := create(m, alice, time.Hour).ID
+
+		clock.Advance(90 * time.Second)
+		_, err := m.Exec(ctx, alice, awake, execio.Request{Shell: "true"}, func(string, []byte) {})
+		Expect(err).NotTo(HaveOccurred())
+		clock.Advance(time.Minute) // sleepy idle 2m30s, awake 1m
+		m.reap(clock.Now())
+		Expect(d.isPaused("ref-1")).To(BeTrue(), "idle for longer than IdlePause")
+		Expect(m.activity("alice", sleepy.ID).Paused).To(BeTrue())
+		Expect(d.isPaused("ref-2")).To(BeFalse(), "used a minute ago")
+		m.reap(clock.Now())
+		Expect(d.callList()).To(HaveEach(Not(Equal("Pause " + awake))))
+		Expect(countOf(d.callList(), "Pause "+sleepy.ID)).To(Equal(1), "a paused sandbox is not paused again")
+
+		// The next exec thaws it first, transparently.
+		var out string
+		_, err = m.Exec(ctx, alice, sleepy.ID, execio.Request{Shell: "echo back"}, func(_ string, p []byte) { out += string(p) })
+		Expect(err).NotTo(HaveOccurred())
+		Expect(out).To(Equal("echo back"))
+		Expect(d.isPaused("ref-1")).To(BeFalse())
+		Expect(m.activity("alice", sleepy.ID).Paused).To(BeFalse())
+		Expect(d.callList()).To(ContainElements("Resume "+sleepy.ID, "Exec "+sleepy.ID))
+
+		// Uploads and downloads resume too; Get and Logs do not need to.
+		clock.Advance(3 * time.Minute)
+		m.reap(clock.Now())
+		Expect(d.isPaused("ref-1")).To(BeTrue())
+		_, err = m.Get(ctx, alice, sleepy.ID)
+		Expect(err).NotTo(HaveOccurred())
+		Expect(d.isPaused("ref-1")).To(BeTrue())
+		_, err = m.Download(ctx, alice, sleepy.ID, "/app/", io.Discard, 0)
+		Expect(err).NotTo(HaveOccurred())
+		Expect(d.isPaused("ref-1")).To(BeFalse())
+
+		// Paused or not, an unused sandbox goes at the idle timeout.
+		clock.Advance(11 * time.Minute)
+		m.reap(clock.Now())
+		Expect(m.holds("alice", sleepy.ID)).To(BeFalse())
+		Expect(m.holds("alice", awake)).To(BeFalse())
+	})
+
+	It("keeps a sandbox running whose pause failed, and never pauses one running a command", func(ctx SpecContext) {
+		d.execGate, d.execing = make(chan struct{}), make(chan struct{}, 1)
+		m := newManager(d, clock, Options{IdleTimeout: 10 * time.Minute, IdlePause: time.Minute})
+		busy := create(m, alice, time.Hour).ID
+		failing := create(m, alice, time.Hour).ID
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			defer GinkgoRecover()
+			_, _ = m.Exec(ctx, alice, busy, execio.Request{Shell: "sleep"}, func(string, []byte) {})
+		}()
+		Eventually(d.execing).Should(Receive())
+		d.pauseErr = errors.New("docker said no")
+		clock.Advance(2 * time.Minute)
+		m.reap(clock.Now())
+		Expect(d.callList()).NotTo(ContainElement("Pause " + busy))
+		Expect(m.activity("alice", failing).Paused).To(BeFalse(), "the pause failed")
+		close(d.execGate)
+		<-done
+		_, err := m.Exec(ctx, alice, failing, execio.Request{Shell: "true"}, func(string, []byte) {})
+		Expect(err).NotTo(HaveOccurred())
+		Expect(d.callList()).NotTo(ContainElement("Resume " + failing))
+	})
+
+	It("thaws a paused sandbox before sandbox_stop, so that it stops gracefully", func(ctx SpecContext) {
+		m := newManager(d, clock, Options{IdleTimeout: 10 * time.Minute, IdlePause: time.Minute})
+		id := create(m, alice, time.Hour).ID
+		clock.Advance(2 * time.Minute)
+		m.reap(clock.Now())
+		Expect(d.isPaused("ref-1")).To(BeTrue())
+		Expect(m.Stop(ctx, alice, id)).To(Succeed())
+		calls := d.callList()
+		Expect(calls).To(ContainElements("Resume "+id, "Stop "+id))
+		Expect(slices.Index(calls, "Resume "+id)).To(BeNumerically("<", slices.Index(calls, "Stop "+id)), "%v", calls)
+	})
+
 	It("reaps on its own at the reap interval, then runs the driver's sweep", func() {
 		m := newManager(d, clock, Options{IdleTimeout: 2 * time.Second})
 		id := create(m, alice, time.Hour).ID
@@ -396,3 +477,14 @@ var _ = Describe("Manager on a shared driver", Label("unit"), func() {
 		create(m, alice, time.Hour)
 	})
 })
+
+// countOf counts the elements of list equal to want.
+func countOf(list []string, want string) int {
+	n := 0
+	for _, s := range list {
+		if s == want {
+			n++
+		}
+	}
+	return n
+}

@@ -17,6 +17,9 @@ type Activity struct {
 	InFlight int
 	// Removing: the sandbox is being removed and is no longer usable.
 	Removing bool
+	// Paused: the reaper froze the sandbox for being idle (IdlePause);
+	// the next operation that needs it running resumes it.
+	Paused bool
 }
 
 // action is what the reaper does to a sandbox on one pass.
@@ -25,14 +28,14 @@ type action int
 const (
 	keep action = iota
 	remove
+	pause
 )
 
 // decide says what the reaper does to a sandbox now, and why. The lifetime
 // is absolute; the idle actions apply to a sandbox nobody uses, the one
-// with the longest delay first. Today there is one, removal after the idle
-// timeout; an earlier one (with a shorter delay, and an action of its own)
-// goes after it in this list, and the reaper's switch gains a case.
-func (a *Activity) decide(now time.Time, idleTimeout time.Duration) (action, string) {
+// with the longest delay first: removal after the idle timeout, then,
+// when idlePause is set, pausing after that shorter delay.
+func (a *Activity) decide(now time.Time, idleTimeout, idlePause time.Duration) (action, string) {
 	switch {
 	case a.Removing:
 		return keep, ""
@@ -45,6 +48,8 @@ func (a *Activity) decide(now time.Time, idleTimeout time.Duration) (action, str
 	switch {
 	case idle > idleTimeout:
 		return remove, "idle"
+	case idlePause > 0 && idle > idlePause && !a.Paused:
+		return pause, "idle"
 	}
 	return keep, ""
 }
@@ -52,21 +57,26 @@ func (a *Activity) decide(now time.Time, idleTimeout time.Duration) (action, str
 // ReapReason says why the reaper removes the sandbox now ("lifetime over"
 // or "idle"), or "" when it keeps it.
 func (a *Activity) ReapReason(now time.Time, idleTimeout time.Duration) string {
-	if act, why := a.decide(now, idleTimeout); act == remove {
+	if act, why := a.decide(now, idleTimeout, 0); act == remove {
 		return why
 	}
 	return ""
 }
 
-// ReapInterval is how often the reaper looks for idle and expired sandboxes:
-// often enough to honour a short idle timeout, never more than every 30 s.
+// ReapInterval is how often the reaper looks for idle and expired sandboxes,
+// given its shortest idle delay (the idle timeout, or the idle pause): often
+// enough to honour a short one, never more than every 30 s.
 func ReapInterval(idleTimeout time.Duration) time.Duration {
 	return min(30*time.Second, max(time.Second, idleTimeout/4))
 }
 
 func (m *Manager) loop() {
 	defer close(m.loopDone)
-	t := time.NewTicker(ReapInterval(m.opts.IdleTimeout))
+	shortest := m.opts.IdleTimeout
+	if m.pauser != nil && m.opts.IdlePause > 0 {
+		shortest = min(shortest, m.opts.IdlePause)
+	}
+	t := time.NewTicker(ReapInterval(shortest))
 	defer t.Stop()
 	for {
 		select {
@@ -87,17 +97,26 @@ func (m *Manager) reap(now time.Time) {
 		e   *entry
 		why string
 	}
-	var victims []victim
+	var victims, sleepers []victim
+	idlePause := time.Duration(0)
+	if m.pauser != nil {
+		idlePause = m.opts.IdlePause
+	}
 	m.mu.Lock()
 	for _, e := range m.entries {
-		switch act, why := e.decide(now, m.opts.IdleTimeout); act {
+		switch act, why := e.decide(now, m.opts.IdleTimeout, idlePause); act {
 		case remove:
 			e.Removing = true
 			victims = append(victims, victim{e, why})
+		case pause:
+			sleepers = append(sleepers, victim{e, why})
 		case keep:
 		}
 	}
 	m.mu.Unlock()
+	for _, s := range sleepers {
+		m.pauseIdle(s.e, now)
+	}
 	for _, v := range victims {
 		m.log.Info("removing sandbox", "sandbox", v.e.id, "reason", v.why, "owner", mcpserver.IdentityHash(v.e.owner.ID))
 		ctx, cancel := context.WithTimeout(context.WithoutCancel(m.sweepCtx), removeTimeout)
@@ -111,3 +130,54 @@ func (m *Manager) reap(now time.Time) {
 
 // removeTimeout bounds one removal by the reaper.
 const removeTimeout = time.Minute
+
+// pauseIdle freezes e if it is still idle. e.state serialises it with
+// resume, and the idleness is checked again under it, so an operation that
+// started meanwhile (InFlight, a newer LastUsedAt) keeps its sandbox
+// running; one that starts during the pause waits on e.state and resumes
+// it. A failed pause is logged and leaves the sandbox running.
+func (m *Manager) pauseIdle(e *entry, now time.Time) {
+	e.state.Lock()
+	defer e.state.Unlock()
+	m.mu.Lock()
+	act, _ := e.decide(now, m.opts.IdleTimeout, m.opts.IdlePause)
+	h := e.handle()
+	m.mu.Unlock()
+	if act != pause {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(m.sweepCtx), removeTimeout)
+	defer cancel()
+	if err := m.pauser.Pause(ctx, h); err != nil {
+		m.log.Warn("pausing an idle sandbox", "sandbox", e.id, "error", err)
+		return
+	}
+	m.mu.Lock()
+	e.Paused = true
+	m.mu.Unlock()
+	m.log.Info("paused an idle sandbox", "sandbox", e.id, "owner", mcpserver.IdentityHash(e.owner.ID))
+}
+
+// resume thaws e before an operation that needs it running; the caller has
+// marked it busy, so the reaper cannot pause it again meanwhile.
+func (m *Manager) resume(ctx context.Context, e *entry, h Handle) error {
+	if e == nil || m.pauser == nil {
+		return nil
+	}
+	e.state.Lock()
+	defer e.state.Unlock()
+	m.mu.Lock()
+	paused := e.Paused
+	m.mu.Unlock()
+	if !paused {
+		return nil
+	}
+	if err := m.pauser.Resume(ctx, h); err != nil {
+		return err
+	}
+	m.mu.Lock()
+	e.Paused = false
+	m.mu.Unlock()
+	m.log.Info("resumed a paused sandbox", "sandbox", e.id, "owner", mcpserver.IdentityHash(e.owner.ID))
+	return nil
+}
