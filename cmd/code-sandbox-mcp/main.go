@@ -81,6 +81,29 @@ func (l *defaultListFlag) Set(v string) error {
 	return (*listFlag)(&l.vals).Set(v)
 }
 
+// countFlag is a whole number that remembers whether it was given, for a
+// flag only one backend uses.
+type countFlag struct {
+	n   int
+	set bool
+}
+
+func (c *countFlag) String() string {
+	if c == nil {
+		return "0"
+	}
+	return strconv.Itoa(c.n)
+}
+
+func (c *countFlag) Set(v string) error {
+	n, err := strconv.Atoi(strings.TrimSpace(v))
+	if err != nil {
+		return fmt.Errorf("%q is not a whole number", v)
+	}
+	c.n, c.set = n, true
+	return nil
+}
+
 // sizeFlag is a byte count written as "1MiB", "512k" or a plain number.
 type sizeFlag int64
 
@@ -150,6 +173,7 @@ type options struct {
 	execBudget     sizeFlag
 	maxSandboxes   int
 	idleTimeout    time.Duration
+	idlePause      time.Duration
 	maxLifetime    time.Duration
 	maxCPU         float64
 	maxMemory      sizeFlag
@@ -158,6 +182,9 @@ type options struct {
 	maxUpload      sizeFlag
 	maxEntries     int
 	historyDir     string
+	// warmPool: the docker backend's warm pool size (set: given on the
+	// command line, which the kubernetes backend refuses).
+	warmPool countFlag
 
 	logLevel    string
 	logFormat   string
@@ -217,6 +244,7 @@ func newFlagSet(o *options) *flag.FlagSet {
 	fs.Var(&o.execBudget, "exec-output-budget", "cap on the output one sandbox_exec call keeps and returns, across all its commands and both streams (each command keeps the end of its output within its share)")
 	fs.IntVar(&o.maxSandboxes, "max-sandboxes", dockerbackend.DefaultMaxSandboxes, "sandboxes one identity may have at once")
 	fs.DurationVar(&o.idleTimeout, "idle-timeout", dockerbackend.DefaultIdleTimeout, "remove a sandbox unused for this long")
+	fs.DurationVar(&o.idlePause, "idle-pause", 0, "pause a sandbox unused for this long (no CPU, memory kept) until its next exec or file transfer resumes it; 0 turns it off; shorter than --idle-timeout")
 	fs.DurationVar(&o.maxLifetime, "max-lifetime", mcpserver.DefaultMaxLifetime, "longest a sandbox may live (and the default lifetime)")
 	fs.Float64Var(&o.maxCPU, "max-cpu", mcpserver.DefaultMaxCPU, "most CPUs a sandbox may ask for")
 	o.maxMemory = sizeFlag(mcpserver.DefaultMaxMemoryBytes)
@@ -229,6 +257,8 @@ func newFlagSet(o *options) *flag.FlagSet {
 	fs.Var(&o.maxUpload, "max-upload-bytes", "largest total copy_project sends")
 	fs.IntVar(&o.maxEntries, "max-upload-entries", mcpserver.DefaultMaxUploadEntries, "most files and directories copy_project sends")
 	fs.StringVar(&o.historyDir, "history-dir", "", "keep exec history in files here (default: in memory)")
+	o.warmPool = countFlag{n: dockerbackend.DefaultWarmPool}
+	fs.Var(&o.warmPool, "warm-pool", fmt.Sprintf("docker backend: keep this many paused sandboxes of the default settings (--default-image, default CPU and memory, no network) ready, so that such a sandbox_initialize returns at once; 0 turns it off (at most %d)", dockerbackend.MaxWarmPool))
 
 	fs.StringVar(&o.logLevel, "log-level", "info", "log level: debug, info, warn or error (logs go to stderr)")
 	fs.StringVar(&o.logFormat, "log-format", "text", "log format: text or json")
@@ -326,13 +356,22 @@ func serveWith(o options, logger *slog.Logger, newCtx func() (context.Context, c
 			return err
 		}
 	}
+	if o.idlePause < 0 || (o.idlePause > 0 && o.idlePause >= o.idleTimeout) {
+		return usagef("--idle-pause %s: want 0 (off) or a duration shorter than --idle-timeout (%s)", o.idlePause, o.idleTimeout)
+	}
 	var kube *kubeSetup
 	switch o.backend {
 	case "docker":
 		if o.nsFromSA {
 			return usagef("--namespace-from-serviceaccount needs --backend kubernetes")
 		}
+		if o.warmPool.n < 0 || o.warmPool.n > dockerbackend.MaxWarmPool {
+			return usagef("--warm-pool %d: want 0 (off) to %d paused sandboxes", o.warmPool.n, dockerbackend.MaxWarmPool)
+		}
 	case "kubernetes":
+		if o.warmPool.set && o.warmPool.n != 0 {
+			return usagef("--warm-pool is for --backend docker; the kubernetes backend's warm pool will be a SandboxWarmPool resource, which does not exist yet")
+		}
 		if kube, err = loadKube(o); err != nil {
 			return err
 		}
@@ -488,6 +527,7 @@ func newKubeBackend(o options, kube *kubeSetup, logger *slog.Logger) (*kubebacke
 		Runtime:                     rt,
 		MaxSandboxes:                o.maxSandboxes,
 		IdleTimeout:                 o.idleTimeout,
+		IdlePause:                   o.idlePause,
 		ReadyTimeout:                o.readyTimeout,
 		Logger:                      logger,
 	})
@@ -538,8 +578,11 @@ func newDockerBackend(o options, logger *slog.Logger) (*dockerbackend.Backend, e
 		Runtime:      o.runtime,
 		MaxSandboxes: o.maxSandboxes,
 		IdleTimeout:  o.idleTimeout,
+		IdlePause:    o.idlePause,
 		HistoryDir:   o.historyDir,
 		Logger:       logger,
+		WarmPool:     o.warmPool.n,
+		DefaultImage: o.defaultImage,
 
 		EgressFirewall: fw,
 	})

@@ -13,6 +13,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/modelcontextprotocol/go-sdk/mcp"
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
 )
@@ -50,6 +51,48 @@ var _ = Describe("code-sandbox-mcp --idle-pause (Docker backend)", func() {
 		res = call(ctx, srv.session, "sandbox_stop", map[string]any{"container_id": id})
 		Expect(res.IsError).To(BeFalse(), text(res))
 		Expect(exec.CommandContext(ctx, "docker", "inspect", container).Run()).To(HaveOccurred(), "the container is gone")
+	})
+
+	It("hands out a paused warm-pool member on sandbox_initialize (--warm-pool), refills, and leaves nothing behind on exit", func(ctx SpecContext) {
+		srv := startStdio(ctx, nil, "--warm-pool", "2")
+		instance := srv.instance()
+		members := func() []string {
+			out, err := exec.CommandContext(ctx, "docker", "ps", "-q", "--no-trunc", "--filter", "label="+mcpManagedByLabel,
+				"--filter", "label="+mcpNodeLabel+"="+instance, "--filter", "label=sandbox.code-sandbox.dev/sandbox-namespace=warm-pool",
+				"--filter", "status=paused").Output()
+			Expect(err).NotTo(HaveOccurred())
+			return strings.Fields(string(out))
+		}
+		Eventually(members).WithTimeout(60*time.Second).WithPolling(250*time.Millisecond).Should(HaveLen(2), "stderr:\n%s", srv.stderr.String())
+		before := members()
+
+		id := initSandbox(ctx, srv.session, nil)
+		out, err := exec.CommandContext(ctx, "docker", "inspect", "-f", "{{.Id}} {{.State.Paused}}", "code-sandbox-"+id).Output()
+		Expect(err).NotTo(HaveOccurred())
+		fields := strings.Fields(string(out))
+		Expect(before).To(ContainElement(fields[0]), "the sandbox is not one of the pool's members")
+		Expect(fields[1]).To(Equal("false"), "the claimed member still paused")
+
+		res := call(ctx, srv.session, "sandbox_exec", map[string]any{"container_id": id, "commands": []string{"ls -A /app | wc -l", "ls -A /tmp | wc -l"}})
+		Expect(res.IsError).To(BeFalse(), text(res))
+		results := structured(res)["results"].([]any)
+		Expect(results).To(HaveLen(2))
+		Expect(results[0]).To(HaveKeyWithValue("stdout", "0\n"), "a claimed member's /app is empty")
+		Expect(results[1]).To(HaveKeyWithValue("stdout", "0\n"), "a claimed member's /tmp is empty")
+		logs, err := srv.session.ReadResource(ctx, &mcp.ReadResourceParams{URI: "containers://" + id + "/logs"})
+		Expect(err).NotTo(HaveOccurred())
+		Expect(logs.Contents[0].Text).To(ContainSubstring("ls -A /app | wc -l"))
+		Expect(logs.Contents[0].Text).NotTo(MatchRegexp(`(?m)\strue$`), "the health check is not in the history")
+
+		// A request that is not the default one is created cold.
+		cold := initSandbox(ctx, srv.session, map[string]any{"memory": "256Mi"})
+		out, err = exec.CommandContext(ctx, "docker", "inspect", "-f", "{{.Id}}", "code-sandbox-"+cold).Output()
+		Expect(err).NotTo(HaveOccurred())
+		Expect(before).NotTo(ContainElement(strings.TrimSpace(string(out))))
+
+		Eventually(members).WithTimeout(60 * time.Second).WithPolling(250 * time.Millisecond).Should(HaveLen(2))
+		Expect(srv.session.Close()).To(Succeed())
+		Expect(containersOf(ctx, instance)).To(BeEmpty(), "members or sandboxes left after exit")
 	})
 
 	It("refuses an --idle-pause that is not shorter than --idle-timeout", func(ctx SpecContext) {

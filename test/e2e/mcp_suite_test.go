@@ -106,8 +106,11 @@ type mcpServer struct {
 	waited  chan error
 }
 
+// baseArgs turn the warm pool off: the specs count a run's containers, and
+// a pool's paused members are containers of the run too. A spec about the
+// pool passes --warm-pool N after them.
 func baseArgs(extra ...string) []string {
-	return append([]string{"--default-image", mcpImage, "--log-level", "debug"}, extra...)
+	return append([]string{"--default-image", mcpImage, "--log-level", "debug", "--warm-pool", "0"}, extra...)
 }
 
 func procAttr() *syscall.SysProcAttr {

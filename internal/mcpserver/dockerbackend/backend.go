@@ -51,6 +51,10 @@ type Options struct {
 	MaxSandboxes int
 	// IdleTimeout removes a sandbox nobody used for this long.
 	IdleTimeout time.Duration
+	// IdlePause, when set, pauses a sandbox nobody used for this long
+	// (the cgroup freezer: no CPU, memory kept); its next exec or file
+	// transfer resumes it. It must be shorter than IdleTimeout.
+	IdlePause time.Duration
 	// StopGrace is sandbox_stop's SIGTERM-to-SIGKILL grace period.
 	StopGrace time.Duration
 	// HistoryDir keeps exec history files; empty keeps it in memory.
@@ -63,6 +67,15 @@ type Options struct {
 	// Clock is the time idle and lifetime reaping go by (default
 	// time.Now); tests set a fake one.
 	Clock func() time.Time
+	// WarmPool keeps this many paused sandboxes of the default settings
+	// (DefaultImage, default CPU and memory, no network) ready for
+	// sandbox_initialize (pool.go); 0 (the default here) turns it off, at
+	// most MaxWarmPool.
+	WarmPool int
+	// DefaultImage is the image sandbox_initialize uses when none is given
+	// (mcpserver.Config.DefaultImage); the warm pool's members run it.
+	// Default mcpserver.DefaultImage.
+	DefaultImage string
 }
 
 // Backend implements mcpserver.Backend on Docker: a session.Manager on the
@@ -81,6 +94,8 @@ type driver struct {
 	opts     Options
 	log      *slog.Logger
 	history  *history.Store
+	// pool is the warm pool (pool.go); nil when Options.WarmPool is 0.
+	pool *pool
 
 	mu sync.Mutex
 	// swept: the orphan sweep has completed once.
@@ -117,6 +132,12 @@ func New(opts Options) (*Backend, error) {
 	if opts.Logger == nil {
 		opts.Logger = slog.Default()
 	}
+	if opts.WarmPool < 0 || opts.WarmPool > MaxWarmPool {
+		return nil, fmt.Errorf("dockerbackend: warm pool size %d: want 0 (off) to %d", opts.WarmPool, MaxWarmPool)
+	}
+	if opts.DefaultImage == "" {
+		opts.DefaultImage = mcpserver.DefaultImage
+	}
 	hist, err := history.New(opts.HistoryDir, 0)
 	if err != nil {
 		return nil, err
@@ -129,9 +150,13 @@ func New(opts Options) (*Backend, error) {
 		log:      opts.Logger,
 		history:  hist,
 	}
+	if opts.WarmPool > 0 {
+		d.pool = newPool(d, opts.WarmPool, opts.DefaultImage)
+	}
 	m := session.New(d, session.Options{
 		MaxSandboxes: opts.MaxSandboxes,
 		IdleTimeout:  opts.IdleTimeout,
+		IdlePause:    opts.IdlePause,
 		Clock:        opts.Clock,
 		Logger:       opts.Logger,
 	})
@@ -162,6 +187,7 @@ func (b *driver) Start(ctx context.Context) {
 			})
 		}()
 	}
+	b.pool.start()
 }
 
 func newUID() string {
@@ -192,6 +218,10 @@ func mapErr(err error) error {
 		return fmt.Errorf("%w: %w", mcpserver.ErrInvalid, err)
 	case errors.Is(err, dockerruntime.ErrNotFound):
 		return fmt.Errorf("%w: %w", mcpserver.ErrNotFound, err)
+	case errors.Is(err, dockerruntime.ErrPaused):
+		// Frozen outside this server (docker pause); the server thaws
+		// only the sandboxes it paused itself (--idle-pause).
+		return fmt.Errorf("%w: %w", mcpserver.ErrNotRunning, err)
 	case cerrdefs.IsConflict(err):
 		// Docker answers 409 Conflict to an exec in a container that is
 		// not running, paused or restarting.
@@ -209,27 +239,20 @@ func (b *driver) forgetHistory(id string) {
 
 // Create implements session.Driver.
 func (b *driver) Create(ctx context.Context, caller mcpserver.Caller, req mcpserver.CreateRequest) (string, mcpserver.Sandbox, error) {
-	network := dockerruntime.NetworkNone
-	if req.Network == mcpserver.NetworkEgress {
-		network = dockerruntime.NetworkEgress
+	warm := b.pool.matches(req)
+	if warm {
+		// A default create takes a warm pool member; with none, it
+		// creates cold and the pool refills in the background.
+		ref, sb, ok, err := b.pool.claim(ctx, caller)
+		if ok || err != nil {
+			return ref, sb, err
+		}
+		if req.Image == "" {
+			req.Image = b.pool.image
+		}
 	}
 	uid := newUID()
-	spec := dockerruntime.Spec{
-		Owner: dockerruntime.Owner{
-			ManagedBy: dockerruntime.ManagedByMCP,
-			UID:       uid,
-			Namespace: mcpserver.IdentityHash(caller.ID),
-			Name:      uid[:12],
-			Node:      b.node,
-		},
-		Image:           req.Image,
-		PullPolicy:      b.opts.PullPolicy,
-		NanoCPUs:        req.NanoCPUs,
-		MemoryBytes:     req.MemoryBytes,
-		Network:         network,
-		Runtime:         b.opts.Runtime,
-		StopGracePeriod: b.opts.StopGrace,
-	}
+	spec := b.spec(uid, mcpserver.IdentityHash(caller.ID), req)
 	// The container must not outlive a cancelled request half-made: the
 	// create runs to completion and is undone below if the caller left.
 	ct, err := b.docker.CreateAndStart(context.WithoutCancel(ctx), spec)
@@ -252,7 +275,36 @@ func (b *driver) Create(ctx context.Context, caller mcpserver.Caller, req mcpser
 		sb.Network = mcpserver.NetworkNone
 	}
 	b.log.Info("sandbox created", "sandbox", uid, "container", dockerruntime.ShortID(ct.ID), "image", req.Image, "owner", mcpserver.IdentityHash(caller.ID))
+	if warm {
+		// The default image is on the host now: the pool may fill.
+		b.pool.wake()
+	}
 	return ct.ID, view(sb, ct.State), nil
+}
+
+// spec is the container spec of a sandbox for req (a warm pool member's
+// too, so that it is made exactly as a default create would make it).
+func (b *driver) spec(uid, namespace string, req mcpserver.CreateRequest) dockerruntime.Spec {
+	network := dockerruntime.NetworkNone
+	if req.Network == mcpserver.NetworkEgress {
+		network = dockerruntime.NetworkEgress
+	}
+	return dockerruntime.Spec{
+		Owner: dockerruntime.Owner{
+			ManagedBy: dockerruntime.ManagedByMCP,
+			UID:       uid,
+			Namespace: namespace,
+			Name:      uid[:12],
+			Node:      b.node,
+		},
+		Image:           req.Image,
+		PullPolicy:      b.opts.PullPolicy,
+		NanoCPUs:        req.NanoCPUs,
+		MemoryBytes:     req.MemoryBytes,
+		Network:         network,
+		Runtime:         b.opts.Runtime,
+		StopGracePeriod: b.opts.StopGrace,
+	}
 }
 
 func orDefault(v, d int64) int64 {
@@ -432,6 +484,9 @@ func (b *driver) Ready(ctx context.Context) error {
 // this run, including any the Manager does not hold (a create that
 // finished while the server was shutting down).
 func (b *driver) RemoveAll(ctx context.Context) error {
+	// The pool stops refilling first, so that no member is created after
+	// the list below.
+	b.pool.close(ctx)
 	list, err := b.docker.ListManaged(ctx, dockerruntime.ListFilter{Node: b.node})
 	if err != nil {
 		b.mu.Lock()
@@ -457,6 +512,7 @@ func (b *driver) RemoveAll(ctx context.Context) error {
 // Close implements session.Driver: it stops the egress firewall's checks
 // and removes its rules, unless sandboxes may remain.
 func (b *driver) Close(ctx context.Context) error {
+	b.pool.close(ctx)
 	fw := b.opts.EgressFirewall
 	if fw == nil || b.egressStop == nil {
 		return nil
