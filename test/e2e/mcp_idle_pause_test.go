@@ -67,11 +67,14 @@ var _ = Describe("code-sandbox-mcp --idle-pause (Docker backend)", func() {
 		before := members()
 
 		id := initSandbox(ctx, srv.session, nil)
-		out, err := exec.CommandContext(ctx, "docker", "inspect", "-f", "{{.Id}} {{.State.Paused}}", "code-sandbox-"+id).Output()
+		out, err := exec.CommandContext(ctx, "docker", "inspect", "-f", "{{.Id}}", "code-sandbox-"+id).Output()
 		Expect(err).NotTo(HaveOccurred())
-		fields := strings.Fields(string(out))
-		Expect(before).To(ContainElement(fields[0]), "the sandbox is not one of the pool's members")
-		Expect(fields[1]).To(Equal("false"), "the claimed member still paused")
+		Expect(before).To(ContainElement(strings.TrimSpace(string(out))), "the sandbox is not one of the pool's members")
+		// Thawed in the background right after the claim.
+		Eventually(func() string {
+			out, _ := exec.CommandContext(ctx, "docker", "inspect", "-f", "{{.State.Paused}}", "code-sandbox-"+id).Output()
+			return strings.TrimSpace(string(out))
+		}).WithTimeout(30*time.Second).Should(Equal("false"), "the claimed member is still paused")
 
 		res := call(ctx, srv.session, "sandbox_exec", map[string]any{"container_id": id, "commands": []string{"ls -A /app | wc -l", "ls -A /tmp | wc -l"}})
 		Expect(res.IsError).To(BeFalse(), text(res))

@@ -289,12 +289,16 @@ var _ = Describe("RBAC of the default overlay, applied for real", Ordered, func(
 			core("authorization.k8s.io", "", "create", "subjectaccessreviews", ""),
 			in(sbxNS, "create", "sandboxes"), in(sbxNS, "delete", "sandboxes"), in(sbxNS, "get", "sandboxes"),
 			in(sbxNS, "list", "sandboxes"), in(sbxNS, "watch", "sandboxes"),
+			// patch: spec.paused (--idle-pause, resuming before use); the
+			// CRD keeps every other field but the lifetime immutable, and the
+			// deadline webhook holds the lifetime to the quota.
+			in(sbxNS, "patch", "sandboxes"),
 			in(sbxNS, "create", "sandboxes/exec"), in(sbxNS, "create", "sandboxes/files"),
 			in(sbxNS, "get", "sandboxes/files"), in(sbxNS, "get", "sandboxes/log"),
 			agg(sbxNS, "create", "sandboxes/exec"), agg(sbxNS, "create", "sandboxes/files"), agg(sbxNS, "get", "sandboxes/files"),
 			agg(sbxNS, "get", "sandboxes/log"), agg(sbxNS, "get", "sandboxes/history"),
 		}, []access{
-			in(sbxNS, "update", "sandboxes"), in(sbxNS, "patch", "sandboxes"), in(sbxNS, "update", "sandboxes/status"),
+			in(sbxNS, "update", "sandboxes"), in(sbxNS, "update", "sandboxes/status"), in(sbxNS, "patch", "sandboxes/status"),
 			in(sbxNS, "update", "sandboxquotas"), in(sbxNS, "list", "sandboxquotas"),
 			core("", sbxNS, "get", "secrets", ""),
 			core("authentication.k8s.io", "", "create", "tokenrequests", ""),

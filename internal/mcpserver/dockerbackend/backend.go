@@ -96,6 +96,9 @@ type driver struct {
 	history  *history.Store
 	// pool is the warm pool (pool.go); nil when Options.WarmPool is 0.
 	pool *pool
+	// thaws holds the unpauses of claimed warm pool members still under
+	// way, by container ID (*thawing, pool.go).
+	thaws sync.Map
 
 	mu sync.Mutex
 	// swept: the orphan sweep has completed once.
@@ -346,6 +349,9 @@ func view(sb mcpserver.Sandbox, st dockerruntime.ContainerState) mcpserver.Sandb
 
 // Get implements session.Driver.
 func (b *driver) Get(ctx context.Context, h session.Handle) (mcpserver.Sandbox, error) {
+	if err := b.thawed(ctx, h); err != nil {
+		return mcpserver.Sandbox{}, err
+	}
 	ct, err := b.docker.Inspect(ctx, h.Ref)
 	if errors.Is(err, dockerruntime.ErrNotFound) {
 		b.forgetHistory(h.ID)
@@ -381,6 +387,9 @@ func (b *driver) List(ctx context.Context, _ mcpserver.Caller, mine []session.Ha
 // Exec implements session.Driver, and records the command in the
 // sandbox's exec history.
 func (b *driver) Exec(ctx context.Context, h session.Handle, req execio.Request, out mcpserver.OutputFunc) (execio.Result, error) {
+	if err := b.thawed(ctx, h); err != nil {
+		return execio.Result{}, err
+	}
 	started := time.Now()
 	res, err := b.docker.RunCommand(ctx, h.Ref, req, out.Writer("stdout"), out.Writer("stderr"))
 	rec := history.Record{
@@ -410,6 +419,9 @@ func (b *driver) Upload(ctx context.Context, h session.Handle, destDir string, a
 	if err != nil {
 		return execio.TransferStats{}, err
 	}
+	if err := b.thawed(ctx, h); err != nil {
+		return execio.TransferStats{}, err
+	}
 	stats, err := b.docker.CopyIn(ctx, h.Ref, target, archive, limits)
 	return stats, mapErr(err)
 }
@@ -418,6 +430,9 @@ func (b *driver) Upload(ctx context.Context, h session.Handle, destDir string, a
 func (b *driver) Download(ctx context.Context, h session.Handle, src string, w io.Writer, maxBytes int64) (execio.TransferStats, error) {
 	target, err := execio.ResolvePath(dockerruntime.DefaultWorkingDir, src)
 	if err != nil {
+		return execio.TransferStats{}, err
+	}
+	if err := b.thawed(ctx, h); err != nil {
 		return execio.TransferStats{}, err
 	}
 	stats, err := b.docker.CopyOut(ctx, h.Ref, target, w, maxBytes)
@@ -446,6 +461,10 @@ func (b *driver) Logs(ctx context.Context, h session.Handle, opts mcpserver.Logs
 // Remove implements session.Driver. sandbox_stop gives the container its
 // grace period; the reaper forces it.
 func (b *driver) Remove(ctx context.Context, h session.Handle, how session.Removal) error {
+	// A member still thawing is removed once thawed, so that a graceful
+	// stop reaches its processes; the thaw's own error does not matter.
+	_ = b.thawed(context.WithoutCancel(ctx), h)
+	defer b.thaws.Delete(h.Ref)
 	if how == session.RemoveReap {
 		err := b.docker.Remove(ctx, h.Ref, 0)
 		b.forgetHistory(h.ID)

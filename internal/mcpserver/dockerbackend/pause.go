@@ -28,6 +28,9 @@ func (b *driver) Resume(ctx context.Context, h session.Handle) error {
 }
 
 func (b *driver) freeze(ctx context.Context, h session.Handle, op func(context.Context, string) error) error {
+	if err := b.thawed(ctx, h); err != nil {
+		return err
+	}
 	err := op(ctx, h.Ref)
 	if errors.Is(err, dockerruntime.ErrNotFound) {
 		b.forgetHistory(h.ID)

@@ -10,6 +10,7 @@ import (
 	"github.com/code-sandbox/code-sandbox-operator/internal/dockerruntime"
 	"github.com/code-sandbox/code-sandbox-operator/internal/execio"
 	"github.com/code-sandbox/code-sandbox-operator/internal/mcpserver"
+	"github.com/code-sandbox/code-sandbox-operator/internal/mcpserver/session"
 )
 
 // The warm pool (Options.WarmPool): containers made exactly as a default
@@ -140,9 +141,13 @@ func (p *pool) take() (poolMember, bool) {
 	return m, true
 }
 
-// claim hands out an idle member, unpaused, as the new sandbox of a
-// default create. ok is false when the pool has none that unpaused (the
-// caller then creates cold); err is set only when ctx ended.
+// claim hands out an idle member as the new sandbox of a default create.
+// It checks that the member's container is still there and paused (one
+// inspect, which Docker answers from memory), then thaws it in the
+// background (thaw), so that sandbox_initialize does not wait for the
+// unpause: the sandbox's first operation does, if it comes sooner. ok is
+// false when the pool has no usable member (the caller then creates cold);
+// err is set only when ctx ended.
 func (p *pool) claim(ctx context.Context, caller mcpserver.Caller) (ref string, sb mcpserver.Sandbox, ok bool, err error) {
 	for {
 		m, found := p.take()
@@ -150,10 +155,12 @@ func (p *pool) claim(ctx context.Context, caller mcpserver.Caller) (ref string, 
 			return "", mcpserver.Sandbox{}, false, nil
 		}
 		p.wake()
-		// The unpause completes even if the caller leaves, so that the
-		// member is either handed out or removed, never left half-thawed.
-		if uerr := p.d.docker.Unpause(context.WithoutCancel(ctx), m.ref); uerr != nil {
-			p.d.log.Warn("warm pool member unusable; dropping it", "sandbox", m.uid, "container", dockerruntime.ShortID(m.ref), "error", uerr)
+		ct, ierr := p.d.docker.Inspect(context.WithoutCancel(ctx), m.ref)
+		if ierr == nil && !ct.State.Paused {
+			ierr = fmt.Errorf("container %s is %s, not paused", dockerruntime.ShortID(m.ref), ct.State.Status)
+		}
+		if ierr != nil {
+			p.d.log.Warn("warm pool member unusable; dropping it", "sandbox", m.uid, "container", dockerruntime.ShortID(m.ref), "error", ierr)
 			go p.d.removeContainer(m.ref, 0, "unusable warm pool member")
 			continue
 		}
@@ -161,14 +168,63 @@ func (p *pool) claim(ctx context.Context, caller mcpserver.Caller) (ref string, 
 			go p.d.removeContainer(m.ref, 0, "request cancelled during claim")
 			return "", mcpserver.Sandbox{}, false, ctx.Err()
 		}
+		p.d.thaw(m.ref)
 		sb := mcpserver.Sandbox{
 			ID: m.uid, Image: p.image, Network: mcpserver.NetworkNone, WorkingDir: dockerruntime.DefaultWorkingDir,
 			NanoCPUs: dockerruntime.DefaultNanoCPUs, MemoryBytes: dockerruntime.DefaultMemoryBytes,
-			Status: "running", // unpaused just now
+			Status: "running", // being thawed; every operation waits for it
 		}
 		p.d.log.Info("sandbox created from the warm pool", "sandbox", m.uid, "container", dockerruntime.ShortID(m.ref), "image", p.image, "owner", mcpserver.IdentityHash(caller.ID))
 		return m.ref, sb, true, nil
 	}
+}
+
+// thawing is an unpause under way in the background (driver.thaw).
+type thawing struct {
+	done chan struct{}
+	err  error
+}
+
+// thaw unpauses a claimed member's container in the background. The
+// unpause runs to completion whatever happens to the request that claimed
+// it, so the container is never left half-thawed.
+func (b *driver) thaw(ref string) {
+	t := &thawing{done: make(chan struct{})}
+	b.thaws.Store(ref, t)
+	go func() {
+		defer close(t.done)
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		if t.err = b.docker.Unpause(ctx, ref); t.err != nil {
+			b.log.Warn("thawing a claimed warm pool member", "container", dockerruntime.ShortID(ref), "error", t.err)
+			return
+		}
+		b.thaws.CompareAndDelete(ref, t)
+	}()
+}
+
+// thawed waits until a claimed member's container has been unpaused (at
+// once for any other sandbox). A failed unpause fails every operation on
+// it; a container gone meanwhile is reported gone.
+func (b *driver) thawed(ctx context.Context, h session.Handle) error {
+	v, ok := b.thaws.Load(h.Ref)
+	if !ok {
+		return nil
+	}
+	t := v.(*thawing)
+	select {
+	case <-t.done:
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	switch {
+	case t.err == nil:
+		return nil
+	case errors.Is(t.err, dockerruntime.ErrNotFound):
+		b.forgetHistory(h.ID)
+		return session.Gone(mapErr(t.err))
+	}
+	return fmt.Errorf("%w: the sandbox could not be resumed from the warm pool: %w", mcpserver.ErrUnavailable, t.err)
 }
 
 // loop refills the pool, one member at a time, with backoff on failures,

@@ -147,11 +147,12 @@ var _ = Describe("the warm pool", Label("docker"), func() {
 		Expect(sb.Status).To(Equal("running"))
 		Expect(sb.MemoryBytes).To(Equal(dockerruntime.DefaultMemoryBytes))
 		Expect(sb.ExpiresAt).To(BeTemporally("~", time.Now().Add(time.Hour), 5*time.Second), "the lifetime counts from the claim")
+		// It is thawed in the background; the first command waits for that.
+		Expect(run(ctx, b, caller, sb.ID, "echo hi")).To(Equal("hi\n"))
 		ct, err := b.driver.docker.Inspect(ctx, ref)
 		Expect(err).NotTo(HaveOccurred())
 		Expect(ct.State.Running).To(BeTrue())
 		Expect(ct.State.Paused).To(BeFalse())
-		Expect(run(ctx, b, caller, sb.ID, "echo hi")).To(Equal("hi\n"))
 
 		refilled := waitFull(ctx, b)
 		Expect(refilled).NotTo(ContainElement(ref))
@@ -274,9 +275,11 @@ var _ = Describe("the warm pool", Label("docker"), func() {
 			if slices.Contains(members, ref) {
 				warm++
 			}
-			ct, err := b.driver.docker.Inspect(ctx, ref)
-			Expect(err).NotTo(HaveOccurred())
-			Expect(ct.State.Running && !ct.State.Paused).To(BeTrue())
+			Eventually(func(g Gomega) {
+				ct, err := b.driver.docker.Inspect(ctx, ref)
+				g.Expect(err).NotTo(HaveOccurred())
+				g.Expect(ct.State.Running && !ct.State.Paused).To(BeTrue())
+			}).WithContext(ctx).WithTimeout(30 * time.Second).Should(Succeed())
 		}
 		Expect(warm).To(BeNumerically(">=", 1), "no create took a member")
 		Expect(warm).To(BeNumerically("<=", 2))
