@@ -206,6 +206,19 @@ var _ = Describe("Remove", dockerLabel, func() {
 		Expect(rt.Remove(ctx, "0123456789abcdef0123", time.Second)).To(Succeed(), "a container that never existed counts as gone")
 	}, SpecTimeout(60*time.Second))
 
+	It("stops a paused container gracefully, without waiting out the grace period", func(ctx SpecContext) {
+		ct, _ := startSandbox(ctx, nil)
+		Expect(rt.Pause(ctx, ct.ID)).To(Succeed())
+		Expect(rt.Pause(ctx, ct.ID)).To(Succeed(), "pausing a paused container is not an error")
+		paused, err := rt.Inspect(ctx, ct.ID)
+		Expect(err).NotTo(HaveOccurred())
+		Expect(paused.State.Paused).To(BeTrue())
+		start := time.Now()
+		Expect(rt.Remove(ctx, ct.ID, 5*time.Second)).To(Succeed())
+		Expect(time.Since(start)).To(BeNumerically("<", 4*time.Second), "Docker's stop must reach a frozen container's processes; it waited for the grace period")
+		expectGone(ctx, ct.ID)
+	}, SpecTimeout(60*time.Second))
+
 	It("kills a container that ignores SIGTERM after the grace period", func(ctx SpecContext) {
 		ct, _ := startSandbox(ctx, func(s *Spec) {
 			s.Command = []string{"sh", "-c", "trap '' TERM; while :; do sleep 1; done"}
