@@ -49,22 +49,8 @@ const (
 // against a second raw exec. Cleanup (sandbox_stop, ContainerRemove) is
 // outside the measurement. The goals are reported, never asserted.
 func BenchmarkMCP(b *testing.B) {
-	image := os.Getenv("BUSYBOX_IMAGE")
-	if image == "" {
-		image = "code-sandbox-test/busybox:1"
-	}
-	raw, err := dockerclient.NewClientWithOpts(dockerclient.FromEnv, dockerclient.WithAPIVersionNegotiation())
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer raw.Close()
+	raw, image := rawDocker(b)
 	ctx := context.Background()
-	if _, err := raw.Ping(ctx); err != nil {
-		b.Skipf("Docker Engine not reachable (%v); run `make bench`, which starts it", err)
-	}
-	if _, err := raw.ImageInspect(ctx, image); err != nil {
-		b.Fatalf("test image %s: %v (run `make test-images`)", image, err)
-	}
 
 	bin := buildMCP(b)
 	// The cold path: no warm pool (BenchmarkMCPWarmPool measures it).
@@ -91,32 +77,15 @@ func BenchmarkMCP(b *testing.B) {
 		return initExec, execAlone
 	}
 	rawSample := func() (createExec, execAlone time.Duration) {
-		uid := fmt.Sprintf("mcpraw%s%d", runID, seq.Add(1))
-		cfg, hostCfg, err := dockerruntime.BuildContainerConfig(dockerruntime.Spec{
-			Owner:   dockerruntime.Owner{ManagedBy: mcpRawManagedBy, UID: uid, Node: rawNode},
-			Image:   image,
-			Command: []string{"sleep", "86400"},
-		})
-		if err != nil {
-			b.Fatal(err)
-		}
+		id, createStart, remove := rawCreateStart(ctx, b, raw, image)
+		defer remove()
 		t0 := time.Now()
-		created, err := raw.ContainerCreate(ctx, cfg, hostCfg, nil, nil, dockerruntime.ContainerName(uid))
-		if err != nil {
+		if err := rawExec(ctx, raw, id); err != nil {
 			b.Fatal(err)
 		}
-		defer func() {
-			_ = raw.ContainerRemove(ctx, created.ID, container.RemoveOptions{Force: true, RemoveVolumes: true})
-		}()
-		if err := raw.ContainerStart(ctx, created.ID, container.StartOptions{}); err != nil {
-			b.Fatal(err)
-		}
-		if err := rawExec(ctx, raw, created.ID); err != nil {
-			b.Fatal(err)
-		}
-		createExec = time.Since(t0)
+		createExec = createStart + time.Since(t0)
 		t1 := time.Now()
-		if err := rawExec(ctx, raw, created.ID); err != nil {
+		if err := rawExec(ctx, raw, id); err != nil {
 			b.Fatal(err)
 		}
 		return createExec, time.Since(t1)
@@ -162,6 +131,60 @@ func BenchmarkMCP(b *testing.B) {
 		ms(mi), ms(ri), ratio, mcpGoalRatio, verdict(ratio <= mcpGoalRatio), b.N, ms(percentile(mInit, 90)), ms(percentile(rInit, 90)))
 	b.Logf("sandbox_exec p50 %.1fms vs raw exec p50 %.1fms: +%.1fms (goal <= +%.0fms; %s it) [p90 %.1f vs %.1fms]",
 		ms(me), ms(re), ms(overhead), ms(mcpGoalExecOverhead), verdict(overhead <= mcpGoalExecOverhead), ms(percentile(mExec, 90)), ms(percentile(rExec, 90)))
+}
+
+// rawDocker is a Docker client for the raw baseline (closed when b ends)
+// and the test image ($BUSYBOX_IMAGE, default code-sandbox-test/busybox:1),
+// which must be present; without Docker the benchmark is skipped.
+func rawDocker(b *testing.B) (*dockerclient.Client, string) {
+	b.Helper()
+	image := os.Getenv("BUSYBOX_IMAGE")
+	if image == "" {
+		image = "code-sandbox-test/busybox:1"
+	}
+	raw, err := dockerclient.NewClientWithOpts(dockerclient.FromEnv, dockerclient.WithAPIVersionNegotiation())
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { _ = raw.Close() })
+	ctx := context.Background()
+	if _, err := raw.Ping(ctx); err != nil {
+		b.Skipf("Docker Engine not reachable (%v); run `make bench`, which starts it", err)
+	}
+	if _, err := raw.ImageInspect(ctx, image); err != nil {
+		b.Fatalf("test image %s: %v (run `make test-images`)", image, err)
+	}
+	return raw, image
+}
+
+// rawCreateStart creates and starts the raw baseline's container: the
+// sandboxes' hardened spec for image, running sleep, under a label neither
+// the operator nor the MCP server sees. took is the create and start alone;
+// remove force-removes the container.
+func rawCreateStart(ctx context.Context, b *testing.B, raw *dockerclient.Client, image string) (id string, took time.Duration, remove func()) {
+	b.Helper()
+	uid := fmt.Sprintf("mcpraw%s%d", runID, seq.Add(1))
+	cfg, hostCfg, err := dockerruntime.BuildContainerConfig(dockerruntime.Spec{
+		Owner:   dockerruntime.Owner{ManagedBy: mcpRawManagedBy, UID: uid, Node: rawNode},
+		Image:   image,
+		Command: []string{"sleep", "86400"},
+	})
+	if err != nil {
+		b.Fatal(err)
+	}
+	t0 := time.Now()
+	created, err := raw.ContainerCreate(ctx, cfg, hostCfg, nil, nil, dockerruntime.ContainerName(uid))
+	if err != nil {
+		b.Fatal(err)
+	}
+	remove = func() {
+		_ = raw.ContainerRemove(context.WithoutCancel(ctx), created.ID, container.RemoveOptions{Force: true, RemoveVolumes: true})
+	}
+	if err := raw.ContainerStart(ctx, created.ID, container.StartOptions{}); err != nil {
+		remove()
+		b.Fatal(err)
+	}
+	return created.ID, time.Since(t0), remove
 }
 
 // buildMCP builds the server binary into a temporary directory.
@@ -217,22 +240,8 @@ func startMCP(b *testing.B, bin, image string, args ...string) func(name string,
 // asserted.
 func BenchmarkMCPWarmPool(b *testing.B) {
 	const poolSize = 2
-	image := os.Getenv("BUSYBOX_IMAGE")
-	if image == "" {
-		image = "code-sandbox-test/busybox:1"
-	}
-	raw, err := dockerclient.NewClientWithOpts(dockerclient.FromEnv, dockerclient.WithAPIVersionNegotiation())
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer raw.Close()
+	raw, image := rawDocker(b)
 	ctx := context.Background()
-	if _, err := raw.Ping(ctx); err != nil {
-		b.Skipf("Docker Engine not reachable (%v); run `make bench`, which starts it", err)
-	}
-	if _, err := raw.ImageInspect(ctx, image); err != nil {
-		b.Fatalf("test image %s: %v (run `make test-images`)", image, err)
-	}
 	callTool := startMCP(b, buildMCP(b), image, "--warm-pool", strconv.Itoa(poolSize))
 
 	// The server's instance (its containers' node label), from the first
@@ -281,27 +290,9 @@ func BenchmarkMCPWarmPool(b *testing.B) {
 		return took
 	}
 	rawSample := func() time.Duration {
-		uid := fmt.Sprintf("mcpraw%s%d", runID, seq.Add(1))
-		cfg, hostCfg, err := dockerruntime.BuildContainerConfig(dockerruntime.Spec{
-			Owner:   dockerruntime.Owner{ManagedBy: mcpRawManagedBy, UID: uid, Node: rawNode},
-			Image:   image,
-			Command: []string{"sleep", "86400"},
-		})
-		if err != nil {
-			b.Fatal(err)
-		}
-		t0 := time.Now()
-		created, err := raw.ContainerCreate(ctx, cfg, hostCfg, nil, nil, dockerruntime.ContainerName(uid))
-		if err != nil {
-			b.Fatal(err)
-		}
-		defer func() {
-			_ = raw.ContainerRemove(ctx, created.ID, container.RemoveOptions{Force: true, RemoveVolumes: true})
-		}()
-		if err := raw.ContainerStart(ctx, created.ID, container.StartOptions{}); err != nil {
-			b.Fatal(err)
-		}
-		return time.Since(t0)
+		_, took, remove := rawCreateStart(ctx, b, raw, image)
+		remove()
+		return took
 	}
 
 	// Warm up both paths (and learn the instance).
@@ -368,22 +359,8 @@ const mcpGoalResumeExec = 15 * time.Millisecond
 // same run. Waiting for the pause is not measured. The goal is reported,
 // never asserted.
 func BenchmarkMCPResume(b *testing.B) {
-	image := os.Getenv("BUSYBOX_IMAGE")
-	if image == "" {
-		image = "code-sandbox-test/busybox:1"
-	}
-	raw, err := dockerclient.NewClientWithOpts(dockerclient.FromEnv, dockerclient.WithAPIVersionNegotiation())
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer raw.Close()
+	raw, image := rawDocker(b)
 	ctx := context.Background()
-	if _, err := raw.Ping(ctx); err != nil {
-		b.Skipf("Docker Engine not reachable (%v); run `make bench`, which starts it", err)
-	}
-	if _, err := raw.ImageInspect(ctx, image); err != nil {
-		b.Fatalf("test image %s: %v (run `make test-images`)", image, err)
-	}
 	callTool := startMCP(b, buildMCP(b), image, "--warm-pool", "0", "--idle-pause", "1s", "--idle-timeout", "10m")
 	out, err := callTool("sandbox_initialize", nil)
 	if err != nil {
@@ -415,28 +392,11 @@ func BenchmarkMCPResume(b *testing.B) {
 		return time.Since(t0)
 	}
 
-	uid := fmt.Sprintf("mcpraw%s%d", runID, seq.Add(1))
-	cfg, hostCfg, err := dockerruntime.BuildContainerConfig(dockerruntime.Spec{
-		Owner:   dockerruntime.Owner{ManagedBy: mcpRawManagedBy, UID: uid, Node: rawNode},
-		Image:   image,
-		Command: []string{"sleep", "86400"},
-	})
-	if err != nil {
-		b.Fatal(err)
-	}
-	created, err := raw.ContainerCreate(ctx, cfg, hostCfg, nil, nil, dockerruntime.ContainerName(uid))
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer func() {
-		_ = raw.ContainerRemove(ctx, created.ID, container.RemoveOptions{Force: true, RemoveVolumes: true})
-	}()
-	if err := raw.ContainerStart(ctx, created.ID, container.StartOptions{}); err != nil {
-		b.Fatal(err)
-	}
+	rawID, _, removeRaw := rawCreateStart(ctx, b, raw, image)
+	defer removeRaw()
 	rawSample := func() time.Duration {
 		t0 := time.Now()
-		if err := rawExec(ctx, raw, created.ID); err != nil {
+		if err := rawExec(ctx, raw, rawID); err != nil {
 			b.Fatal(err)
 		}
 		return time.Since(t0)

@@ -320,21 +320,34 @@ func (m *Manager) List(ctx context.Context, caller mcpserver.Caller) ([]mcpserve
 	return list, nil
 }
 
+// openRunning is open for an operation that runs in the sandbox: it marks
+// the sandbox busy (so the reaper cannot pause or remove it meanwhile) and
+// resumes it if the reaper paused it. release ends the busy mark.
+func (m *Manager) openRunning(ctx context.Context, caller mcpserver.Caller, op Op, id string) (*entry, Handle, func(), error) {
+	e, h, err := m.open(ctx, caller, op, id)
+	if err != nil {
+		return nil, Handle{}, nil, err
+	}
+	release := m.busy(e)
+	if err := m.resume(ctx, e, h); err != nil {
+		release()
+		m.done(e, err)
+		return nil, Handle{}, nil, err
+	}
+	return e, h, release, nil
+}
+
 // Exec implements mcpserver.Backend.
 func (m *Manager) Exec(ctx context.Context, caller mcpserver.Caller, id string, req execio.Request, out mcpserver.OutputFunc) (execio.Result, error) {
 	req, err := req.Normalize()
 	if err != nil {
 		return execio.Result{}, err
 	}
-	e, h, err := m.open(ctx, caller, OpExec, id)
+	e, h, release, err := m.openRunning(ctx, caller, OpExec, id)
 	if err != nil {
 		return execio.Result{}, err
 	}
-	defer m.busy(e)()
-	if err := m.resume(ctx, e, h); err != nil {
-		m.done(e, err)
-		return execio.Result{}, err
-	}
+	defer release()
 	res, err := m.d.Exec(ctx, h, req, out)
 	m.done(e, err)
 	return res, err
@@ -342,15 +355,11 @@ func (m *Manager) Exec(ctx context.Context, caller mcpserver.Caller, id string, 
 
 // Upload implements mcpserver.Backend.
 func (m *Manager) Upload(ctx context.Context, caller mcpserver.Caller, id, destDir string, archive io.Reader, limits execio.UploadLimits) (execio.TransferStats, error) {
-	e, h, err := m.open(ctx, caller, OpUpload, id)
+	e, h, release, err := m.openRunning(ctx, caller, OpUpload, id)
 	if err != nil {
 		return execio.TransferStats{}, err
 	}
-	defer m.busy(e)()
-	if err := m.resume(ctx, e, h); err != nil {
-		m.done(e, err)
-		return execio.TransferStats{}, err
-	}
+	defer release()
 	stats, err := m.d.Upload(ctx, h, destDir, archive, limits)
 	m.done(e, err)
 	return stats, err
@@ -358,15 +367,11 @@ func (m *Manager) Upload(ctx context.Context, caller mcpserver.Caller, id, destD
 
 // Download implements mcpserver.Backend.
 func (m *Manager) Download(ctx context.Context, caller mcpserver.Caller, id, src string, w io.Writer, maxBytes int64) (execio.TransferStats, error) {
-	e, h, err := m.open(ctx, caller, OpDownload, id)
+	e, h, release, err := m.openRunning(ctx, caller, OpDownload, id)
 	if err != nil {
 		return execio.TransferStats{}, err
 	}
-	defer m.busy(e)()
-	if err := m.resume(ctx, e, h); err != nil {
-		m.done(e, err)
-		return execio.TransferStats{}, err
-	}
+	defer release()
 	stats, err := m.d.Download(ctx, h, src, w, maxBytes)
 	m.done(e, err)
 	return stats, err
