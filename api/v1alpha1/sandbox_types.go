@@ -32,6 +32,13 @@ const (
 	// their memory. Ready is False (reason Paused) meanwhile, and exec and
 	// file transfers are refused until spec.paused is false again.
 	SandboxConditionPaused ConditionType = "Paused"
+
+	// SandboxConditionWarmPoolClaim is set on Sandboxes with
+	// spec.warmPoolRef once a manager claimed them: True (reason
+	// WarmPoolClaimed) when the Sandbox took an idle member's container,
+	// False (reason WarmPoolEmpty) when no member was idle and the container
+	// was created from the pool's template instead. Neither is an error.
+	SandboxConditionWarmPoolClaim ConditionType = "WarmPoolClaim"
 )
 
 // Reasons for the Ready and Expired conditions.
@@ -114,6 +121,23 @@ const (
 	// was thawed with its processes and files intact. Used with
 	// Paused=False.
 	SandboxReasonResumed = "Resumed"
+
+	// SandboxReasonWarmPoolClaimed: the Sandbox took over an idle member of
+	// its warm pool. Used with WarmPoolClaim=True.
+	SandboxReasonWarmPoolClaimed = "WarmPoolClaimed"
+
+	// SandboxReasonWarmPoolEmpty: the warm pool had no idle member, so the
+	// container was created from the pool's template. Used with
+	// WarmPoolClaim=False.
+	SandboxReasonWarmPoolEmpty = "WarmPoolEmpty"
+
+	// SandboxReasonWarmPoolNotFound: spec.warmPoolRef names a
+	// SandboxWarmPool that does not exist. The Sandbox waits for it.
+	SandboxReasonWarmPoolNotFound = "WarmPoolNotFound"
+
+	// SandboxReasonClaimed: this Sandbox is a warm pool member whose
+	// container another Sandbox took over; the pool controller deletes it.
+	SandboxReasonClaimed = "Claimed"
 )
 
 // ImagePullPolicy says when the manager pulls the sandbox image.
@@ -198,17 +222,30 @@ type SandboxNetwork struct {
 // SandboxSpec is the desired state of a Sandbox. Everything but
 // activeDeadlineSeconds and paused is fixed once the Sandbox exists, because a running
 // container cannot take the change; create a new Sandbox instead.
+// +kubebuilder:validation:XValidation:rule="has(self.image) != has(self.warmPoolRef)",message="set exactly one of image and warmPoolRef: a Sandbox that claims from a warm pool runs the pool template's image"
+// +kubebuilder:validation:XValidation:rule="has(self.warmPoolRef) == has(oldSelf.warmPoolRef) && (!has(self.warmPoolRef) || self.warmPoolRef == oldSelf.warmPoolRef)",message="warmPoolRef is immutable"
 // +kubebuilder:validation:XValidation:rule="has(self.command) == has(oldSelf.command) && (!has(self.command) || self.command == oldSelf.command)",message="command is immutable"
 // +kubebuilder:validation:XValidation:rule="has(self.env) == has(oldSelf.env) && (!has(self.env) || self.env == oldSelf.env)",message="env is immutable"
 // +kubebuilder:validation:XValidation:rule="has(self.nodeName) == has(oldSelf.nodeName) && (!has(self.nodeName) || self.nodeName == oldSelf.nodeName)",message="nodeName is immutable"
 type SandboxSpec struct {
 	// Image is the container image, for example python:3.12-slim-bookworm.
+	// Required unless warmPoolRef is set.
 	// +kubebuilder:validation:MinLength=1
 	// +kubebuilder:validation:MaxLength=512
 	// +kubebuilder:validation:Pattern=`^[^\s]+$`
 	// +kubebuilder:validation:XValidation:rule="self == oldSelf",message="image is immutable"
-	// +required
-	Image string `json:"image"`
+	// +optional
+	Image string `json:"image,omitempty"`
+
+	// WarmPoolRef claims the container from a SandboxWarmPool in the same
+	// namespace instead of creating one: an idle member is unpaused and
+	// handed over, or, when none is idle, a container is created from the
+	// pool's template. The container's shape (image, command, workingDir,
+	// user, resources, network, runtime) is the pool template's, and this
+	// Sandbox's own values of those fields are ignored; env applies to
+	// every exec, and activeDeadlineSeconds counts from the claim.
+	// +optional
+	WarmPoolRef *WarmPoolReference `json:"warmPoolRef,omitempty"`
 
 	// ImagePullPolicy is IfNotPresent (default), Always or Never.
 	// +kubebuilder:default=IfNotPresent
@@ -349,6 +386,12 @@ type SandboxStatus struct {
 	// +kubebuilder:validation:MaxLength=512
 	// +optional
 	NodeAPIEndpoint string `json:"nodeAPIEndpoint,omitempty"`
+
+	// WarmPool records how a Sandbox with spec.warmPoolRef got its
+	// container: the member it took over, or a cold start, and the template
+	// it was made from.
+	// +optional
+	WarmPool *SandboxWarmPoolClaimStatus `json:"warmPool,omitempty"`
 }
 
 // +kubebuilder:object:root=true

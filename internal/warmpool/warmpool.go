@@ -1,0 +1,145 @@
+/*
+Copyright 2026 The code-sandbox-operator Authors.
+
+Licensed under the MIT License; see the LICENSE file.
+*/
+
+// Package warmpool holds what the pool controller, the node managers and the
+// quota webhook must agree on about SandboxWarmPools: which Sandboxes are a
+// pool's members, the template hash, and how a template becomes a Sandbox
+// spec.
+package warmpool
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/utils/ptr"
+
+	sandboxv1alpha1 "github.com/code-sandbox/code-sandbox-operator/api/v1alpha1"
+)
+
+// Hash identifies a template: members whose LabelTemplateHash differs from
+// the pool's current Hash are stale, and a claim only takes a member made
+// from the template the claim records.
+func Hash(t sandboxv1alpha1.SandboxTemplate) string {
+	b, err := json.Marshal(t)
+	if err != nil {
+		// A struct of strings, quantities and slices always marshals.
+		panic(err)
+	}
+	sum := sha256.Sum256(b)
+	return hex.EncodeToString(sum[:])[:16]
+}
+
+// Selector is the label selector of a pool's members, as the scale
+// subresource publishes it.
+func Selector(pool *sandboxv1alpha1.SandboxWarmPool) labels.Selector {
+	return labels.SelectorFromSet(labels.Set{sandboxv1alpha1.LabelWarmPool: pool.Name})
+}
+
+// Replicas is spec.replicas with its default.
+func Replicas(pool *sandboxv1alpha1.SandboxWarmPool) int32 {
+	return ptr.Deref(pool.Spec.Replicas, 1)
+}
+
+// IsMemberOf reports whether sbx is a member the pool controller created for
+// pool: the label and a controller ownerReference to the pool's UID. The
+// label alone is only an index.
+func IsMemberOf(sbx *sandboxv1alpha1.Sandbox, pool *sandboxv1alpha1.SandboxWarmPool) bool {
+	if sbx.Labels[sandboxv1alpha1.LabelWarmPool] != pool.Name || sbx.Namespace != pool.Namespace {
+		return false
+	}
+	ref := metav1.GetControllerOfNoCopy(sbx)
+	return ref != nil && ref.UID == pool.UID && ref.Kind == "SandboxWarmPool" &&
+		ref.APIVersion == sandboxv1alpha1.GroupVersion.String()
+}
+
+// PoolOf returns the name of the pool sbx claims to be a member of (by its
+// controller ownerReference), or "".
+func PoolOf(sbx *sandboxv1alpha1.Sandbox) string {
+	ref := metav1.GetControllerOfNoCopy(sbx)
+	if ref == nil || ref.Kind != "SandboxWarmPool" || ref.APIVersion != sandboxv1alpha1.GroupVersion.String() {
+		return ""
+	}
+	if sbx.Labels[sandboxv1alpha1.LabelWarmPool] != ref.Name {
+		return ""
+	}
+	return ref.Name
+}
+
+// Idle reports whether a member is ready to be claimed: bound, provisioned,
+// paused (Paused=True, which the manager sets only once the container is
+// frozen), not deleting and not claimed.
+func Idle(sbx *sandboxv1alpha1.Sandbox) bool {
+	if !sbx.DeletionTimestamp.IsZero() || sbx.Status.NodeName == "" || sbx.Status.ContainerID == "" {
+		return false
+	}
+	ready := meta.FindStatusCondition(sbx.Status.Conditions, string(sandboxv1alpha1.SandboxConditionReady))
+	if ready != nil && ready.Reason == sandboxv1alpha1.SandboxReasonClaimed {
+		return false
+	}
+	return meta.IsStatusConditionTrue(sbx.Status.Conditions, string(sandboxv1alpha1.SandboxConditionPaused))
+}
+
+// Member builds a new member Sandbox for pool: the template's shape,
+// spec.paused, the labels, and the pool as its controller (so that garbage
+// collection removes members with their pool).
+func Member(pool *sandboxv1alpha1.SandboxWarmPool) *sandboxv1alpha1.Sandbox {
+	sbx := &sandboxv1alpha1.Sandbox{
+		ObjectMeta: metav1.ObjectMeta{
+			Namespace:    pool.Namespace,
+			GenerateName: pool.Name + "-",
+			Labels: map[string]string{
+				sandboxv1alpha1.LabelWarmPool:     pool.Name,
+				sandboxv1alpha1.LabelTemplateHash: Hash(pool.Spec.Template),
+			},
+			OwnerReferences: []metav1.OwnerReference{{
+				APIVersion:         sandboxv1alpha1.GroupVersion.String(),
+				Kind:               "SandboxWarmPool",
+				Name:               pool.Name,
+				UID:                pool.UID,
+				Controller:         ptr.To(true),
+				BlockOwnerDeletion: ptr.To(true),
+			}},
+		},
+	}
+	ApplyTemplate(&sbx.Spec, pool.Spec.Template)
+	sbx.Spec.Paused = true
+	return sbx
+}
+
+// ApplyTemplate sets the shape fields of spec from t and clears
+// warmPoolRef: the spec a container made from t runs with.
+func ApplyTemplate(spec *sandboxv1alpha1.SandboxSpec, t sandboxv1alpha1.SandboxTemplate) {
+	t = *t.DeepCopy()
+	spec.WarmPoolRef = nil
+	spec.Image = t.Image
+	spec.ImagePullPolicy = t.ImagePullPolicy
+	spec.Command = t.Command
+	spec.WorkingDir = t.WorkingDir
+	spec.User = t.User
+	spec.Resources = t.Resources
+	spec.Network = t.Network
+	spec.Runtime = t.Runtime
+}
+
+// Effective returns the spec the Sandbox's container runs with: its own,
+// or for a claiming Sandbox, its spec with the shape of the template the
+// manager recorded at the claim. ok is false for a claiming Sandbox that no
+// manager has claimed yet.
+func Effective(sbx *sandboxv1alpha1.Sandbox) (spec sandboxv1alpha1.SandboxSpec, ok bool) {
+	spec = *sbx.Spec.DeepCopy()
+	if sbx.Spec.WarmPoolRef == nil {
+		return spec, true
+	}
+	if sbx.Status.WarmPool == nil || sbx.Status.WarmPool.Template == nil {
+		return spec, false
+	}
+	ApplyTemplate(&spec, *sbx.Status.WarmPool.Template)
+	return spec, true
+}
