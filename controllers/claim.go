@@ -73,10 +73,19 @@ func (r *SandboxReconciler) mayHandle(sbx *sandboxv1alpha1.Sandbox) bool {
 // write conflicts and this manager backs off. Capacity is checked under a
 // lock, counting both the cache and claims the cache has not caught up with.
 func (r *SandboxReconciler) claim(ctx context.Context, sbx *sandboxv1alpha1.Sandbox) (bool, ctrl.Result, error) {
-	log := logf.FromContext(ctx)
 	if !r.mayHandle(sbx) {
 		return false, ctrl.Result{}, nil
 	}
+	if sbx.Spec.WarmPoolRef != nil {
+		return r.claimFromPool(ctx, sbx)
+	}
+	return r.claimNode(ctx, sbx, nil)
+}
+
+// claimNode is the claim of a Sandbox that needs a new container; record,
+// when set, adds to the status the claim writes.
+func (r *SandboxReconciler) claimNode(ctx context.Context, sbx *sandboxv1alpha1.Sandbox, record func(*sandboxv1alpha1.Sandbox)) (bool, ctrl.Result, error) {
+	log := logf.FromContext(ctx)
 	r.claims.mu.Lock()
 	defer r.claims.mu.Unlock()
 
@@ -113,6 +122,9 @@ func (r *SandboxReconciler) claim(ctx context.Context, sbx *sandboxv1alpha1.Sand
 	}
 
 	sbx.Status.NodeName = r.opts.NodeName
+	if record != nil {
+		record(sbx)
+	}
 	r.setReady(sbx, metav1.ConditionFalse, sandboxv1alpha1.SandboxReasonProvisioning, "claimed by node "+r.opts.NodeName)
 	if err := r.client.Status().Update(ctx, sbx); err != nil {
 		if apierrors.IsConflict(err) || apierrors.IsNotFound(err) {
@@ -135,9 +147,19 @@ func (r *SandboxReconciler) usedCapacity(ctx context.Context) (int, error) {
 		return 0, fmt.Errorf("listing sandboxes on node: %w", err)
 	}
 	counted := make(map[types.UID]struct{}, len(list.Items)+len(r.claims.claimed))
+	handedOver := map[types.UID]bool{}
+	for i := range list.Items {
+		if m := list.Items[i].Status.WarmPool; m != nil && m.Member != nil {
+			handedOver[m.Member.UID] = true
+		}
+	}
 	for i := range list.Items {
 		sbx := &list.Items[i]
 		if meta.IsStatusConditionTrue(sbx.Status.Conditions, string(sandboxv1alpha1.SandboxConditionExpired)) {
+			continue
+		}
+		// A claimed member's container is its claimant's: count it once.
+		if _, claimed := r.members.get(sbx.UID); claimed || handedOver[sbx.UID] {
 			continue
 		}
 		counted[sbx.UID] = struct{}{}

@@ -13,11 +13,18 @@ import (
 
 	sandboxv1alpha1 "github.com/code-sandbox/code-sandbox-operator/api/v1alpha1"
 	"github.com/code-sandbox/code-sandbox-operator/internal/dockerruntime"
+	"github.com/code-sandbox/code-sandbox-operator/internal/warmpool"
 )
 
 // dockerSpecFor translates a Sandbox into the runtime's container spec. Zero
 // quantities fall back to the runtime's defaults, which equal the CRD's.
 func dockerSpecFor(sbx *sandboxv1alpha1.Sandbox, opts Options) (dockerruntime.Spec, error) {
+	effective, ok := warmpool.Effective(sbx)
+	if !ok {
+		return dockerruntime.Spec{}, fmt.Errorf("sandbox claims from warm pool %s but no template was recorded at the claim", sbx.Spec.WarmPoolRef.Name)
+	}
+	sbx = sbx.DeepCopy()
+	sbx.Spec = effective
 	res := sbx.Spec.Resources
 	spec := dockerruntime.Spec{
 		Owner: dockerruntime.Owner{

@@ -35,10 +35,14 @@ var (
 		Name: "code_sandbox_docker_up",
 		Help: "1 while the Docker event stream is connected.",
 	})
+	warmClaims = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "code_sandbox_warm_pool_claims_total",
+		Help: "Sandboxes with spec.warmPoolRef claimed by this manager, by how: warm (an idle member) or cold (created from the template).",
+	}, []string{"start"})
 )
 
 func init() {
-	metrics.Registry.MustRegister(createToReady, containersCreated, orphansRemoved, dockerErrors, dockerUp)
+	metrics.Registry.MustRegister(createToReady, containersCreated, orphansRemoved, dockerErrors, dockerUp, warmClaims)
 }
 
 func observeCreateToReady(d time.Duration) { createToReady.Observe(d.Seconds()) }

@@ -75,12 +75,13 @@ func newUnitEnv(objs ...client.Object) *unitEnv {
 		rec:     events.NewFakeRecorder(100),
 		history: &fakeHistory{},
 	}
-	e.c = fake.NewClientBuilder().
+	builder := fake.NewClientBuilder().
 		WithScheme(unitScheme()).
-		WithStatusSubresource(&sandboxv1alpha1.Sandbox{}).
-		WithIndex(&sandboxv1alpha1.Sandbox{}, statusNodeNameField, func(obj client.Object) []string {
-			return []string{obj.(*sandboxv1alpha1.Sandbox).Status.NodeName}
-		}).
+		WithStatusSubresource(&sandboxv1alpha1.Sandbox{})
+	for field, extract := range sandboxIndexes {
+		builder = builder.WithIndex(&sandboxv1alpha1.Sandbox{}, field, extract)
+	}
+	e.c = builder.
 		WithObjects(objs...).
 		WithInterceptorFuncs(interceptor.Funcs{
 			SubResourceUpdate: func(ctx context.Context, c client.Client, sub string, obj client.Object, opts ...client.SubResourceUpdateOption) error {

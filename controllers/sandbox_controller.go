@@ -32,6 +32,7 @@ import (
 
 	sandboxv1alpha1 "github.com/code-sandbox/code-sandbox-operator/api/v1alpha1"
 	"github.com/code-sandbox/code-sandbox-operator/internal/dockerruntime"
+	"github.com/code-sandbox/code-sandbox-operator/internal/warmpool"
 )
 
 // Finalizer keeps a Sandbox until its container is proven gone. Docker
@@ -101,6 +102,7 @@ type SandboxReconciler struct {
 	opts      Options
 
 	claims  *claimTracker
+	members *memberClaims
 	backoff *backoffTracker
 	// deleted holds the UIDs of deleted Sandboxes not yet cleaned up after.
 	deleted *deletedTracker
@@ -111,6 +113,7 @@ type SandboxReconciler struct {
 // +kubebuilder:rbac:groups=sandbox.code-sandbox.dev,resources=sandboxes,verbs=get;list;watch;update;patch
 // +kubebuilder:rbac:groups=sandbox.code-sandbox.dev,resources=sandboxes/status,verbs=get;update;patch
 // +kubebuilder:rbac:groups=sandbox.code-sandbox.dev,resources=sandboxes/finalizers,verbs=update
+// +kubebuilder:rbac:groups=sandbox.code-sandbox.dev,resources=sandboxwarmpools,verbs=get;list;watch
 // +kubebuilder:rbac:groups=events.k8s.io,resources=events,verbs=create;patch;update
 
 // NewSandboxReconciler builds a reconciler for one node. The runtime is
@@ -129,6 +132,7 @@ func NewSandboxReconciler(c client.Client, apiReader client.Reader, docker Runti
 		clock:        clk,
 		opts:         opts,
 		claims:       newClaimTracker(),
+		members:      newMemberClaims(),
 		backoff:      newBackoffTracker(clk, opts.RetryBackoffBase, opts.RetryBackoffMax),
 		deleted:      newDeletedTracker(),
 		dockerEvents: make(chan eventGeneric, 1024),
@@ -239,6 +243,12 @@ func (r *SandboxReconciler) reconcile(ctx context.Context, sbx *sandboxv1alpha1.
 	sbx.Status.NodeName = r.opts.NodeName
 	sbx.Status.ObservedGeneration = sbx.Generation
 
+	if claimant, claimed, err := r.claimantOf(ctx, sbx.UID); err != nil || claimed {
+		if err != nil {
+			return ctrl.Result{}, err
+		}
+		return r.settleClaimedMember(sbx, claimant), nil
+	}
 	if meta.IsStatusConditionTrue(sbx.Status.Conditions, string(sandboxv1alpha1.SandboxConditionExpired)) {
 		// Expired is final; make sure nothing was left running.
 		return r.removeContainers(ctx, sbx)
@@ -253,10 +263,17 @@ func (r *SandboxReconciler) reconcile(ctx context.Context, sbx *sandboxv1alpha1.
 		}
 	}
 
-	ct, err := r.docker.Find(ctx, string(sbx.UID))
+	ct, err := r.docker.Find(ctx, string(sbx.ContainerUID()))
 	switch {
 	case err == nil:
 	case errors.Is(err, dockerruntime.ErrNotFound):
+		if sbx.Status.ContainerID != "" && warmpool.PoolOf(sbx) != "" {
+			// A pool member is never recreated in place: the pool
+			// controller replaces it with a fresh one.
+			r.setReady(sbx, metav1.ConditionFalse, sandboxv1alpha1.SandboxReasonContainerMissing,
+				fmt.Sprintf("container %s disappeared; the warm pool replaces this member", dockerruntime.ShortID(sbx.Status.ContainerID)))
+			return ctrl.Result{}, nil
+		}
 		if sbx.Status.ContainerID != "" {
 			// It existed and is gone: someone removed it behind our back.
 			r.setReady(sbx, metav1.ConditionFalse, sandboxv1alpha1.SandboxReasonContainerMissing,
@@ -441,7 +458,12 @@ func (r *SandboxReconciler) expire(ctx context.Context, sbx *sandboxv1alpha1.San
 // removeContainers stops and removes every container of this Sandbox and
 // confirms that none is left.
 func (r *SandboxReconciler) removeContainers(ctx context.Context, sbx *sandboxv1alpha1.Sandbox) (ctrl.Result, error) {
-	list, err := r.docker.ListManaged(ctx, dockerruntime.ListFilter{UID: string(sbx.UID)})
+	if _, claimed, err := r.claimantOf(ctx, sbx.UID); err != nil || claimed {
+		// A claimed member's container is its claimant's now.
+		return ctrl.Result{}, err
+	}
+	uid := string(sbx.ContainerUID())
+	list, err := r.docker.ListManaged(ctx, dockerruntime.ListFilter{UID: uid})
 	if err == nil {
 		for _, ct := range list {
 			if err = r.docker.Remove(ctx, ct.ID, r.opts.StopGracePeriod); err != nil {
@@ -451,7 +473,7 @@ func (r *SandboxReconciler) removeContainers(ctx context.Context, sbx *sandboxv1
 	}
 	if err == nil {
 		// Proven gone: a fresh list, not the one we acted on.
-		if list, err = r.docker.ListManaged(ctx, dockerruntime.ListFilter{UID: string(sbx.UID)}); err == nil && len(list) > 0 {
+		if list, err = r.docker.ListManaged(ctx, dockerruntime.ListFilter{UID: uid}); err == nil && len(list) > 0 {
 			err = fmt.Errorf("%d container(s) still present after removal", len(list))
 		}
 	}
@@ -486,6 +508,9 @@ func (r *SandboxReconciler) finalize(ctx context.Context, sbx *sandboxv1alpha1.S
 		return ctrl.Result{}, ignoreConflict(fmt.Errorf("removing finalizer: %w", err))
 	}
 	r.claims.release(client.ObjectKeyFromObject(sbx))
+	if m := sbx.Status.WarmPool; m != nil && m.Member != nil {
+		r.members.release(m.Member.UID)
+	}
 	r.backoff.reset(sbx.UID)
 	r.recorder.Eventf(sbx, nil, "Normal", "ContainerRemoved", "Delete", "container removed from node %s", r.opts.NodeName)
 	return ctrl.Result{}, nil
@@ -559,14 +584,28 @@ func truncateMessage(msg string) string {
 	return msg
 }
 
-// SetupWithManager registers the controller, its field index, the Docker
+// sandboxIndexes are the cache indexes the reconciler lists Sandboxes by:
+// the node that claimed them, and the warm pool member whose container
+// they took over.
+var sandboxIndexes = map[string]client.IndexerFunc{
+	statusNodeNameField: func(obj client.Object) []string {
+		return []string{obj.(*sandboxv1alpha1.Sandbox).Status.NodeName}
+	},
+	memberClaimField: func(obj client.Object) []string {
+		if m := obj.(*sandboxv1alpha1.Sandbox).Status.WarmPool; m != nil && m.Member != nil {
+			return []string{string(m.Member.UID)}
+		}
+		return nil
+	},
+}
+
+// SetupWithManager registers the controller, its field indexes, the Docker
 // event watcher and the orphan collector with the manager.
 func (r *SandboxReconciler) SetupWithManager(mgr ctrl.Manager, orphanGCInterval time.Duration) error {
-	if err := mgr.GetFieldIndexer().IndexField(context.Background(), &sandboxv1alpha1.Sandbox{}, statusNodeNameField,
-		func(obj client.Object) []string {
-			return []string{obj.(*sandboxv1alpha1.Sandbox).Status.NodeName}
-		}); err != nil {
-		return fmt.Errorf("indexing sandboxes by node: %w", err)
+	for field, extract := range sandboxIndexes {
+		if err := mgr.GetFieldIndexer().IndexField(context.Background(), &sandboxv1alpha1.Sandbox{}, field, extract); err != nil {
+			return fmt.Errorf("indexing sandboxes by %s: %w", field, err)
+		}
 	}
 	if err := mgr.Add(&dockerEventWatcher{reconciler: r}); err != nil {
 		return err
@@ -597,8 +636,8 @@ func (r *SandboxReconciler) enqueue(namespace, name string, uid types.UID) {
 }
 
 func memoryLimit(sbx *sandboxv1alpha1.Sandbox) string {
-	if sbx.Spec.Resources.Memory != nil {
-		return sbx.Spec.Resources.Memory.String()
+	if spec, _ := warmpool.Effective(sbx); spec.Resources.Memory != nil {
+		return spec.Resources.Memory.String()
 	}
 	return dockerruntime.FormatBytes(dockerruntime.DefaultMemoryBytes)
 }

@@ -50,6 +50,11 @@ func (w *dockerEventWatcher) Start(ctx context.Context) error {
 				return
 			}
 			r.enqueue(ev.Owner.Namespace, ev.Owner.Name, types.UID(ev.Owner.UID))
+			// A claimed warm pool member's container carries the member's
+			// labels; its events are its claimant's.
+			if claimant, ok, _ := r.claimantOf(ctx, types.UID(ev.Owner.UID)); ok {
+				r.enqueue(claimant.Namespace, claimant.Name, "")
+			}
 		})
 		if ctx.Err() != nil {
 			return nil
@@ -149,6 +154,14 @@ func (r *SandboxReconciler) removeOrphans(ctx context.Context, list []dockerrunt
 		if uid == "" || ns == "" || name == "" {
 			// Without the full index we cannot prove it is an orphan.
 			log.Info("skipping container with incomplete labels", "container", dockerruntime.ShortID(ct.ID))
+			continue
+		}
+		if _, claimed, err := r.claimantOf(ctx, types.UID(uid)); err != nil || claimed {
+			// A warm pool member's container that a Sandbox took over:
+			// the member object goes, the container stays with the claimant.
+			if err != nil {
+				errs = append(errs, err)
+			}
 			continue
 		}
 		var sbx sandboxv1alpha1.Sandbox

@@ -81,27 +81,36 @@ func (l *defaultListFlag) Set(v string) error {
 	return (*listFlag)(&l.vals).Set(v)
 }
 
-// countFlag is a whole number that remembers whether it was given, for a
-// flag only one backend uses.
-type countFlag struct {
-	n   int
+// warmPoolFlag is --warm-pool: a member count on the docker backend, a
+// SandboxWarmPool name on the kubernetes backend. Which one it must be is
+// known only once every flag is parsed, so it keeps the text.
+type warmPoolFlag struct {
+	raw string
 	set bool
 }
 
-func (c *countFlag) String() string {
-	if c == nil {
-		return "0"
+func (w *warmPoolFlag) String() string {
+	if w == nil {
+		return ""
 	}
-	return strconv.Itoa(c.n)
+	return w.raw
 }
 
-func (c *countFlag) Set(v string) error {
-	n, err := strconv.Atoi(strings.TrimSpace(v))
-	if err != nil {
-		return fmt.Errorf("%q is not a whole number", v)
-	}
-	c.n, c.set = n, true
+func (w *warmPoolFlag) Set(v string) error {
+	w.raw, w.set = strings.TrimSpace(v), true
 	return nil
+}
+
+// count is the docker backend's pool size.
+func (w warmPoolFlag) count() (int, error) {
+	if !w.set {
+		return dockerbackend.DefaultWarmPool, nil
+	}
+	n, err := strconv.Atoi(w.raw)
+	if err != nil {
+		return 0, fmt.Errorf("%q is not a whole number (the docker backend's --warm-pool is a count of paused sandboxes)", w.raw)
+	}
+	return n, nil
 }
 
 // sizeFlag is a byte count written as "1MiB", "512k" or a plain number.
@@ -182,9 +191,9 @@ type options struct {
 	maxUpload      sizeFlag
 	maxEntries     int
 	historyDir     string
-	// warmPool: the docker backend's warm pool size (set: given on the
-	// command line, which the kubernetes backend refuses).
-	warmPool countFlag
+	// warmPool: the docker backend's warm pool size, or the kubernetes
+	// backend's SandboxWarmPool.
+	warmPool warmPoolFlag
 
 	logLevel    string
 	logFormat   string
@@ -257,8 +266,7 @@ func newFlagSet(o *options) *flag.FlagSet {
 	fs.Var(&o.maxUpload, "max-upload-bytes", "largest total copy_project sends")
 	fs.IntVar(&o.maxEntries, "max-upload-entries", mcpserver.DefaultMaxUploadEntries, "most files and directories copy_project sends")
 	fs.StringVar(&o.historyDir, "history-dir", "", "keep exec history in files here (default: in memory)")
-	o.warmPool = countFlag{n: dockerbackend.DefaultWarmPool}
-	fs.Var(&o.warmPool, "warm-pool", fmt.Sprintf("docker backend: keep this many paused sandboxes of the default settings (--default-image, default CPU and memory, no network) ready, so that such a sandbox_initialize returns at once; 0 turns it off (at most %d)", dockerbackend.MaxWarmPool))
+	fs.Var(&o.warmPool, "warm-pool", fmt.Sprintf("docker backend: keep this many paused sandboxes of the default settings (--default-image, default CPU and memory, no network) ready, so that such a sandbox_initialize returns at once; 0 turns it off (default %d, at most %d). kubernetes backend: the name of a SandboxWarmPool in the Sandboxes' namespace that a sandbox_initialize with the default settings claims from (default: none)", dockerbackend.DefaultWarmPool, dockerbackend.MaxWarmPool))
 
 	fs.StringVar(&o.logLevel, "log-level", "info", "log level: debug, info, warn or error (logs go to stderr)")
 	fs.StringVar(&o.logFormat, "log-format", "text", "log format: text or json")
@@ -365,12 +373,16 @@ func serveWith(o options, logger *slog.Logger, newCtx func() (context.Context, c
 		if o.nsFromSA {
 			return usagef("--namespace-from-serviceaccount needs --backend kubernetes")
 		}
-		if o.warmPool.n < 0 || o.warmPool.n > dockerbackend.MaxWarmPool {
-			return usagef("--warm-pool %d: want 0 (off) to %d paused sandboxes", o.warmPool.n, dockerbackend.MaxWarmPool)
+		n, err := o.warmPool.count()
+		if err != nil {
+			return usagef("--warm-pool: %v", err)
+		}
+		if n < 0 || n > dockerbackend.MaxWarmPool {
+			return usagef("--warm-pool %d: want 0 (off) to %d paused sandboxes", n, dockerbackend.MaxWarmPool)
 		}
 	case "kubernetes":
-		if o.warmPool.set && o.warmPool.n != 0 {
-			return usagef("--warm-pool is for --backend docker; the kubernetes backend's warm pool will be a SandboxWarmPool resource, which does not exist yet")
+		if errs := validation.IsDNS1123Subdomain(o.warmPool.raw); o.warmPool.raw != "" && len(errs) > 0 {
+			return usagef("--warm-pool %q: the kubernetes backend's --warm-pool names a SandboxWarmPool: %s", o.warmPool.raw, strings.Join(errs, "; "))
 		}
 		if kube, err = loadKube(o); err != nil {
 			return err
@@ -529,6 +541,8 @@ func newKubeBackend(o options, kube *kubeSetup, logger *slog.Logger) (*kubebacke
 		IdleTimeout:                 o.idleTimeout,
 		IdlePause:                   o.idlePause,
 		ReadyTimeout:                o.readyTimeout,
+		WarmPool:                    o.warmPool.raw,
+		DefaultImage:                o.defaultImage,
 		Logger:                      logger,
 	})
 	if err != nil {
@@ -581,11 +595,17 @@ func newDockerBackend(o options, logger *slog.Logger) (*dockerbackend.Backend, e
 		IdlePause:    o.idlePause,
 		HistoryDir:   o.historyDir,
 		Logger:       logger,
-		WarmPool:     o.warmPool.n,
+		WarmPool:     warmPoolCount(o.warmPool),
 		DefaultImage: o.defaultImage,
 
 		EgressFirewall: fw,
 	})
+}
+
+// warmPoolCount is the docker backend's pool size, already validated.
+func warmPoolCount(w warmPoolFlag) int {
+	n, _ := w.count()
+	return n
 }
 
 type httpSetup struct {

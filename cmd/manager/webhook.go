@@ -28,6 +28,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/webhook"
 
 	"github.com/code-sandbox/code-sandbox-operator/controllers/sandboxquota"
+	"github.com/code-sandbox/code-sandbox-operator/controllers/sandboxwarmpool"
 	"github.com/code-sandbox/code-sandbox-operator/internal/admission"
 	"github.com/code-sandbox/code-sandbox-operator/internal/aggregatedapi"
 	"github.com/code-sandbox/code-sandbox-operator/internal/nodeapi"
@@ -188,6 +189,9 @@ func runWebhook(f webhookFlags, metricsAddr, probeAddr string) error {
 	mgr.GetWebhookServer().Register(admission.Path, &webhook.Admission{
 		Handler: admission.NewSandboxValidator(mgr.GetAPIReader(), mgr.GetClient(), scheme, clock.RealClock{}),
 	})
+	mgr.GetWebhookServer().Register(admission.WarmPoolPath, &webhook.Admission{
+		Handler: admission.NewWarmPoolValidator(mgr.GetAPIReader(), scheme),
+	})
 	if certs != nil {
 		if err := mgr.Add(certs); err != nil {
 			return err
@@ -206,6 +210,10 @@ func runWebhook(f webhookFlags, metricsAddr, probeAddr string) error {
 		sandboxquota.Options{ReservationTimeout: f.reservationTimeout})
 	if err := reconciler.SetupWithManager(mgr); err != nil {
 		return fmt.Errorf("setting up the quota controller: %w", err)
+	}
+	if err := sandboxwarmpool.NewReconciler(mgr.GetClient(), mgr.GetAPIReader(), mgr.GetEventRecorder("sandboxwarmpool-controller"),
+		clock.RealClock{}, sandboxwarmpool.Options{}).SetupWithManager(mgr); err != nil {
+		return fmt.Errorf("setting up the warm pool controller: %w", err)
 	}
 	if err := mgr.AddHealthzCheck("healthz", healthz.Ping); err != nil {
 		return err

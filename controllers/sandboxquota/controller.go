@@ -33,6 +33,7 @@ import (
 
 	sandboxv1alpha1 "github.com/code-sandbox/code-sandbox-operator/api/v1alpha1"
 	"github.com/code-sandbox/code-sandbox-operator/internal/quota"
+	"github.com/code-sandbox/code-sandbox-operator/internal/warmpool"
 )
 
 // DefaultReservationTimeout is how long a reservation counts without its
@@ -44,6 +45,9 @@ const DefaultReservationTimeout = 60 * time.Second
 // +kubebuilder:rbac:groups=sandbox.code-sandbox.dev,resources=sandboxquotas,verbs=get;list;watch
 // +kubebuilder:rbac:groups=sandbox.code-sandbox.dev,resources=sandboxquotas/status,verbs=get;update;patch
 // +kubebuilder:rbac:groups=sandbox.code-sandbox.dev,resources=sandboxes,verbs=get;list;watch
+// A Sandbox that claims from a warm pool is counted with the pool's template
+// until its manager records the template it used.
+// +kubebuilder:rbac:groups=sandbox.code-sandbox.dev,resources=sandboxwarmpools,verbs=get;list;watch
 // One webhook replica runs the controller at a time (leader election with a
 // Lease in the webhook's own namespace).
 // +kubebuilder:rbac:groups=coordination.k8s.io,namespace=system,resources=leases,verbs=get;list;watch;create;update;patch;delete
@@ -85,11 +89,13 @@ func NewReconciler(c client.Client, apiReader client.Reader, clk clock.PassiveCl
 }
 
 // SetupWithManager registers the controller. Every Sandbox event requeues
-// the quotas of its namespace.
+// the quotas of its namespace, and so does every warm pool event: an
+// unclaimed claimant is counted with its pool's current template.
 func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
 	return ctrl.NewControllerManagedBy(mgr).
 		For(&sandboxv1alpha1.SandboxQuota{}).
 		Watches(&sandboxv1alpha1.Sandbox{}, r.sandboxHandler()).
+		Watches(&sandboxv1alpha1.SandboxWarmPool{}, handler.EnqueueRequestsFromMapFunc(r.quotasOf)).
 		WithOptions(controller.Options{MaxConcurrentReconciles: r.opts.MaxConcurrentReconciles}).
 		Named("sandboxquota").
 		Complete(r)
@@ -102,10 +108,13 @@ func (r *Reconciler) sandboxHandler() handler.EventHandler {
 			enqueue.Create(ctx, e, q)
 		},
 		UpdateFunc: func(ctx context.Context, e event.UpdateEvent, q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
-			// Only what changes usage: deletion starting, or expiry.
+			// Only what changes usage: deletion starting, expiry, or a
+			// warm pool claim (it records the template the claimant is
+			// counted with, and the member that stops counting).
 			oldS, okOld := e.ObjectOld.(*sandboxv1alpha1.Sandbox)
 			newS, okNew := e.ObjectNew.(*sandboxv1alpha1.Sandbox)
-			if okOld && okNew && quota.Counts(oldS) == quota.Counts(newS) {
+			if okOld && okNew && quota.Counts(oldS) == quota.Counts(newS) &&
+				apiequality.Semantic.DeepEqual(oldS.Status.WarmPool, newS.Status.WarmPool) {
 				return
 			}
 			enqueue.Update(ctx, e, q)
@@ -187,8 +196,16 @@ func (r *Reconciler) reconcile(ctx context.Context, q *sandboxv1alpha1.SandboxQu
 			sandboxv1alpha1.SandboxQuotaReasonCountFailed, fmt.Sprintf("listing Sandboxes: %v", err))
 		return ctrl.Result{}, fmt.Errorf("listing the Sandboxes in namespace %s: %w", q.Namespace, err)
 	}
+	var pools sandboxv1alpha1.SandboxWarmPoolList
+	if err := r.client.List(ctx, &pools, client.InNamespace(q.Namespace)); err != nil {
+		r.setCondition(q, sandboxv1alpha1.SandboxQuotaConditionReady, metav1.ConditionFalse,
+			sandboxv1alpha1.SandboxQuotaReasonCountFailed, fmt.Sprintf("listing SandboxWarmPools: %v", err))
+		return ctrl.Result{}, fmt.Errorf("listing the SandboxWarmPools in namespace %s: %w", q.Namespace, err)
+	}
 	now := r.clock.Now()
-	count := quota.Count(q.Status.Reservations, sandboxes.Items, r.wasDeleted, now, r.opts.ReservationTimeout)
+	templates := warmpool.TemplatesOf(pools.Items)
+	charged := func(sbx *sandboxv1alpha1.Sandbox) *sandboxv1alpha1.Sandbox { return warmpool.Charged(sbx, templates) }
+	count := quota.Count(q.Status.Reservations, sandboxes.Items, charged, r.wasDeleted, now, r.opts.ReservationTimeout)
 	for _, res := range count.Overdue {
 		exists, err := r.exists(ctx, q.Namespace, res)
 		if err != nil {

@@ -98,6 +98,9 @@ func startWebhook() *webhookProcess {
 	mgr.GetWebhookServer().Register(admission.Path, &webhook.Admission{
 		Handler: admission.NewSandboxValidator(mgr.GetAPIReader(), mgr.GetClient(), cp.Scheme, clock.RealClock{}),
 	})
+	mgr.GetWebhookServer().Register(admission.WarmPoolPath, &webhook.Admission{
+		Handler: admission.NewWarmPoolValidator(mgr.GetAPIReader(), cp.Scheme),
+	})
 	Expect(sandboxquota.NewReconciler(mgr.GetClient(), mgr.GetAPIReader(), clock.RealClock{},
 		sandboxquota.Options{ReservationTimeout: reservationTimeout}).SetupWithManager(mgr)).To(Succeed())
 

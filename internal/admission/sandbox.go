@@ -14,6 +14,10 @@ Licensed under the MIT License; see the LICENSE file.
 // with a conflict and is re-checked against the first one's charge. This is
 // how Kubernetes' own ResourceQuota admission works, and it is why the check
 // never trusts a count taken from a cache.
+//
+// A Sandbox that claims from a SandboxWarmPool is checked and charged as the
+// pool's template makes it, and SandboxWarmPool templates are checked
+// against the quotas' rules (warmpool.go).
 package admission
 
 import (
@@ -37,6 +41,7 @@ import (
 	sandboxv1alpha1 "github.com/code-sandbox/code-sandbox-operator/api/v1alpha1"
 	"github.com/code-sandbox/code-sandbox-operator/internal/nodeapi/wire"
 	"github.com/code-sandbox/code-sandbox-operator/internal/quota"
+	"github.com/code-sandbox/code-sandbox-operator/internal/warmpool"
 )
 
 // fieldDeadline is the field a lifetime rule's QuotaRule cause names.
@@ -49,12 +54,17 @@ const fieldDeadline = "spec.activeDeadlineSeconds"
 // kube-apiserver passes the Status on, prefixing the message with
 // `admission webhook "…" denied the request: `.
 func denied(name string, causes []metav1.StatusCause) admission.Response {
+	return deniedKind(wire.StatusKind, name, causes)
+}
+
+// deniedKind is denied for an object of another resource (details.kind).
+func deniedKind(kind, name string, causes []metav1.StatusCause) admission.Response {
 	msgs := make([]string, len(causes))
 	for i, c := range causes {
 		msgs[i] = c.Message
 	}
 	resp := admission.Denied(strings.Join(msgs, "; "))
-	resp.Result.Details = &metav1.StatusDetails{Name: name, Group: wire.StatusGroup, Kind: wire.StatusKind, Causes: causes}
+	resp.Result.Details = &metav1.StatusDetails{Name: name, Group: wire.StatusGroup, Kind: kind, Causes: causes}
 	return resp
 }
 
@@ -76,6 +86,10 @@ const Path = "/validate-sandbox-code-sandbox-dev-v1alpha1-sandbox"
 // The webhook reads quotas and Sandboxes and charges quota status.
 // +kubebuilder:rbac:groups=sandbox.code-sandbox.dev,resources=sandboxquotas,verbs=get;list;watch
 // +kubebuilder:rbac:groups=sandbox.code-sandbox.dev,resources=sandboxquotas/status,verbs=get;update;patch
+// It reads warm pools to check what their claimants will run, and deletes
+// an idle member to make room for a claim (see makeRoom).
+// +kubebuilder:rbac:groups=sandbox.code-sandbox.dev,resources=sandboxwarmpools,verbs=get;list;watch
+// +kubebuilder:rbac:groups=sandbox.code-sandbox.dev,resources=sandboxes,verbs=get;list;watch;delete
 
 // SandboxValidator admits Sandboxes that every SandboxQuota in their
 // namespace allows, and charges them to those quotas.
@@ -119,11 +133,15 @@ func (v *SandboxValidator) Handle(ctx context.Context, req admission.Request) ad
 
 // update checks the one field that may change on a live Sandbox and that a
 // quota limits: activeDeadlineSeconds. Usage cannot change, because
-// resources are immutable.
+// resources are immutable. It also keeps warm pool membership as it was
+// created (see membership).
 func (v *SandboxValidator) update(ctx context.Context, req admission.Request, sbx *sandboxv1alpha1.Sandbox) admission.Response {
 	old := &sandboxv1alpha1.Sandbox{}
 	if err := v.decoder.DecodeRaw(req.OldObject, old); err != nil {
 		return errored(http.StatusBadRequest, fmt.Errorf("decoding the old Sandbox: %w", err))
+	}
+	if resp := v.membership(ctx, old, sbx); resp != nil {
+		return *resp
 	}
 	if equalDeadline(old.Spec.ActiveDeadlineSeconds, sbx.Spec.ActiveDeadlineSeconds) {
 		return admission.Allowed("")
@@ -152,7 +170,6 @@ func equalDeadline(a, b *int64) bool {
 }
 
 func (v *SandboxValidator) create(ctx context.Context, req admission.Request, sbx *sandboxv1alpha1.Sandbox) admission.Response {
-	log := logf.FromContext(ctx).WithValues("sandbox", client.ObjectKeyFromObject(sbx), "uid", sbx.UID)
 	if sbx.UID == "" {
 		// Without a UID the reservation could not be matched to the
 		// Sandbox later; no supported API server sends one without it.
@@ -166,15 +183,36 @@ func (v *SandboxValidator) create(ctx context.Context, req admission.Request, sb
 		return admission.Allowed("")
 	}
 
+	// A claimant is charged and checked as what it will run: its spec with
+	// the pool's template, which is where its container's shape comes from.
+	checked := sbx
+	var pool *sandboxv1alpha1.SandboxWarmPool
+	if ref := sbx.Spec.WarmPoolRef; ref != nil {
+		pool = &sandboxv1alpha1.SandboxWarmPool{}
+		if err := v.reader.Get(ctx, client.ObjectKey{Namespace: sbx.Namespace, Name: ref.Name}, pool); err != nil {
+			if apierrors.IsNotFound(err) {
+				return denied(sbx.Name, []metav1.StatusCause{{Type: wire.CauseWarmPoolNotFound, Field: "spec.warmPoolRef.name",
+					Message: fmt.Sprintf("SandboxWarmPool %q does not exist in namespace %s, so the Sandbox cannot be checked against the namespace's sandbox quotas; create the pool first",
+						ref.Name, sbx.Namespace)}})
+			}
+			return errored(http.StatusInternalServerError, fmt.Errorf("reading SandboxWarmPool %s/%s: %w", sbx.Namespace, ref.Name, err))
+		}
+		checked = sbx.DeepCopy()
+		warmpool.ApplyTemplate(&checked.Spec, pool.Spec.Template)
+	}
+
 	// Rules first: they need no charge, and a Sandbox they forbid should
 	// hear about that rather than about usage.
 	var causes []metav1.StatusCause
 	for i := range quotas {
 		deadline := quota.DeadlineViolation(&quotas[i], sbx.Spec.ActiveDeadlineSeconds)
-		for _, msg := range quota.Violations(&quotas[i], sbx) {
+		for _, msg := range quota.Violations(&quotas[i], checked) {
 			c := metav1.StatusCause{Type: wire.CauseQuotaRule, Message: msg}
-			if msg == deadline {
+			switch {
+			case msg == deadline:
 				c.Field = fieldDeadline
+			case pool != nil:
+				c.Message += fmt.Sprintf(" (set by the template of SandboxWarmPool %q)", pool.Name)
 			}
 			causes = append(causes, c)
 		}
@@ -183,11 +221,24 @@ func (v *SandboxValidator) create(ctx context.Context, req admission.Request, sb
 		return denied(sbx.Name, causes)
 	}
 
-	usage := quota.Usage(sbx)
+	usage := quota.Usage(checked)
 	dryRun := req.DryRun != nil && *req.DryRun
+	refusal, resp := v.chargeAll(ctx, quotas, sbx, usage, dryRun, nil)
+	if refusal != nil && refusal.Type == wire.CauseQuotaExceeded && pool != nil {
+		return v.makeRoom(ctx, sbx, pool, usage, dryRun, *refusal)
+	}
+	return resp
+}
+
+// chargeAll charges sbx to every quota, or to none. base, if not nil, is
+// what each quota is taken to have used instead of its status.used. A
+// refusal is returned with the response that carries it.
+func (v *SandboxValidator) chargeAll(ctx context.Context, quotas []sandboxv1alpha1.SandboxQuota, sbx *sandboxv1alpha1.Sandbox,
+	usage sandboxv1alpha1.SandboxQuotaUsage, dryRun bool, base baseFunc) (*metav1.StatusCause, admission.Response) {
+	log := logf.FromContext(ctx).WithValues("sandbox", client.ObjectKeyFromObject(sbx), "uid", sbx.UID)
 	var charged []string
 	for i := range quotas {
-		refusal, err := v.charge(ctx, &quotas[i], sbx, usage, dryRun)
+		refusal, err := v.charge(ctx, &quotas[i], sbx, usage, dryRun, base)
 		if err == nil && refusal == nil {
 			if !dryRun {
 				charged = append(charged, quotas[i].Name)
@@ -198,15 +249,15 @@ func (v *SandboxValidator) create(ctx context.Context, req admission.Request, sb
 		v.release(ctx, sbx, charged)
 		if err != nil {
 			log.Error(err, "charging the Sandbox to its quota", "quota", quotas[i].Name)
-			return errored(http.StatusInternalServerError,
+			return nil, errored(http.StatusInternalServerError,
 				fmt.Errorf("sandbox quota %q: could not record usage: %w", quotas[i].Name, err))
 		}
-		return denied(sbx.Name, []metav1.StatusCause{*refusal})
+		return refusal, denied(sbx.Name, []metav1.StatusCause{*refusal})
 	}
 	if len(charged) > 0 {
 		log.V(1).Info("sandbox charged to quotas", "quotas", charged, "usage", quota.Summary(sandboxv1alpha1.SandboxQuotaHard{}, usage))
 	}
-	return admission.Allowed("")
+	return nil, admission.Allowed("")
 }
 
 // quotas lists the namespace's SandboxQuotas from the API server.
@@ -222,8 +273,10 @@ func (v *SandboxValidator) quotas(ctx context.Context, namespace string) ([]sand
 // conflicts until it succeeds, the quota refuses (refusal: why, as a
 // QuotaExceeded or QuotaNotCounted cause), or ctx ends. With dryRun it only
 // checks.
+// With base, the quota's usage is what base says rather than its
+// status.used.
 func (v *SandboxValidator) charge(ctx context.Context, q *sandboxv1alpha1.SandboxQuota, sbx *sandboxv1alpha1.Sandbox,
-	usage sandboxv1alpha1.SandboxQuotaUsage, dryRun bool) (refusal *metav1.StatusCause, err error) {
+	usage sandboxv1alpha1.SandboxQuotaUsage, dryRun bool, base baseFunc) (refusal *metav1.StatusCause, err error) {
 	for attempt := 0; ; attempt++ {
 		if attempt > 0 {
 			fresh := &sandboxv1alpha1.SandboxQuota{}
@@ -244,13 +297,19 @@ func (v *SandboxValidator) charge(ctx context.Context, q *sandboxv1alpha1.Sandbo
 			return &metav1.StatusCause{Type: wire.CauseQuotaNotCounted,
 				Message: fmt.Sprintf("sandbox quota %q has not counted its usage yet; retry in a few seconds", q.Name)}, nil
 		}
-		if over := quota.Exceeds(q.Spec.Hard, q.Status.Used, usage); len(over) > 0 {
+		used := q.Status.Used
+		if base != nil {
+			if used, err = base(ctx, q); err != nil {
+				return nil, err
+			}
+		}
+		if over := quota.Exceeds(q.Spec.Hard, used, usage); len(over) > 0 {
 			return &metav1.StatusCause{Type: wire.CauseQuotaExceeded, Message: quota.ExceededMessage(q.Name, over)}, nil
 		}
 		if dryRun {
 			return nil, nil
 		}
-		q.Status.Used = quota.Add(q.Status.Used, usage)
+		q.Status.Used = quota.Add(used, usage)
 		q.Status.Reservations = append(q.Status.Reservations, sandboxv1alpha1.SandboxQuotaReservation{
 			Name:  sbx.Name,
 			UID:   sbx.UID,

@@ -60,6 +60,17 @@ func (s *Server) serveExec(w http.ResponseWriter, r *http.Request, sbx *sandboxv
 	case !path.IsAbs(req.WorkingDir):
 		req.WorkingDir = path.Join(workingDir(sbx), req.WorkingDir)
 	}
+	// A Sandbox that took over a warm pool member was created before its
+	// env was known: the env applies to every exec instead, so setting it
+	// never costs a cold start. The request's own variables come last and
+	// win.
+	if sbx.Spec.WarmPoolRef != nil && len(sbx.Spec.Env) > 0 {
+		env := make([]string, 0, len(sbx.Spec.Env)+len(req.Env))
+		for _, e := range sbx.Spec.Env {
+			env = append(env, e.Name+"="+e.Value)
+		}
+		req.Env = append(env, req.Env...)
+	}
 	// The request may ask for a smaller cap, never a larger one than the
 	// node allows.
 	if req.OutputLimitBytes <= 0 || req.OutputLimitBytes > s.cfg.ExecOutputLimit {

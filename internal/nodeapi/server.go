@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/code-sandbox/code-sandbox-operator/internal/nodeapi/wire"
+	"github.com/code-sandbox/code-sandbox-operator/internal/warmpool"
 
 	"github.com/go-logr/logr"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -261,6 +262,10 @@ func (s *Server) sandbox(ctx context.Context, rt wire.Route, needReady bool) (*s
 	if !sbx.DeletionTimestamp.IsZero() {
 		return nil, conflict("sandbox %s is being deleted", key).because(wire.CauseSandboxTerminating, "")
 	}
+	if pool := warmpool.PoolOf(sbx); pool != "" {
+		return nil, conflict("sandbox %s is a member of warm pool %s and is not used directly; create a Sandbox with spec.warmPoolRef.name %s to claim one",
+			key, pool, pool).because(wire.CauseWarmPoolMember, "")
+	}
 	cond := meta.FindStatusCondition(sbx.Status.Conditions, string(sandboxv1alpha1.SandboxConditionReady))
 	if cond == nil || cond.Status != metav1.ConditionTrue {
 		why := "it has no Ready condition yet"
@@ -285,7 +290,7 @@ func (s *Server) container(ctx context.Context, sbx *sandboxv1alpha1.Sandbox, ne
 		return dockerruntime.Container{}, conflict("sandbox %s has no container", key).because(wire.CauseContainerNotRunning, "")
 	}
 	if needRunning {
-		if ct, ok := s.recentlyVerified(sbx.Status.ContainerID, string(sbx.UID)); ok {
+		if ct, ok := s.recentlyVerified(sbx.Status.ContainerID, string(sbx.ContainerUID())); ok {
 			return ct, nil
 		}
 	}
@@ -299,7 +304,10 @@ func (s *Server) container(ctx context.Context, sbx *sandboxv1alpha1.Sandbox, ne
 	case err != nil:
 		return ct, err
 	}
-	uid := string(sbx.UID)
+	// A Sandbox that took over a warm pool member runs in the member's
+	// container, named and labelled with the member's UID; only the
+	// manager writes the status that says so.
+	uid := string(sbx.ContainerUID())
 	if !ct.OwnedBy(s.cfg.ManagedBy, uid) || ct.Labels[dockerruntime.LabelNode] != s.cfg.NodeName || ct.Name != dockerruntime.ContainerName(uid) {
 		logf.FromContext(ctx).Info("refusing a container that is not this sandbox's",
 			"container", dockerruntime.ShortID(ct.ID), "name", ct.Name, "labels", ct.Labels)
@@ -380,8 +388,8 @@ func (l *limiter) acquire(uid types.UID) (release func(), err *apiError) {
 // workingDir is the Sandbox's working directory, against which relative
 // paths resolve.
 func workingDir(sbx *sandboxv1alpha1.Sandbox) string {
-	if sbx.Spec.WorkingDir != "" {
-		return sbx.Spec.WorkingDir
+	if spec, _ := warmpool.Effective(sbx); spec.WorkingDir != "" {
+		return spec.WorkingDir
 	}
 	return defaultWorkingDir
 }

@@ -185,18 +185,28 @@ func ExceededMessage(name string, over []Overage) string {
 // Violations returns why the rules of q (images, runtimes, network, lifetime)
 // refuse sbx; nil means they allow it.
 func Violations(q *sandboxv1alpha1.SandboxQuota, sbx *sandboxv1alpha1.Sandbox) []string {
+	out := ShapeViolations(q, &sbx.Spec)
+	if msg := DeadlineViolation(q, sbx.Spec.ActiveDeadlineSeconds); msg != "" {
+		out = append(out, msg)
+	}
+	return out
+}
+
+// ShapeViolations returns why the rules of q about the container (images,
+// runtimes, network) refuse spec.
+func ShapeViolations(q *sandboxv1alpha1.SandboxQuota, s *sandboxv1alpha1.SandboxSpec) []string {
 	var out []string
 	spec := q.Spec
-	if len(spec.AllowedImages) > 0 && !ImageAllowed(spec.AllowedImages, sbx.Spec.Image) {
-		norm := NormalizeImage(sbx.Spec.Image)
-		shown := fmt.Sprintf("%q", sbx.Spec.Image)
-		if norm != "" && norm != sbx.Spec.Image {
+	if len(spec.AllowedImages) > 0 && !ImageAllowed(spec.AllowedImages, s.Image) {
+		norm := NormalizeImage(s.Image)
+		shown := fmt.Sprintf("%q", s.Image)
+		if norm != "" && norm != s.Image {
 			shown += fmt.Sprintf(" (%s)", norm)
 		}
 		out = append(out, fmt.Sprintf("sandbox quota %q does not allow image %s; allowed images: %s",
 			q.Name, shown, strings.Join(spec.AllowedImages, ", ")))
 	}
-	runtime := sbx.Spec.Runtime
+	runtime := s.Runtime
 	if runtime == "" {
 		runtime = sandboxv1alpha1.RuntimeRunc
 	}
@@ -208,11 +218,8 @@ func Violations(q *sandboxv1alpha1.SandboxQuota, sbx *sandboxv1alpha1.Sandbox) [
 		out = append(out, fmt.Sprintf("sandbox quota %q does not allow runtime %q; allowed runtimes: %s",
 			q.Name, runtime, strings.Join(names, ", ")))
 	}
-	if sbx.Spec.Network.Mode == sandboxv1alpha1.NetworkEgress && !spec.AllowEgress {
+	if s.Network.Mode == sandboxv1alpha1.NetworkEgress && !spec.AllowEgress {
 		out = append(out, fmt.Sprintf("sandbox quota %q does not allow network mode Egress (its allowEgress is false); use network mode None", q.Name))
-	}
-	if msg := DeadlineViolation(q, sbx.Spec.ActiveDeadlineSeconds); msg != "" {
-		out = append(out, msg)
 	}
 	return out
 }
@@ -257,16 +264,23 @@ func (r *Recount) Keep(res sandboxv1alpha1.SandboxQuotaReservation) {
 // reservations. A reservation is settled once its Sandbox has been seen,
 // listed or known deleted; until then it is charged, because the create
 // it stands for may still be on its way to storage. After timeout it is
-// overdue and the caller decides.
+// overdue and the caller decides. Each Sandbox is charged as charged makes
+// it (nil: as it is; warmpool.Charged for a namespace with warm pools), and
+// a member another Sandbox claimed is not charged at all (ClaimedMembers).
 func Count(reservations []sandboxv1alpha1.SandboxQuotaReservation, sandboxes []sandboxv1alpha1.Sandbox,
+	charged func(*sandboxv1alpha1.Sandbox) *sandboxv1alpha1.Sandbox,
 	deleted func(types.UID) bool, now time.Time, timeout time.Duration) Recount {
+	if charged == nil {
+		charged = func(sbx *sandboxv1alpha1.Sandbox) *sandboxv1alpha1.Sandbox { return sbx }
+	}
 	out := Recount{Used: Zero()}
 	seen := make(map[types.UID]bool, len(sandboxes))
+	claimed := ClaimedMembers(sandboxes)
 	for i := range sandboxes {
 		sbx := &sandboxes[i]
 		seen[sbx.UID] = true
-		if Counts(sbx) {
-			out.Used = Add(out.Used, Usage(sbx))
+		if Counts(sbx) && !claimed[sbx.UID] {
+			out.Used = Add(out.Used, Usage(charged(sbx)))
 		}
 	}
 	for _, res := range reservations {

@@ -73,14 +73,17 @@ func PoolOf(sbx *sandboxv1alpha1.Sandbox) string {
 }
 
 // Idle reports whether a member is ready to be claimed: bound, provisioned,
-// paused (Paused=True, which the manager sets only once the container is
-// frozen), not deleting and not claimed.
+// frozen (Ready=False/Paused and Paused=True, which the manager sets only
+// once the container is frozen), not deleting and not claimed.
 func Idle(sbx *sandboxv1alpha1.Sandbox) bool {
 	if !sbx.DeletionTimestamp.IsZero() || sbx.Status.NodeName == "" || sbx.Status.ContainerID == "" {
 		return false
 	}
+	// Ready says Paused only while the manager last saw the container
+	// frozen; a claimed, missing or dead member's Ready says otherwise even
+	// though its Paused condition may still be True.
 	ready := meta.FindStatusCondition(sbx.Status.Conditions, string(sandboxv1alpha1.SandboxConditionReady))
-	if ready != nil && ready.Reason == sandboxv1alpha1.SandboxReasonClaimed {
+	if ready == nil || ready.Reason != sandboxv1alpha1.SandboxReasonPaused {
 		return false
 	}
 	return meta.IsStatusConditionTrue(sbx.Status.Conditions, string(sandboxv1alpha1.SandboxConditionPaused))
@@ -142,4 +145,40 @@ func Effective(sbx *sandboxv1alpha1.Sandbox) (spec sandboxv1alpha1.SandboxSpec, 
 	}
 	ApplyTemplate(&spec, *sbx.Status.WarmPool.Template)
 	return spec, true
+}
+
+// Templates are the current templates of a namespace's pools, by name.
+type Templates map[string]*sandboxv1alpha1.SandboxTemplate
+
+// TemplatesOf indexes pools' templates by pool name.
+func TemplatesOf(pools []sandboxv1alpha1.SandboxWarmPool) Templates {
+	out := make(Templates, len(pools))
+	for i := range pools {
+		out[pools[i].Name] = &pools[i].Spec.Template
+	}
+	return out
+}
+
+// Charged returns sbx as a SandboxQuota charges and checks it: the Sandbox
+// its container runs as. A claimant is charged with the template its
+// manager recorded at the claim (Effective: later edits of the pool do not
+// reach a container that exists), or before the claim with its pool's
+// current template, which is what the container will be made from. With
+// neither (the pool is gone) its own spec is all there is. The result is
+// sbx itself or a copy; it must not be modified.
+func Charged(sbx *sandboxv1alpha1.Sandbox, templates Templates) *sandboxv1alpha1.Sandbox {
+	if sbx.Spec.WarmPoolRef == nil {
+		return sbx
+	}
+	if spec, ok := Effective(sbx); ok {
+		out := sbx.DeepCopy()
+		out.Spec = spec
+		return out
+	}
+	if t := templates[sbx.Spec.WarmPoolRef.Name]; t != nil {
+		out := sbx.DeepCopy()
+		ApplyTemplate(&out.Spec, *t)
+		return out
+	}
+	return sbx
 }

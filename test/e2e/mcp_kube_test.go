@@ -13,6 +13,7 @@ import (
 	"context"
 	"fmt"
 	"net/http"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
@@ -358,6 +359,65 @@ var _ = Describe("code-sandbox-mcp --backend kubernetes", Ordered, func() {
 			Expect(kmcpText(res)).To(ContainSubstring(id))
 			res = kmcpCall(ctx, a, "sandbox_stop", map[string]any{"container_id": id})
 			Expect(res.IsError).To(BeFalse(), kmcpText(res))
+		}, NodeTimeout(3*time.Minute))
+	})
+
+	Describe("with --warm-pool", Ordered, func() {
+		var sess *mcp.ClientSession
+
+		BeforeAll(func(ctx SpecContext) {
+			By("creating a SandboxWarmPool of one and waiting for its member to be idle")
+			pool := filepath.Join(workDir, "mcp-warm-pool.yaml")
+			Expect(os.WriteFile(pool, []byte(`apiVersion: sandbox.code-sandbox.dev/v1alpha1
+kind: SandboxWarmPool
+metadata:
+  name: mcp-pool
+  namespace: `+kmcpNamespace+`
+spec:
+  replicas: 1
+  template:
+    image: `+sampleImage+`
+    imagePullPolicy: Never
+`), 0o600)).To(Succeed())
+			_, err := kubectl(ctx, "apply", "-f", pool)
+			Expect(err).NotTo(HaveOccurred())
+			DeferCleanup(func(ctx SpecContext) {
+				_, _ = kubectl(ctx, "delete", "-f", pool, "--ignore-not-found")
+			}, NodeTimeout(time.Minute))
+			Eventually(func() (string, error) {
+				return kubectl(ctx, "get", "swp", "mcp-pool", "-n", kmcpNamespace, "-o", "jsonpath={.status.readyReplicas}")
+			}).WithTimeout(2 * time.Minute).WithPolling(time.Second).Should(Equal("1"))
+
+			// Not pinned to the MCP node: the member may sit on any node.
+			args := []string{"--backend", "kubernetes", "--namespace", kmcpNamespace, "--kubeconfig", kubeconfig,
+				"--default-image", sampleImage, "--ready-timeout", "90s", "--warm-pool", "mcp-pool"}
+			cmd := exec.Command(kmcpBin, args...)
+			stderr := &processLog{}
+			cmd.Stderr = stderr
+			cmd.SysProcAttr = managerProcAttr()
+			client := mcp.NewClient(&mcp.Implementation{Name: "e2e", Version: "1"}, nil)
+			sess, err = client.Connect(ctx, &mcp.CommandTransport{Command: cmd, TerminateDuration: time.Minute}, nil)
+			Expect(err).NotTo(HaveOccurred(), "stderr:\n%s", stderr)
+			DeferCleanup(func() { _ = sess.Close() })
+		}, NodeTimeout(4*time.Minute))
+
+		It("claims a default sandbox_initialize from the pool and runs commands in it", func(ctx SpecContext) {
+			id := kmcpInit(ctx, sess, nil)
+			out, err := kubectl(ctx, "get", "sandbox", id, "-n", kmcpNamespace, "-o",
+				`jsonpath={.spec.warmPoolRef.name} {.status.conditions[?(@.type=="WarmPoolClaim")].reason} {.status.conditions[?(@.type=="Ready")].status}`)
+			Expect(err).NotTo(HaveOccurred())
+			Expect(out).To(Equal("mcp-pool WarmPoolClaimed True"))
+			res := kmcpCall(ctx, sess, "sandbox_exec", map[string]any{"container_id": id, "commands": []string{"python3 -c 'print(6*7)'", "ls -A /app /tmp"}})
+			Expect(res.IsError).To(BeFalse(), kmcpText(res))
+			results := kmcpStructured(res)["results"].([]any)
+			Expect(results[0]).To(HaveKeyWithValue("stdout", "42\n"))
+			Expect(results[1]).To(HaveKeyWithValue("stdout", "/app:\n\n/tmp:\n"))
+
+			By("a request with other settings is created as usual")
+			other := kmcpInit(ctx, sess, map[string]any{"memory": "256Mi"})
+			out, err = kubectl(ctx, "get", "sandbox", other, "-n", kmcpNamespace, "-o", "jsonpath={.spec.warmPoolRef}{.spec.image}")
+			Expect(err).NotTo(HaveOccurred())
+			Expect(out).To(Equal(sampleImage))
 		}, NodeTimeout(3*time.Minute))
 	})
 })

@@ -93,6 +93,7 @@ var _ = Describe("The default overlay (make deploy, make build-installer)", func
 			"Namespace "+installNamespace,
 			"CustomResourceDefinition sandboxes.sandbox.code-sandbox.dev",
 			"CustomResourceDefinition sandboxquotas.sandbox.code-sandbox.dev",
+			"CustomResourceDefinition sandboxwarmpools.sandbox.code-sandbox.dev",
 			// The manager, one per node.
 			"ServiceAccount "+ns+"code-sandbox-controller-manager",
 			"ClusterRole code-sandbox-manager-role",
@@ -112,6 +113,8 @@ var _ = Describe("The default overlay (make deploy, make build-installer)", func
 			"ClusterRole code-sandbox-sandbox-viewer-role",
 			"ClusterRole code-sandbox-sandbox-exec-role",
 			"ClusterRole code-sandbox-sandboxquota-editor-role",
+			"ClusterRole code-sandbox-sandboxwarmpool-editor-role",
+			"ClusterRole code-sandbox-sandboxwarmpool-viewer-role",
 			// The admission webhook.
 			"ServiceAccount "+ns+"code-sandbox-webhook",
 			"ClusterRole code-sandbox-webhook-role",
@@ -153,12 +156,11 @@ var _ = Describe("The default overlay (make deploy, make build-installer)", func
 		svc := &corev1.Service{}
 		convert(find(objs, "Service", "code-sandbox-webhook-service"), svc)
 
-		Expect(vwc.Webhooks).To(HaveLen(2))
+		Expect(vwc.Webhooks).To(HaveLen(4))
 		byName := map[string]admissionregistrationv1.ValidatingWebhook{}
 		for _, w := range vwc.Webhooks {
 			byName[w.Name] = w
 			Expect(w.FailurePolicy).To(HaveValue(Equal(admissionregistrationv1.Fail)), w.Name)
-			Expect(w.SideEffects).To(HaveValue(Equal(admissionregistrationv1.SideEffectClassNoneOnDryRun)), w.Name)
 			Expect(w.MatchPolicy).To(HaveValue(Equal(admissionregistrationv1.Equivalent)), w.Name)
 			Expect(w.TimeoutSeconds).To(HaveValue(BeEquivalentTo(10)), w.Name)
 			Expect(w.AdmissionReviewVersions).To(Equal([]string{"v1"}), w.Name)
@@ -168,17 +170,27 @@ var _ = Describe("The default overlay (make deploy, make build-installer)", func
 			Expect(w.ClientConfig.Service).NotTo(BeNil(), w.Name)
 			Expect(w.ClientConfig.Service.Name).To(Equal(svc.Name), "%s must call the rendered Service", w.Name)
 			Expect(w.ClientConfig.Service.Namespace).To(Equal(svc.Namespace), w.Name)
-			Expect(w.ClientConfig.Service.Path).To(HaveValue(Equal("/validate-sandbox-code-sandbox-dev-v1alpha1-sandbox")), w.Name)
 			Expect(w.ClientConfig.Service.Port).To(HaveValue(BeEquivalentTo(443)), w.Name)
 			Expect(svc.Spec.Ports).To(ContainElement(HaveField("Port", BeEquivalentTo(443))))
 			Expect(w.Rules).To(HaveLen(1), w.Name)
 			Expect(w.Rules[0].APIGroups).To(Equal([]string{"sandbox.code-sandbox.dev"}), w.Name)
 			Expect(w.Rules[0].APIVersions).To(Equal([]string{"v1alpha1"}), w.Name)
+			Expect(w.Rules[0].Scope).To(HaveValue(Equal(admissionregistrationv1.NamespacedScope)), w.Name)
 			// Not sandboxes/status, not "*": status writes and finalizer
 			// removal must never wait for the webhook.
+			if w.Name == "sandbox-warm-pool.code-sandbox.dev" {
+				Expect(w.Rules[0].Resources).To(Equal([]string{"sandboxwarmpools"}), w.Name)
+				Expect(w.ClientConfig.Service.Path).To(HaveValue(Equal("/validate-sandbox-code-sandbox-dev-v1alpha1-sandboxwarmpool")), w.Name)
+				continue
+			}
 			Expect(w.Rules[0].Resources).To(Equal([]string{"sandboxes"}), w.Name)
-			Expect(w.Rules[0].Scope).To(HaveValue(Equal(admissionregistrationv1.NamespacedScope)), w.Name)
+			Expect(w.ClientConfig.Service.Path).To(HaveValue(Equal("/validate-sandbox-code-sandbox-dev-v1alpha1-sandbox")), w.Name)
 		}
+		// The quota webhook charges admitted Sandboxes in quota status,
+		// except on dry runs; the others only read.
+		Expect(byName["sandbox-quota.code-sandbox.dev"].SideEffects).To(HaveValue(Equal(admissionregistrationv1.SideEffectClassNoneOnDryRun)))
+		Expect(byName).To(HaveKey("sandbox-warm-pool-member.code-sandbox.dev"))
+		Expect(byName["sandbox-warm-pool-member.code-sandbox.dev"].Rules[0].Operations).To(Equal([]admissionregistrationv1.OperationType{admissionregistrationv1.Update}))
 		Expect(byName).To(HaveKey("sandbox-quota.code-sandbox.dev"))
 		Expect(byName["sandbox-quota.code-sandbox.dev"].Rules[0].Operations).To(Equal([]admissionregistrationv1.OperationType{admissionregistrationv1.Create}))
 		Expect(byName["sandbox-quota.code-sandbox.dev"].MatchConditions).To(BeEmpty())

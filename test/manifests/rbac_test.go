@@ -313,10 +313,16 @@ var _ = Describe("RBAC of the default overlay, applied for real", Ordered, func(
 			core("", installNamespace, "create", "secrets", ""),
 			core("coordination.k8s.io", installNamespace, "update", "leases", ""),
 			in(team, "list", "sandboxquotas"), in(team, "patch", "sandboxquotas/status"),
+			// The warm pool controller creates and deletes pool members and
+			// writes pool status; the quota webhook deletes an idle member to
+			// make room for a claim.
+			in(team, "create", "sandboxes"), in(team, "delete", "sandboxes"),
+			in(team, "patch", "sandboxwarmpools/status"),
 		}, []access{
 			core("admissionregistration.k8s.io", "", "patch", "validatingwebhookconfigurations", "someone-elses"),
 			core("", team, "get", "secrets", ""),
-			in(team, "update", "sandboxquotas"), in(team, "create", "sandboxes"),
+			in(team, "update", "sandboxquotas"), in(team, "update", "sandboxwarmpools"),
+			in(team, "update", "sandboxes/status"),
 		})
 	})
 })

@@ -39,6 +39,7 @@ import (
 	"github.com/code-sandbox/code-sandbox-operator/internal/mcpserver"
 	"github.com/code-sandbox/code-sandbox-operator/internal/mcpserver/session"
 	"github.com/code-sandbox/code-sandbox-operator/internal/sandboxclient"
+	"github.com/code-sandbox/code-sandbox-operator/internal/warmpool"
 )
 
 // Labels and annotations on the Sandboxes this backend creates.
@@ -103,7 +104,15 @@ type Options struct {
 	ReadyTimeout time.Duration
 	// StopTimeout bounds sandbox_stop's wait for the Sandbox to be gone.
 	StopTimeout time.Duration
-	Logger      *slog.Logger
+	// WarmPool, when set, names a SandboxWarmPool in the Sandboxes'
+	// namespace: a sandbox_initialize with the default settings (no image or
+	// DefaultImage, default CPU and memory, no network) creates a Sandbox
+	// that claims from it (spec.warmPoolRef) and runs the pool template's
+	// image and resources.
+	WarmPool string
+	// DefaultImage is the image of a default sandbox_initialize.
+	DefaultImage string
+	Logger       *slog.Logger
 }
 
 // Backend implements mcpserver.Backend on Sandbox resources: a
@@ -306,6 +315,19 @@ func (b *driver) sandboxSpec(caller mcpserver.Caller, name string, req mcpserver
 			Network:         sandboxv1alpha1.SandboxNetwork{Mode: sandboxv1alpha1.NetworkNone},
 		},
 	}
+	if req.Lifetime > 0 {
+		secs := int64((min(req.Lifetime, maxActiveDeadline) + time.Second - 1) / time.Second)
+		sbx.Spec.ActiveDeadlineSeconds = &secs
+	}
+	if b.claimsFromPool(req) {
+		// The pool's template decides the image and the shape.
+		sbx.Spec = sandboxv1alpha1.SandboxSpec{
+			WarmPoolRef:           &sandboxv1alpha1.WarmPoolReference{Name: b.opts.WarmPool},
+			NodeName:              b.opts.NodeName,
+			ActiveDeadlineSeconds: sbx.Spec.ActiveDeadlineSeconds,
+		}
+		return sbx
+	}
 	if req.Network == mcpserver.NetworkEgress {
 		sbx.Spec.Network.Mode = sandboxv1alpha1.NetworkEgress
 	}
@@ -315,11 +337,16 @@ func (b *driver) sandboxSpec(caller mcpserver.Caller, name string, req mcpserver
 	if req.MemoryBytes > 0 {
 		sbx.Spec.Resources.Memory = resource.NewQuantity(req.MemoryBytes, resource.BinarySI)
 	}
-	if req.Lifetime > 0 {
-		secs := int64((min(req.Lifetime, maxActiveDeadline) + time.Second - 1) / time.Second)
-		sbx.Spec.ActiveDeadlineSeconds = &secs
-	}
 	return sbx
+}
+
+// claimsFromPool reports whether req is a default create, which the warm
+// pool serves.
+func (b *driver) claimsFromPool(req mcpserver.CreateRequest) bool {
+	return b.opts.WarmPool != "" &&
+		(req.Image == "" || req.Image == b.opts.DefaultImage) &&
+		req.NanoCPUs == 0 && req.MemoryBytes == 0 &&
+		(req.Network == "" || req.Network == mcpserver.NetworkNone)
 }
 
 // CountOthers implements session.SharedDriver: the caller's live Sandboxes
@@ -494,8 +521,13 @@ func (b *driver) delete(ctx context.Context, namespace, name string) error {
 	return nil
 }
 
-// view is what the caller may know about its Sandbox.
+// view is what the caller may know about its Sandbox. A Sandbox claimed
+// from a warm pool is shown with the template it was made from.
 func view(sbx *sandboxv1alpha1.Sandbox) mcpserver.Sandbox {
+	if spec, ok := warmpool.Effective(sbx); ok {
+		sbx = sbx.DeepCopy()
+		sbx.Spec = spec
+	}
 	s := mcpserver.Sandbox{
 		ID:          sbx.Name,
 		Image:       sbx.Spec.Image,

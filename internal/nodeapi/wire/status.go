@@ -17,6 +17,9 @@ const (
 	// Sandbox resource the failure is about.
 	StatusGroup = "sandbox.code-sandbox.dev"
 	StatusKind  = "sandboxes"
+	// StatusKindWarmPool is details.kind of the SandboxQuota webhook's
+	// refusals of a SandboxWarmPool.
+	StatusKindWarmPool = "sandboxwarmpools"
 )
 
 // Causes (details.causes[].type), each with the reason it comes with.
@@ -30,6 +33,11 @@ const (
 	// true, or its container is frozen); set spec.paused to false to resume
 	// it.
 	CauseSandboxPaused metav1.CauseType = "SandboxPaused"
+	// CauseWarmPoolMember (Conflict): the Sandbox is an idle member of a
+	// SandboxWarmPool. Members are never used directly, so that a claimed
+	// member is as clean as a fresh sandbox; claim it with a Sandbox whose
+	// spec.warmPoolRef names the pool.
+	CauseWarmPoolMember metav1.CauseType = "WarmPoolMember"
 	// CauseContainerNotRunning (Conflict): the Sandbox's container is gone
 	// or stopped, or is not the Sandbox's own; the manager repairs it
 	// or reports the Sandbox not Ready.
@@ -75,6 +83,16 @@ const (
 	// CauseQuotaNotCounted (Forbidden, SandboxQuota webhook): the quota has
 	// not counted its usage yet; retry in a few seconds.
 	CauseQuotaNotCounted metav1.CauseType = "QuotaNotCounted"
+	// CauseWarmPoolNotFound (Forbidden, SandboxQuota webhook): the Sandbox
+	// claims from a SandboxWarmPool (spec.warmPoolRef, the cause's field)
+	// that does not exist, so what it would run cannot be checked against
+	// the namespace's quotas. Create the pool first.
+	CauseWarmPoolNotFound metav1.CauseType = "WarmPoolNotFound"
+	// CauseWarmPoolMembership (Forbidden, SandboxQuota webhook): an update
+	// would make a Sandbox a warm pool member, or move it to another pool
+	// (the warm-pool label or the controller ownerReference). Membership is
+	// fixed at creation, because a member must never have been used.
+	CauseWarmPoolMembership metav1.CauseType = "WarmPoolMembership"
 )
 
 // HasCause reports whether st carries a cause of type t.

@@ -1,0 +1,224 @@
+/*
+Copyright 2026 The code-sandbox-operator Authors.
+
+Licensed under the MIT License; see the LICENSE file.
+*/
+
+package controllers
+
+import (
+	"context"
+	"fmt"
+	"sort"
+	"sync"
+	"time"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	logf "sigs.k8s.io/controller-runtime/pkg/log"
+
+	sandboxv1alpha1 "github.com/code-sandbox/code-sandbox-operator/api/v1alpha1"
+	"github.com/code-sandbox/code-sandbox-operator/internal/dockerruntime"
+	"github.com/code-sandbox/code-sandbox-operator/internal/warmpool"
+)
+
+// memberClaimField indexes Sandboxes by the UID of the warm pool member
+// whose container they took over (status.warmPool.member.uid).
+const memberClaimField = "status.warmPool.member.uid"
+
+// coldClaimGrace is how long a manager without an idle member of the pool
+// leaves a new claim to managers that may have one, before it creates the
+// container from the template itself.
+const coldClaimGrace = 300 * time.Millisecond
+
+// memberClaims remembers which claimant took which member's container
+// between the claim's status write and the cache showing it; the cache
+// index (memberClaimField) answers for everything older, including across
+// restarts.
+type memberClaims struct {
+	mu    sync.Mutex
+	taken map[types.UID]types.NamespacedName
+}
+
+func newMemberClaims() *memberClaims {
+	return &memberClaims{taken: map[types.UID]types.NamespacedName{}}
+}
+
+func (m *memberClaims) take(member types.UID, claimant types.NamespacedName) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.taken[member] = claimant
+}
+
+func (m *memberClaims) release(member types.UID) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	delete(m.taken, member)
+}
+
+func (m *memberClaims) get(member types.UID) (types.NamespacedName, bool) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	key, ok := m.taken[member]
+	return key, ok
+}
+
+// claimantOf returns the Sandbox that took over the container of the member
+// with this UID, if any. A member's container belongs to its claimant from
+// the claim on: the member's own finalizer, expiry and the orphan collector
+// must leave it alone. When the answer is unknown (err), callers keep the
+// container and retry.
+func (r *SandboxReconciler) claimantOf(ctx context.Context, member types.UID) (types.NamespacedName, bool, error) {
+	if member == "" {
+		return types.NamespacedName{}, false, nil
+	}
+	if key, ok := r.members.get(member); ok {
+		return key, true, nil
+	}
+	var list sandboxv1alpha1.SandboxList
+	if err := r.client.List(ctx, &list, client.MatchingFields{memberClaimField: string(member)}); err != nil {
+		return types.NamespacedName{}, false, fmt.Errorf("looking up the claimant of warm pool member %s: %w", member, err)
+	}
+	for i := range list.Items {
+		if list.Items[i].Status.NodeName == r.opts.NodeName {
+			return client.ObjectKeyFromObject(&list.Items[i]), true, nil
+		}
+	}
+	return types.NamespacedName{}, false, nil
+}
+
+// claimFromPool binds an unbound Sandbox with spec.warmPoolRef to this node.
+// With an idle member of the pool on this node, the claim records the
+// member in the Sandbox's status (one status write, guarded by the
+// resourceVersion like every claim) and the reconcile that follows thaws the
+// member's container for it. Members are bound to one node, so the local
+// lock is enough to hand each one to one Sandbox. Without an idle member
+// here, the claim is left briefly to nodes that may have one, then taken
+// cold: the container is created from the pool's template.
+func (r *SandboxReconciler) claimFromPool(ctx context.Context, sbx *sandboxv1alpha1.Sandbox) (bool, ctrl.Result, error) {
+	log := logf.FromContext(ctx)
+	pool := &sandboxv1alpha1.SandboxWarmPool{}
+	if err := r.client.Get(ctx, types.NamespacedName{Namespace: sbx.Namespace, Name: sbx.Spec.WarmPoolRef.Name}, pool); err != nil {
+		if !apierrors.IsNotFound(err) {
+			return false, ctrl.Result{}, err
+		}
+		cond := meta.FindStatusCondition(sbx.Status.Conditions, string(sandboxv1alpha1.SandboxConditionReady))
+		if cond == nil || cond.Reason != sandboxv1alpha1.SandboxReasonWarmPoolNotFound {
+			r.setReady(sbx, metav1.ConditionFalse, sandboxv1alpha1.SandboxReasonWarmPoolNotFound,
+				fmt.Sprintf("SandboxWarmPool %q does not exist in namespace %s; waiting for it", sbx.Spec.WarmPoolRef.Name, sbx.Namespace))
+			if err := r.client.Status().Update(ctx, sbx); err != nil && !apierrors.IsConflict(err) && !apierrors.IsNotFound(err) {
+				return false, ctrl.Result{}, err
+			}
+		}
+		return false, ctrl.Result{RequeueAfter: 2 * time.Second}, nil
+	}
+	hash := warmpool.Hash(pool.Spec.Template)
+	template := pool.Spec.Template.DeepCopy()
+	record := func(s *sandboxv1alpha1.Sandbox, member *sandboxv1alpha1.Sandbox) metav1.Condition {
+		s.Status.WarmPool = &sandboxv1alpha1.SandboxWarmPoolClaimStatus{TemplateHash: hash, Template: template}
+		claim := metav1.Condition{Type: string(sandboxv1alpha1.SandboxConditionWarmPoolClaim), ObservedGeneration: s.Generation,
+			Status: metav1.ConditionFalse, Reason: sandboxv1alpha1.SandboxReasonWarmPoolEmpty,
+			Message: fmt.Sprintf("warm pool %s had no idle member; creating the container from its template", pool.Name)}
+		if member != nil {
+			s.Status.WarmPool.Member = &sandboxv1alpha1.WarmPoolMemberReference{Name: member.Name, UID: member.UID}
+			s.Status.ContainerID = member.Status.ContainerID
+			claim.Status, claim.Reason = metav1.ConditionTrue, sandboxv1alpha1.SandboxReasonWarmPoolClaimed
+			claim.Message = fmt.Sprintf("took over idle member %s of warm pool %s", member.Name, pool.Name)
+		}
+		meta.SetStatusCondition(&s.Status.Conditions, claim)
+		return claim
+	}
+
+	r.claims.mu.Lock()
+	member, elsewhere, err := r.idleMember(ctx, pool, hash)
+	if err != nil || member == nil {
+		r.claims.mu.Unlock()
+		if err != nil {
+			return false, ctrl.Result{}, err
+		}
+		// Another node holds an idle member; give it the first moment.
+		if elsewhere > 0 && sbx.Spec.NodeName == "" && r.clock.Since(sbx.CreationTimestamp.Time) < coldClaimGrace {
+			return false, ctrl.Result{RequeueAfter: coldClaimGrace / 3}, nil
+		}
+		var claim metav1.Condition
+		claimed, result, err := r.claimNode(ctx, sbx, func(s *sandboxv1alpha1.Sandbox) { claim = record(s, nil) })
+		if !claimed || err != nil {
+			return false, result, err
+		}
+		warmClaims.WithLabelValues("cold").Inc()
+		log.Info("claimed sandbox cold: its warm pool has no idle member here", "pool", pool.Name)
+		r.recorder.Eventf(sbx, nil, "Normal", claim.Reason, "Claim", "%s (node %s)", claim.Message, r.opts.NodeName)
+		// A cold claim yields its worker, so that a burst of claims is
+		// bound (and the warm members handed out) before the slow creates
+		// begin.
+		return false, ctrl.Result{RequeueAfter: time.Millisecond}, nil
+	}
+	defer r.claims.mu.Unlock()
+	// A warm claim needs no capacity: the member already holds its place on
+	// this node, and stops counting once claimed (usedCapacity).
+	sbx.Status.NodeName = r.opts.NodeName
+	claim := record(sbx, member)
+	r.setReady(sbx, metav1.ConditionFalse, sandboxv1alpha1.SandboxReasonProvisioning, "claimed by node "+r.opts.NodeName+": "+claim.Message)
+	if err := r.client.Status().Update(ctx, sbx); err != nil {
+		if apierrors.IsConflict(err) || apierrors.IsNotFound(err) {
+			return false, ctrl.Result{}, nil
+		}
+		return false, ctrl.Result{}, fmt.Errorf("claiming sandbox: %w", err)
+	}
+	key := client.ObjectKeyFromObject(sbx)
+	r.claims.claimed[key] = sbx.UID
+	r.members.take(member.UID, key)
+	warmClaims.WithLabelValues("warm").Inc()
+	log.Info("claimed sandbox from warm pool", "pool", pool.Name, "member", member.Name)
+	r.recorder.Eventf(sbx, nil, "Normal", claim.Reason, "Claim", "%s (node %s)", claim.Message, r.opts.NodeName)
+	// The member's own reconcile records that it was claimed.
+	r.enqueue(member.Namespace, member.Name, member.UID)
+	return true, ctrl.Result{}, nil
+}
+
+// idleMember picks the oldest idle member of pool, made from the current
+// template, on this node, that no Sandbox has claimed. Caller holds
+// r.claims.mu.
+func (r *SandboxReconciler) idleMember(ctx context.Context, pool *sandboxv1alpha1.SandboxWarmPool, hash string) (mine *sandboxv1alpha1.Sandbox, elsewhere int, err error) {
+	var list sandboxv1alpha1.SandboxList
+	if err := r.client.List(ctx, &list, client.InNamespace(pool.Namespace),
+		client.MatchingLabels{sandboxv1alpha1.LabelWarmPool: pool.Name, sandboxv1alpha1.LabelTemplateHash: hash}); err != nil {
+		return nil, 0, fmt.Errorf("listing the members of warm pool %s: %w", pool.Name, err)
+	}
+	sort.Slice(list.Items, func(i, j int) bool {
+		return list.Items[i].CreationTimestamp.Before(&list.Items[j].CreationTimestamp)
+	})
+	for i := range list.Items {
+		m := &list.Items[i]
+		if !warmpool.IsMemberOf(m, pool) || !warmpool.Idle(m) {
+			continue
+		}
+		if m.Status.NodeName != r.opts.NodeName {
+			elsewhere++
+			continue
+		}
+		if mine != nil {
+			continue
+		}
+		if _, taken, err := r.claimantOf(ctx, m.UID); err != nil {
+			return nil, 0, err
+		} else if taken {
+			continue
+		}
+		mine = m
+	}
+	return mine, elsewhere, nil
+}
+
+// settleClaimedMember handles a member whose container a claimant took
+// over: it records that, and leaves the container alone (it is the
+// claimant's now). The pool controller deletes the member.
+func (r *SandboxReconciler) settleClaimedMember(sbx *sandboxv1alpha1.Sandbox, claimant types.NamespacedName) ctrl.Result {
+	r.setReady(sbx, metav1.ConditionFalse, sandboxv1alpha1.SandboxReasonClaimed,
+		fmt.Sprintf("its container %s was handed to sandbox %s", dockerruntime.ShortID(sbx.Status.ContainerID), claimant.Name))
+	return ctrl.Result{}
+}

@@ -1,0 +1,298 @@
+/*
+Copyright 2026 The code-sandbox-operator Authors.
+
+Licensed under the MIT License; see the LICENSE file.
+*/
+
+package admission
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"sort"
+
+	admissionv1 "k8s.io/api/admission/v1"
+	apiequality "k8s.io/apimachinery/pkg/api/equality"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	logf "sigs.k8s.io/controller-runtime/pkg/log"
+	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
+
+	sandboxv1alpha1 "github.com/code-sandbox/code-sandbox-operator/api/v1alpha1"
+	"github.com/code-sandbox/code-sandbox-operator/internal/nodeapi/wire"
+	"github.com/code-sandbox/code-sandbox-operator/internal/quota"
+	"github.com/code-sandbox/code-sandbox-operator/internal/warmpool"
+)
+
+// WarmPoolPath is where the webhook server serves the SandboxWarmPool
+// validator; the ValidatingWebhookConfiguration in config/webhook points at
+// it.
+const WarmPoolPath = "/validate-sandbox-code-sandbox-dev-v1alpha1-sandboxwarmpool"
+
+// baseFunc says what a quota has used, for a charge that must not take
+// status.used at its word.
+type baseFunc func(ctx context.Context, q *sandboxv1alpha1.SandboxQuota) (sandboxv1alpha1.SandboxQuotaUsage, error)
+
+// makeRoom admits a claimant that does not fit (refusal says why) by
+// deleting an idle member of its pool and then charging the claimant.
+//
+// Members are charged like any Sandbox, so a pool that fills its quota
+// would otherwise refuse the very claims it exists for. The claimant cannot
+// simply take over the charge of the member it will run in, because which
+// member that is, if any, is decided later by a node's manager: another
+// claim may take it, or the claimant may be bound to a node without one,
+// and it then starts cold next to the member it did not take. Deleting an
+// idle member first and charging the claimant in full keeps the namespace
+// within its quota whatever the manager decides; the price is that the
+// claim may start cold. It rarely does: this takes the newest idle member
+// and the managers hand out the oldest. If no member can be deleted, the
+// claim is refused as before.
+func (v *SandboxValidator) makeRoom(ctx context.Context, sbx *sandboxv1alpha1.Sandbox, pool *sandboxv1alpha1.SandboxWarmPool,
+	usage sandboxv1alpha1.SandboxQuotaUsage, dryRun bool, refusal metav1.StatusCause) admission.Response {
+	log := logf.FromContext(ctx).WithValues("sandbox", client.ObjectKeyFromObject(sbx), "uid", sbx.UID, "pool", pool.Name)
+	refused := denied(sbx.Name, []metav1.StatusCause{refusal})
+	// Another claim may delete the member picked here first; the
+	// resourceVersion precondition says so, and the next one is tried.
+	for range 3 {
+		quotas, err := v.quotas(ctx, sbx.Namespace)
+		if err != nil {
+			return errored(http.StatusInternalServerError, err)
+		}
+		sandboxes, pools, err := v.namespace(ctx, sbx.Namespace)
+		if err != nil {
+			return errored(http.StatusInternalServerError, err)
+		}
+		member := roomyMember(quotas, sandboxes, pools, pool, usage)
+		if member == nil {
+			return refused
+		}
+		if dryRun {
+			return admission.Allowed("")
+		}
+		err = v.writer.Delete(ctx, member, client.Preconditions{UID: &member.UID, ResourceVersion: &member.ResourceVersion})
+		switch {
+		case apierrors.IsConflict(err) || apierrors.IsNotFound(err):
+			continue
+		case err != nil:
+			log.Error(err, "deleting an idle warm pool member to make room for a claim", "member", member.Name)
+			return refused
+		}
+		log.Info("deleted an idle warm pool member to make room for a claim", "member", member.Name, "memberUID", member.UID)
+		// The quotas' status.used may still count the member until the
+		// controller recounts, or may not any more: only a count of what
+		// the namespace holds now can tell.
+		_, resp := v.chargeAll(ctx, quotas, sbx, usage, false, v.recount)
+		return resp
+	}
+	return refused
+}
+
+// roomyMember picks the newest idle member of pool whose deletion makes
+// room for usage in every quota, or nil.
+func roomyMember(quotas []sandboxv1alpha1.SandboxQuota, sandboxes []sandboxv1alpha1.Sandbox, pools warmpool.Templates,
+	pool *sandboxv1alpha1.SandboxWarmPool, usage sandboxv1alpha1.SandboxQuotaUsage) *sandboxv1alpha1.Sandbox {
+	claimed := quota.ClaimedMembers(sandboxes)
+	var members []*sandboxv1alpha1.Sandbox
+	for i := range sandboxes {
+		m := &sandboxes[i]
+		// A member that does not count frees nothing when deleted.
+		if warmpool.IsMemberOf(m, pool) && warmpool.Idle(m) && quota.Counts(m) && !claimed[m.UID] {
+			members = append(members, m)
+		}
+	}
+	sort.Slice(members, func(i, j int) bool {
+		a, b := members[i].CreationTimestamp, members[j].CreationTimestamp
+		if !a.Equal(&b) {
+			return b.Before(&a)
+		}
+		return members[i].Name > members[j].Name
+	})
+	for _, m := range members {
+		frees := quota.Usage(warmpool.Charged(m, pools))
+		fits := true
+		for i := range quotas {
+			q := &quotas[i]
+			if q.Status.ObservedGeneration == 0 || len(quota.Exceeds(q.Spec.Hard, quota.Sub(q.Status.Used, frees), usage)) > 0 {
+				fits = false
+				break
+			}
+		}
+		if fits {
+			return m
+		}
+	}
+	return nil
+}
+
+// recount is a baseFunc: the quota's usage counted from the namespace as
+// the API server has it now, with every reservation still recorded.
+func (v *SandboxValidator) recount(ctx context.Context, q *sandboxv1alpha1.SandboxQuota) (sandboxv1alpha1.SandboxQuotaUsage, error) {
+	sandboxes, pools, err := v.namespace(ctx, q.Namespace)
+	if err != nil {
+		return sandboxv1alpha1.SandboxQuotaUsage{}, err
+	}
+	// A reservation whose Sandbox is not listed may stand for a create
+	// still in flight; only the controller decides when it is overdue.
+	charged := func(sbx *sandboxv1alpha1.Sandbox) *sandboxv1alpha1.Sandbox { return warmpool.Charged(sbx, pools) }
+	count := quota.Count(q.Status.Reservations, sandboxes, charged, nil, v.clock.Now(), 0)
+	for _, res := range count.Overdue {
+		count.Keep(res)
+	}
+	return count.Used, nil
+}
+
+// namespace lists the namespace's Sandboxes and warm pools from the API
+// server.
+func (v *SandboxValidator) namespace(ctx context.Context, namespace string) ([]sandboxv1alpha1.Sandbox, warmpool.Templates, error) {
+	var sandboxes sandboxv1alpha1.SandboxList
+	if err := v.reader.List(ctx, &sandboxes, client.InNamespace(namespace)); err != nil {
+		return nil, nil, fmt.Errorf("listing the Sandboxes in namespace %s: %w", namespace, err)
+	}
+	var pools sandboxv1alpha1.SandboxWarmPoolList
+	if err := v.reader.List(ctx, &pools, client.InNamespace(namespace)); err != nil {
+		return nil, nil, fmt.Errorf("listing the SandboxWarmPools in namespace %s: %w", namespace, err)
+	}
+	return sandboxes.Items, warmpool.TemplatesOf(pools.Items), nil
+}
+
+// membership refuses an update that makes sbx a warm pool member, moves it
+// to another pool, or takes it out of a pool that still exists: the
+// warm-pool label and a controller ownerReference to a SandboxWarmPool are
+// the pool controller's to set when it creates a member. A member must
+// never have been used before it is claimed (the node API refuses exec on
+// members for that), and a Sandbox that joined a pool later could have
+// been. Leaving a pool that is gone or being deleted is allowed, because
+// the garbage collector orphans members that way.
+func (v *SandboxValidator) membership(ctx context.Context, old, sbx *sandboxv1alpha1.Sandbox) *admission.Response {
+	oldLabel, oldHas := old.Labels[sandboxv1alpha1.LabelWarmPool]
+	newLabel, newHas := sbx.Labels[sandboxv1alpha1.LabelWarmPool]
+	oldRef, newRef := poolRef(old), poolRef(sbx)
+	labelSame := oldHas == newHas && oldLabel == newLabel
+	refSame := sameRef(oldRef, newRef)
+	if labelSame && refSame {
+		return nil
+	}
+	field := "metadata.labels"
+	if labelSame {
+		field = "metadata.ownerReferences"
+	}
+	joins := (newHas && !labelSame) || (newRef != nil && !refSame)
+	if !joins {
+		if oldRef == nil {
+			return nil // it never was a member
+		}
+		gone, err := v.poolGone(ctx, old.Namespace, oldRef)
+		if err != nil {
+			resp := errored(http.StatusInternalServerError, err)
+			return &resp
+		}
+		if gone {
+			return nil
+		}
+		resp := denied(sbx.Name, []metav1.StatusCause{{Type: wire.CauseWarmPoolMembership, Field: field,
+			Message: fmt.Sprintf("Sandbox %q is a member of SandboxWarmPool %q: its %s label and controller ownerReference stay as the pool created them while the pool exists",
+				sbx.Name, oldRef.Name, sandboxv1alpha1.LabelWarmPool)}})
+		return &resp
+	}
+	resp := denied(sbx.Name, []metav1.StatusCause{{Type: wire.CauseWarmPoolMembership, Field: field,
+		Message: fmt.Sprintf("Sandbox %q cannot join a warm pool or move to another one: the %s label and the controller ownerReference to a SandboxWarmPool are set only by the pool when it creates a member, which must never have been used",
+			sbx.Name, sandboxv1alpha1.LabelWarmPool)}})
+	return &resp
+}
+
+// poolRef is sbx's controller ownerReference if it points at a
+// SandboxWarmPool (of any version), else nil.
+func poolRef(sbx *sandboxv1alpha1.Sandbox) *metav1.OwnerReference {
+	ref := metav1.GetControllerOfNoCopy(sbx)
+	if ref == nil || ref.Kind != "SandboxWarmPool" {
+		return nil
+	}
+	if gv, err := schema.ParseGroupVersion(ref.APIVersion); err != nil || gv.Group != sandboxv1alpha1.GroupVersion.Group {
+		return nil
+	}
+	return ref
+}
+
+func sameRef(a, b *metav1.OwnerReference) bool {
+	if a == nil || b == nil {
+		return a == b
+	}
+	return a.APIVersion == b.APIVersion && a.Kind == b.Kind && a.Name == b.Name && a.UID == b.UID
+}
+
+// poolGone reports whether the pool ref names no longer exists (or is
+// another pool of that name) or is being deleted.
+func (v *SandboxValidator) poolGone(ctx context.Context, namespace string, ref *metav1.OwnerReference) (bool, error) {
+	pool := &sandboxv1alpha1.SandboxWarmPool{}
+	err := v.reader.Get(ctx, client.ObjectKey{Namespace: namespace, Name: ref.Name}, pool)
+	switch {
+	case apierrors.IsNotFound(err):
+		return true, nil
+	case err != nil:
+		return false, fmt.Errorf("reading SandboxWarmPool %s/%s: %w", namespace, ref.Name, err)
+	}
+	return pool.UID != ref.UID || pool.DeletionTimestamp != nil, nil
+}
+
+// WarmPoolValidator refuses SandboxWarmPools whose template a SandboxQuota
+// of their namespace does not allow (images, runtimes, egress). Nothing is
+// charged: each member is charged when the pool creates it.
+type WarmPoolValidator struct {
+	reader  client.Reader
+	decoder admission.Decoder
+}
+
+// NewWarmPoolValidator builds the validator. reader must read from the API
+// server directly (a manager's GetAPIReader).
+func NewWarmPoolValidator(reader client.Reader, scheme *runtime.Scheme) *WarmPoolValidator {
+	return &WarmPoolValidator{reader: reader, decoder: admission.NewDecoder(scheme)}
+}
+
+// Handle implements admission.Handler.
+func (v *WarmPoolValidator) Handle(ctx context.Context, req admission.Request) admission.Response {
+	pool := &sandboxv1alpha1.SandboxWarmPool{}
+	if err := v.decoder.Decode(req, pool); err != nil {
+		return errored(http.StatusBadRequest, fmt.Errorf("decoding the SandboxWarmPool: %w", err))
+	}
+	if pool.Name == "" {
+		pool.Name = req.Name
+	}
+	if pool.Namespace == "" {
+		pool.Namespace = req.Namespace
+	}
+	switch req.Operation {
+	case admissionv1.Create:
+	case admissionv1.Update:
+		old := &sandboxv1alpha1.SandboxWarmPool{}
+		if err := v.decoder.DecodeRaw(req.OldObject, old); err != nil {
+			return errored(http.StatusBadRequest, fmt.Errorf("decoding the old SandboxWarmPool: %w", err))
+		}
+		// Scaling, finalizers and deletion never depend on the quotas.
+		if pool.DeletionTimestamp != nil || apiequality.Semantic.DeepEqual(old.Spec.Template, pool.Spec.Template) {
+			return admission.Allowed("")
+		}
+	default:
+		return admission.Allowed("")
+	}
+	var list sandboxv1alpha1.SandboxQuotaList
+	if err := v.reader.List(ctx, &list, client.InNamespace(pool.Namespace)); err != nil {
+		return errored(http.StatusInternalServerError, fmt.Errorf("listing the SandboxQuotas in namespace %s: %w", pool.Namespace, err))
+	}
+	// The lifetime is each claimant's own, so only the shape is checked.
+	var shape sandboxv1alpha1.SandboxSpec
+	warmpool.ApplyTemplate(&shape, pool.Spec.Template)
+	var causes []metav1.StatusCause
+	for i := range list.Items {
+		for _, msg := range quota.ShapeViolations(&list.Items[i], &shape) {
+			causes = append(causes, metav1.StatusCause{Type: wire.CauseQuotaRule, Message: msg})
+		}
+	}
+	if len(causes) > 0 {
+		return deniedKind(wire.StatusKindWarmPool, pool.Name, causes)
+	}
+	return admission.Allowed("")
+}

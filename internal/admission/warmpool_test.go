@@ -1,0 +1,260 @@
+/*
+Copyright 2026 The code-sandbox-operator Authors.
+
+Licensed under the MIT License; see the LICENSE file.
+*/
+
+package admission_test
+
+import (
+	"context"
+	"net/http"
+	"time"
+
+	. "github.com/onsi/ginkgo/v2"
+	. "github.com/onsi/gomega"
+	admissionv1 "k8s.io/api/admission/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	ctrladmission "sigs.k8s.io/controller-runtime/pkg/webhook/admission"
+
+	sandboxv1alpha1 "github.com/code-sandbox/code-sandbox-operator/api/v1alpha1"
+	"github.com/code-sandbox/code-sandbox-operator/internal/admission"
+	"github.com/code-sandbox/code-sandbox-operator/internal/nodeapi/wire"
+	"github.com/code-sandbox/code-sandbox-operator/internal/quota"
+	"github.com/code-sandbox/code-sandbox-operator/internal/warmpool"
+)
+
+func newPool(name, image, cpu string) *sandboxv1alpha1.SandboxWarmPool {
+	return &sandboxv1alpha1.SandboxWarmPool{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name, UID: types.UID("pool-uid-" + name)},
+		Spec: sandboxv1alpha1.SandboxWarmPoolSpec{Template: sandboxv1alpha1.SandboxTemplate{
+			Image: image, Resources: sandboxv1alpha1.SandboxResources{CPU: ptr.To(resource.MustParse(cpu))},
+		}},
+	}
+}
+
+func newClaimant(name, uid, pool string) *sandboxv1alpha1.Sandbox {
+	sbx := newSandbox(name, uid)
+	sbx.Spec.Image = ""
+	sbx.Spec.WarmPoolRef = &sandboxv1alpha1.WarmPoolReference{Name: pool}
+	return sbx
+}
+
+// idleMember is a member of pool as a manager leaves it once paused.
+func idleMember(pool *sandboxv1alpha1.SandboxWarmPool, name string, created time.Time) *sandboxv1alpha1.Sandbox {
+	m := warmpool.Member(pool)
+	m.Name, m.UID, m.CreationTimestamp = name, types.UID("uid-"+name), metav1.NewTime(created)
+	m.Status.NodeName, m.Status.ContainerID = "node-a", "c-"+name
+	m.Status.Conditions = []metav1.Condition{{Type: string(sandboxv1alpha1.SandboxConditionPaused), Status: metav1.ConditionTrue, Reason: "Paused", LastTransitionTime: metav1.NewTime(created)}}
+	return m
+}
+
+func exists(e *env, name string) bool {
+	GinkgoHelper()
+	err := e.base.Get(context.Background(), client.ObjectKey{Namespace: ns, Name: name}, &sandboxv1alpha1.Sandbox{})
+	if apierrors.IsNotFound(err) {
+		return false
+	}
+	Expect(err).NotTo(HaveOccurred())
+	return true
+}
+
+var _ = Describe("SandboxValidator and warm pools", func() {
+	ctx := context.Background()
+	limit := func(n int64) sandboxv1alpha1.SandboxQuotaHard {
+		return sandboxv1alpha1.SandboxQuotaHard{Sandboxes: ptr.To(n)}
+	}
+
+	Describe("a claimant", func() {
+		It("is charged with its pool template's resources", func() {
+			e := newEnv(envOptions{}, newQuota("q", limit(5), quota.Zero()), newPool("pool", "busybox:1", "2"))
+			expectAllowed(e.validator.Handle(ctx, createRequest(newClaimant("c", "uid-c", "pool"), false)))
+			q := e.quota("q")
+			Expect(q.Status.Reservations).To(HaveLen(1))
+			Expect(q.Status.Reservations[0].Usage.CPU.String()).To(Equal("2"))
+			Expect(q.Status.Used.CPU.String()).To(Equal("2"))
+		})
+
+		It("is checked against the rules as the template makes it, saying so", func() {
+			qt := newQuota("q", limit(5), quota.Zero())
+			qt.Spec.AllowedImages = []string{"ghcr.io/acme/*"}
+			e := newEnv(envOptions{}, qt, newPool("pool", "busybox:1", "1"))
+			Expect(expectDenied(e.validator.Handle(ctx, createRequest(newClaimant("c", "uid-c", "pool"), false)),
+				`sandbox quota "q" does not allow image "busybox:1" (docker.io/library/busybox:1); allowed images: ghcr.io/acme/* (set by the template of SandboxWarmPool "pool")`)).
+				To(Equal([]metav1.CauseType{wire.CauseQuotaRule}))
+		})
+
+		It("is refused when its pool does not exist, naming it", func() {
+			e := newEnv(envOptions{}, newQuota("q", limit(5), quota.Zero()))
+			resp := e.validator.Handle(ctx, createRequest(newClaimant("c", "uid-c", "missing"), false))
+			Expect(expectDenied(resp, `SandboxWarmPool "missing" does not exist in namespace team, so the Sandbox cannot be checked against the namespace's sandbox quotas; create the pool first`)).
+				To(Equal([]metav1.CauseType{wire.CauseWarmPoolNotFound}))
+			Expect(resp.Result.Details.Causes[0].Field).To(Equal("spec.warmPoolRef.name"))
+			expectUncharged(e, "q", quota.Zero())
+		})
+
+		It("is admitted without a pool when the namespace has no quota", func() {
+			e := newEnv(envOptions{})
+			expectAllowed(e.validator.Handle(ctx, createRequest(newClaimant("c", "uid-c", "missing"), false)))
+		})
+
+		Describe("at a full quota", func() {
+			pool := newPool("pool", "busybox:1", "1")
+			older := idleMember(pool, "older", now.Add(-time.Hour))
+			newer := idleMember(pool, "newer", now.Add(-time.Minute))
+
+			It("deletes the newest idle member and charges the claimant", func() {
+				e := newEnv(envOptions{}, newQuota("q", limit(2), usedN(2)), pool, older, newer)
+				expectAllowed(e.validator.Handle(ctx, createRequest(newClaimant("c", "uid-c", "pool"), false)))
+				Expect(exists(e, "newer")).To(BeFalse())
+				Expect(exists(e, "older")).To(BeTrue())
+				q := e.quota("q")
+				Expect(reservationUIDs(q)).To(Equal([]types.UID{"uid-c"}))
+				// Counted again from what exists: older and the claimant.
+				Expect(quota.Equal(q.Status.Used, usedN(2))).To(BeTrue(), "used %+v", q.Status.Used)
+			})
+
+			It("checks a dry run without deleting anything", func() {
+				e := newEnv(envOptions{}, newQuota("q", limit(2), usedN(2)), pool, older, newer)
+				expectAllowed(e.validator.Handle(ctx, createRequest(newClaimant("c", "uid-c", "pool"), true)))
+				Expect(exists(e, "newer")).To(BeTrue())
+				expectUncharged(e, "q", usedN(2))
+			})
+
+			It("is refused as before when no member is idle", func() {
+				busy := idleMember(pool, "busy", now)
+				busy.Status.Conditions = nil // provisioned but not paused
+				other := newPool("other", "busybox:1", "1")
+				stranger := idleMember(other, "stranger", now) // idle, but another pool's
+				e := newEnv(envOptions{}, newQuota("q", limit(2), usedN(2)), pool, other, busy, stranger)
+				Expect(expectDenied(e.validator.Handle(ctx, createRequest(newClaimant("c", "uid-c", "pool"), false)),
+					`sandbox quota "q" exceeded: sandboxes: requested 1, used 2, limit 2 (1 over)`)).To(Equal([]metav1.CauseType{wire.CauseQuotaExceeded}))
+				Expect(exists(e, "busy")).To(BeTrue())
+				Expect(exists(e, "stranger")).To(BeTrue())
+			})
+
+			It("does not take a member that only looks like one (label without the pool's controller reference)", func() {
+				fake := idleMember(pool, "fake", now)
+				fake.OwnerReferences = nil
+				e := newEnv(envOptions{}, newQuota("q", limit(2), usedN(2)), pool, fake)
+				expectDenied(e.validator.Handle(ctx, createRequest(newClaimant("c", "uid-c", "pool"), false)),
+					`sandbox quota "q" exceeded: sandboxes: requested 1, used 2, limit 2 (1 over)`)
+				Expect(exists(e, "fake")).To(BeTrue())
+			})
+
+			It("does not take a member another Sandbox already claimed", func() {
+				taken := claimedBy(newClaimant("first", "uid-first", "pool"), newer)
+				e := newEnv(envOptions{}, newQuota("q", limit(2), usedN(2)), pool, newer, taken)
+				expectDenied(e.validator.Handle(ctx, createRequest(newClaimant("c", "uid-c", "pool"), false)),
+					`sandbox quota "q" exceeded: sandboxes: requested 1, used 2, limit 2 (1 over)`)
+				Expect(exists(e, "newer")).To(BeTrue())
+			})
+		})
+	})
+
+	Describe("membership", func() {
+		pool := newPool("pool", "busybox:1", "1")
+		member := func() *sandboxv1alpha1.Sandbox { return idleMember(pool, "m", now) }
+
+		It("refuses making a Sandbox a member, or moving it, and allows other label changes", func() {
+			e := newEnv(envOptions{}, pool)
+			plain := newSandbox("sbx", "uid-1")
+			labelled := plain.DeepCopy()
+			labelled.Labels = map[string]string{sandboxv1alpha1.LabelWarmPool: "pool"}
+			owned := plain.DeepCopy()
+			owned.OwnerReferences = member().OwnerReferences
+			moved := member()
+			moved.Labels[sandboxv1alpha1.LabelWarmPool] = "other"
+			for _, c := range []struct{ old, new *sandboxv1alpha1.Sandbox }{{plain, labelled}, {plain, owned}, {member(), moved}} {
+				resp := e.validator.Handle(ctx, updateRequest(c.old, c.new))
+				Expect(resp.Allowed).To(BeFalse())
+				Expect(resp.Result.Code).To(Equal(int32(http.StatusForbidden)))
+				Expect(wire.HasCause(resp.Result, wire.CauseWarmPoolMembership)).To(BeTrue(), "%+v", resp.Result)
+			}
+			other := member()
+			other.Labels["team"] = "blue"
+			expectAllowed(e.validator.Handle(ctx, updateRequest(member(), other)))
+		})
+
+		It("refuses leaving a pool that exists, and allows it once the pool is deleting or gone", func() {
+			left := member()
+			left.OwnerReferences = nil
+			e := newEnv(envOptions{}, pool)
+			expectDenied(e.validator.Handle(ctx, updateRequest(member(), left)),
+				`Sandbox "m" is a member of SandboxWarmPool "pool": its sandbox.code-sandbox.dev/warm-pool label and controller ownerReference stay as the pool created them while the pool exists`)
+			expectAllowed(newEnv(envOptions{}).validator.Handle(ctx, updateRequest(member(), left)))
+			deleting := pool.DeepCopy()
+			deleting.DeletionTimestamp = ptr.To(metav1.NewTime(now))
+			deleting.Finalizers = []string{"orphan"}
+			expectAllowed(newEnv(envOptions{}, deleting).validator.Handle(ctx, updateRequest(member(), left)))
+		})
+	})
+})
+
+func claimedBy(claimant, member *sandboxv1alpha1.Sandbox) *sandboxv1alpha1.Sandbox {
+	claimant.Status.NodeName = member.Status.NodeName
+	claimant.Status.WarmPool = &sandboxv1alpha1.SandboxWarmPoolClaimStatus{
+		Member: &sandboxv1alpha1.WarmPoolMemberReference{Name: member.Name, UID: member.UID},
+	}
+	return claimant
+}
+
+var _ = Describe("WarmPoolValidator", func() {
+	ctx := context.Background()
+	request := func(op admissionv1.Operation, old, pool *sandboxv1alpha1.SandboxWarmPool) ctrladmission.Request {
+		GinkgoHelper()
+		r := ctrladmission.Request{AdmissionRequest: admissionv1.AdmissionRequest{
+			UID: "req", Operation: op, Namespace: ns, Name: pool.Name, Object: raw(pool),
+		}}
+		if old != nil {
+			r.OldObject = raw(old)
+		}
+		return r
+	}
+	restrictive := func() *sandboxv1alpha1.SandboxQuota {
+		q := newQuota("q", sandboxv1alpha1.SandboxQuotaHard{}, quota.Zero())
+		q.Spec.AllowedImages = []string{"ghcr.io/acme/*"}
+		q.Spec.MaxActiveDeadlineSeconds = ptr.To[int64](60)
+		return q
+	}
+
+	It("refuses a pool whose template a quota does not allow, as it would the Sandbox", func() {
+		e := newEnv(envOptions{}, restrictive())
+		v := admission.NewWarmPoolValidator(e.base, scheme)
+		pool := newPool("pool", "busybox:1", "1")
+		pool.Spec.Template.Network.Mode = sandboxv1alpha1.NetworkEgress
+		resp := v.Handle(ctx, request(admissionv1.Create, nil, pool))
+		Expect(resp.Allowed).To(BeFalse())
+		Expect(resp.Result.Code).To(Equal(int32(http.StatusForbidden)))
+		Expect(resp.Result.Message).To(Equal(`sandbox quota "q" does not allow image "busybox:1" (docker.io/library/busybox:1); allowed images: ghcr.io/acme/*; ` +
+			`sandbox quota "q" does not allow network mode Egress (its allowEgress is false); use network mode None`))
+		Expect(resp.Result.Details.Kind).To(Equal(wire.StatusKindWarmPool))
+		Expect(resp.Result.Details.Name).To(Equal("pool"))
+		Expect(resp.Result.Details.Causes).To(HaveEach(HaveField("Type", wire.CauseQuotaRule)))
+
+		// The lifetime is each claimant's own: a pool is not refused for it.
+		expectAllowed(v.Handle(ctx, request(admissionv1.Create, nil, newPool("pool", "ghcr.io/acme/tool:1", "1"))))
+	})
+
+	It("checks an update only when the template changes", func() {
+		e := newEnv(envOptions{}, restrictive())
+		v := admission.NewWarmPoolValidator(e.base, scheme)
+		bad := newPool("pool", "busybox:1", "1")
+		scaled := bad.DeepCopy()
+		scaled.Spec.Replicas = ptr.To[int32](5)
+		expectAllowed(v.Handle(ctx, request(admissionv1.Update, bad, scaled)))
+		good := newPool("pool", "ghcr.io/acme/tool:1", "1")
+		expectAllowed(v.Handle(ctx, request(admissionv1.Update, bad, good)))
+		Expect(v.Handle(ctx, request(admissionv1.Update, good, bad)).Allowed).To(BeFalse())
+	})
+
+	It("allows any pool in a namespace without quotas", func() {
+		v := admission.NewWarmPoolValidator(newEnv(envOptions{}).base, scheme)
+		expectAllowed(v.Handle(ctx, request(admissionv1.Create, nil, newPool("pool", "anything:1", "1"))))
+	})
+})
