@@ -71,8 +71,11 @@ func idleMember(pool *sandboxv1alpha1.SandboxWarmPool) *sandboxv1alpha1.Sandbox 
 	writeStatus(m, func(s *sandboxv1alpha1.Sandbox) {
 		s.Status.NodeName = elsewhere
 		s.Status.ContainerID = "container-" + string(s.UID)
-		s.Status.Conditions = []metav1.Condition{{Type: string(sandboxv1alpha1.SandboxConditionPaused), Status: metav1.ConditionTrue,
-			Reason: "Paused", Message: "idle", LastTransitionTime: metav1.Now()}}
+		s.Status.Conditions = []metav1.Condition{
+			{Type: string(sandboxv1alpha1.SandboxConditionReady), Status: metav1.ConditionFalse,
+				Reason: sandboxv1alpha1.SandboxReasonPaused, Message: "idle", LastTransitionTime: metav1.Now()},
+			{Type: string(sandboxv1alpha1.SandboxConditionPaused), Status: metav1.ConditionTrue,
+				Reason: sandboxv1alpha1.SandboxReasonPaused, Message: "idle", LastTransitionTime: metav1.Now()}}
 	})
 	return m
 }

@@ -26,7 +26,10 @@ func member(name, hash, node string, idle bool, created int) *sandboxv1alpha1.Sa
 	s.Status.NodeName = node
 	if idle {
 		s.Status.ContainerID = "c-" + name
-		s.Status.Conditions = []metav1.Condition{{Type: string(sandboxv1alpha1.SandboxConditionPaused), Status: metav1.ConditionTrue, Reason: "Paused"}}
+		s.Status.Conditions = []metav1.Condition{
+			{Type: string(sandboxv1alpha1.SandboxConditionReady), Status: metav1.ConditionFalse, Reason: sandboxv1alpha1.SandboxReasonPaused},
+			{Type: string(sandboxv1alpha1.SandboxConditionPaused), Status: metav1.ConditionTrue, Reason: sandboxv1alpha1.SandboxReasonPaused},
+		}
 	}
 	return s
 }

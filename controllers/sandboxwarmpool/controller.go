@@ -28,6 +28,7 @@ import (
 	"k8s.io/client-go/tools/events"
 	"k8s.io/client-go/util/workqueue"
 	"k8s.io/utils/clock"
+	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -486,8 +487,13 @@ func (r *Reconciler) createMembers(ctx context.Context, key types.NamespacedName
 	}
 	r.mu.Unlock()
 
+	lifetime, err := r.memberLifetime(ctx, pool.Namespace)
+	if err != nil {
+		return 0, err.Error(), now.Add(r.backoff(1))
+	}
 	for range n {
 		sbx := warmpool.Member(pool)
+		sbx.Spec.ActiveDeadlineSeconds = lifetime
 		if err := r.client.Create(ctx, sbx); err != nil {
 			logf.FromContext(ctx).Info("creating a warm pool member failed", "pool", key, "error", err.Error())
 			r.mu.Lock()
@@ -506,6 +512,25 @@ func (r *Reconciler) createMembers(ctx context.Context, key types.NamespacedName
 	}
 	r.clearFailures(key)
 	return created, "", time.Time{}
+}
+
+// memberLifetime is the activeDeadlineSeconds new members get: none, or
+// where the namespace's SandboxQuotas demand a lifetime
+// (maxActiveDeadlineSeconds), the shortest they allow. A member that reaches
+// it expires and is replaced, so idle members are recycled rather than
+// refused; a claimant's own lifetime counts from its claim.
+func (r *Reconciler) memberLifetime(ctx context.Context, namespace string) (*int64, error) {
+	var quotas sandboxv1alpha1.SandboxQuotaList
+	if err := r.client.List(ctx, &quotas, client.InNamespace(namespace)); err != nil {
+		return nil, fmt.Errorf("listing the SandboxQuotas of namespace %s: %w", namespace, err)
+	}
+	var lifetime *int64
+	for i := range quotas.Items {
+		if max := quotas.Items[i].Spec.MaxActiveDeadlineSeconds; max != nil && (lifetime == nil || *max < *lifetime) {
+			lifetime = ptr.To(*max)
+		}
+	}
+	return lifetime, nil
 }
 
 func (r *Reconciler) backoff(failures int) time.Duration {

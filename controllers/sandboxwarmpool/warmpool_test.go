@@ -530,4 +530,23 @@ var _ = Describe("SandboxWarmPool", func() {
 		Eventually(func(g Gomega) { g.Expect(members(g, pool)).To(HaveLen(3)) }, 4*time.Second, interval).Should(Succeed())
 		expectStatus(pool, 3, 0, sandboxv1alpha1.SandboxWarmPoolReasonFilling)
 	})
+
+	It("gives members the shortest lifetime the namespace's quotas demand, so that they are admitted", func() {
+		ns := newNamespace()
+		for name, max := range map[string]int64{"long": 7200, "short": 600} {
+			q := &sandboxv1alpha1.SandboxQuota{
+				ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
+				Spec:       sandboxv1alpha1.SandboxQuotaSpec{MaxActiveDeadlineSeconds: ptr.To(max)},
+			}
+			Expect(cp.Client.Create(ctx, q)).To(Succeed())
+			Eventually(func(g Gomega) {
+				g.Expect(cp.Client.Get(ctx, client.ObjectKeyFromObject(q), q)).To(Succeed())
+				g.Expect(q.Status.ObservedGeneration).To(Equal(q.Generation))
+			}, timeout, interval).Should(Succeed())
+		}
+		pool := newPool(ns, "recycled", 2)
+		for _, m := range waitMembers(pool, 2) {
+			Expect(m.Spec.ActiveDeadlineSeconds).To(HaveValue(BeEquivalentTo(600)), m.Name)
+		}
+	})
 })

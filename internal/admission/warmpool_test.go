@@ -50,7 +50,10 @@ func idleMember(pool *sandboxv1alpha1.SandboxWarmPool, name string, created time
 	m := warmpool.Member(pool)
 	m.Name, m.UID, m.CreationTimestamp = name, types.UID("uid-"+name), metav1.NewTime(created)
 	m.Status.NodeName, m.Status.ContainerID = "node-a", "c-"+name
-	m.Status.Conditions = []metav1.Condition{{Type: string(sandboxv1alpha1.SandboxConditionPaused), Status: metav1.ConditionTrue, Reason: "Paused", LastTransitionTime: metav1.NewTime(created)}}
+	m.Status.Conditions = []metav1.Condition{
+		{Type: string(sandboxv1alpha1.SandboxConditionReady), Status: metav1.ConditionFalse, Reason: sandboxv1alpha1.SandboxReasonPaused, LastTransitionTime: metav1.NewTime(created)},
+		{Type: string(sandboxv1alpha1.SandboxConditionPaused), Status: metav1.ConditionTrue, Reason: sandboxv1alpha1.SandboxReasonPaused, LastTransitionTime: metav1.NewTime(created)},
+	}
 	return m
 }
 
