@@ -159,6 +159,7 @@ func (r *SandboxReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ct
 			return ctrl.Result{}, err
 		}
 		r.claims.release(req.NamespacedName)
+		r.members.releaseClaimant(req.NamespacedName)
 		// Gone: remove whatever this node still runs for that name. Also
 		// reached from a Docker event of a container whose Sandbox is gone.
 		return ctrl.Result{}, r.removeVanished(ctx, req.NamespacedName, deleted)
@@ -243,11 +244,11 @@ func (r *SandboxReconciler) reconcile(ctx context.Context, sbx *sandboxv1alpha1.
 	sbx.Status.NodeName = r.opts.NodeName
 	sbx.Status.ObservedGeneration = sbx.Generation
 
-	if claimant, claimed, err := r.claimantOf(ctx, sbx.UID); err != nil || claimed {
+	if claimant, claimed, err := r.claimantOf(ctx, sbx.UID); err != nil || claimed || wasClaimed(sbx) {
 		if err != nil {
 			return ctrl.Result{}, err
 		}
-		return r.settleClaimedMember(sbx, claimant), nil
+		return r.settleClaimedMember(sbx, claimant, claimed), nil
 	}
 	if meta.IsStatusConditionTrue(sbx.Status.Conditions, string(sandboxv1alpha1.SandboxConditionExpired)) {
 		// Expired is final; make sure nothing was left running.

@@ -60,6 +60,18 @@ func (m *memberClaims) release(member types.UID) {
 	delete(m.taken, member)
 }
 
+// releaseClaimant forgets the member a vanished claimant took over, so that
+// the member's deletion removes the container.
+func (m *memberClaims) releaseClaimant(claimant types.NamespacedName) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for member, key := range m.taken {
+		if key == claimant {
+			delete(m.taken, member)
+		}
+	}
+}
+
 func (m *memberClaims) get(member types.UID) (types.NamespacedName, bool) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -157,21 +169,42 @@ func (r *SandboxReconciler) claimFromPool(ctx context.Context, sbx *sandboxv1alp
 		// begin.
 		return false, ctrl.Result{RequeueAfter: time.Millisecond}, nil
 	}
-	defer r.claims.mu.Unlock()
+	// Reserved before the lock goes: no other claim on this node can take
+	// it, and the member's own reconcile leaves its container alone.
+	key := client.ObjectKeyFromObject(sbx)
+	r.members.take(member.UID, key)
+	r.claims.mu.Unlock()
+
+	// The container is thawed before the claim is written, so that the
+	// claim and Ready are one status write: the claim's latency is that
+	// write plus Docker's unpause. A lost claim freezes the member again.
+	release := func() {
+		r.members.release(member.UID)
+		if err := r.docker.Pause(context.WithoutCancel(ctx), member.Status.ContainerID); err != nil {
+			log.Error(err, "re-freezing a warm pool member after a lost claim; the pool replaces it", "member", member.Name)
+		}
+		r.enqueue(member.Namespace, member.Name, member.UID)
+	}
+	if err := r.docker.Unpause(ctx, member.Status.ContainerID); err != nil {
+		release()
+		return false, ctrl.Result{}, fmt.Errorf("thawing warm pool member %s: %w", member.Name, err)
+	}
 	// A warm claim needs no capacity: the member already holds its place on
 	// this node, and stops counting once claimed (usedCapacity).
 	sbx.Status.NodeName = r.opts.NodeName
+	sbx.Status.ObservedGeneration = sbx.Generation
 	claim := record(sbx, member)
-	r.setReady(sbx, metav1.ConditionFalse, sandboxv1alpha1.SandboxReasonProvisioning, "claimed by node "+r.opts.NodeName+": "+claim.Message)
+	r.markRunning(sbx, member.Status.ContainerID, 0)
 	if err := r.client.Status().Update(ctx, sbx); err != nil {
+		release()
 		if apierrors.IsConflict(err) || apierrors.IsNotFound(err) {
 			return false, ctrl.Result{}, nil
 		}
 		return false, ctrl.Result{}, fmt.Errorf("claiming sandbox: %w", err)
 	}
-	key := client.ObjectKeyFromObject(sbx)
+	r.claims.mu.Lock()
 	r.claims.claimed[key] = sbx.UID
-	r.members.take(member.UID, key)
+	r.claims.mu.Unlock()
 	warmClaims.WithLabelValues("warm").Inc()
 	log.Info("claimed sandbox from warm pool", "pool", pool.Name, "member", member.Name)
 	r.recorder.Eventf(sbx, nil, "Normal", claim.Reason, "Claim", "%s (node %s)", claim.Message, r.opts.NodeName)
@@ -216,9 +249,23 @@ func (r *SandboxReconciler) idleMember(ctx context.Context, pool *sandboxv1alpha
 
 // settleClaimedMember handles a member whose container a claimant took
 // over: it records that, and leaves the container alone (it is the
-// claimant's now). The pool controller deletes the member.
-func (r *SandboxReconciler) settleClaimedMember(sbx *sandboxv1alpha1.Sandbox, claimant types.NamespacedName) ctrl.Result {
-	r.setReady(sbx, metav1.ConditionFalse, sandboxv1alpha1.SandboxReasonClaimed,
-		fmt.Sprintf("its container %s was handed to sandbox %s", dockerruntime.ShortID(sbx.Status.ContainerID), claimant.Name))
+// claimant's now). The pool controller deletes the member. A member that
+// was once claimed stays claimed even when its claimant is gone: its
+// container may hold that claimant's work and must never be handed out
+// again.
+func (r *SandboxReconciler) settleClaimedMember(sbx *sandboxv1alpha1.Sandbox, claimant types.NamespacedName, known bool) ctrl.Result {
+	msg := fmt.Sprintf("its container %s was handed to sandbox %s", dockerruntime.ShortID(sbx.Status.ContainerID), claimant.Name)
+	if !known {
+		if c := meta.FindStatusCondition(sbx.Status.Conditions, string(sandboxv1alpha1.SandboxConditionReady)); c != nil {
+			msg = c.Message
+		}
+	}
+	r.setReady(sbx, metav1.ConditionFalse, sandboxv1alpha1.SandboxReasonClaimed, msg)
 	return ctrl.Result{}
+}
+
+// wasClaimed reports whether the member recorded a claim of its container.
+func wasClaimed(sbx *sandboxv1alpha1.Sandbox) bool {
+	c := meta.FindStatusCondition(sbx.Status.Conditions, string(sandboxv1alpha1.SandboxConditionReady))
+	return c != nil && c.Reason == sandboxv1alpha1.SandboxReasonClaimed && warmpool.PoolOf(sbx) != ""
 }

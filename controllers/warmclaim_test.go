@@ -177,6 +177,32 @@ var _ = Describe("Warm pool claims", func() {
 		Expect(inspect(sbx.Status.ContainerID).State.Running).To(BeTrue())
 	})
 
+	It("never hands out a member again once a claimant used it, even when the claimant vanished", func() {
+		node := testNodePrefix + "vanish"
+		startManager(node, managerConfig{})
+		pool := newPool("vanish")
+		member := idleMember(pool)
+		sbx := waitReady(createSandbox(claimant("vanisher", pool.Name)))
+		id := sbx.Status.ContainerID
+		memberKey := client.ObjectKeyFromObject(member)
+		Eventually(readyReason(memberKey), 10*time.Second).Should(Equal("False/Claimed"))
+
+		// The claimant goes without its finalizer running (stripped by hand).
+		latest := getSandbox(client.ObjectKeyFromObject(sbx))
+		latest.Finalizers = nil
+		Expect(k8sClient.Update(ctx, latest)).To(Succeed())
+		Expect(k8sClient.Delete(ctx, latest)).To(Succeed())
+		Eventually(isGone(client.ObjectKeyFromObject(sbx)), 20*time.Second).Should(BeTrue())
+		Consistently(func() bool { return warmpool.Idle(getSandbox(memberKey)) }, 3*time.Second, 200*time.Millisecond).Should(BeFalse())
+		Expect(readyReason(memberKey)()).To(Equal("False/Claimed"))
+		Expect(inspect(id).State.Paused).To(BeFalse(), "the used container is not frozen back into the pool")
+
+		// Deleting the member (the pool controller's job) removes it.
+		Expect(k8sClient.Delete(ctx, getSandbox(memberKey))).To(Succeed())
+		Eventually(isGone(memberKey), 20*time.Second).Should(BeTrue())
+		Eventually(containerCount(member.UID), 20*time.Second, 200*time.Millisecond).Should(BeZero())
+	})
+
 	It("gives each member to one claimant when claims race", func() {
 		node := testNodePrefix + "race"
 		startManager(node, managerConfig{maxSandboxes: 40})
