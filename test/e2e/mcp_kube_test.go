@@ -406,7 +406,12 @@ spec:
 			out, err := kubectl(ctx, "get", "sandbox", id, "-n", kmcpNamespace, "-o",
 				`jsonpath={.spec.warmPoolRef.name} {.status.conditions[?(@.type=="WarmPoolClaim")].reason} {.status.conditions[?(@.type=="Ready")].status}`)
 			Expect(err).NotTo(HaveOccurred())
-			Expect(out).To(Equal("mcp-pool WarmPoolClaimed True"))
+			Expect(out).To(Equal("mcp-pool WarmPoolClaimed True"), func() string {
+				// Which node held the idle member, and which claimed.
+				nodes, _ := kubectl(ctx, "get", "sandboxes", "-n", kmcpNamespace, "-o",
+					`jsonpath={range .items[*]}{.metadata.name} node={.status.nodeName} {.status.conditions[?(@.type=="WarmPoolClaim")].message}{"\n"}{end}`)
+				return nodes
+			})
 			res := kmcpCall(ctx, sess, "sandbox_exec", map[string]any{"container_id": id, "commands": []string{"python3 -c 'print(6*7)'", "ls -A /app /tmp"}})
 			Expect(res.IsError).To(BeFalse(), kmcpText(res))
 			results := kmcpStructured(res)["results"].([]any)
