@@ -159,7 +159,7 @@ func (r *SandboxReconciler) usedCapacity(ctx context.Context) (int, error) {
 			continue
 		}
 		// A claimed member's container is its claimant's: count it once.
-		if _, claimed := r.members.get(sbx.UID); claimed || handedOver[sbx.UID] {
+		if _, _, claimed := r.members.get(sbx.UID); claimed || handedOver[sbx.UID] {
 			continue
 		}
 		counted[sbx.UID] = struct{}{}

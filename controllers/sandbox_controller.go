@@ -160,6 +160,9 @@ func (r *SandboxReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ct
 		}
 		r.claims.release(req.NamespacedName)
 		r.members.releaseClaimant(req.NamespacedName)
+		for _, uid := range deleted {
+			r.members.forgetSeen(uid)
+		}
 		// Gone: remove whatever this node still runs for that name. Also
 		// reached from a Docker event of a container whose Sandbox is gone.
 		return ctrl.Result{}, r.removeVanished(ctx, req.NamespacedName, deleted)
@@ -178,6 +181,7 @@ func (r *SandboxReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ct
 		if !sbx.DeletionTimestamp.IsZero() || sbx.Status.NodeName != "" {
 			// Bound elsewhere, or deleted before anyone claimed it (then no
 			// finalizer was ever added and nothing exists to clean up).
+			r.members.forgetSeen(sbx.UID)
 			return ctrl.Result{}, nil
 		}
 		claimed, result, err := r.claim(ctx, sbx)
@@ -244,6 +248,12 @@ func (r *SandboxReconciler) reconcile(ctx context.Context, sbx *sandboxv1alpha1.
 	sbx.Status.NodeName = r.opts.NodeName
 	sbx.Status.ObservedGeneration = sbx.Generation
 
+	if _, committed, reserved := r.members.get(sbx.UID); reserved && !committed {
+		// A claim of this member is being made: its container is being
+		// thawed for a claimant whose claim is not written yet. Whether it
+		// stays a member or becomes the claimant's is known in a moment.
+		return ctrl.Result{RequeueAfter: 100 * time.Millisecond}, nil
+	}
 	if claimant, claimed, err := r.claimantOf(ctx, sbx.UID); err != nil || claimed || wasClaimed(sbx) {
 		if err != nil {
 			return ctrl.Result{}, err

@@ -35,23 +35,42 @@ const memberClaimField = "status.warmPool.member.uid"
 // container from the template itself.
 const coldClaimGrace = 300 * time.Millisecond
 
-// memberClaims remembers which claimant took which member's container
-// between the claim's status write and the cache showing it; the cache
-// index (memberClaimField) answers for everything older, including across
-// restarts.
+// memberClaims remembers which claimant took which member's container:
+// reserved while the claim is being made (the container thawed, the claim
+// not yet written), committed once the claim's status write succeeded and
+// until the cache shows it; the cache index (memberClaimField) answers for
+// everything older, including across restarts.
 type memberClaims struct {
 	mu    sync.Mutex
-	taken map[types.UID]types.NamespacedName
+	taken map[types.UID]memberClaim
+	// firstSeen is when this manager first looked at an unbound claimant
+	// (CreationTimestamp has a resolution of a second, too coarse for the
+	// cold-claim grace).
+	firstSeen map[types.UID]time.Time
+}
+
+type memberClaim struct {
+	claimant  types.NamespacedName
+	committed bool
 }
 
 func newMemberClaims() *memberClaims {
-	return &memberClaims{taken: map[types.UID]types.NamespacedName{}}
+	return &memberClaims{taken: map[types.UID]memberClaim{}, firstSeen: map[types.UID]time.Time{}}
 }
 
-func (m *memberClaims) take(member types.UID, claimant types.NamespacedName) {
+func (m *memberClaims) reserve(member types.UID, claimant types.NamespacedName) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	m.taken[member] = claimant
+	m.taken[member] = memberClaim{claimant: claimant}
+}
+
+func (m *memberClaims) commit(member types.UID) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if c, ok := m.taken[member]; ok {
+		c.committed = true
+		m.taken[member] = c
+	}
 }
 
 func (m *memberClaims) release(member types.UID) {
@@ -65,18 +84,37 @@ func (m *memberClaims) release(member types.UID) {
 func (m *memberClaims) releaseClaimant(claimant types.NamespacedName) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	for member, key := range m.taken {
-		if key == claimant {
+	for member, c := range m.taken {
+		if c.claimant == claimant {
 			delete(m.taken, member)
 		}
 	}
 }
 
-func (m *memberClaims) get(member types.UID) (types.NamespacedName, bool) {
+// get returns the claimant of a member, and whether the claim is committed.
+func (m *memberClaims) get(member types.UID) (key types.NamespacedName, committed, ok bool) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	key, ok := m.taken[member]
-	return key, ok
+	c, ok := m.taken[member]
+	return c.claimant, c.committed, ok
+}
+
+// seen returns how long ago this manager first looked at claimant uid.
+func (m *memberClaims) seen(uid types.UID, now time.Time) time.Duration {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	first, ok := m.firstSeen[uid]
+	if !ok {
+		m.firstSeen[uid] = now
+		return 0
+	}
+	return now.Sub(first)
+}
+
+func (m *memberClaims) forgetSeen(uid types.UID) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	delete(m.firstSeen, uid)
 }
 
 // claimantOf returns the Sandbox that took over the container of the member
@@ -88,7 +126,7 @@ func (r *SandboxReconciler) claimantOf(ctx context.Context, member types.UID) (t
 	if member == "" {
 		return types.NamespacedName{}, false, nil
 	}
-	if key, ok := r.members.get(member); ok {
+	if key, _, ok := r.members.get(member); ok {
 		return key, true, nil
 	}
 	var list sandboxv1alpha1.SandboxList
@@ -153,9 +191,10 @@ func (r *SandboxReconciler) claimFromPool(ctx context.Context, sbx *sandboxv1alp
 			return false, ctrl.Result{}, err
 		}
 		// Another node holds an idle member; give it the first moment.
-		if elsewhere > 0 && sbx.Spec.NodeName == "" && r.clock.Since(sbx.CreationTimestamp.Time) < coldClaimGrace {
+		if elsewhere > 0 && sbx.Spec.NodeName == "" && r.members.seen(sbx.UID, r.clock.Now()) < coldClaimGrace {
 			return false, ctrl.Result{RequeueAfter: coldClaimGrace / 3}, nil
 		}
+		r.members.forgetSeen(sbx.UID)
 		var claim metav1.Condition
 		claimed, result, err := r.claimNode(ctx, sbx, func(s *sandboxv1alpha1.Sandbox) { claim = record(s, nil) })
 		if !claimed || err != nil {
@@ -172,7 +211,8 @@ func (r *SandboxReconciler) claimFromPool(ctx context.Context, sbx *sandboxv1alp
 	// Reserved before the lock goes: no other claim on this node can take
 	// it, and the member's own reconcile leaves its container alone.
 	key := client.ObjectKeyFromObject(sbx)
-	r.members.take(member.UID, key)
+	r.members.reserve(member.UID, key)
+	r.members.forgetSeen(sbx.UID)
 	r.claims.mu.Unlock()
 
 	// The container is thawed before the claim is written, so that the
@@ -202,6 +242,7 @@ func (r *SandboxReconciler) claimFromPool(ctx context.Context, sbx *sandboxv1alp
 		}
 		return false, ctrl.Result{}, fmt.Errorf("claiming sandbox: %w", err)
 	}
+	r.members.commit(member.UID)
 	r.claims.mu.Lock()
 	r.claims.claimed[key] = sbx.UID
 	r.claims.mu.Unlock()

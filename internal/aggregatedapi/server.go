@@ -204,6 +204,9 @@ func (s *Server) sandbox(ctx context.Context, rt wire.Route) (*sandboxv1alpha1.S
 			return nil, nodeapi.WithCause(nodeapi.NewError(http.StatusConflict, metav1.StatusReasonConflict,
 				"sandbox %s is not Ready: it is being deleted", key), wire.CauseSandboxTerminating)
 		}
+		if err := nodeapi.RefuseWarmPoolMember(sbx); err != nil {
+			return nil, err
+		}
 		ready := meta.FindStatusCondition(sbx.Status.Conditions, string(sandboxv1alpha1.SandboxConditionReady))
 		if ready == nil || ready.Status != metav1.ConditionTrue {
 			why := "no manager has reported on it yet"

@@ -262,9 +262,8 @@ func (s *Server) sandbox(ctx context.Context, rt wire.Route, needReady bool) (*s
 	if !sbx.DeletionTimestamp.IsZero() {
 		return nil, conflict("sandbox %s is being deleted", key).because(wire.CauseSandboxTerminating, "")
 	}
-	if pool := warmpool.PoolOf(sbx); pool != "" {
-		return nil, conflict("sandbox %s is a member of warm pool %s and is not used directly; create a Sandbox with spec.warmPoolRef.name %s to claim one",
-			key, pool, pool).because(wire.CauseWarmPoolMember, "")
+	if err := RefuseWarmPoolMember(sbx); err != nil {
+		return nil, err
 	}
 	cond := meta.FindStatusCondition(sbx.Status.Conditions, string(sandboxv1alpha1.SandboxConditionReady))
 	if cond == nil || cond.Status != metav1.ConditionTrue {
@@ -278,6 +277,20 @@ func (s *Server) sandbox(ctx context.Context, rt wire.Route, needReady bool) (*s
 		return nil, conflict("sandbox %s is not Ready (%s)", key, why).because(wire.CauseSandboxNotReady, "")
 	}
 	return sbx, nil
+}
+
+// RefuseWarmPoolMember is the refusal of exec and file transfers on a warm
+// pool member, or nil for any other Sandbox. Members are never used
+// directly, so that a claimed member is as clean as a fresh sandbox; both
+// the aggregated API server and the node API refuse them.
+func RefuseWarmPoolMember(sbx *sandboxv1alpha1.Sandbox) error {
+	pool := warmpool.PoolOf(sbx)
+	if pool == "" {
+		return nil
+	}
+	return WithCause(NewError(http.StatusConflict, metav1.StatusReasonConflict,
+		"sandbox %s/%s is a member of warm pool %s and is not used directly; create a Sandbox with spec.warmPoolRef.name %s to claim one",
+		sbx.Namespace, sbx.Name, pool, pool), wire.CauseWarmPoolMember)
 }
 
 // container inspects the Sandbox's container and proves it is ours: our
