@@ -818,6 +818,8 @@ var _ = Describe("Sandbox validation", func() {
 		},
 		Entry("missing image", map[string]any{}, "spec.image"),
 		Entry("empty image", map[string]any{"image": ""}, "spec.image"),
+		Entry("an image and a warm pool", map[string]any{"image": "x", "warmPoolRef": map[string]any{"name": "p"}}, "spec.image must be empty when spec.warmPoolRef is set"),
+		Entry("a warm pool without a name", map[string]any{"warmPoolRef": map[string]any{}}, "spec.warmPoolRef.name"),
 		Entry("memory that is not a quantity", map[string]any{"image": "x", "resources": map[string]any{"memory": "lots"}}, "spec.resources.memory"),
 		Entry("memory below Docker's minimum", map[string]any{"image": "x", "resources": map[string]any{"memory": "1Mi"}}, "memory must be at least 6Mi"),
 		Entry("zero cpu", map[string]any{"image": "x", "resources": map[string]any{"cpu": "0"}}, "cpu must be greater than 0"),

@@ -222,7 +222,8 @@ type SandboxNetwork struct {
 // SandboxSpec is the desired state of a Sandbox. Everything but
 // activeDeadlineSeconds and paused is fixed once the Sandbox exists, because a running
 // container cannot take the change; create a new Sandbox instead.
-// +kubebuilder:validation:XValidation:rule="has(self.image) != has(self.warmPoolRef)",message="set exactly one of image and warmPoolRef: a Sandbox that claims from a warm pool runs the pool template's image"
+// +kubebuilder:validation:XValidation:rule="has(self.image) || has(self.warmPoolRef)",message="spec.image is required unless spec.warmPoolRef names a SandboxWarmPool to claim from"
+// +kubebuilder:validation:XValidation:rule="!(has(self.image) && has(self.warmPoolRef))",message="spec.image must be empty when spec.warmPoolRef is set: the pool's template decides the image"
 // +kubebuilder:validation:XValidation:rule="has(self.warmPoolRef) == has(oldSelf.warmPoolRef) && (!has(self.warmPoolRef) || self.warmPoolRef == oldSelf.warmPoolRef)",message="warmPoolRef is immutable"
 // +kubebuilder:validation:XValidation:rule="has(self.command) == has(oldSelf.command) && (!has(self.command) || self.command == oldSelf.command)",message="command is immutable"
 // +kubebuilder:validation:XValidation:rule="has(self.env) == has(oldSelf.env) && (!has(self.env) || self.env == oldSelf.env)",message="env is immutable"
