@@ -36,19 +36,22 @@ var _ = Describe("The sample Sandbox", Ordered, func() {
 	It("becomes Ready after kubectl apply", func(ctx SpecContext) {
 		out, err := kubectl(ctx, "apply", "-f", samplesDir, "-o", "name")
 		Expect(err).NotTo(HaveOccurred())
-		// "sandbox.sandbox.code-sandbox.dev/<name>", next to the sample
-		// SandboxQuota ("sandboxquota.sandbox.code-sandbox.dev/<name>").
-		var refs []string
-		for _, line := range strings.Fields(out) {
-			if strings.HasPrefix(line, "sandbox.sandbox.code-sandbox.dev/") {
-				refs = append(refs, line)
-			}
-		}
-		Expect(refs).To(HaveLen(1), "config/samples should hold exactly one Sandbox:\n%s", out)
-		name = strings.TrimPrefix(refs[0], "sandbox.sandbox.code-sandbox.dev/")
+		// The README's quick start applies them all: a Sandbox, a
+		// SandboxQuota, a SandboxWarmPool and a Sandbox claimed from it.
+		Expect(strings.Fields(out)).To(ConsistOf(
+			"sandbox.sandbox.code-sandbox.dev/sandbox-sample",
+			"sandbox.sandbox.code-sandbox.dev/sandbox-from-pool",
+			"sandboxquota.sandbox.code-sandbox.dev/sandboxquota-sample",
+			"sandboxwarmpool.sandbox.code-sandbox.dev/sandboxwarmpool-sample",
+		), "config/samples:\n%s", out)
+		name = "sandbox-sample"
 
-		_, err = kubectl(ctx, "wait", "--for=condition=Ready", "sandbox/"+name, "--timeout=60s")
-		Expect(err).NotTo(HaveOccurred(), "the Sandbox did not become Ready:\n%s", describeSandbox(ctx, name))
+		for _, sbx := range []string{name, "sandbox-from-pool"} {
+			_, err = kubectl(ctx, "wait", "--for=condition=Ready", "sandbox/"+sbx, "--timeout=60s")
+			Expect(err).NotTo(HaveOccurred(), "the Sandbox did not become Ready:\n%s", describeSandbox(ctx, sbx))
+		}
+		_, err = kubectl(ctx, "wait", "--for=jsonpath={.status.readyReplicas}=2", "sandboxwarmpool/sandboxwarmpool-sample", "--timeout=60s")
+		Expect(err).NotTo(HaveOccurred(), "the sample warm pool did not fill")
 
 		uid, err = kubectl(ctx, "get", "sandbox/"+name, "-o", "jsonpath={.metadata.uid}")
 		Expect(err).NotTo(HaveOccurred())
@@ -59,7 +62,7 @@ var _ = Describe("The sample Sandbox", Ordered, func() {
 	}, NodeTimeout(2*time.Minute))
 
 	It("is listed by kubectl get with its status, image and node", func(ctx SpecContext) {
-		out, err := kubectl(ctx, "get", "sandboxes")
+		out, err := kubectl(ctx, "get", "sandbox", name)
 		Expect(err).NotTo(HaveOccurred())
 		lines := strings.Split(strings.TrimSpace(out), "\n")
 		Expect(lines).To(HaveLen(2), "expected a header and one row:\n%s", out)
