@@ -8,7 +8,8 @@ Licensed under the MIT License; see the LICENSE file.
 // Sandbox controller for one node: run one per node (a DaemonSet in a
 // cluster), each with its own --node-name and access to that node's Docker
 // Engine. In the webhook role it serves the SandboxQuota admission webhook
-// and runs the quota controller instead (a Deployment), and needs no Docker.
+// and runs the quota and warm pool controllers instead (a Deployment), and
+// needs no Docker.
 package main
 
 import (

@@ -67,7 +67,7 @@ func (f *webhookFlags) bind(fs *flag.FlagSet) {
 	fs.StringVar(&f.configuration, "webhook-configuration", "code-sandbox-validating-webhook-configuration", "webhook role: ValidatingWebhookConfiguration that receives the self-managed CA; empty leaves it alone.")
 	fs.StringVar(&f.service, "webhook-service", "code-sandbox-webhook-service", "webhook role: Service in front of the webhook; its cluster DNS names go into the certificate.")
 	fs.StringVar(&f.certHosts, "webhook-cert-hosts", "", "webhook role: more comma-separated DNS names or IPs for the certificate (127.0.0.1 for a local run).")
-	fs.BoolVar(&f.leaderElect, "leader-elect", false, "webhook role: elect one replica to run the quota controller (every replica serves the webhook).")
+	fs.BoolVar(&f.leaderElect, "leader-elect", false, "webhook role: elect one replica to run the quota and warm pool controllers (every replica serves the webhook).")
 	fs.StringVar(&f.apiserverAddress, "apiserver-bind-address", ":8443", "webhook role: address of the aggregated API server (sandboxes/exec, files, log, history through kube-apiserver); 0 disables it.")
 	fs.StringVar(&f.apiserverService, "apiserver-service", "code-sandbox-apiserver", "webhook role: Service in front of the aggregated API server; its cluster DNS names go into the serving certificate.")
 	fs.StringVar(&f.apiService, "apiservice", "v1alpha1."+wire.AggregatedGroup, "webhook role: APIService that receives the operator CA as its caBundle; empty leaves it alone.")
@@ -94,7 +94,7 @@ func (f *webhookFlags) hosts() []string {
 
 // runWebhook serves the SandboxQuota admission webhook and the aggregated
 // API, keeps the operator CA, signs the node managers' certificates and
-// runs the quota controller.
+// runs the quota and warm pool controllers.
 func runWebhook(f webhookFlags, metricsAddr, probeAddr string) error {
 	log := ctrl.Log.WithName("setup")
 	host, portStr, err := net.SplitHostPort(f.bindAddress)
