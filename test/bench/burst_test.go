@@ -18,11 +18,9 @@ import (
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/watch"
-	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	sandboxv1alpha1 "github.com/code-sandbox/code-sandbox-operator/api/v1alpha1"
-	"github.com/code-sandbox/code-sandbox-operator/internal/warmpool"
 )
 
 const (
@@ -226,58 +224,11 @@ func BenchmarkWarmPoolBurst(b *testing.B) {
 	ctx := context.Background()
 	b.StopTimer()
 
-	pool := &sandboxv1alpha1.SandboxWarmPool{
-		ObjectMeta: metav1.ObjectMeta{Namespace: namespace, Name: "bench-burst-pool-" + runID},
-		Spec: sandboxv1alpha1.SandboxWarmPoolSpec{
-			Replicas: ptr.To[int32](0),
-			Template: sandboxv1alpha1.SandboxTemplate{Image: e.image},
-		},
-	}
-	if err := e.k8s.Create(ctx, pool); err != nil {
-		b.Fatal(err)
-	}
-	defer func() { _ = e.k8s.Delete(context.WithoutCancel(ctx), pool) }()
-
-	// addIdleMembers creates n members and waits until the manager has
-	// provisioned and frozen all of them.
+	pool := e.createPool(ctx, b, "bench-burst-pool-"+runID)
 	addIdleMembers := func(n int) ([]*sandboxv1alpha1.Sandbox, error) {
-		members := make([]*sandboxv1alpha1.Sandbox, n)
-		for i := range members {
-			members[i] = warmpool.Member(pool)
-			if err := e.k8s.Create(ctx, members[i]); err != nil {
-				return members[:i], err
-			}
-		}
-		deadline := time.Now().Add(burstTimeout)
-		for {
-			idle := 0
-			for _, m := range members {
-				if err := e.k8s.Get(ctx, client.ObjectKeyFromObject(m), m); err != nil {
-					return members, err
-				}
-				if warmpool.Idle(m) {
-					idle++
-				}
-			}
-			if idle == n {
-				return members, nil
-			}
-			if time.Now().After(deadline) {
-				return members, fmt.Errorf("%d of %d members idle after %s", idle, n, burstTimeout)
-			}
-			time.Sleep(20 * time.Millisecond)
-		}
+		return e.addIdleMembers(ctx, pool, n, burstTimeout)
 	}
-	runRaw := func(tag string) rawSample {
-		s, id, err := e.rawCreateToRunning(ctx, fmt.Sprintf("%s-%d", tag, seq.Add(1)))
-		if rerr := e.removeRaw(ctx, id); rerr != nil {
-			err = errors.Join(err, rerr)
-		}
-		if err != nil {
-			b.Fatal(err)
-		}
-		return s
-	}
+	runRaw := func(tag string) rawSample { return e.rawSampleOnce(ctx, b, tag) }
 
 	// Warm up: the first Sandbox fills the tools volume both paths mount.
 	warm := burstNames("warmup", 1)

@@ -569,6 +569,19 @@ func sinceParsed(t0 time.Time, ts string) time.Duration {
 	return t.Sub(t0)
 }
 
+// rawSampleOnce times one raw Docker create+start of a container named
+// after tag and removes it (untimed), failing b on any error.
+func (e *benchEnv) rawSampleOnce(ctx context.Context, b *testing.B, tag string) rawSample {
+	s, id, err := e.rawCreateToRunning(ctx, fmt.Sprintf("%s-%d", tag, seq.Add(1)))
+	if rerr := e.removeRaw(ctx, id); rerr != nil {
+		err = errors.Join(err, rerr)
+	}
+	if err != nil {
+		b.Fatal(err)
+	}
+	return s
+}
+
 // BenchmarkCreateToReady compares, per iteration and in alternating order,
 // (a) create a default Sandbox through the API server until its Ready
 // condition is True, against (b) raw Docker create+start of the same
@@ -591,17 +604,7 @@ func BenchmarkCreateToReady(b *testing.B) {
 		}
 		return s
 	}
-	runRaw := func(tag string) rawSample {
-		name := fmt.Sprintf("%s-%d", tag, seq.Add(1))
-		s, id, err := e.rawCreateToRunning(ctx, name)
-		if rerr := e.removeRaw(ctx, id); rerr != nil {
-			err = errors.Join(err, rerr)
-		}
-		if err != nil {
-			b.Fatal(err)
-		}
-		return s
-	}
+	runRaw := func(tag string) rawSample { return e.rawSampleOnce(ctx, b, tag) }
 
 	// Warm up: the first Sandbox fills the tools volume both paths mount,
 	// and both paths get their connections and caches primed.

@@ -26,6 +26,56 @@ import (
 // API server, p50. Reported, never asserted.
 const claimGoal = 50 * time.Millisecond
 
+// createPool creates an empty SandboxWarmPool of the benchmark's image,
+// deleted when b ends. The benchmarks play its controller: they add
+// members (addIdleMembers) and delete claimed ones themselves.
+func (e *benchEnv) createPool(ctx context.Context, b *testing.B, name string) *sandboxv1alpha1.SandboxWarmPool {
+	pool := &sandboxv1alpha1.SandboxWarmPool{
+		ObjectMeta: metav1.ObjectMeta{Namespace: namespace, Name: name},
+		Spec: sandboxv1alpha1.SandboxWarmPoolSpec{
+			Replicas: ptr.To[int32](0),
+			Template: sandboxv1alpha1.SandboxTemplate{Image: e.image},
+		},
+	}
+	if err := e.k8s.Create(ctx, pool); err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { _ = e.k8s.Delete(context.WithoutCancel(ctx), pool) })
+	return pool
+}
+
+// addIdleMembers creates n members of pool and waits until the manager has
+// provisioned and frozen all of them (untimed). On an error it returns the
+// members created so far, for cleanup.
+func (e *benchEnv) addIdleMembers(ctx context.Context, pool *sandboxv1alpha1.SandboxWarmPool, n int, timeout time.Duration) ([]*sandboxv1alpha1.Sandbox, error) {
+	members := make([]*sandboxv1alpha1.Sandbox, n)
+	for i := range members {
+		members[i] = warmpool.Member(pool)
+		if err := e.k8s.Create(ctx, members[i]); err != nil {
+			return members[:i], err
+		}
+	}
+	deadline := time.Now().Add(timeout)
+	for {
+		idle := 0
+		for _, m := range members {
+			if err := e.k8s.Get(ctx, client.ObjectKeyFromObject(m), m); err != nil {
+				return members, err
+			}
+			if warmpool.Idle(m) {
+				idle++
+			}
+		}
+		if idle == n {
+			return members, nil
+		}
+		if time.Now().After(deadline) {
+			return members, fmt.Errorf("%d of %d members idle after %s", idle, n, timeout)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
 // BenchmarkWarmPoolClaim compares, per iteration, (a) creating a Sandbox
 // that claims an idle member of a SandboxWarmPool until its Ready condition
 // is True, against (b) raw Docker create+start. Before each claim the
@@ -37,34 +87,13 @@ func BenchmarkWarmPoolClaim(b *testing.B) {
 	ctx := context.Background()
 	b.StopTimer()
 
-	pool := &sandboxv1alpha1.SandboxWarmPool{
-		ObjectMeta: metav1.ObjectMeta{Namespace: namespace, Name: "bench-pool-" + runID},
-		Spec: sandboxv1alpha1.SandboxWarmPoolSpec{
-			Replicas: ptr.To[int32](0),
-			Template: sandboxv1alpha1.SandboxTemplate{Image: e.image},
-		},
-	}
-	if err := e.k8s.Create(ctx, pool); err != nil {
-		b.Fatal(err)
-	}
-	defer func() { _ = e.k8s.Delete(context.WithoutCancel(ctx), pool) }()
-
+	pool := e.createPool(ctx, b, "bench-pool-"+runID)
 	addIdleMember := func() (*sandboxv1alpha1.Sandbox, error) {
-		m := warmpool.Member(pool)
-		if err := e.k8s.Create(ctx, m); err != nil {
+		members, err := e.addIdleMembers(ctx, pool, 1, readyTimeout)
+		if err != nil {
 			return nil, err
 		}
-		deadline := time.Now().Add(readyTimeout)
-		for time.Now().Before(deadline) {
-			if err := e.k8s.Get(ctx, client.ObjectKeyFromObject(m), m); err != nil {
-				return nil, err
-			}
-			if warmpool.Idle(m) {
-				return m, nil
-			}
-			time.Sleep(20 * time.Millisecond)
-		}
-		return nil, fmt.Errorf("member %s not idle after %s", m.Name, readyTimeout)
+		return members[0], nil
 	}
 	runClaim := func(tag string) opSample {
 		member, err := addIdleMember()
@@ -92,17 +121,7 @@ func BenchmarkWarmPoolClaim(b *testing.B) {
 		}
 		return s
 	}
-	runRaw := func(tag string) rawSample {
-		name := fmt.Sprintf("%s-%d", tag, seq.Add(1))
-		s, id, err := e.rawCreateToRunning(ctx, name)
-		if rerr := e.removeRaw(ctx, id); rerr != nil {
-			err = errors.Join(err, rerr)
-		}
-		if err != nil {
-			b.Fatal(err)
-		}
-		return s
-	}
+	runRaw := func(tag string) rawSample { return e.rawSampleOnce(ctx, b, tag) }
 
 	runClaim("warmup")
 	runRaw("warmup")
