@@ -170,6 +170,8 @@ type Client struct {
 	egressReady func(context.Context) error
 	imagePolicy *imagepolicy.Policy
 
+	standby standbys
+
 	toolsMu sync.Mutex
 	// toolsCreatedAt identifies the tools volume this client verified ("" if
 	// none yet), so a volume removed and re-created since (empty) is noticed.
@@ -207,7 +209,10 @@ func New(opts Options) (*Client, error) {
 func (c *Client) Docker() *client.Client { return c.docker }
 
 // Close releases the client's connections.
-func (c *Client) Close() error { return c.docker.Close() }
+func (c *Client) Close() error {
+	c.closeStandbys()
+	return c.docker.Close()
+}
 
 // Host is the Docker endpoint in use.
 func (c *Client) Host() string { return c.docker.DaemonHost() }
@@ -784,6 +789,7 @@ func (c *Client) Unpause(ctx context.Context, id string) error {
 // confirms the container is gone; a container that never existed counts as
 // gone.
 func (c *Client) Remove(ctx context.Context, id string, grace time.Duration) error {
+	c.dropStandby(id)
 	if grace > 0 {
 		secs := int((grace + time.Second - 1) / time.Second)
 		sctx, cancel := context.WithTimeout(ctx, grace+c.callTimeout)
@@ -877,6 +883,9 @@ type ExecOptions struct {
 	WorkingDir string
 	Env        []string
 	Stdin      io.Reader
+	// openStdin attaches stdin for the caller to write to the attachment
+	// (a serve helper's requests), instead of copying Stdin.
+	openStdin bool
 }
 
 // ExecResult is how a command ended.
@@ -924,7 +933,7 @@ func (c *Client) startExec(ctx context.Context, id string, opts ExecOptions) (st
 		Cmd:          opts.Cmd,
 		WorkingDir:   opts.WorkingDir,
 		Env:          opts.Env,
-		AttachStdin:  opts.Stdin != nil,
+		AttachStdin:  opts.Stdin != nil || opts.openStdin,
 		AttachStdout: true,
 		AttachStderr: true,
 	})

@@ -5,6 +5,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -12,6 +13,7 @@ import (
 	"time"
 
 	"github.com/code-sandbox/code-sandbox-operator/internal/execio"
+	"github.com/code-sandbox/code-sandbox-operator/internal/sandboxhelper/helperproto"
 )
 
 const (
@@ -34,7 +36,20 @@ const (
 // The command's background children that outlive it (`server &`) are left
 // running once its output has drained (or 150 ms after it exited); they are
 // no longer killed by this call.
+//
+// The command runs in the sandbox's standby helper when it has one (see
+// standby.go), and leaves a new standby starting behind it.
 func (c *Client) RunCommand(ctx context.Context, id string, req execio.Request, stdout, stderr io.Writer) (execio.Result, error) {
+	return c.runCommand(ctx, id, req, stdout, stderr, true)
+}
+
+// RunCommandOnce is RunCommand that leaves no standby helper behind, for a
+// check after which the sandbox must hold no process of ours.
+func (c *Client) RunCommandOnce(ctx context.Context, id string, req execio.Request, stdout, stderr io.Writer) (execio.Result, error) {
+	return c.runCommand(ctx, id, req, stdout, stderr, false)
+}
+
+func (c *Client) runCommand(ctx context.Context, id string, req execio.Request, stdout, stderr io.Writer, keepStandby bool) (execio.Result, error) {
 	req, err := req.Normalize()
 	if err != nil {
 		return execio.Result{}, err
@@ -48,6 +63,183 @@ func (c *Client) RunCommand(ctx context.Context, id string, req execio.Request, 
 	runID := newRunID()
 	timeout := req.Timeout()
 	backstop := int64((timeout + helperBackstopGrace + time.Second - 1) / time.Second)
+	if c.isLegacy(id) {
+		return c.runCommandPerExec(ctx, id, req, stdout, stderr, runID, backstop)
+	}
+	request, err := json.Marshal(helperproto.ServeRequest{
+		ID: runID, Argv: req.Argv(), Env: req.Env, WorkingDir: req.WorkingDir, Stdin: req.Stdin, BackstopSeconds: backstop,
+	})
+	if err != nil {
+		return execio.Result{}, fmt.Errorf("encoding the command for the sandbox helper: %w", err)
+	}
+	s, err := c.acceptedServe(ctx, id, request)
+	if errors.Is(err, errHelperWithoutServe) {
+		c.markLegacy(id)
+		return c.runCommandPerExec(ctx, id, req, stdout, stderr, runID, backstop)
+	}
+	if err != nil {
+		return execio.Result{}, err
+	}
+	res, reusable, err := c.streamServe(ctx, s, req, stdout, stderr, runID)
+	if reusable && keepStandby {
+		c.park(id, s)
+	} else {
+		s.close()
+	}
+	return res, err
+}
+
+// acceptedServe hands the command to a helper that has taken it: the
+// standby, or a new one when there is none, or when the standby ended
+// before taking the command (then it never ran, and runs once here).
+func (c *Client) acceptedServe(ctx context.Context, id string, request []byte) (*serveExec, error) {
+	actx, cancel := context.WithTimeout(ctx, c.callTimeout)
+	defer cancel()
+	if s := c.takeStandby(id); s != nil {
+		err := s.request(actx, request)
+		if err == nil {
+			return s, nil
+		}
+		s.close()
+		if !errors.Is(err, errNotAccepted) {
+			return nil, err
+		}
+	}
+	s, err := c.startServe(actx, id)
+	if err != nil {
+		return nil, err
+	}
+	if err := s.request(actx, request); err != nil {
+		s.close()
+		if !errors.Is(err, errNotAccepted) {
+			return nil, err
+		}
+		code, ierr := c.execExitCode(context.WithoutCancel(ctx), s.execID)
+		if ierr != nil {
+			return nil, ierr
+		}
+		return nil, helperFailure("running a command in "+ShortID(id), code, s.stderr.Bytes())
+	}
+	return s, nil
+}
+
+// streamServe copies an accepted command's output until its exit frame,
+// killing its tree on timeout, on ctx's end, or when a writer fails. The
+// copy runs apart from the timers, so a caller's writer that blocks cannot
+// hold off the kill. reusable says the helper ended the command by the
+// protocol and may take another.
+func (c *Client) streamServe(ctx context.Context, s *serveExec, req execio.Request, stdout, stderr io.Writer, runID string) (res execio.Result, reusable bool, err error) {
+	start := time.Now()
+	outCap := execio.NewCapWriter(stdout, req.OutputLimitBytes, "stdout")
+	errCap := execio.NewCapWriter(stderr, req.OutputLimitBytes, "stderr")
+	type outcome struct {
+		exitCode int
+		exited   bool
+		err      error // the helper's protocol broken
+		writeErr error // a writer failed
+	}
+	done := make(chan outcome, 1)
+	writerFailed := make(chan struct{})
+	go func() {
+		var o outcome
+		defer func() { done <- o }()
+		for f := range s.frames {
+			switch f.kind {
+			case helperproto.FrameStdout, helperproto.FrameStderr:
+				if o.writeErr == nil {
+					w := io.Writer(outCap)
+					if f.kind == helperproto.FrameStderr {
+						w = errCap
+					}
+					if _, err := w.Write(f.payload); err != nil {
+						// The caller is gone; the command must not run on.
+						o.writeErr = err
+						close(writerFailed)
+					}
+				}
+				f.release()
+			case helperproto.FrameExit:
+				o.exitCode, o.err = helperproto.ParseExit(f.payload)
+				o.exited = o.err == nil
+				f.release()
+				return
+			default:
+				o.err = fmt.Errorf("the sandbox helper sent a %q frame during command %s", f.kind, runID)
+				f.release()
+				return
+			}
+		}
+		o.err = s.streamErr
+	}()
+
+	timer := time.NewTimer(req.Timeout())
+	defer timer.Stop()
+	var (
+		cancelled    error
+		killDeadline <-chan time.Time
+		ctxDone      = ctx.Done()
+		o            outcome
+	)
+	kill := func() {
+		if killDeadline == nil {
+			// A failed send is a helper already gone: the end of its stdin
+			// kills the tree too.
+			_ = s.send(helperproto.FrameKill, []byte(runID))
+			killDeadline = time.After(helperBackstopGrace + c.callTimeout)
+		}
+	}
+wait:
+	for {
+		select {
+		case o = <-done:
+			break wait
+		case <-timer.C:
+			res.TimedOut = true
+			kill()
+		case <-ctxDone:
+			ctxDone = nil
+			cancelled = ctx.Err()
+			kill()
+		case <-writerFailed:
+			writerFailed = nil
+			kill()
+		case <-killDeadline:
+			s.close()
+			<-done
+			res.DurationMillis = time.Since(start).Milliseconds()
+			return res, false, fmt.Errorf("command %s in sandbox %s did not end after being killed", runID, ShortID(s.container))
+		}
+	}
+	res.DurationMillis = time.Since(start).Milliseconds()
+	res.StdoutBytes, res.StdoutTruncated = outCap.Written(), outCap.Truncated()
+	res.StderrBytes, res.StderrTruncated = errCap.Written(), errCap.Truncated()
+	res.ExitCode = o.exitCode
+	switch {
+	case cancelled != nil:
+		return res, o.exited, fmt.Errorf("running command in sandbox %s: %w", ShortID(s.container), cancelled)
+	case o.writeErr != nil:
+		return res, o.exited, classify(o.writeErr, "streaming command output from "+ShortID(s.container))
+	case o.err != nil:
+		if killDeadline == nil {
+			kill()
+		}
+		return res, false, fmt.Errorf("reading the sandbox helper in %s: %w", ShortID(s.container), o.err)
+	case o.exited:
+		return res, true, nil
+	}
+	// The stream ended without an exit frame: the helper was killed (from
+	// inside the sandbox, or by the OOM killer) or its container stopped.
+	// Docker's record of the exec has the exit code, as for any exec.
+	code, err := c.execExitCode(context.WithoutCancel(ctx), s.execID)
+	res.ExitCode = code
+	return res, false, err
+}
+
+// runCommandPerExec runs a command in a sandbox whose helper predates
+// serve: one exec of `helper run` per command, a second exec to kill it,
+// the exit code from the exec's inspection.
+func (c *Client) runCommandPerExec(ctx context.Context, id string, req execio.Request, stdout, stderr io.Writer, runID string, backstop int64) (execio.Result, error) {
+	timeout := req.Timeout()
 	argv := append([]string{HelperPath, "run", "--id=" + runID, "--backstop=" + strconv.FormatInt(backstop, 10), "--"}, req.Argv()...)
 	opts := ExecOptions{Cmd: argv, WorkingDir: req.WorkingDir, Env: req.Env}
 	if req.Stdin != nil {

@@ -9,7 +9,9 @@ package sandboxhelper
 import (
 	"archive/tar"
 	"bytes"
+	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"os"
 	"os/exec"
@@ -310,6 +312,142 @@ var _ = Describe("run and kill (a built helper)", unit, Ordered, func() {
 		Expect(code).To(Equal(helperproto.ExitKilled))
 		Expect(time.Since(start)).To(BeNumerically("<", 3*time.Second))
 		Expect(alive(tag)).To(BeFalse())
+	})
+
+	// serveSession is a `helper serve` process and its two pipes.
+	type serveSession struct {
+		cmd   *exec.Cmd
+		stdin io.WriteCloser
+		out   io.Reader
+	}
+	startServe := func() *serveSession {
+		cmd := exec.Command(helper, "serve")
+		stdin, err := cmd.StdinPipe()
+		Expect(err).NotTo(HaveOccurred())
+		out, err := cmd.StdoutPipe()
+		Expect(err).NotTo(HaveOccurred())
+		Expect(cmd.Start()).To(Succeed())
+		DeferCleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+		s := &serveSession{cmd: cmd, stdin: stdin, out: out}
+		kind, _, err := helperproto.ReadFrame(out, 0)
+		Expect(err).NotTo(HaveOccurred())
+		Expect(kind).To(Equal(helperproto.FrameReady))
+		return s
+	}
+	send := func(s *serveSession, kind byte, payload []byte) {
+		_, err := s.stdin.Write(helperproto.AppendFrame(nil, kind, payload))
+		Expect(err).NotTo(HaveOccurred())
+	}
+	request := func(s *serveSession, req helperproto.ServeRequest) {
+		payload, err := json.Marshal(req)
+		Expect(err).NotTo(HaveOccurred())
+		send(s, helperproto.FrameRequest, payload)
+	}
+	// outcome reads one command's frames: its stdout, stderr and exit code.
+	outcome := func(s *serveSession) (string, string, int) {
+		var stdout, stderr strings.Builder
+		accepted := false
+		for {
+			kind, payload, err := helperproto.ReadFrame(s.out, helperproto.MaxOutputFrame)
+			Expect(err).NotTo(HaveOccurred())
+			switch kind {
+			case helperproto.FrameAccepted:
+				accepted = true
+			case helperproto.FrameStdout:
+				stdout.Write(payload)
+			case helperproto.FrameStderr:
+				stderr.Write(payload)
+			case helperproto.FrameExit:
+				code, err := helperproto.ParseExit(payload)
+				Expect(err).NotTo(HaveOccurred())
+				Expect(accepted || code == helperproto.ExitUsage).To(BeTrue(), "only a refused request skips the accepted frame")
+				return stdout.String(), stderr.String(), code
+			default:
+				Fail(fmt.Sprintf("unexpected frame %q", kind))
+			}
+		}
+	}
+
+	It("serves commands one after another, each with its own env, directory and stdin", func() {
+		s := startServe()
+		dir := GinkgoT().TempDir()
+		request(s, helperproto.ServeRequest{ID: "s1", Argv: []string{"sh", "-c", `echo "$FOO $(pwd) $` + helperproto.RunIDEnv + `"; cat; echo err >&2; exit 3`},
+			Env: []string{"FOO=bar"}, WorkingDir: dir, Stdin: []byte("in\n")})
+		stdout, stderr, code := outcome(s)
+		Expect(code).To(Equal(3))
+		Expect(stdout).To(Equal("bar " + dir + " s1\nin\n"))
+		Expect(stderr).To(Equal("err\n"))
+
+		cwd, err := os.Getwd()
+		Expect(err).NotTo(HaveOccurred())
+		request(s, helperproto.ServeRequest{ID: "s2", Argv: []string{"sh", "-c", `echo "${FOO:-unset} $(pwd)"; cat`}})
+		stdout, _, code = outcome(s)
+		Expect(code).To(BeZero())
+		Expect(stdout).To(Equal("unset "+cwd+"\n"), "nothing of the first command stays; no stdin is EOF")
+
+		request(s, helperproto.ServeRequest{ID: "s3", Argv: []string{"/no/such/program"}})
+		_, stderr, code = outcome(s)
+		Expect(code).To(Equal(helperproto.ExitCommandNotFound))
+		Expect(stderr).To(ContainSubstring(helperproto.ErrorPrefix))
+
+		request(s, helperproto.ServeRequest{ID: "s4", Argv: []string{"true"}, WorkingDir: "/no/such/dir"})
+		_, stderr, code = outcome(s)
+		Expect(code).To(Equal(helperproto.ExitCannotExecute))
+		Expect(stderr).To(ContainSubstring("cannot change to working directory"))
+
+		request(s, helperproto.ServeRequest{ID: "s5", Argv: []string{"true"}})
+		_, _, code = outcome(s)
+		Expect(code).To(BeZero(), "still serving after failures")
+	})
+
+	It("kills only the command a kill frame names, and everything when its stdin ends", func() {
+		s := startServe()
+		tag := "sleep 5" + randomDigits()
+		request(s, helperproto.ServeRequest{ID: "k1", Argv: []string{"sh", "-c", tag + "1 & setsid sh -c '" + tag + "2' & " + tag + "3"}})
+		Eventually(func() bool { return alive(tag + "2") }).WithTimeout(5 * time.Second).Should(BeTrue())
+		send(s, helperproto.FrameKill, []byte("another-run"))
+		Consistently(func() bool { return alive(tag + "3") }).WithTimeout(300 * time.Millisecond).Should(BeTrue())
+		send(s, helperproto.FrameKill, []byte("k1"))
+		_, _, code := outcome(s)
+		Expect(code).To(Equal(helperproto.ExitKilled))
+		Expect(alive(tag)).To(BeFalse())
+
+		// A late kill (after its command ended) is ignored.
+		send(s, helperproto.FrameKill, []byte("k1"))
+		tag2 := "sleep 6" + randomDigits()
+		request(s, helperproto.ServeRequest{ID: "k2", Argv: []string{"sh", "-c", tag2 + "1 & " + tag2 + "2"}})
+		Eventually(func() bool { return alive(tag2 + "1") }).WithTimeout(5 * time.Second).Should(BeTrue())
+		Expect(s.stdin.Close()).To(Succeed())
+		exited := make(chan struct{})
+		go func() { _ = s.cmd.Wait(); close(exited) }()
+		Eventually(exited).WithTimeout(5*time.Second).Should(BeClosed(), "serve exits once its manager is gone")
+		Eventually(func() bool { return alive(tag2) }).WithTimeout(5 * time.Second).Should(BeFalse())
+	})
+
+	It("leaves a finished command's background child to init, out of a later kill's reach", func() {
+		s := startServe()
+		tag := "sleep 7" + randomDigits()
+		request(s, helperproto.ServeRequest{ID: "b1", Argv: []string{"sh", "-c", tag + " & echo started"}})
+		stdout, _, code := outcome(s)
+		Expect(code).To(BeZero())
+		Expect(stdout).To(Equal("started\n"))
+		request(s, helperproto.ServeRequest{ID: "b2", Argv: []string{"sleep", "30"}})
+		send(s, helperproto.FrameKill, []byte("b2"))
+		_, _, code = outcome(s)
+		Expect(code).To(Equal(helperproto.ExitKilled))
+		Expect(alive(tag)).To(BeTrue(), "the first command's background child survives")
+		out, err := exec.Command("pkill", "-f", tag).CombinedOutput()
+		Expect(err).NotTo(HaveOccurred(), string(out))
+	})
+
+	It("refuses a malformed request and exits", func() {
+		s := startServe()
+		send(s, helperproto.FrameRequest, []byte(`{"id":"bad id","argv":["true"]}`))
+		_, stderr, code := outcome(s)
+		Expect(code).To(Equal(helperproto.ExitUsage))
+		Expect(stderr).To(ContainSubstring("run ID"))
+		var exitErr *exec.ExitError
+		Expect(errors.As(s.cmd.Wait(), &exitErr)).To(BeTrue())
 	})
 
 	It("kills a run by ID and is idempotent", func() {

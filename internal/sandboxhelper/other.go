@@ -5,6 +5,8 @@ package sandboxhelper
 import (
 	"errors"
 	"io"
+
+	"github.com/code-sandbox/code-sandbox-operator/internal/sandboxhelper/helperproto"
 )
 
 // The helper runs only inside Linux containers; on other systems the
@@ -15,3 +17,5 @@ var errLinuxOnly = errors.New("code-sandbox-helper runs commands only on Linux")
 func run(_ runOptions, _, stderr io.Writer) int { return report(stderr, errLinuxOnly) }
 
 func kill(string) error { return errLinuxOnly }
+
+func serve(io.Reader, io.Writer) int { return helperproto.ExitOther }

@@ -305,7 +305,7 @@ func (p *pool) make() (poolMember, error) {
 	// does, writes nothing and leaves no process; it is not recorded in
 	// the exec history.
 	cctx, cancel := context.WithTimeout(p.ctx, poolCheckTimeout)
-	res, err := p.d.docker.RunCommand(cctx, ct.ID, execio.Request{Command: []string{"true"}, TimeoutSeconds: int64(poolCheckTimeout / time.Second)}, nil, nil)
+	res, err := p.d.docker.RunCommandOnce(cctx, ct.ID, execio.Request{Command: []string{"true"}, TimeoutSeconds: int64(poolCheckTimeout / time.Second)}, nil, nil)
 	cancel()
 	if err == nil && (res.ExitCode != 0 || res.TimedOut) {
 		err = fmt.Errorf("health check `true` in %s: exit code %d, timed out %v", dockerruntime.ShortID(ct.ID), res.ExitCode, res.TimedOut)

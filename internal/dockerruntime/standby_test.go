@@ -1,0 +1,156 @@
+/*
+Copyright 2026 The code-sandbox-operator Authors.
+
+Licensed under the MIT License; see the LICENSE file.
+*/
+
+package dockerruntime
+
+import (
+	"bytes"
+	"context"
+	"strings"
+	"time"
+
+	"github.com/code-sandbox/code-sandbox-operator/internal/execio"
+	"github.com/code-sandbox/code-sandbox-operator/internal/sandboxhelper/helperproto"
+	. "github.com/onsi/ginkgo/v2"
+	. "github.com/onsi/gomega"
+)
+
+// servePID runs a command that reports the PID of the `helper serve` it ran
+// under: the command's parent is its `helper run`, whose parent is serve.
+func servePID(ctx context.Context, c *Client, id string) string {
+	GinkgoHelper()
+	var stdout, stderr bytes.Buffer
+	res, err := c.RunCommand(ctx, id, execio.Request{Shell: `s=$(cat /proc/$PPID/stat); s=${s##*) }; set -- $s; echo $2`}, &stdout, &stderr)
+	Expect(err).NotTo(HaveOccurred())
+	Expect(res.ExitCode).To(BeZero(), stderr.String())
+	pid := strings.TrimSpace(stdout.String())
+	Expect(pid).NotTo(BeEmpty())
+	cmdline := sh(ctx, id, "tr '\\0' ' ' < /proc/"+pid+"/cmdline")
+	Expect(cmdline.Stdout).To(Equal(HelperPath+" serve "), "PID %s is not a serve helper", pid)
+	return pid
+}
+
+// serveHelpers lists the sandbox's serve helpers' PIDs.
+func serveHelpers(ctx context.Context, id string) []string {
+	GinkgoHelper()
+	res := sh(ctx, id, `for p in /proc/[0-9]*; do [ "$(tr '\0' ' ' < $p/cmdline 2>/dev/null)" = "`+HelperPath+` serve " ] && echo ${p#/proc/}; done; true`)
+	Expect(res.Code).To(BeZero(), "%v", res)
+	return strings.Fields(res.Stdout)
+}
+
+var _ = Describe("The resident helper", dockerLabel, func() {
+	It("runs a sandbox's commands one after another in one serve helper, not an exec each", func(ctx SpecContext) {
+		ct, _ := startSandbox(ctx, nil)
+		first := servePID(ctx, rt, ct.ID)
+		for range 3 {
+			Expect(servePID(ctx, rt, ct.ID)).To(Equal(first))
+		}
+		Expect(serveHelpers(ctx, ct.ID)).To(Equal([]string{first}), "one idle helper per sandbox")
+
+		// A command's env and directory do not stay for the next one.
+		r := runCmd(ctx, ct.ID, execio.Request{Shell: `echo "$FOO $(pwd)"`, Env: []string{"FOO=bar"}, WorkingDir: "/tmp"})
+		Expect(r.Stdout).To(Equal("bar /tmp\n"))
+		r = runCmd(ctx, ct.ID, execio.Request{Shell: `echo "${FOO:-unset} $(pwd)"`})
+		Expect(r.Stdout).To(Equal("unset /app\n"))
+
+		// A background child that outlives its command belongs to the
+		// container's init, never to the resident helper: a later
+		// command's kill cannot reach it.
+		r = runCmd(ctx, ct.ID, execio.Request{Shell: "sleep 1011 & echo started"})
+		Expect(r.Stdout).To(Equal("started\n"))
+		r = runCmd(ctx, ct.ID, execio.Request{Command: []string{"sleep", "30"}, TimeoutSeconds: 1})
+		Expect(r.Result.TimedOut).To(BeTrue())
+		Expect(survivors(ctx, ct.ID, "sleep 1011")).To(HaveLen(1), "the earlier command's background child survives a later kill")
+		Expect(survivors(ctx, ct.ID, "sleep 30")).To(BeEmpty())
+		Expect(servePID(ctx, rt, ct.ID)).To(Equal(first), "a killed command leaves its helper usable")
+	}, SpecTimeout(60*time.Second))
+
+	It("runs a command exactly once when the idle helper was killed from inside the sandbox", func(ctx SpecContext) {
+		ct, _ := startSandbox(ctx, nil)
+		first := servePID(ctx, rt, ct.ID)
+		Expect(sh(ctx, ct.ID, "kill -9 "+first).Code).To(BeZero())
+		r := runCmd(ctx, ct.ID, execio.Request{Shell: "echo x >> /tmp/count; wc -l < /tmp/count"})
+		Expect(r.Err).NotTo(HaveOccurred())
+		Expect(strings.TrimSpace(r.Stdout)).To(Equal("1"))
+		Expect(servePID(ctx, rt, ct.ID)).NotTo(Equal(first))
+	}, SpecTimeout(60*time.Second))
+
+	It("leaves concurrent commands one idle helper, and none after RunCommandOnce", func(ctx SpecContext) {
+		ct, _ := startSandbox(ctx, nil)
+		done := make(chan runOut, 4)
+		for range 4 {
+			go func() { done <- runCmd(ctx, ct.ID, execio.Request{Shell: "sleep 0.5"}) }()
+		}
+		for range 4 {
+			Expect((<-done).Err).NotTo(HaveOccurred())
+		}
+		Eventually(func() []string { return serveHelpers(ctx, ct.ID) }).WithContext(ctx).WithTimeout(5 * time.Second).Should(HaveLen(1))
+
+		other, _ := startSandbox(ctx, nil)
+		res, err := rt.RunCommandOnce(ctx, other.ID, execio.Request{Command: []string{"true"}}, nil, nil)
+		Expect(err).NotTo(HaveOccurred())
+		Expect(res.ExitCode).To(BeZero())
+		Eventually(func() []string { return serveHelpers(ctx, other.ID) }).WithContext(ctx).WithTimeout(5 * time.Second).Should(BeEmpty())
+	}, SpecTimeout(60*time.Second))
+
+	It("ends its helpers when the client closes or removes the sandbox", func(ctx SpecContext) {
+		c, err := New(Options{CallTimeout: 30 * time.Second})
+		Expect(err).NotTo(HaveOccurred())
+		ct, _ := startSandbox(ctx, nil)
+		servePID(ctx, c, ct.ID)
+		Expect(c.Close()).To(Succeed())
+		Eventually(func() []string { return serveHelpers(ctx, ct.ID) }).WithContext(ctx).WithTimeout(5 * time.Second).Should(BeEmpty(),
+			"a closed client's helpers see their stdin end and exit")
+
+		removed, _ := startSandbox(ctx, nil)
+		servePID(ctx, rt, removed.ID)
+		Expect(rt.Remove(ctx, removed.ID, 0)).To(Succeed())
+		rt.standby.mu.Lock()
+		_, kept := rt.standby.idle[removed.ID]
+		rt.standby.mu.Unlock()
+		Expect(kept).To(BeFalse(), "a removed sandbox's idle helper is dropped")
+	}, SpecTimeout(60*time.Second))
+
+	It("falls back to an exec per command for a helper without serve (an older tools volume)", func(ctx SpecContext) {
+		saved := serveCommand
+		// The real helper answers an unknown subcommand exactly as a helper
+		// from before serve answers `serve`.
+		serveCommand = []string{HelperPath, "serve-unknown-to-this-helper"}
+		DeferCleanup(func() { serveCommand = saved })
+		c, err := New(Options{CallTimeout: 30 * time.Second})
+		Expect(err).NotTo(HaveOccurred())
+		DeferCleanup(c.Close)
+		ct, _ := startSandbox(ctx, nil)
+		for range 2 {
+			var stdout bytes.Buffer
+			res, err := c.RunCommand(ctx, ct.ID, execio.Request{Shell: "echo hi; exit 4"}, &stdout, nil)
+			Expect(err).NotTo(HaveOccurred())
+			Expect(res.ExitCode).To(Equal(4))
+			Expect(stdout.String()).To(Equal("hi\n"))
+		}
+		Expect(c.isLegacy(ct.ID)).To(BeTrue())
+		res, err := c.RunCommand(ctx, ct.ID, execio.Request{Command: []string{"sleep", "30"}, TimeoutSeconds: 1}, nil, nil)
+		Expect(err).NotTo(HaveOccurred())
+		Expect(res.TimedOut).To(BeTrue())
+		Expect(survivors(ctx, ct.ID, "sleep 30")).To(BeEmpty())
+	}, SpecTimeout(60*time.Second))
+
+	It("treats a helper's frames as hostile: an oversized frame ends the command with an error, not an allocation", func(ctx SpecContext) {
+		saved := serveCommand
+		// A helper that is ready, takes the command, then announces a 4 GiB
+		// stdout frame.
+		serveCommand = []string{"/bin/sh", "-c", `printf 'R\000\000\000\000'; sleep 0.3; printf 'A\000\000\000\000O\377\377\377\377'; sleep 30`}
+		DeferCleanup(func() { serveCommand = saved })
+		c, err := New(Options{CallTimeout: 30 * time.Second})
+		Expect(err).NotTo(HaveOccurred())
+		DeferCleanup(c.Close)
+		ct, _ := startSandbox(ctx, nil)
+		start := time.Now()
+		_, err = c.RunCommand(ctx, ct.ID, execio.Request{Command: []string{"true"}}, nil, nil)
+		Expect(err).To(MatchError(helperproto.ErrFrameTooLarge))
+		Expect(time.Since(start)).To(BeNumerically("<", 10*time.Second))
+	}, SpecTimeout(60*time.Second))
+})
