@@ -102,7 +102,7 @@ var _ = Describe("The resident helper", dockerLabel, func() {
 		ct, _ := startSandbox(ctx, nil)
 		servePID(ctx, c, ct.ID)
 		Expect(c.Close()).To(Succeed())
-		Eventually(func() []string { return serveHelpers(ctx, ct.ID) }).WithContext(ctx).WithTimeout(5 * time.Second).Should(BeEmpty(),
+		Eventually(func() []string { return serveHelpers(ctx, ct.ID) }).WithContext(ctx).WithTimeout(5*time.Second).Should(BeEmpty(),
 			"a closed client's helpers see their stdin end and exit")
 
 		removed, _ := startSandbox(ctx, nil)
