@@ -6,7 +6,9 @@
 // (there is no exec kill, moby#9098), and copy files into a read-only-rootfs
 // container or its tmpfs mounts (the archive API writes the container's
 // layer). So every command runs under `helper run`, which owns the command's
-// whole process tree and can kill it, and every file transfer is a tar
+// whole process tree and can kill it (forked by the sandbox's resident
+// `helper serve`, which takes commands as frames on its stdin, so that a
+// command costs no Docker exec), and every file transfer is a tar
 // streamed through `helper untar` / `helper tar`, which open paths with
 // os.Root so that no symlink the sandbox plants leads out of the allowed
 // directory.

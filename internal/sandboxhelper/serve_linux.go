@@ -112,10 +112,12 @@ func runOne(req helperproto.ServeRequest, in <-chan inFrame, out *frameWriter) (
 		return out.errorLine(helperproto.ExitCannotExecute, fmt.Errorf("starting the helper's runner: %w", err)), false
 	}
 
-	var copies sync.WaitGroup
-	copies.Add(2)
-	go copyFrames(outR, out.stream(helperproto.FrameStdout), &copies)
-	go copyFrames(errR, out.stream(helperproto.FrameStderr), &copies)
+	defer outR.Close()
+	defer errR.Close()
+	copied := make(chan struct{}, 2)
+	var flow copyProgress
+	go copyStream(outR, out.stream(helperproto.FrameStdout), &flow, copied)
+	go copyStream(errR, out.stream(helperproto.FrameStderr), &flow, copied)
 	exited := make(chan *os.ProcessState, 1)
 	go func() {
 		st, _ := proc.Wait()
@@ -149,7 +151,8 @@ func runOne(req helperproto.ServeRequest, in <-chan inFrame, out *frameWriter) (
 		case st := <-exited:
 			// The runner's pipes are its own (the command's tree holds
 			// the runner's), so they end with it.
-			copies.Wait()
+			<-copied
+			<-copied
 			if st == nil {
 				return helperproto.ExitOther, false
 			}
@@ -162,25 +165,6 @@ func runOne(req helperproto.ServeRequest, in <-chan inFrame, out *frameWriter) (
 				return exitCode(ws), more
 			}
 			return st.ExitCode(), more
-		}
-	}
-}
-
-func copyFrames(src *os.File, dst io.Writer, done *sync.WaitGroup) {
-	defer done.Done()
-	defer src.Close()
-	buf := make([]byte, helperproto.MaxOutputFrame)
-	broken := false
-	for {
-		n, err := src.Read(buf)
-		if n > 0 && !broken {
-			if _, werr := dst.Write(buf[:n]); werr != nil {
-				// Keep draining so the runner never blocks on us.
-				broken = true
-			}
-		}
-		if err != nil {
-			return
 		}
 	}
 }

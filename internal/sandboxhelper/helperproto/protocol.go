@@ -1,7 +1,8 @@
 // Package helperproto is the wire protocol between the manager (or the MCP
 // server) and code-sandbox-helper, the static binary that runs inside every
 // sandbox (internal/sandboxhelper): the error line the helper writes on
-// stderr, its exit codes and the environment marker of a run.
+// stderr, its exit codes, the environment marker of a run, and the frames
+// of the resident helper (serve.go).
 //
 // It is a leaf: it imports nothing from this module but execio, whose
 // sentinel errors the helper's errors unwrap to, so the manager and the MCP
