@@ -37,13 +37,13 @@ const (
 // running once its output has drained (or 150 ms after it exited); they are
 // no longer killed by this call.
 //
-// The command runs in the sandbox's standby helper when it has one (see
-// standby.go), and leaves a new standby starting behind it.
+// The command runs in the sandbox's resident helper (see standby.go), which
+// then waits for the sandbox's next command.
 func (c *Client) RunCommand(ctx context.Context, id string, req execio.Request, stdout, stderr io.Writer) (execio.Result, error) {
 	return c.runCommand(ctx, id, req, stdout, stderr, true)
 }
 
-// RunCommandOnce is RunCommand that leaves no standby helper behind, for a
+// RunCommandOnce is RunCommand that leaves no resident helper behind, for a
 // check after which the sandbox must hold no process of ours.
 func (c *Client) RunCommandOnce(ctx context.Context, id string, req execio.Request, stdout, stderr io.Writer) (execio.Result, error) {
 	return c.runCommand(ctx, id, req, stdout, stderr, false)
@@ -90,13 +90,25 @@ func (c *Client) runCommand(ctx context.Context, id string, req execio.Request, 
 }
 
 // acceptedServe hands the command to a helper that has taken it: the
-// standby, or a new one when there is none, or when the standby ended
-// before taking the command (then it never ran, and runs once here).
+// sandbox's idle one, or a new one when there is none, or when the idle one
+// ended before taking the command (then it never ran, and runs once here).
 func (c *Client) acceptedServe(ctx context.Context, id string, request []byte) (*serveExec, error) {
 	actx, cancel := context.WithTimeout(ctx, c.callTimeout)
 	defer cancel()
 	if s := c.takeStandby(id); s != nil {
-		err := s.request(actx, request)
+		// A frozen helper would hold the command until its container
+		// thaws, and run it then; Docker refuses an exec in a paused
+		// container, and so does this.
+		ct, err := c.Inspect(actx, id)
+		switch {
+		case err != nil:
+			s.close()
+			return nil, err
+		case ct.State.Paused:
+			c.park(id, s)
+			return nil, fmt.Errorf("running a command in %s: %w", ShortID(id), ErrPaused)
+		}
+		err = s.request(actx, request)
 		if err == nil {
 			return s, nil
 		}

@@ -68,6 +68,19 @@ var _ = Describe("The resident helper", dockerLabel, func() {
 		Expect(servePID(ctx, rt, ct.ID)).To(Equal(first), "a killed command leaves its helper usable")
 	}, SpecTimeout(60*time.Second))
 
+	It("refuses a command in a paused sandbox at once, and keeps its helper for after the resume", func(ctx SpecContext) {
+		ct, _ := startSandbox(ctx, nil)
+		first := servePID(ctx, rt, ct.ID)
+		Expect(rt.Pause(ctx, ct.ID)).To(Succeed())
+		start := time.Now()
+		r := runCmd(ctx, ct.ID, execio.Request{Shell: "echo x >> /tmp/ran"})
+		Expect(r.Err).To(MatchError(ErrPaused))
+		Expect(time.Since(start)).To(BeNumerically("<", 5*time.Second))
+		Expect(rt.Unpause(ctx, ct.ID)).To(Succeed())
+		Expect(servePID(ctx, rt, ct.ID)).To(Equal(first))
+		Expect(sh(ctx, ct.ID, "test -e /tmp/ran").Code).NotTo(BeZero(), "the refused command never ran")
+	}, SpecTimeout(60*time.Second))
+
 	It("runs a command exactly once when the idle helper was killed from inside the sandbox", func(ctx SpecContext) {
 		ct, _ := startSandbox(ctx, nil)
 		first := servePID(ctx, rt, ct.ID)
