@@ -188,10 +188,18 @@ var _ = Describe("Warm pool claims", func() {
 		Eventually(readyReason(memberKey), 10*time.Second).Should(Equal("False/Claimed"))
 
 		// The claimant goes without its finalizer running (stripped by hand).
-		latest := getSandbox(client.ObjectKeyFromObject(sbx))
-		latest.Finalizers = nil
-		Expect(k8sClient.Update(ctx, latest)).To(Succeed())
-		Expect(k8sClient.Delete(ctx, latest)).To(Succeed())
+		// The manager puts a stripped finalizer back, so the delete is
+		// conditional on the stripped version: otherwise finalize may run
+		// and remove the container, which is not what this spec is about.
+		Eventually(func() error {
+			latest := getSandbox(client.ObjectKeyFromObject(sbx))
+			latest.Finalizers = nil
+			if err := k8sClient.Update(ctx, latest); err != nil {
+				return err
+			}
+			stripped := latest.ResourceVersion
+			return k8sClient.Delete(ctx, latest, client.Preconditions{ResourceVersion: &stripped})
+		}, 10*time.Second, 50*time.Millisecond).Should(Succeed())
 		Eventually(isGone(client.ObjectKeyFromObject(sbx)), 20*time.Second).Should(BeTrue())
 		Consistently(func() bool { return warmpool.Idle(getSandbox(memberKey)) }, 3*time.Second, 200*time.Millisecond).Should(BeFalse())
 		Expect(readyReason(memberKey)()).To(Equal("False/Claimed"))
