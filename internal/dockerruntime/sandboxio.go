@@ -49,7 +49,7 @@ func (c *Client) RunCommandOnce(ctx context.Context, id string, req execio.Reque
 	return c.runCommand(ctx, id, req, stdout, stderr, false)
 }
 
-func (c *Client) runCommand(ctx context.Context, id string, req execio.Request, stdout, stderr io.Writer, keepStandby bool) (execio.Result, error) {
+func (c *Client) runCommand(ctx context.Context, id string, req execio.Request, stdout, stderr io.Writer, keepHelper bool) (execio.Result, error) {
 	req, err := req.Normalize()
 	if err != nil {
 		return execio.Result{}, err
@@ -81,7 +81,7 @@ func (c *Client) runCommand(ctx context.Context, id string, req execio.Request, 
 		return execio.Result{}, err
 	}
 	res, reusable, err := c.streamServe(ctx, s, req, stdout, stderr, runID)
-	if reusable && keepStandby {
+	if reusable && keepHelper {
 		c.park(id, s)
 	} else {
 		s.close()

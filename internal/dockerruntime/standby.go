@@ -25,9 +25,9 @@ import (
 // manager closes it or goes away (its stdin ends). Concurrent commands each
 // get their own, and all but one exit afterwards.
 
-// serveCommand starts a standby. A variable so that a test can ask the real
-// helper for a subcommand it lacks, as a helper older than `serve` would be
-// asked for `serve`.
+// serveCommand starts a resident helper. A variable so that a test can ask
+// the real helper for a subcommand it lacks, as a helper older than `serve`
+// would be asked for `serve`.
 var serveCommand = []string{HelperPath, "serve"}
 
 // errHelperWithoutServe marks a sandbox whose helper predates `serve` (its
