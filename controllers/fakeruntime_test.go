@@ -203,6 +203,11 @@ func (f *fakeRuntime) Unpause(_ context.Context, id string) error {
 	return f.freeze(id, "unpause", false)
 }
 
+func (f *fakeRuntime) BeginUnpause(id string) func(context.Context) error {
+	err := f.freeze(id, "unpause", false)
+	return func(context.Context) error { return err }
+}
+
 // freeze pauses or thaws a running container, as Docker does: only a
 // running container can be paused.
 func (f *fakeRuntime) freeze(id, verb string, paused bool) error {

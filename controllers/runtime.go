@@ -34,6 +34,9 @@ type Runtime interface {
 	// idempotent.
 	Pause(ctx context.Context, id string) error
 	Unpause(ctx context.Context, id string) error
+	// BeginUnpause starts thawing a container and returns at once; the
+	// node API's operations on it wait for the thaw, and so does wait.
+	BeginUnpause(id string) (wait func(context.Context) error)
 	// Remove stops (SIGTERM, grace, SIGKILL) and removes a container.
 	Remove(ctx context.Context, id string, grace time.Duration) error
 	// ListManaged lists this operator's containers that match the filter.

@@ -215,9 +215,11 @@ func (r *SandboxReconciler) claimFromPool(ctx context.Context, sbx *sandboxv1alp
 	r.members.forgetSeen(sbx.UID)
 	r.claims.mu.Unlock()
 
-	// The container is thawed before the claim is written, so that the
-	// claim and Ready are one status write: the claim's latency is that
-	// write plus Docker's unpause. A lost claim freezes the member again.
+	// The claim and Ready are one status write, made while Docker thaws the
+	// container: the node API's exec and file transfers on it wait for the
+	// thaw (dockerruntime.BeginUnpause), so Ready is true for every
+	// operation that reaches it, and the claim costs the longer of the two
+	// rather than their sum. A lost claim freezes the member again.
 	release := func() {
 		r.members.release(member.UID)
 		if err := r.docker.Pause(context.WithoutCancel(ctx), member.Status.ContainerID); err != nil {
@@ -225,10 +227,7 @@ func (r *SandboxReconciler) claimFromPool(ctx context.Context, sbx *sandboxv1alp
 		}
 		r.enqueue(member.Namespace, member.Name, member.UID)
 	}
-	if err := r.docker.Unpause(ctx, member.Status.ContainerID); err != nil {
-		release()
-		return false, ctrl.Result{}, fmt.Errorf("thawing warm pool member %s: %w", member.Name, err)
-	}
+	thawed := r.docker.BeginUnpause(member.Status.ContainerID)
 	// A warm claim needs no capacity: the member already holds its place on
 	// this node, and stops counting once claimed (usedCapacity).
 	sbx.Status.NodeName = r.opts.NodeName
@@ -236,12 +235,14 @@ func (r *SandboxReconciler) claimFromPool(ctx context.Context, sbx *sandboxv1alp
 	claim := record(sbx, member)
 	r.markRunning(sbx, member.Status.ContainerID, 0)
 	if err := r.client.Status().Update(ctx, sbx); err != nil {
+		_ = thawed(context.WithoutCancel(ctx))
 		release()
 		if apierrors.IsConflict(err) || apierrors.IsNotFound(err) {
 			return false, ctrl.Result{}, nil
 		}
 		return false, ctrl.Result{}, fmt.Errorf("claiming sandbox: %w", err)
 	}
+	thawErr := thawed(ctx)
 	r.members.commit(member.UID)
 	r.claims.mu.Lock()
 	r.claims.claimed[key] = sbx.UID
@@ -251,6 +252,12 @@ func (r *SandboxReconciler) claimFromPool(ctx context.Context, sbx *sandboxv1alp
 	r.recorder.Eventf(sbx, nil, "Normal", claim.Reason, "Claim", "%s (node %s)", claim.Message, r.opts.NodeName)
 	// The member's own reconcile records that it was claimed.
 	r.enqueue(member.Namespace, member.Name, member.UID)
+	if thawErr != nil {
+		// Claimed, but still frozen: the claimant's reconcile thaws a
+		// container frozen against spec.paused (settlePaused), and records
+		// the failure if Docker keeps refusing.
+		return true, ctrl.Result{}, fmt.Errorf("thawing warm pool member %s for its claimant: %w", member.Name, thawErr)
+	}
 	return true, ctrl.Result{}, nil
 }
 

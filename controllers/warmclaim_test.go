@@ -93,8 +93,10 @@ var _ = Describe("Warm pool claims", func() {
 		Expect(sbx.Status.WarmPool.TemplateHash).To(Equal(warmpool.Hash(pool.Spec.Template)))
 		Expect(sbx.ContainerUID()).To(Equal(member.UID))
 		id := sbx.Status.ContainerID
+		// Ready is written while Docker thaws (the node API waits for the
+		// thaw); the raw Docker calls below do not, so they wait here.
+		Eventually(func() bool { return inspect(id).State.Paused }, 5*time.Second, 20*time.Millisecond).Should(BeFalse())
 		ct := inspect(id)
-		Expect(ct.State.Paused).To(BeFalse())
 		Expect(ct.State.Running).To(BeTrue())
 		Expect(ct.HostConfig.Memory).To(Equal(int64(96<<20)), "the container has the template's shape")
 		// Indistinguishable from a fresh sandbox: empty writable paths, one

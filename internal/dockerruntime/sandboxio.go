@@ -63,6 +63,9 @@ func (c *Client) runCommand(ctx context.Context, id string, req execio.Request, 
 	runID := newRunID()
 	timeout := req.Timeout()
 	backstop := int64((timeout + helperBackstopGrace + time.Second - 1) / time.Second)
+	if err := c.awaitThaw(ctx, id); err != nil {
+		return execio.Result{}, err
+	}
 	if c.isLegacy(id) {
 		return c.runCommandPerExec(ctx, id, req, stdout, stderr, runID, backstop)
 	}
@@ -350,6 +353,9 @@ func (c *Client) CopyIn(ctx context.Context, id string, dest execio.Target, arch
 	if err != nil {
 		return execio.TransferStats{}, err
 	}
+	if err := c.awaitThaw(ctx, id); err != nil {
+		return execio.TransferStats{}, err
+	}
 	type sanitized struct {
 		stats execio.TransferStats
 		err   error
@@ -398,6 +404,9 @@ func (c *Client) CopyOut(ctx context.Context, id string, src execio.Target, w io
 	}
 	if maxBytes == 0 {
 		maxBytes = execio.DefaultDownloadLimit
+	}
+	if err := c.awaitThaw(ctx, id); err != nil {
+		return execio.TransferStats{}, err
 	}
 	type counted struct {
 		stats execio.TransferStats

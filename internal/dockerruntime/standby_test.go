@@ -81,6 +81,26 @@ var _ = Describe("The resident helper", dockerLabel, func() {
 		Expect(sh(ctx, ct.ID, "test -e /tmp/ran").Code).NotTo(BeZero(), "the refused command never ran")
 	}, SpecTimeout(60*time.Second))
 
+	It("lets commands and transfers wait for a thaw that BeginUnpause started, instead of refusing them as paused", func(ctx SpecContext) {
+		ct, _ := startSandbox(ctx, nil)
+		servePID(ctx, rt, ct.ID)
+		for range 3 {
+			Expect(rt.Pause(ctx, ct.ID)).To(Succeed())
+			wait := rt.BeginUnpause(ct.ID)
+			r := runCmd(ctx, ct.ID, execio.Request{Command: []string{"echo", "thawed"}})
+			Expect(r.Err).NotTo(HaveOccurred())
+			Expect(r.Stdout).To(Equal("thawed\n"))
+			Expect(wait(ctx)).To(Succeed())
+
+			Expect(rt.Pause(ctx, ct.ID)).To(Succeed())
+			wait = rt.BeginUnpause(ct.ID)
+			var archive bytes.Buffer
+			_, err := rt.CopyOut(ctx, ct.ID, execio.Target{Root: "/etc", Rel: "hostname"}, &archive, 0)
+			Expect(err).NotTo(HaveOccurred())
+			Expect(wait(ctx)).To(Succeed())
+		}
+	}, SpecTimeout(60*time.Second))
+
 	It("runs a command exactly once when the idle helper was killed from inside the sandbox", func(ctx SpecContext) {
 		ct, _ := startSandbox(ctx, nil)
 		first := servePID(ctx, rt, ct.ID)
