@@ -200,6 +200,10 @@ func (s *Server) sandbox(ctx context.Context, rt wire.Route) (*sandboxv1alpha1.S
 			"sandbox %s is not Ready: no node has claimed it yet", key), wire.CauseSandboxNotReady)
 	}
 	if rt.Subresource == wire.SubresourceExec || rt.Subresource == wire.SubresourceFiles {
+		if sbx = nodeapi.FreshIfNotReady(ctx, s.cfg.APIReader, sbx); sbx.Status.NodeName == "" {
+			return nil, nodeapi.WithCause(nodeapi.NewError(http.StatusConflict, metav1.StatusReasonConflict,
+				"sandbox %s is not Ready: no node has claimed it yet", key), wire.CauseSandboxNotReady)
+		}
 		if !sbx.DeletionTimestamp.IsZero() {
 			return nil, nodeapi.WithCause(nodeapi.NewError(http.StatusConflict, metav1.StatusReasonConflict,
 				"sandbox %s is not Ready: it is being deleted", key), wire.CauseSandboxTerminating)

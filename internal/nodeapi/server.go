@@ -242,6 +242,21 @@ func GetSandbox(ctx context.Context, cache, apiReader client.Reader, key types.N
 	return sbx, nil
 }
 
+// FreshIfNotReady returns sbx, or the API server's copy of it when the
+// cached sbx is not Ready: a cache can lag a status its caller has already
+// seen (an MCP server that resumed a Sandbox and watched it become Ready),
+// so a refusal for not being Ready is only made on the API server's word.
+func FreshIfNotReady(ctx context.Context, apiReader client.Reader, sbx *sandboxv1alpha1.Sandbox) *sandboxv1alpha1.Sandbox {
+	if apiReader == nil || meta.IsStatusConditionTrue(sbx.Status.Conditions, string(sandboxv1alpha1.SandboxConditionReady)) {
+		return sbx
+	}
+	fresh := &sandboxv1alpha1.Sandbox{}
+	if err := apiReader.Get(ctx, client.ObjectKeyFromObject(sbx), fresh); err != nil || fresh.UID != sbx.UID {
+		return sbx
+	}
+	return fresh
+}
+
 // sandbox looks the Sandbox up and checks that this node serves it.
 func (s *Server) sandbox(ctx context.Context, rt wire.Route, needReady bool) (*sandboxv1alpha1.Sandbox, error) {
 	key := types.NamespacedName{Namespace: rt.Namespace, Name: rt.Name}
@@ -258,6 +273,9 @@ func (s *Server) sandbox(ctx context.Context, rt wire.Route, needReady bool) (*s
 	}
 	if !needReady {
 		return sbx, nil
+	}
+	if sbx = FreshIfNotReady(ctx, s.cfg.APIReader, sbx); sbx.Status.NodeName != s.cfg.NodeName {
+		return nil, notFound("sandbox %s is not on node %s any more", key, s.cfg.NodeName).because(wire.CauseSandboxNotOnNode, "")
 	}
 	if !sbx.DeletionTimestamp.IsZero() {
 		return nil, conflict("sandbox %s is being deleted", key).because(wire.CauseSandboxTerminating, "")
