@@ -79,6 +79,9 @@ func (r *SandboxReconciler) claim(ctx context.Context, sbx *sandboxv1alpha1.Sand
 	if sbx.Spec.WarmPoolRef != nil {
 		return r.claimFromPool(ctx, sbx)
 	}
+	if wait := r.spreadWait(ctx, sbx); wait > 0 {
+		return false, ctrl.Result{RequeueAfter: wait}, nil
+	}
 	return r.claimNode(ctx, sbx, nil)
 }
 
@@ -134,6 +137,7 @@ func (r *SandboxReconciler) claimNode(ctx context.Context, sbx *sandboxv1alpha1.
 		return false, ctrl.Result{}, fmt.Errorf("claiming sandbox: %w", err)
 	}
 	r.claims.claimed[client.ObjectKeyFromObject(sbx)] = sbx.UID
+	r.spread.forget(sbx.UID)
 	log.Info("claimed sandbox")
 	r.recorder.Eventf(sbx, nil, "Normal", "Claimed", "Claim", "claimed by node %s", r.opts.NodeName)
 	return true, ctrl.Result{}, nil

@@ -164,3 +164,27 @@ var _ = Describe("deletion bookkeeping", Label("unit"), func() {
 		Expect(c.claimed).NotTo(HaveKey(key))
 	})
 })
+
+var _ = Describe("spreading warm pool members", Label("unit"), func() {
+	It("counts the excess over the live node holding the fewest, unknown nodes and dead ones aside", func() {
+		held := map[string]int{"a": 3, "b": 1, "dead": 0}
+		Expect(spreadExcess(held, []string{"a", "b"}, "a")).To(Equal(2))
+		Expect(spreadExcess(held, []string{"a", "b"}, "b")).To(Equal(0))
+		// A live node holding none (it may run no Sandbox at all).
+		Expect(spreadExcess(held, []string{"a", "b", "c"}, "a")).To(Equal(3))
+		// A node without a live Lease does not hold anyone back.
+		Expect(spreadExcess(held, []string{"a"}, "a")).To(Equal(0))
+		// This manager is always a candidate, listed or not.
+		Expect(spreadExcess(held, nil, "b")).To(Equal(0))
+	})
+
+	It("counts the hold-back once, from the first time a member was seen", func() {
+		t := newSpreadTracker()
+		now := time.Unix(1000, 0)
+		Expect(t.remaining("m1", now, 500*time.Millisecond)).To(Equal(500 * time.Millisecond))
+		Expect(t.remaining("m1", now.Add(400*time.Millisecond), 500*time.Millisecond)).To(Equal(100 * time.Millisecond))
+		Expect(t.remaining("m1", now.Add(600*time.Millisecond), 500*time.Millisecond)).To(BeNumerically("<=", 0))
+		t.forget("m1")
+		Expect(t.remaining("m1", now.Add(time.Second), 250*time.Millisecond)).To(Equal(250 * time.Millisecond))
+	})
+})

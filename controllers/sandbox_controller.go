@@ -66,6 +66,10 @@ type Options struct {
 	// History, when set, loses a Sandbox's exec history once its container
 	// is gone for good.
 	History HistoryDeleter
+	// LiveNodes, when set, lists the nodes whose manager is running (their
+	// Leases, internal/nodelease), so that warm pool members spread over
+	// them (spread.go). Unset, members go to whichever manager claims first.
+	LiveNodes func(context.Context) ([]string, error)
 }
 
 // HistoryDeleter forgets the exec history of one Sandbox, keyed by its UID.
@@ -104,6 +108,7 @@ type SandboxReconciler struct {
 	claims  *claimTracker
 	members *memberClaims
 	backoff *backoffTracker
+	spread  *spreadTracker
 	// deleted holds the UIDs of deleted Sandboxes not yet cleaned up after.
 	deleted *deletedTracker
 	// dockerEvents carries Docker container events into the work queue.
@@ -134,6 +139,7 @@ func NewSandboxReconciler(c client.Client, apiReader client.Reader, docker Runti
 		claims:       newClaimTracker(),
 		members:      newMemberClaims(),
 		backoff:      newBackoffTracker(clk, opts.RetryBackoffBase, opts.RetryBackoffMax),
+		spread:       newSpreadTracker(),
 		deleted:      newDeletedTracker(),
 		dockerEvents: make(chan eventGeneric, 1024),
 	}, nil

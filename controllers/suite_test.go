@@ -24,14 +24,17 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/utils/clock"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/manager"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	sandboxv1alpha1 "github.com/code-sandbox/code-sandbox-operator/api/v1alpha1"
 	"github.com/code-sandbox/code-sandbox-operator/internal/dockerruntime"
+	"github.com/code-sandbox/code-sandbox-operator/internal/nodelease"
 )
 
 var (
@@ -85,6 +88,9 @@ type managerConfig struct {
 	maxSandboxes     int
 	orphanGCInterval time.Duration
 	history          HistoryDeleter
+	// leaseNamespace, when set, runs the node Lease heartbeat there and
+	// spreads warm pool members over the nodes holding one.
+	leaseNamespace string
 }
 
 // startManager runs a manager for node (prefixed with testNodePrefix) until
@@ -102,6 +108,16 @@ func startManager(node string, mc managerConfig) *testManager {
 	if mc.orphanGCInterval == 0 {
 		mc.orphanGCInterval = time.Hour
 	}
+	var liveNodes func(context.Context) ([]string, error)
+	if mc.leaseNamespace != "" {
+		cs, err := kubernetes.NewForConfig(cfg)
+		Expect(err).NotTo(HaveOccurred())
+		heartbeat, err := nodelease.Heartbeat(cs, node, mc.leaseNamespace)
+		Expect(err).NotTo(HaveOccurred())
+		Expect(mgr.Add(manager.RunnableFunc(heartbeat))).To(Succeed())
+		leases := &nodelease.Cached{Reader: mgr.GetAPIReader(), Namespace: mc.leaseNamespace, Clock: clock.RealClock{}, TTL: 2 * time.Second}
+		liveNodes = leases.Nodes
+	}
 	r, err := NewSandboxReconciler(mgr.GetClient(), mgr.GetAPIReader(), rt, mgr.GetEventRecorder("sandbox-manager-"+node),
 		clock.RealClock{}, Options{
 			NodeName:           node,
@@ -111,6 +127,7 @@ func startManager(node string, mc managerConfig) *testManager {
 			RetryBackoffMax:    2 * time.Second,
 			SkipNameValidation: true,
 			History:            mc.history,
+			LiveNodes:          liveNodes,
 		})
 	Expect(err).NotTo(HaveOccurred())
 	Expect(r.SetupWithManager(mgr, mc.orphanGCInterval)).To(Succeed())

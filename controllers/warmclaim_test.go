@@ -247,31 +247,6 @@ var _ = Describe("Warm pool claims", func() {
 var _ = Describe("Warm pool with its controller", func() {
 	ctx := context.Background()
 
-	startPoolController := func() (stop func()) {
-		GinkgoHelper()
-		mgr, err := ctrl.NewManager(cfg, ctrl.Options{
-			Scheme:                 scheme,
-			Metrics:                metricsserver.Options{BindAddress: "0"},
-			HealthProbeBindAddress: "0",
-		})
-		Expect(err).NotTo(HaveOccurred())
-		r := sandboxwarmpool.NewReconciler(mgr.GetClient(), mgr.GetAPIReader(), mgr.GetEventRecorder("sandboxwarmpool"),
-			clock.RealClock{}, sandboxwarmpool.Options{SkipNameValidation: true})
-		Expect(r.SetupWithManager(mgr)).To(Succeed())
-		mctx, cancel := context.WithCancel(context.Background())
-		done := make(chan struct{})
-		go func() {
-			defer GinkgoRecover()
-			defer close(done)
-			Expect(mgr.Start(mctx)).To(Succeed())
-		}()
-		stop = func() {
-			cancel()
-			Eventually(done, 30*time.Second).Should(BeClosed())
-		}
-		DeferCleanup(stop)
-		return stop
-	}
 	poolStatus := func(key types.NamespacedName) func() string {
 		return func() string {
 			pool := &sandboxv1alpha1.SandboxWarmPool{}
@@ -372,6 +347,96 @@ var _ = Describe("Warm pool with its controller", func() {
 		}
 	})
 })
+
+var _ = Describe("Warm pool members over several nodes", func() {
+	ctx := context.Background()
+
+	It("go to the node with a live manager that holds the fewest, also when it runs no Sandbox yet", func() {
+		ns, leases := newNamespace(), newNamespace()
+		nodeA, nodeB := testNodePrefix+"spread-a", testNodePrefix+"spread-b"
+		a := startManager(nodeA, managerConfig{maxSandboxes: 10, leaseNamespace: leases})
+		startPoolController()
+		pool := &sandboxv1alpha1.SandboxWarmPool{
+			ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "spread"},
+			Spec: sandboxv1alpha1.SandboxWarmPoolSpec{
+				Replicas: ptr.To[int32](2),
+				Template: sandboxv1alpha1.SandboxTemplate{Image: busyboxImage},
+			},
+		}
+		Expect(k8sClient.Create(ctx, pool)).To(Succeed())
+		DeferCleanup(func() {
+			_ = k8sClient.Delete(context.Background(), pool)
+			_ = k8sClient.DeleteAllOf(context.Background(), &sandboxv1alpha1.Sandbox{}, client.InNamespace(ns))
+		})
+		idleByNode := func() map[string]int {
+			var list sandboxv1alpha1.SandboxList
+			Expect(k8sClient.List(ctx, &list, client.InNamespace(ns))).To(Succeed())
+			held := map[string]int{}
+			for i := range list.Items {
+				if warmpool.Idle(&list.Items[i]) {
+					held[list.Items[i].Status.NodeName]++
+				}
+			}
+			return held
+		}
+		// Alone, node A takes both.
+		Eventually(idleByNode, 60*time.Second, 250*time.Millisecond).Should(Equal(map[string]int{nodeA: 2}))
+
+		// Node B's manager starts: it runs nothing, and A knows it only by
+		// its Lease.
+		startManager(nodeB, managerConfig{maxSandboxes: 10, leaseNamespace: leases})
+		Eventually(func() ([]string, error) { return a.reconciler.opts.LiveNodes(ctx) }, 10*time.Second, 200*time.Millisecond).
+			Should(ConsistOf(nodeA, nodeB))
+		updatePool := func(replicas int32) {
+			Eventually(func() error {
+				p := &sandboxv1alpha1.SandboxWarmPool{}
+				if err := k8sClient.Get(ctx, client.ObjectKeyFromObject(pool), p); err != nil {
+					return err
+				}
+				p.Spec.Replicas = ptr.To(replicas)
+				return k8sClient.Update(ctx, p)
+			}).Should(Succeed())
+		}
+		// Both new members go to B: A holds two more than B and holds back
+		// while B claims.
+		updatePool(4)
+		Eventually(idleByNode, 60*time.Second, 250*time.Millisecond).Should(Equal(map[string]int{nodeA: 2, nodeB: 2}))
+		updatePool(6)
+		Eventually(idleByNode, 60*time.Second, 250*time.Millisecond).Should(SatisfyAll(
+			HaveKeyWithValue(nodeA, BeNumerically(">=", 2)), HaveKeyWithValue(nodeB, BeNumerically(">=", 2)),
+			WithTransform(func(m map[string]int) int { return m[nodeA] + m[nodeB] }, Equal(6))))
+		held := idleByNode()
+		Expect(held[nodeA]-held[nodeB]).To(BeNumerically("<=", 2), "members spread %v", held)
+	})
+})
+
+// startPoolController runs the SandboxWarmPool controller until the spec
+// ends or stop is called.
+func startPoolController() (stop func()) {
+	GinkgoHelper()
+	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
+		Scheme:                 scheme,
+		Metrics:                metricsserver.Options{BindAddress: "0"},
+		HealthProbeBindAddress: "0",
+	})
+	Expect(err).NotTo(HaveOccurred())
+	r := sandboxwarmpool.NewReconciler(mgr.GetClient(), mgr.GetAPIReader(), mgr.GetEventRecorder("sandboxwarmpool"),
+		clock.RealClock{}, sandboxwarmpool.Options{SkipNameValidation: true})
+	Expect(r.SetupWithManager(mgr)).To(Succeed())
+	mctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer GinkgoRecover()
+		defer close(done)
+		Expect(mgr.Start(mctx)).To(Succeed())
+	}()
+	stop = func() {
+		cancel()
+		Eventually(done, 30*time.Second).Should(BeClosed())
+	}
+	DeferCleanup(stop)
+	return stop
+}
 
 // claimReason is a Sandbox's WarmPoolClaim condition as "Status/Reason".
 func claimReason(sbx *sandboxv1alpha1.Sandbox) string {

@@ -45,6 +45,7 @@ import (
 	"github.com/code-sandbox/code-sandbox-operator/internal/history"
 	"github.com/code-sandbox/code-sandbox-operator/internal/imagepolicy"
 	"github.com/code-sandbox/code-sandbox-operator/internal/nodeapi"
+	"github.com/code-sandbox/code-sandbox-operator/internal/nodelease"
 	"github.com/code-sandbox/code-sandbox-operator/internal/operatorca"
 	"github.com/code-sandbox/code-sandbox-operator/internal/version"
 )
@@ -190,6 +191,27 @@ func run() error {
 		log.Info("node API", "endpoint", api.endpoint, "listen", api.listener.Addr().String())
 	}
 
+	// Warm pool members spread over the nodes whose manager keeps a Lease
+	// in the operator namespace (internal/nodelease).
+	var liveNodes func(context.Context) ([]string, error)
+	if nodeAPI.namespace != "" {
+		cs, err := kubernetes.NewForConfig(cfg)
+		if err != nil {
+			return fmt.Errorf("creating the Kubernetes client: %w", err)
+		}
+		heartbeat, err := nodelease.Heartbeat(cs, nodeName, nodeAPI.namespace)
+		if err != nil {
+			return err
+		}
+		if err := mgr.Add(manager.RunnableFunc(heartbeat)); err != nil {
+			return err
+		}
+		leases := &nodelease.Cached{Reader: mgr.GetAPIReader(), Namespace: nodeAPI.namespace, Clock: clock.RealClock{}, TTL: 2 * time.Second}
+		liveNodes = leases.Nodes
+	} else {
+		log.Info("no --operator-namespace: no node Lease, so warm pool members are not spread over nodes")
+	}
+
 	reconciler, err := controllers.NewSandboxReconciler(mgr.GetClient(), mgr.GetAPIReader(), docker,
 		mgr.GetEventRecorder("sandbox-manager-"+nodeName), clock.RealClock{}, controllers.Options{
 			NodeName:                nodeName,
@@ -198,6 +220,7 @@ func run() error {
 			MaxConcurrentReconciles: concurrency,
 			NodeAPIEndpoint:         api.endpoint,
 			History:                 hist,
+			LiveNodes:               liveNodes,
 		})
 	if err != nil {
 		return err
@@ -247,7 +270,7 @@ func (f *nodeAPIFlags) bind(fs *flag.FlagSet) {
 	f.fileTransferLimit = *resource.NewQuantity(execio.DefaultUploadLimit, resource.BinarySI)
 	fs.StringVar(&f.bindAddress, "node-api-bind-address", ":9443", "Address of the node API (HTTPS with mutual TLS: exec, files, logs for the operator's aggregated API server); 0 disables it.")
 	fs.StringVar(&f.advertiseAddress, "node-api-advertise-address", advertise, "Host or IP the aggregated API server uses to reach the node API, published in status.nodeAPIEndpoint (default $POD_IP, else the node name).")
-	fs.StringVar(&f.namespace, "operator-namespace", os.Getenv("POD_NAMESPACE"), "Namespace of the operator CA bundle ConfigMap (default $POD_NAMESPACE).")
+	fs.StringVar(&f.namespace, "operator-namespace", os.Getenv("POD_NAMESPACE"), "Namespace of the operator CA bundle ConfigMap and of the node managers' Leases (default $POD_NAMESPACE).")
 	fs.StringVar(&f.bundleConfigMap, "ca-bundle-configmap", operatorca.DefaultBundleConfigMap, "ConfigMap with the operator CA bundle: the webhook role publishes it in --webhook-namespace, node managers read it from --operator-namespace to check node API clients.")
 	fs.StringVar(&f.allowedClients, "node-api-allowed-clients", operatorca.AggregatorCommonName, "Comma-separated client certificate names (issued by the operator CA) the node API serves.")
 	fs.Var(&quantityFlag{&f.execOutputLimit}, "exec-output-limit", "Largest output of one exec, per stream (stdout and stderr each); a request may ask for less.")

@@ -144,6 +144,9 @@ var _ = Describe("The default overlay (make deploy, make build-installer)", func
 			// and change only the finalizers of their own node's Sandboxes.
 			"ValidatingAdmissionPolicy code-sandbox-sandbox-manager-updates",
 			"ValidatingAdmissionPolicyBinding code-sandbox-sandbox-manager-updates",
+			// and write only their own node's Lease.
+			"ValidatingAdmissionPolicy code-sandbox-node-manager-leases",
+			"ValidatingAdmissionPolicyBinding code-sandbox-node-manager-leases",
 		))
 		for _, o := range objs {
 			Expect(o.GetLabels()).To(HaveKeyWithValue("app.kubernetes.io/part-of", "code-sandbox-operator"), describe(o))

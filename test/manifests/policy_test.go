@@ -15,6 +15,7 @@ import (
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	appsv1 "k8s.io/api/apps/v1"
 	authenticationv1 "k8s.io/api/authentication/v1"
+	coordinationv1 "k8s.io/api/coordination/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -39,6 +40,12 @@ const (
 	// finalizers of their own node's Sandboxes.
 	managerPolicyName   = "code-sandbox-sandbox-manager-updates"
 	managerPolicyDenied = "ValidatingAdmissionPolicy '" + managerPolicyName + "' with binding '" + managerPolicyName + "' denied request"
+	// The policy that confines each manager's Lease writes to its own
+	// node's Lease (nodelease.NamePrefix, spelled out here).
+	leasePolicyName   = "code-sandbox-node-manager-leases"
+	leasePolicyDenied = "ValidatingAdmissionPolicy '" + leasePolicyName + "' with binding '" + leasePolicyName + "' denied request"
+	leasePrefix       = "code-sandbox-node-"
+	coordination      = "coordination.k8s.io"
 	// The manager's finalizer (controllers.Finalizer; spelled out, as the
 	// specs test the rendered manifests).
 	managerFinalizer = "sandbox.code-sandbox.dev/container"
@@ -144,6 +151,29 @@ var _ = Describe("The Sandbox status policy as config/default renders it", func(
 		Expect(alone.Spec.MatchConditions[0].Expression).To(Equal(
 			"request.userInfo.username == 'system:serviceaccount:' + 'system' + ':' + 'controller-manager'"))
 	})
+
+	It("has a Lease policy that is cluster-scoped, fails closed, denies, matches only the rendered manager's Lease writes", func() {
+		objs := render("config/default")
+		vap := &admissionregistrationv1.ValidatingAdmissionPolicy{}
+		convert(find(objs, "ValidatingAdmissionPolicy", leasePolicyName), vap)
+		binding := &admissionregistrationv1.ValidatingAdmissionPolicyBinding{}
+		convert(find(objs, "ValidatingAdmissionPolicyBinding", leasePolicyName), binding)
+
+		Expect(vap.Namespace).To(BeEmpty())
+		Expect(binding.Namespace).To(BeEmpty())
+		Expect(binding.Spec.PolicyName).To(Equal(vap.Name))
+		Expect(binding.Spec.ValidationActions).To(Equal([]admissionregistrationv1.ValidationAction{admissionregistrationv1.Deny}))
+		Expect(vap.Spec.FailurePolicy).To(HaveValue(Equal(admissionregistrationv1.Fail)))
+		Expect(vap.Spec.MatchConstraints.ResourceRules).To(HaveLen(1))
+		rule := vap.Spec.MatchConstraints.ResourceRules[0]
+		Expect(rule.APIGroups).To(Equal([]string{"coordination.k8s.io"}))
+		Expect(rule.Resources).To(Equal([]string{"leases"}))
+		Expect(rule.Operations).To(ConsistOf(admissionregistrationv1.Create, admissionregistrationv1.Update, admissionregistrationv1.Delete))
+		Expect(vap.Spec.MatchConditions).To(Equal([]admissionregistrationv1.MatchCondition{{
+			Name:       "manager",
+			Expression: "request.userInfo.username == 'system:serviceaccount:' + '" + installNamespace + "' + ':' + '" + managerSA + "'",
+		}}))
+	})
 })
 
 // The policy, the CRDs and the RBAC of config/default installed for real,
@@ -231,7 +261,15 @@ var _ = Describe("The Sandbox status policy of the default overlay, applied for 
 			Eventually(managerProbe).WithContext(ctx).WithTimeout(30 * time.Second).Should(Succeed())
 		})
 		Expect(managerProbe(ctx)).To(Succeed(), "refused before the manager policy was installed")
-		for _, name := range []string{policyName, managerPolicyName} {
+		// The Lease policy refuses a manager token with no node name.
+		leaseProbe := func(ctx SpecContext) error {
+			return managerUnbound.Create(ctx, lease(leasePrefix+"probe", "probe"), client.DryRunAll)
+		}
+		DeferCleanup(func(ctx SpecContext) {
+			Eventually(leaseProbe).WithContext(ctx).WithTimeout(30 * time.Second).Should(Succeed())
+		})
+		Expect(leaseProbe(ctx)).To(Succeed(), "refused before the Lease policy was installed")
+		for _, name := range []string{policyName, managerPolicyName, leasePolicyName} {
 			for _, kind := range []string{"ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"} {
 				o := find(objs, kind, name)
 				Expect(applyForReal(ctx, o)).To(Succeed(), describe(o))
@@ -242,6 +280,55 @@ var _ = Describe("The Sandbox status policy of the default overlay, applied for 
 		}
 		Eventually(probe).WithContext(ctx).WithTimeout(30 * time.Second).Should(MatchError(ContainSubstring(policyDenied)))
 		Eventually(managerProbe).WithContext(ctx).WithTimeout(30 * time.Second).Should(MatchError(ContainSubstring(managerPolicyDenied)))
+		Eventually(leaseProbe).WithContext(ctx).WithTimeout(30 * time.Second).Should(MatchError(ContainSubstring(leasePolicyDenied)))
+	})
+
+	It("gives the manager Lease writes in the operator namespace only, which the Lease policy then confines", func(ctx SpecContext) {
+		expectAccess(ctx, serviceAccount(installNamespace, managerSA),
+			[]access{core(coordination, installNamespace, "create", "leases", ""), core(coordination, installNamespace, "update", "leases", ""),
+				core(coordination, installNamespace, "delete", "leases", ""), core(coordination, installNamespace, "list", "leases", "")},
+			[]access{core(coordination, ns, "create", "leases", ""), core(coordination, "kube-node-lease", "update", "leases", "")})
+	})
+
+	It("lets the manager of node A create, renew and delete its own node's Lease", func(ctx SpecContext) {
+		own := lease(leasePrefix+nodeA, nodeA)
+		Expect(managerA.Create(ctx, own)).To(Succeed())
+		own.Spec.RenewTime = &metav1.MicroTime{Time: time.Now()}
+		Expect(managerA.Update(ctx, own)).To(Succeed())
+		Expect(managerA.Delete(ctx, own)).To(Succeed())
+	})
+
+	It("refuses a manager another node's Lease, its own held as another node, and the quota controller's Lease", func(ctx SpecContext) {
+		// Node A's Lease, as node A's manager left it.
+		own := lease(leasePrefix+nodeA, nodeA)
+		Expect(managerA.Create(ctx, own)).To(Succeed())
+		DeferCleanup(func(ctx SpecContext) { Expect(client.IgnoreNotFound(cp.Client.Delete(ctx, own))).To(Succeed()) })
+		// The quota controller's leader election Lease in the same namespace.
+		leader := lease("code-sandbox-quota-controller", "webhook-pod-1")
+		Expect(cp.Client.Create(ctx, leader)).To(Succeed())
+		DeferCleanup(func(ctx SpecContext) { Expect(client.IgnoreNotFound(cp.Client.Delete(ctx, leader))).To(Succeed()) })
+
+		expectLeaseRefusal(managerB.Create(ctx, lease(leasePrefix+nodeA+"-2", nodeB)),
+			"the manager of node "+nodeB+" ("+managerUser+") may write only Lease "+leasePrefix+nodeB)
+		taken := own.DeepCopy()
+		taken.Spec.HolderIdentity = ptr.To(nodeB)
+		expectLeaseRefusal(managerB.Update(ctx, taken), "may write only Lease "+leasePrefix+nodeB+", not Lease "+installNamespace+"/"+leasePrefix+nodeA)
+		expectLeaseRefusal(managerB.Delete(ctx, own), "may write only Lease "+leasePrefix+nodeB)
+		expectLeaseRefusal(managerA.Update(ctx, taken), "the manager of node "+nodeA+" ("+managerUser+") may hold its Lease only as "+nodeA+`, not as "`+nodeB+`"`)
+		expectLeaseRefusal(managerB.Create(ctx, lease(leasePrefix+nodeB, nodeA)), "may hold its Lease only as "+nodeB)
+
+		hijack := leader.DeepCopy()
+		hijack.Spec.HolderIdentity = ptr.To(nodeA)
+		expectLeaseRefusal(managerA.Update(ctx, hijack), "may write only Lease "+leasePrefix+nodeA+", not Lease "+installNamespace+"/code-sandbox-quota-controller")
+		expectLeaseRefusal(managerA.Delete(ctx, leader), "may write only Lease "+leasePrefix+nodeA)
+		expectLeaseRefusal(managerUnbound.Create(ctx, lease(leasePrefix+nodeA+"-3", nodeA)), "only with a token bound to its Pod")
+
+		// Nothing changed.
+		got := &coordinationv1.Lease{}
+		Expect(cp.Client.Get(ctx, client.ObjectKeyFromObject(leader), got)).To(Succeed())
+		Expect(got.Spec.HolderIdentity).To(HaveValue(Equal("webhook-pod-1")))
+		Expect(cp.Client.Get(ctx, client.ObjectKeyFromObject(own), got)).To(Succeed())
+		Expect(got.Spec.HolderIdentity).To(HaveValue(Equal(nodeA)))
 	})
 
 	It("gives a Pod-bound manager token the node's name, and an unbound one none", func(ctx SpecContext) {
@@ -609,6 +696,26 @@ func expectPolicyRefusal(err error, message string) {
 	Expect(err).To(HaveOccurred(), "the policy should have refused this")
 	Expect(apierrors.IsForbidden(err)).To(BeTrue(), "403 Forbidden expected: %v", err)
 	Expect(err).To(MatchError(ContainSubstring(policyDenied)))
+	Expect(err).To(MatchError(ContainSubstring(message)))
+}
+
+// lease is a Lease in the operator namespace held by holder.
+func lease(name, holder string) *coordinationv1.Lease {
+	return &coordinationv1.Lease{
+		ObjectMeta: metav1.ObjectMeta{Namespace: installNamespace, Name: name},
+		Spec: coordinationv1.LeaseSpec{
+			HolderIdentity: ptr.To(holder), LeaseDurationSeconds: ptr.To[int32](40),
+			RenewTime: &metav1.MicroTime{Time: time.Now()},
+		},
+	}
+}
+
+// expectLeaseRefusal checks that err is the Lease policy's 403 with message.
+func expectLeaseRefusal(err error, message string) {
+	GinkgoHelper()
+	Expect(err).To(HaveOccurred(), "the Lease policy should have refused this")
+	Expect(apierrors.IsForbidden(err)).To(BeTrue(), "403 Forbidden expected: %v", err)
+	Expect(err).To(MatchError(ContainSubstring(leasePolicyDenied)))
 	Expect(err).To(MatchError(ContainSubstring(message)))
 }
 
