@@ -31,6 +31,8 @@ type fakeRuntime struct {
 	createErr error
 	// pauseFails makes Pause fail as an unreachable Docker Engine does.
 	pauseFails bool
+	// unhealthy, when set, is what CheckHealth returns.
+	unhealthy error
 	// calls records each mutating call ("create UID", "start ID",
 	// "remove ID grace").
 	calls []string
@@ -193,6 +195,23 @@ func (f *fakeRuntime) Start(_ context.Context, id string) error {
 	ct.State = dockerruntime.ContainerState{Status: "running", Running: true}
 	f.containers[id] = ct
 	return nil
+}
+
+func (f *fakeRuntime) CheckHealth(_ context.Context, id string) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.down {
+		return f.unavailable("health check")
+	}
+	f.calls = append(f.calls, "check "+id)
+	ct, ok := f.containers[id]
+	if !ok {
+		return fmt.Errorf("container %s: %w", id, dockerruntime.ErrNotFound)
+	}
+	if ct.State.Paused {
+		return fmt.Errorf("container %s: %w", id, dockerruntime.ErrPaused)
+	}
+	return f.unhealthy
 }
 
 func (f *fakeRuntime) Pause(_ context.Context, id string) error {

@@ -32,6 +32,7 @@ import (
 
 	sandboxv1alpha1 "github.com/code-sandbox/code-sandbox-operator/api/v1alpha1"
 	"github.com/code-sandbox/code-sandbox-operator/internal/dockerruntime"
+	"github.com/code-sandbox/code-sandbox-operator/internal/warmpool"
 )
 
 // The unit tier of the reconciler: Reconcile against fakeRuntime, a fake
@@ -159,6 +160,16 @@ func unitSandbox(bound bool, mutate ...func(*sandboxv1alpha1.Sandbox)) *sandboxv
 	return sbx
 }
 
+// asPoolMember makes the Sandbox a member of warm pool "pool", paused as
+// members are created.
+func asPoolMember(s *sandboxv1alpha1.Sandbox) {
+	s.Labels = map[string]string{sandboxv1alpha1.LabelWarmPool: "pool"}
+	s.OwnerReferences = []metav1.OwnerReference{{
+		APIVersion: sandboxv1alpha1.GroupVersion.String(), Kind: "SandboxWarmPool", Name: "pool", UID: "pool-uid", Controller: ptr.To(true),
+	}}
+	s.Spec.Paused = true
+}
+
 func withReady(status metav1.ConditionStatus, reason string) func(*sandboxv1alpha1.Sandbox) {
 	return func(s *sandboxv1alpha1.Sandbox) {
 		meta.SetStatusCondition(&s.Status.Conditions, metav1.Condition{Type: "Ready", Status: status, Reason: reason, Message: "m"})
@@ -265,14 +276,57 @@ var _ = Describe("Reconcile against a fake runtime", Label("unit"), func() {
 			wantReady:      "False/Paused",
 			wantContainers: 1,
 			wantCalls:      []string{"pause "},
-			wantNoCalls:    []string{"create", "remove", "unpause"},
-			wantEvents:     []string{"Normal Paused"},
+			// Only warm pool members are health-checked before the freeze.
+			wantNoCalls: []string{"create", "remove", "unpause", "check"},
+			wantEvents:  []string{"Normal Paused"},
 			check: func(e *unitEnv, sbx *sandboxv1alpha1.Sandbox) {
 				Expect(meta.IsStatusConditionTrue(sbx.Status.Conditions, string(sandboxv1alpha1.SandboxConditionPaused))).To(BeTrue())
 				ct, err := e.rt.Find(context.Background(), unitUID)
 				Expect(err).NotTo(HaveOccurred())
 				Expect(ct.State.Paused).To(BeTrue())
 			},
+		}),
+		Entry("warm pool member: frozen only after its health check passed", reconcileCase{
+			sandbox:        unitSandbox(true, withReady(metav1.ConditionFalse, sandboxv1alpha1.SandboxReasonProvisioning), asPoolMember),
+			setup:          func(e *unitEnv) { e.rt.add(e.owner(), "running") },
+			wantReady:      "False/Paused",
+			wantContainers: 1,
+			wantCalls:      []string{"check ", "pause "},
+			wantEvents:     []string{"Normal Paused"},
+			check: func(e *unitEnv, _ *sandboxv1alpha1.Sandbox) {
+				Expect(e.rt.calls).To(HaveLen(2))
+				Expect(e.rt.calls[0]).To(HavePrefix("check "), "the check comes before the freeze: %v", e.rt.calls)
+			},
+		}),
+		Entry("warm pool member: a failed health check leaves it running and unclaimable, says why, and checks again after a backoff", reconcileCase{
+			sandbox: unitSandbox(true, withReady(metav1.ConditionFalse, sandboxv1alpha1.SandboxReasonProvisioning), asPoolMember),
+			setup: func(e *unitEnv) {
+				e.rt.add(e.owner(), "running")
+				e.rt.unhealthy = errors.New("health check of container c1 failed (exit code 1): cannot write in /app: permission denied")
+			},
+			wantReady:      "False/HealthCheckFailed",
+			wantRequeue:    unitBase,
+			wantContainers: 1,
+			wantCalls:      []string{"check "},
+			wantNoCalls:    []string{"pause", "remove", "create"},
+			wantEvents:     []string{"Warning HealthCheckFailed"},
+			check: func(e *unitEnv, sbx *sandboxv1alpha1.Sandbox) {
+				c := meta.FindStatusCondition(sbx.Status.Conditions, string(sandboxv1alpha1.SandboxConditionReady))
+				Expect(c.Message).To(ContainSubstring("cannot write in /app: permission denied"))
+				Expect(warmpool.Idle(sbx)).To(BeFalse())
+				Expect(sbx.Status.ContainerID).To(Equal(e.rt.ids(unitUID)[0]))
+			},
+		}),
+		Entry("warm pool member: Docker failing the check is Docker's failure, not the member's", reconcileCase{
+			sandbox: unitSandbox(true, withReady(metav1.ConditionFalse, sandboxv1alpha1.SandboxReasonProvisioning), asPoolMember),
+			setup: func(e *unitEnv) {
+				e.rt.add(e.owner(), "running")
+				e.rt.unhealthy = fmt.Errorf("health check: %w", dockerruntime.ErrNotFound)
+			},
+			wantReady:      "False/CreateFailed",
+			wantContainers: 1,
+			wantNoCalls:    []string{"pause"},
+			wantEvents:     []string{"Warning CreateFailed"},
 		}),
 		Entry("pause: a paused container stays paused without another call", reconcileCase{
 			sandbox: unitSandbox(true, withReady(metav1.ConditionFalse, sandboxv1alpha1.SandboxReasonPaused),

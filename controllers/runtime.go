@@ -37,6 +37,11 @@ type Runtime interface {
 	// BeginUnpause starts thawing a container and returns at once; the
 	// node API's operations on it wait for the thaw, and so does wait.
 	BeginUnpause(id string) (wait func(context.Context) error)
+	// CheckHealth runs a warm pool member's health check in a running
+	// container; it leaves no process behind. ErrUnavailable and
+	// ErrNotFound when Docker cannot run it, another error when the check
+	// ran and failed.
+	CheckHealth(ctx context.Context, id string) error
 	// Remove stops (SIGTERM, grace, SIGKILL) and removes a container.
 	Remove(ctx context.Context, id string, grace time.Duration) error
 	// ListManaged lists this operator's containers that match the filter.

@@ -367,6 +367,13 @@ func (r *SandboxReconciler) create(ctx context.Context, sbx *sandboxv1alpha1.San
 func (r *SandboxReconciler) settlePaused(ctx context.Context, sbx *sandboxv1alpha1.Sandbox, ct dockerruntime.Container, requeueAfter time.Duration) (ctrl.Result, error) {
 	switch {
 	case sbx.Spec.Paused && !ct.State.Paused:
+		if warmpool.PoolOf(sbx) != "" {
+			// A member is frozen only once it passed its health check, so
+			// that a claim never gets a container no command can run in.
+			if err := r.docker.CheckHealth(ctx, ct.ID); err != nil {
+				return r.memberUnhealthy(ctx, sbx, ct, err)
+			}
+		}
 		if err := r.docker.Pause(ctx, ct.ID); err != nil {
 			return r.dockerFailure(ctx, sbx, err)
 		}
@@ -393,6 +400,22 @@ func (r *SandboxReconciler) settlePaused(ctx context.Context, sbx *sandboxv1alph
 		})
 	}
 	return result, nil
+}
+
+// memberUnhealthy reports a warm pool member whose health check failed and
+// checks it again after a backoff; it stays unfrozen and unclaimable
+// meanwhile. The pool keeps it and reports MembersFailing: a replacement
+// made from the same template would most likely fail the same way.
+func (r *SandboxReconciler) memberUnhealthy(ctx context.Context, sbx *sandboxv1alpha1.Sandbox, ct dockerruntime.Container, err error) (ctrl.Result, error) {
+	if errors.Is(err, dockerruntime.ErrUnavailable) || errors.Is(err, dockerruntime.ErrNotFound) {
+		// Docker could not run it: not the member's fault.
+		return r.dockerFailure(ctx, sbx, err)
+	}
+	sbx.Status.ContainerID = ct.ID
+	r.setReady(sbx, metav1.ConditionFalse, sandboxv1alpha1.SandboxReasonHealthCheckFailed, err.Error())
+	delay := r.backoff.next(sbx.UID)
+	logf.FromContext(ctx).Info("warm pool member failed its health check; checking again", "after", delay, "error", err.Error())
+	return ctrl.Result{RequeueAfter: delay}, nil
 }
 
 // markRunning records a running container: Ready, and on the first start the

@@ -273,6 +273,12 @@ var _ = Describe("Warm pool with its controller", func() {
 			},
 		}
 		Expect(k8sClient.Create(ctx, pool)).To(Succeed())
+		// The pool goes with the spec, or a pool controller of a later spec
+		// would keep filling it on that spec's managers.
+		DeferCleanup(func() {
+			_ = k8sClient.Delete(context.Background(), pool)
+			_ = k8sClient.DeleteAllOf(context.Background(), &sandboxv1alpha1.Sandbox{}, client.InNamespace(ns))
+		})
 		key := client.ObjectKeyFromObject(pool)
 		Eventually(poolStatus(key), 120*time.Second, 250*time.Millisecond).Should(Equal("replicas=10 ready=10"))
 		// Without the controller nothing refills during the burst, so the
@@ -354,7 +360,7 @@ var _ = Describe("Warm pool members over several nodes", func() {
 	It("go to the node with a live manager that holds the fewest, also when it runs no Sandbox yet", func() {
 		ns, leases := newNamespace(), newNamespace()
 		nodeA, nodeB := testNodePrefix+"spread-a", testNodePrefix+"spread-b"
-		a := startManager(nodeA, managerConfig{maxSandboxes: 10, leaseNamespace: leases})
+		a := startManager(nodeA, managerConfig{maxSandboxes: 30, leaseNamespace: leases})
 		startPoolController()
 		pool := &sandboxv1alpha1.SandboxWarmPool{
 			ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "spread"},
@@ -384,7 +390,7 @@ var _ = Describe("Warm pool members over several nodes", func() {
 
 		// Node B's manager starts: it runs nothing, and A knows it only by
 		// its Lease.
-		startManager(nodeB, managerConfig{maxSandboxes: 10, leaseNamespace: leases})
+		startManager(nodeB, managerConfig{maxSandboxes: 30, leaseNamespace: leases})
 		Eventually(func() ([]string, error) { return a.reconciler.opts.LiveNodes(ctx) }, 10*time.Second, 200*time.Millisecond).
 			Should(ConsistOf(nodeA, nodeB))
 		updatePool := func(replicas int32) {

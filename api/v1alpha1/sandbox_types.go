@@ -117,6 +117,13 @@ const (
 	// (the cgroup freezer). Used with Ready=False and Paused=True.
 	SandboxReasonPaused = "Paused"
 
+	// SandboxReasonHealthCheckFailed: a warm pool member's container runs but
+	// failed the health check it must pass before it is frozen (the sandbox
+	// user runs a command in the working directory and writes there and in
+	// /tmp); the message says why. It is checked again with a backoff and is
+	// not claimable meanwhile; its pool reports MembersFailing.
+	SandboxReasonHealthCheckFailed = "HealthCheckFailed"
+
 	// SandboxReasonResumed: spec.paused went back to false and the container
 	// was thawed with its processes and files intact. Used with
 	// Paused=False.

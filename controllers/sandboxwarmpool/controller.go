@@ -80,6 +80,7 @@ var failingReasons = map[string]bool{
 	sandboxv1alpha1.SandboxReasonCreateFailed:            true,
 	sandboxv1alpha1.SandboxReasonRuntimeUnavailable:      true,
 	sandboxv1alpha1.SandboxReasonImageRegistryNotAllowed: true,
+	sandboxv1alpha1.SandboxReasonHealthCheckFailed:       true,
 }
 
 // +kubebuilder:rbac:groups=sandbox.code-sandbox.dev,resources=sandboxwarmpools,verbs=get;list;watch

@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"io"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/code-sandbox/code-sandbox-operator/internal/execio"
@@ -47,6 +48,33 @@ func (c *Client) RunCommand(ctx context.Context, id string, req execio.Request, 
 // check after which the sandbox must hold no process of ours.
 func (c *Client) RunCommandOnce(ctx context.Context, id string, req execio.Request, stdout, stderr io.Writer) (execio.Result, error) {
 	return c.runCommand(ctx, id, req, stdout, stderr, false)
+}
+
+// HealthCheckTimeout bounds CheckHealth.
+const HealthCheckTimeout = 10 * time.Second
+
+// CheckHealth is a warm pool member's check before it is frozen: the
+// helper's `check` (internal/sandboxhelper/check.go), run as a command the
+// way every exec runs, leaving no resident helper, no process and no file.
+// It needs nothing from the image. An error says what failed.
+func (c *Client) CheckHealth(ctx context.Context, id string) error {
+	stderr := &boundedBuffer{max: 4 << 10}
+	res, err := c.RunCommandOnce(ctx, id, execio.Request{
+		Command: []string{HelperPath, "check"}, TimeoutSeconds: int64(HealthCheckTimeout / time.Second),
+	}, nil, stderr)
+	switch {
+	case err != nil:
+		return fmt.Errorf("health check of container %s: %w", ShortID(id), err)
+	case res.TimedOut:
+		return fmt.Errorf("health check of container %s: no answer within %s", ShortID(id), HealthCheckTimeout)
+	case res.ExitCode != 0:
+		msg := strings.TrimSpace(stderr.buf.String())
+		if he, ok := helperproto.ParseError(stderr.buf.Bytes()); ok {
+			msg = he.Message
+		}
+		return fmt.Errorf("health check of container %s failed (exit code %d): %s", ShortID(id), res.ExitCode, msg)
+	}
+	return nil
 }
 
 func (c *Client) runCommand(ctx context.Context, id string, req execio.Request, stdout, stderr io.Writer, keepHelper bool) (execio.Result, error) {

@@ -187,3 +187,30 @@ var _ = Describe("The resident helper", dockerLabel, func() {
 		Expect(time.Since(start)).To(BeNumerically("<", 10*time.Second))
 	}, SpecTimeout(60*time.Second))
 })
+
+var _ = Describe("The health check of a warm pool member", dockerLabel, func() {
+	It("passes in a fresh sandbox and leaves no process, no resident helper and no file", func(ctx SpecContext) {
+		ct, _ := startSandbox(ctx, nil)
+		before := survivors(ctx, ct.ID, "")
+		Expect(rt.CheckHealth(ctx, ct.ID)).To(Succeed())
+		Expect(serveHelpers(ctx, ct.ID)).To(BeEmpty(), "the check leaves no resident helper")
+		Expect(survivors(ctx, ct.ID, "")).To(Equal(before), "the check leaves no process")
+		Expect(sh(ctx, ct.ID, "ls -A /app /tmp").Stdout).To(Equal("/app:\n\n/tmp:\n"), "the check leaves no file")
+	}, SpecTimeout(60*time.Second))
+
+	It("fails, saying where, when the sandbox user cannot write its working directory; and refuses a paused sandbox", func(ctx SpecContext) {
+		ct, _ := startSandbox(ctx, nil)
+		Expect(sh(ctx, ct.ID, "chmod 0555 /app").Code).To(BeZero())
+		err := rt.CheckHealth(ctx, ct.ID)
+		Expect(err).To(MatchError(And(
+			ContainSubstring("health check of container "+ShortID(ct.ID)+" failed (exit code"),
+			ContainSubstring("cannot write in /app"), ContainSubstring("permission denied"))))
+		Expect(serveHelpers(ctx, ct.ID)).To(BeEmpty())
+
+		Expect(sh(ctx, ct.ID, "chmod 0755 /app").Code).To(BeZero())
+		Expect(rt.CheckHealth(ctx, ct.ID)).To(Succeed())
+		Expect(rt.Pause(ctx, ct.ID)).To(Succeed())
+		Expect(rt.CheckHealth(ctx, ct.ID)).To(MatchError(ErrPaused))
+		Expect(rt.Unpause(ctx, ct.ID)).To(Succeed())
+	}, SpecTimeout(60*time.Second))
+})

@@ -13,6 +13,7 @@ import (
 const usage = `usage:
   code-sandbox-helper run --id=ID [--backstop=SECONDS] -- ARGV...
   code-sandbox-helper kill ID
+  code-sandbox-helper check   (a warm pool member's health check; see check.go)
   code-sandbox-helper serve   (one command, on request; see helperproto)
   code-sandbox-helper untar --root=DIR --dest=REL [--max-bytes=N] [--max-entries=N] < archive.tar
   code-sandbox-helper tar --root=DIR --path=REL [--max-bytes=N] > archive.tar`
@@ -34,6 +35,14 @@ func Main(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 			return usageError(stderr, errors.New("serve takes no arguments"))
 		}
 		return serve(stdin, stdout)
+	case "check":
+		if len(args) != 1 {
+			return usageError(stderr, errors.New("check takes no arguments"))
+		}
+		if err := check(); err != nil {
+			return report(stderr, err)
+		}
+		return 0
 	case "kill":
 		if len(args) != 2 || !validID(args[1]) {
 			return usageError(stderr, errors.New("kill takes one run ID"))

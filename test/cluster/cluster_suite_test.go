@@ -207,6 +207,7 @@ func mustKubectl(ctx context.Context, args ...string) string {
 var _ = Describe("the operator on a real cluster", Ordered, func() {
 	sandboxSpecs()
 	mcpSpecs()
+	warmPoolSpecs()
 	benchSpecs()
 
 	Describe("make undeploy", Ordered, Label("undeploy"), func() {

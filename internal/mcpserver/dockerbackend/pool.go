@@ -8,7 +8,6 @@ import (
 	"time"
 
 	"github.com/code-sandbox/code-sandbox-operator/internal/dockerruntime"
-	"github.com/code-sandbox/code-sandbox-operator/internal/execio"
 	"github.com/code-sandbox/code-sandbox-operator/internal/mcpserver"
 	"github.com/code-sandbox/code-sandbox-operator/internal/mcpserver/session"
 )
@@ -301,15 +300,13 @@ func (p *pool) make() (poolMember, error) {
 		return poolMember{}, err
 	}
 	m := poolMember{uid: uid, ref: ct.ID}
-	// The check runs through the in-sandbox helper exactly as sandbox_exec
-	// does, writes nothing and leaves no process; it is not recorded in
-	// the exec history.
+	// The check (dockerruntime.CheckHealth, as the node managers run it on
+	// their pool members) runs through the in-sandbox helper exactly as
+	// sandbox_exec does, leaves no file and no process, and is not recorded
+	// in the exec history.
 	cctx, cancel := context.WithTimeout(p.ctx, poolCheckTimeout)
-	res, err := p.d.docker.RunCommandOnce(cctx, ct.ID, execio.Request{Command: []string{"true"}, TimeoutSeconds: int64(poolCheckTimeout / time.Second)}, nil, nil)
+	err = p.d.docker.CheckHealth(cctx, ct.ID)
 	cancel()
-	if err == nil && (res.ExitCode != 0 || res.TimedOut) {
-		err = fmt.Errorf("health check `true` in %s: exit code %d, timed out %v", dockerruntime.ShortID(ct.ID), res.ExitCode, res.TimedOut)
-	}
 	if err == nil {
 		err = p.d.docker.Pause(context.WithoutCancel(p.ctx), ct.ID)
 	}
