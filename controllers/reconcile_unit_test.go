@@ -315,7 +315,42 @@ var _ = Describe("Reconcile against a fake runtime", Label("unit"), func() {
 				Expect(c.Message).To(ContainSubstring("cannot write in /app: permission denied"))
 				Expect(warmpool.Idle(sbx)).To(BeFalse())
 				Expect(sbx.Status.ContainerID).To(Equal(e.rt.ids(unitUID)[0]))
+				Expect(sbx.Status.StartTime).NotTo(BeNil(), "its lifetime counts from the start, so it still expires")
+				Expect(sbx.Status.StartTime.Time.Equal(e.clk.Now())).To(BeTrue())
 			},
+		}),
+		Entry("warm pool member: one that keeps failing its check still expires at the end of its lifetime", reconcileCase{
+			sandbox: unitSandbox(true, withReady(metav1.ConditionFalse, sandboxv1alpha1.SandboxReasonHealthCheckFailed), asPoolMember,
+				func(s *sandboxv1alpha1.Sandbox) {
+					s.Spec.ActiveDeadlineSeconds = ptr.To[int64](60)
+					s.Status.StartTime = &metav1.Time{Time: time.Date(2026, 1, 2, 3, 3, 0, 0, time.UTC)}
+				}),
+			setup: func(e *unitEnv) {
+				e.rt.add(e.owner(), "running")
+				e.rt.unhealthy = errors.New("health check failed")
+			},
+			wantReady:   "False/Expired",
+			wantCalls:   []string{"remove "},
+			wantNoCalls: []string{"pause", "check"},
+			wantEvents:  []string{"Warning Expired"},
+		}),
+		Entry("warm pool member: a failed check is retried no later than its expiry", reconcileCase{
+			sandbox: unitSandbox(true, withReady(metav1.ConditionFalse, sandboxv1alpha1.SandboxReasonHealthCheckFailed), asPoolMember,
+				func(s *sandboxv1alpha1.Sandbox) {
+					s.Spec.ActiveDeadlineSeconds = ptr.To[int64](6)
+					s.Status.StartTime = &metav1.Time{Time: time.Date(2026, 1, 2, 3, 4, 0, 0, time.UTC)}
+				}),
+			setup: func(e *unitEnv) {
+				e.rt.add(e.owner(), "running")
+				// Backoff already at its cap (8 s); the expiry is 1 s away.
+				for range 5 {
+					e.r.backoff.next(unitUID)
+				}
+				e.rt.unhealthy = errors.New("health check failed")
+			},
+			wantReady:      "False/HealthCheckFailed",
+			wantRequeue:    time.Second,
+			wantContainers: 1,
 		}),
 		Entry("warm pool member: Docker failing the check is Docker's failure, not the member's", reconcileCase{
 			sandbox: unitSandbox(true, withReady(metav1.ConditionFalse, sandboxv1alpha1.SandboxReasonProvisioning), asPoolMember),

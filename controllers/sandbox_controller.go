@@ -371,7 +371,7 @@ func (r *SandboxReconciler) settlePaused(ctx context.Context, sbx *sandboxv1alph
 			// A member is frozen only once it passed its health check, so
 			// that a claim never gets a container no command can run in.
 			if err := r.docker.CheckHealth(ctx, ct.ID); err != nil {
-				return r.memberUnhealthy(ctx, sbx, ct, err)
+				return r.memberUnhealthy(ctx, sbx, ct, err, requeueAfter)
 			}
 		}
 		if err := r.docker.Pause(ctx, ct.ID); err != nil {
@@ -406,14 +406,24 @@ func (r *SandboxReconciler) settlePaused(ctx context.Context, sbx *sandboxv1alph
 // checks it again after a backoff; it stays unfrozen and unclaimable
 // meanwhile. The pool keeps it and reports MembersFailing: a replacement
 // made from the same template would most likely fail the same way.
-func (r *SandboxReconciler) memberUnhealthy(ctx context.Context, sbx *sandboxv1alpha1.Sandbox, ct dockerruntime.Container, err error) (ctrl.Result, error) {
+func (r *SandboxReconciler) memberUnhealthy(ctx context.Context, sbx *sandboxv1alpha1.Sandbox, ct dockerruntime.Container, err error, untilExpiry time.Duration) (ctrl.Result, error) {
 	if errors.Is(err, dockerruntime.ErrUnavailable) || errors.Is(err, dockerruntime.ErrNotFound) {
 		// Docker could not run it: not the member's fault.
 		return r.dockerFailure(ctx, sbx, err)
 	}
 	sbx.Status.ContainerID = ct.ID
+	if sbx.Status.StartTime == nil {
+		// The lifetime counts from the first start, healthy or not, so
+		// that a member failing its check for good still expires and is
+		// replaced where a quota demands a lifetime.
+		start := metav1.NewTime(r.clock.Now())
+		sbx.Status.StartTime = &start
+	}
 	r.setReady(sbx, metav1.ConditionFalse, sandboxv1alpha1.SandboxReasonHealthCheckFailed, err.Error())
 	delay := r.backoff.next(sbx.UID)
+	if untilExpiry > 0 && untilExpiry < delay {
+		delay = untilExpiry
+	}
 	logf.FromContext(ctx).Info("warm pool member failed its health check; checking again", "after", delay, "error", err.Error())
 	return ctrl.Result{RequeueAfter: delay}, nil
 }
