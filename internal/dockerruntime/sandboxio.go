@@ -103,7 +103,10 @@ func (c *Client) runCommand(ctx context.Context, id string, req execio.Request, 
 	if err != nil {
 		return execio.Result{}, fmt.Errorf("encoding the command for the sandbox helper: %w", err)
 	}
-	s, err := c.acceptedServe(ctx, id, request)
+	// Handing the command over includes starting a helper, which on a
+	// loaded host can take as long as Docker takes to spawn a process: it
+	// may take as long as the command may run, not just a Docker call.
+	s, err := c.acceptedServe(ctx, id, request, c.callTimeout+timeout)
 	if errors.Is(err, errHelperWithoutServe) {
 		c.markLegacy(id)
 		return c.runCommandPerExec(ctx, id, req, stdout, stderr, runID, backstop)
@@ -123,8 +126,9 @@ func (c *Client) runCommand(ctx context.Context, id string, req execio.Request, 
 // acceptedServe hands the command to a helper that has taken it: the
 // sandbox's idle one, or a new one when there is none, or when the idle one
 // ended before taking the command (then it never ran, and runs once here).
-func (c *Client) acceptedServe(ctx context.Context, id string, request []byte) (*serveExec, error) {
-	actx, cancel := context.WithTimeout(ctx, c.callTimeout)
+// bound limits all of that.
+func (c *Client) acceptedServe(ctx context.Context, id string, request []byte, bound time.Duration) (*serveExec, error) {
+	actx, cancel := context.WithTimeout(ctx, bound)
 	defer cancel()
 	if s := c.takeStandby(id); s != nil {
 		// A frozen helper would hold the command until its container

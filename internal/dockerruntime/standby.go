@@ -72,7 +72,8 @@ type serveExec struct {
 	stderr    lockedBuffer
 }
 
-// startServe execs a helper and waits until it is ready for a request.
+// startServe execs a helper and waits until it is ready for a request, for
+// as long as ctx allows (the caller bounds it).
 func (c *Client) startServe(ctx context.Context, id string) (*serveExec, error) {
 	execID, attach, err := c.startExec(ctx, id, ExecOptions{Cmd: serveCommand, openStdin: true})
 	if err != nil {
@@ -89,8 +90,6 @@ func (c *Client) startServe(ctx context.Context, id string) (*serveExec, error) 
 	}
 	go s.read()
 	go c.forgetWhenGone(id, s)
-	rctx, cancel := c.bounded(ctx)
-	defer cancel()
 	select {
 	case f, ok := <-s.frames:
 		if ok {
@@ -114,9 +113,9 @@ func (c *Client) startServe(ctx context.Context, id string) (*serveExec, error) 
 			return nil, errHelperWithoutServe
 		}
 		return nil, helperFailure("starting the sandbox helper in "+ShortID(id), code, s.stderr.Bytes())
-	case <-rctx.Done():
+	case <-ctx.Done():
 		s.close()
-		return nil, classify(rctx.Err(), "waiting for the sandbox helper in "+ShortID(id))
+		return nil, classify(ctx.Err(), "waiting for the sandbox helper in "+ShortID(id))
 	}
 }
 

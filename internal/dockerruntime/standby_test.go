@@ -188,6 +188,34 @@ var _ = Describe("The resident helper", dockerLabel, func() {
 	}, SpecTimeout(60*time.Second))
 })
 
+var _ = Describe("A slow helper start", dockerLabel, func() {
+	It("counts against the command's timeout, not a Docker call's: a helper that takes longer than a call to start still runs the command", func(ctx SpecContext) {
+		saved := serveCommand
+		// Docker spawning the helper slowly, as 50 concurrent execs on two
+		// loaded cores do.
+		serveCommand = []string{"/bin/sh", "-c", "sleep 2; exec " + HelperPath + " serve"}
+		DeferCleanup(func() { serveCommand = saved })
+		c, err := New(Options{CallTimeout: time.Second})
+		Expect(err).NotTo(HaveOccurred())
+		DeferCleanup(c.Close)
+		ct, _ := startSandbox(ctx, nil)
+		var stdout bytes.Buffer
+		// Once: no helper stays for the second part.
+		res, err := c.RunCommandOnce(ctx, ct.ID, execio.Request{Command: []string{"echo", "ran"}, TimeoutSeconds: 10}, &stdout, nil)
+		Expect(err).NotTo(HaveOccurred())
+		Expect(res.ExitCode).To(BeZero())
+		Expect(stdout.String()).To(Equal("ran\n"))
+
+		// A start that outlasts the command's own timeout as well is an
+		// error, not a hang.
+		serveCommand = []string{"/bin/sh", "-c", "sleep 30; exec " + HelperPath + " serve"}
+		start := time.Now()
+		_, err = c.RunCommand(ctx, ct.ID, execio.Request{Command: []string{"echo", "never"}, TimeoutSeconds: 1}, nil, nil)
+		Expect(err).To(MatchError(ContainSubstring("waiting for the sandbox helper")))
+		Expect(time.Since(start)).To(BeNumerically("<", 10*time.Second))
+	}, SpecTimeout(90*time.Second))
+})
+
 var _ = Describe("The health check of a warm pool member", dockerLabel, func() {
 	It("passes in a fresh sandbox and leaves no process, no resident helper and no file", func(ctx SpecContext) {
 		ct, _ := startSandbox(ctx, nil)
