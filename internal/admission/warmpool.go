@@ -13,6 +13,7 @@ import (
 	"sort"
 
 	admissionv1 "k8s.io/api/admission/v1"
+	authenticationv1 "k8s.io/api/authentication/v1"
 	apiequality "k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -204,6 +205,38 @@ func (v *SandboxValidator) membership(ctx context.Context, old, sbx *sandboxv1al
 	return &resp
 }
 
+// newMember refuses a Sandbox created with warm pool membership (a pool's
+// label or an ownerReference to a SandboxWarmPool) by anyone but the pool
+// controller. A claim hands a member's container over as the template's,
+// and the member stops counting against quotas once claimed, so a member
+// made by a user, with the user's image, command, resources and network,
+// would reach every claimant and escape the quota by any ratio. The
+// manager also claims only members whose spec is the template's
+// (warmpool.Matches); this keeps them from existing at all, in every
+// namespace, quota or not (config/policy/sandbox_member_policy.yaml does
+// the same in the API server).
+func (v *SandboxValidator) newMember(req admission.Request, sbx *sandboxv1alpha1.Sandbox) *admission.Response {
+	field := ""
+	for _, l := range []string{sandboxv1alpha1.LabelWarmPool, sandboxv1alpha1.LabelTemplateHash} {
+		if _, ok := sbx.Labels[l]; ok {
+			field = "metadata.labels"
+		}
+	}
+	for i := range sbx.OwnerReferences {
+		ref := &sbx.OwnerReferences[i]
+		if gv, err := schema.ParseGroupVersion(ref.APIVersion); ref.Kind == "SandboxWarmPool" && err == nil && gv.Group == sandboxv1alpha1.GroupVersion.Group {
+			field = "metadata.ownerReferences"
+		}
+	}
+	if field == "" || (v.poolController != "" && req.UserInfo.Username == v.poolController) {
+		return nil
+	}
+	resp := denied(sbx.Name, []metav1.StatusCause{{Type: wire.CauseWarmPoolMembership, Field: field,
+		Message: fmt.Sprintf("only the warm pool controller creates warm pool members: a Sandbox created by %s may not carry the %s or %s label or an ownerReference to a SandboxWarmPool; claim from a pool with spec.warmPoolRef instead",
+			req.UserInfo.Username, sandboxv1alpha1.LabelWarmPool, sandboxv1alpha1.LabelTemplateHash)}})
+	return &resp
+}
+
 // poolRef is sbx's controller ownerReference if it points at a
 // SandboxWarmPool (of any version), else nil.
 func poolRef(sbx *sandboxv1alpha1.Sandbox) *metav1.OwnerReference {
@@ -295,4 +328,20 @@ func (v *WarmPoolValidator) Handle(ctx context.Context, req admission.Request) a
 		return deniedKind(wire.StatusKindWarmPool, pool.Name, causes)
 	}
 	return admission.Allowed("")
+}
+
+// Self returns the user name the API server knows c's credentials by (a
+// SelfSubjectReview, as kubectl auth whoami does). The webhook process runs
+// the warm pool controller with its own credentials, so this is the name
+// WithPoolController needs; asking the API server rather than a flag keeps
+// it right whatever the ServiceAccount is called.
+func Self(ctx context.Context, c client.Client) (string, error) {
+	review := &authenticationv1.SelfSubjectReview{}
+	if err := c.Create(ctx, review); err != nil {
+		return "", fmt.Errorf("asking the API server who this process is (SelfSubjectReview): %w", err)
+	}
+	if review.Status.UserInfo.Username == "" {
+		return "", fmt.Errorf("the API server's SelfSubjectReview names no user")
+	}
+	return review.Status.UserInfo.Username, nil
 }
