@@ -184,6 +184,52 @@ var _ = Describe("SandboxValidator and warm pools", func() {
 			expectAllowed(e.validator.Handle(ctx, updateRequest(member(), other)))
 		})
 
+		It("refuses creating a member (any mark of membership) to anyone but the pool controller, with or without quotas", func() {
+			const poolController = "system:serviceaccount:code-sandbox-system:code-sandbox-webhook"
+			// The forgery admitted on 90280d9: the pool's labels and a
+			// controller ownerReference, paused, 2 CPUs and 2 GiB.
+			forged := member()
+			forged.Spec.Image = "attacker/image:1"
+			forged.Spec.Resources.CPU = ptr.To(resource.MustParse("2"))
+			forged.Spec.Resources.Memory = ptr.To(resource.MustParse("2Gi"))
+			forged.Status = sandboxv1alpha1.SandboxStatus{}
+			label := newSandbox("label", "uid-l")
+			label.Labels = map[string]string{sandboxv1alpha1.LabelWarmPool: "pool"}
+			hash := newSandbox("hash", "uid-h")
+			hash.Labels = map[string]string{sandboxv1alpha1.LabelTemplateHash: warmpool.Hash(pool.Spec.Template)}
+			owner := newSandbox("owner", "uid-o")
+			owner.OwnerReferences = member().OwnerReferences
+			owner.OwnerReferences[0].Controller = nil
+			for _, objs := range [][]client.Object{{pool}, {pool, newQuota("q", limit(10), quota.Zero())}} {
+				e := newEnv(envOptions{}, objs...)
+				e.validator.WithPoolController(poolController)
+				for _, c := range []struct {
+					sbx   *sandboxv1alpha1.Sandbox
+					field string
+				}{{forged, "metadata.ownerReferences"}, {label, "metadata.labels"}, {hash, "metadata.labels"}, {owner, "metadata.ownerReferences"}} {
+					for _, user := range []string{"eve", "system:admin", "system:serviceaccount:team:code-sandbox-webhook"} {
+						req := createRequest(c.sbx, false)
+						req.UserInfo.Username = user
+						resp := e.validator.Handle(ctx, req)
+						expectDenied(resp, "only the warm pool controller creates warm pool members: a Sandbox created by "+user+
+							" may not carry the sandbox.code-sandbox.dev/warm-pool or sandbox.code-sandbox.dev/template-hash label or an ownerReference to a SandboxWarmPool; claim from a pool with spec.warmPoolRef instead")
+						Expect(resp.Result.Details.Causes).To(ConsistOf(metav1.StatusCause{Type: wire.CauseWarmPoolMembership, Field: c.field, Message: resp.Result.Message}))
+					}
+				}
+				Expect(e.statusUpdates.Load()).To(BeZero(), "nothing charged for a refused create")
+				req := createRequest(member(), false)
+				req.UserInfo.Username = poolController
+				expectAllowed(e.validator.Handle(ctx, req))
+				req = createRequest(newSandbox("plain", "uid-p"), false)
+				req.UserInfo.Username = "eve"
+				expectAllowed(e.validator.Handle(ctx, req))
+			}
+			// Without a pool controller named, nobody creates members.
+			req := createRequest(member(), false)
+			req.UserInfo.Username = poolController
+			Expect(newEnv(envOptions{}, pool).validator.Handle(ctx, req).Allowed).To(BeFalse())
+		})
+
 		It("refuses leaving a pool that exists, and allows it once the pool is deleting or gone", func() {
 			left := member()
 			left.OwnerReferences = nil
