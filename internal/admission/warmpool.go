@@ -11,11 +11,13 @@ import (
 	"fmt"
 	"net/http"
 	"sort"
+	"strings"
 
 	admissionv1 "k8s.io/api/admission/v1"
 	authenticationv1 "k8s.io/api/authentication/v1"
 	apiequality "k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
@@ -297,10 +299,11 @@ func (v *WarmPoolValidator) Handle(ctx context.Context, req admission.Request) a
 	if pool.Namespace == "" {
 		pool.Namespace = req.Namespace
 	}
+	var old *sandboxv1alpha1.SandboxWarmPool
 	switch req.Operation {
 	case admissionv1.Create:
 	case admissionv1.Update:
-		old := &sandboxv1alpha1.SandboxWarmPool{}
+		old = &sandboxv1alpha1.SandboxWarmPool{}
 		if err := v.decoder.DecodeRaw(req.OldObject, old); err != nil {
 			return errored(http.StatusBadRequest, fmt.Errorf("decoding the old SandboxWarmPool: %w", err))
 		}
@@ -327,7 +330,89 @@ func (v *WarmPoolValidator) Handle(ctx context.Context, req admission.Request) a
 	if len(causes) > 0 {
 		return deniedKind(wire.StatusKindWarmPool, pool.Name, causes)
 	}
+	if len(list.Items) == 0 {
+		return admission.Allowed("")
+	}
+	if old != nil {
+		causes = templateGrowth(list.Items, old, pool)
+	} else {
+		var err error
+		if causes, err = v.waitingClaimants(ctx, pool); err != nil {
+			return errored(http.StatusInternalServerError, err)
+		}
+	}
+	if len(causes) > 0 {
+		return deniedKind(wire.StatusKindWarmPool, pool.Name, causes)
+	}
 	return admission.Allowed("")
+}
+
+// A claimant is charged at its pool's template when it is created, and the
+// manager makes its container from the template it finds at the claim
+// (warm or cold). So that the container is never bigger than the charge,
+// a template in a namespace with quotas never grows in what a quota limits
+// (cpu, memory, disk): a claimant admitted before the change may be
+// claimed after it. It may shrink, or change otherwise. To grow it, create
+// a new pool (or delete this one once no claim waits for it).
+func templateGrowth(quotas []sandboxv1alpha1.SandboxQuota, old, pool *sandboxv1alpha1.SandboxWarmPool) []metav1.StatusCause {
+	var before, after sandboxv1alpha1.Sandbox
+	warmpool.ApplyTemplate(&before.Spec, old.Spec.Template)
+	warmpool.ApplyTemplate(&after.Spec, pool.Spec.Template)
+	was, is := quota.Usage(&before), quota.Usage(&after)
+	limited := func(pick func(h sandboxv1alpha1.SandboxQuotaHard) *resource.Quantity) bool {
+		for i := range quotas {
+			if pick(quotas[i].Spec.Hard) != nil {
+				return true
+			}
+		}
+		return false
+	}
+	var causes []metav1.StatusCause
+	for _, r := range []struct {
+		field    string
+		was, is  resource.Quantity
+		limitedF func(h sandboxv1alpha1.SandboxQuotaHard) *resource.Quantity
+	}{
+		{"cpu", was.CPU, is.CPU, func(h sandboxv1alpha1.SandboxQuotaHard) *resource.Quantity { return h.CPU }},
+		{"memory", was.Memory, is.Memory, func(h sandboxv1alpha1.SandboxQuotaHard) *resource.Quantity { return h.Memory }},
+		{"disk", was.Disk, is.Disk, func(h sandboxv1alpha1.SandboxQuotaHard) *resource.Quantity { return h.Disk }},
+	} {
+		if r.is.Cmp(r.was) > 0 && limited(r.limitedF) {
+			causes = append(causes, metav1.StatusCause{Type: wire.CauseQuotaRule, Field: "spec.template.resources." + r.field,
+				Message: fmt.Sprintf("the template's %s may not grow from %s to %s while a sandbox quota of namespace %s limits %s: Sandboxes admitted at the old size may still claim from the pool; create a new pool for the bigger template",
+					r.field, r.was.String(), r.is.String(), pool.Namespace, r.field)})
+		}
+	}
+	return causes
+}
+
+// waitingClaimants refuses creating a pool in a namespace with quotas while
+// Sandboxes that name it wait to claim: they were admitted against an
+// earlier pool of that name (the webhook refuses claimants of a pool that
+// does not exist), charged at its template, and would be claimed from this
+// one's.
+func (v *WarmPoolValidator) waitingClaimants(ctx context.Context, pool *sandboxv1alpha1.SandboxWarmPool) ([]metav1.StatusCause, error) {
+	var list sandboxv1alpha1.SandboxList
+	if err := v.reader.List(ctx, &list, client.InNamespace(pool.Namespace)); err != nil {
+		return nil, fmt.Errorf("listing the Sandboxes in namespace %s: %w", pool.Namespace, err)
+	}
+	var waiting []string
+	for i := range list.Items {
+		s := &list.Items[i]
+		if s.Spec.WarmPoolRef != nil && s.Spec.WarmPoolRef.Name == pool.Name && s.Status.WarmPool == nil && s.DeletionTimestamp == nil {
+			waiting = append(waiting, s.Name)
+		}
+	}
+	if len(waiting) == 0 {
+		return nil, nil
+	}
+	sort.Strings(waiting)
+	if len(waiting) > 5 {
+		waiting = append(waiting[:5], fmt.Sprintf("and %d more", len(waiting)-5))
+	}
+	return []metav1.StatusCause{{Type: wire.CauseQuotaRule, Field: "metadata.name",
+		Message: fmt.Sprintf("Sandboxes admitted against an earlier SandboxWarmPool %q still wait to claim from it (%s), charged at its template; delete them, or name the new pool differently",
+			pool.Name, strings.Join(waiting, ", "))}}, nil
 }
 
 // Self returns the user name the API server knows c's credentials by (a

@@ -290,6 +290,47 @@ var _ = Describe("WarmPoolValidator", func() {
 		expectAllowed(v.Handle(ctx, request(admissionv1.Create, nil, newPool("pool", "ghcr.io/acme/tool:1", "1"))))
 	})
 
+	It("refuses growing a template in what a quota limits, so that a claimant admitted before is never claimed bigger", func() {
+		hard := sandboxv1alpha1.SandboxQuotaHard{CPU: ptr.To(resource.MustParse("4")), Memory: ptr.To(resource.MustParse("4Gi"))}
+		e := newEnv(envOptions{}, newQuota("q", hard, quota.Zero()))
+		v := admission.NewWarmPoolValidator(e.base, scheme)
+		small := newPool("pool", "busybox:1", "500m")
+		big := newPool("pool", "busybox:1", "2")
+		big.Spec.Template.Resources.Memory = ptr.To(resource.MustParse("2Gi"))
+		resp := v.Handle(ctx, request(admissionv1.Update, small, big))
+		Expect(resp.Allowed).To(BeFalse())
+		Expect(resp.Result.Code).To(Equal(int32(http.StatusForbidden)))
+		Expect(resp.Result.Details.Kind).To(Equal(wire.StatusKindWarmPool))
+		Expect(resp.Result.Details.Causes).To(ConsistOf(
+			metav1.StatusCause{Type: wire.CauseQuotaRule, Field: "spec.template.resources.cpu",
+				Message: "the template's cpu may not grow from 500m to 2 while a sandbox quota of namespace team limits cpu: Sandboxes admitted at the old size may still claim from the pool; create a new pool for the bigger template"},
+			HaveField("Field", "spec.template.resources.memory"),
+		))
+		// Shrinking, a dimension no quota limits, and other changes pass.
+		expectAllowed(v.Handle(ctx, request(admissionv1.Update, big, small)))
+		disk := small.DeepCopy()
+		disk.Spec.Template.Resources.Disk = ptr.To(resource.MustParse("10Gi"))
+		disk.Spec.Template.Image = "busybox:2"
+		expectAllowed(v.Handle(ctx, request(admissionv1.Update, small, disk)))
+		// Without a quota, templates change freely.
+		expectAllowed(admission.NewWarmPoolValidator(newEnv(envOptions{}).base, scheme).Handle(ctx, request(admissionv1.Update, small, big)))
+	})
+
+	It("refuses re-creating a pool that Sandboxes admitted against the earlier one still wait for, with quotas", func() {
+		waiting := newClaimant("waiting", "uid-w", "pool")
+		claimed := claimedBy(newClaimant("claimed", "uid-c", "pool"), idleMember(newPool("pool", "busybox:1", "1"), "m", now))
+		other := newClaimant("other", "uid-o", "other-pool")
+		q := newQuota("q", sandboxv1alpha1.SandboxQuotaHard{CPU: ptr.To(resource.MustParse("4"))}, quota.Zero())
+		v := admission.NewWarmPoolValidator(newEnv(envOptions{}, q, waiting, claimed, other).base, scheme)
+		resp := v.Handle(ctx, request(admissionv1.Create, nil, newPool("pool", "busybox:1", "4")))
+		Expect(resp.Allowed).To(BeFalse())
+		Expect(resp.Result.Details.Causes).To(ConsistOf(metav1.StatusCause{Type: wire.CauseQuotaRule, Field: "metadata.name",
+			Message: `Sandboxes admitted against an earlier SandboxWarmPool "pool" still wait to claim from it (waiting), charged at its template; delete them, or name the new pool differently`}))
+		expectAllowed(v.Handle(ctx, request(admissionv1.Create, nil, newPool("another", "busybox:1", "4"))))
+		expectAllowed(admission.NewWarmPoolValidator(newEnv(envOptions{}, waiting).base, scheme).
+			Handle(ctx, request(admissionv1.Create, nil, newPool("pool", "busybox:1", "4"))))
+	})
+
 	It("checks an update only when the template changes", func() {
 		e := newEnv(envOptions{}, restrictive())
 		v := admission.NewWarmPoolValidator(e.base, scheme)
