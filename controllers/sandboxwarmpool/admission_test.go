@@ -7,7 +7,6 @@ Licensed under the MIT License; see the LICENSE file.
 package sandboxwarmpool_test
 
 import (
-
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -96,7 +95,9 @@ var _ = Describe("SandboxWarmPool admission", Ordered, func() {
 		Expect(err).To(MatchError(ContainSubstring("the template's cpu may not grow from 100m to 1 while a sandbox quota of namespace " + ns + " limits cpu")))
 		Expect(getPool(pool).Spec.Template.Resources.CPU.String()).To(Equal("100m"))
 		// Shrinking is fine.
-		updatePool(pool, func(p *sandboxv1alpha1.SandboxWarmPool) { p.Spec.Template.Resources.CPU = ptr.To(resource.MustParse("50m")) })
+		updatePool(pool, func(p *sandboxv1alpha1.SandboxWarmPool) {
+			p.Spec.Template.Resources.CPU = ptr.To(resource.MustParse("50m"))
+		})
 
 		// Or: delete the pool and create a bigger one of the same name.
 		Expect(cp.Client.Delete(ctx, getPool(pool))).To(Succeed())

@@ -49,8 +49,12 @@ func TestMatches(t *testing.T) {
 		"disk":        func(s *sandboxv1alpha1.SandboxSpec) { s.Resources.Disk = ptr.To(resource.MustParse("10Gi")) },
 		"network":     func(s *sandboxv1alpha1.SandboxSpec) { s.Network.Mode = "Egress" },
 		"runtime":     func(s *sandboxv1alpha1.SandboxSpec) { s.Runtime = "gvisor" },
-		"env":         func(s *sandboxv1alpha1.SandboxSpec) { s.Env = []sandboxv1alpha1.EnvVar{{Name: "LD_PRELOAD", Value: "/tmp/x.so"}} },
-		"warmPoolRef": func(s *sandboxv1alpha1.SandboxSpec) { s.WarmPoolRef = &sandboxv1alpha1.WarmPoolReference{Name: "other"} },
+		"env": func(s *sandboxv1alpha1.SandboxSpec) {
+			s.Env = []sandboxv1alpha1.EnvVar{{Name: "LD_PRELOAD", Value: "/tmp/x.so"}}
+		},
+		"warmPoolRef": func(s *sandboxv1alpha1.SandboxSpec) {
+			s.WarmPoolRef = &sandboxv1alpha1.WarmPoolReference{Name: "other"}
+		},
 	} {
 		spec := member.Spec.DeepCopy()
 		change(spec)
