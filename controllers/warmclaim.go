@@ -166,6 +166,21 @@ func (r *SandboxReconciler) claimFromPool(ctx context.Context, sbx *sandboxv1alp
 		}
 		return false, ctrl.Result{RequeueAfter: 2 * time.Second}, nil
 	}
+	if !pool.DeletionTimestamp.IsZero() {
+		// A pool being deleted has no controller looking after it (its
+		// members are the garbage collector's), and anyone who can add a
+		// finalizer can hold it there while changing its template and
+		// members unchecked: nothing is claimed from it, warm or cold.
+		cond := meta.FindStatusCondition(sbx.Status.Conditions, string(sandboxv1alpha1.SandboxConditionReady))
+		msg := fmt.Sprintf("SandboxWarmPool %q in namespace %s is being deleted; nothing is claimed from it", pool.Name, sbx.Namespace)
+		if cond == nil || cond.Reason != sandboxv1alpha1.SandboxReasonWarmPoolNotFound || cond.Message != msg {
+			r.setReady(sbx, metav1.ConditionFalse, sandboxv1alpha1.SandboxReasonWarmPoolNotFound, msg)
+			if err := r.client.Status().Update(ctx, sbx); err != nil && !apierrors.IsConflict(err) && !apierrors.IsNotFound(err) {
+				return false, ctrl.Result{}, err
+			}
+		}
+		return false, ctrl.Result{RequeueAfter: 2 * time.Second}, nil
+	}
 	hash := warmpool.Hash(pool.Spec.Template)
 	template := pool.Spec.Template.DeepCopy()
 	record := func(s *sandboxv1alpha1.Sandbox, member *sandboxv1alpha1.Sandbox) metav1.Condition {
@@ -261,9 +276,9 @@ func (r *SandboxReconciler) claimFromPool(ctx context.Context, sbx *sandboxv1alp
 	return true, ctrl.Result{}, nil
 }
 
-// idleMember picks the oldest idle member of pool, made from the current
-// template, on this node, that no Sandbox has claimed. Caller holds
-// r.claims.mu.
+// idleMember picks the oldest idle member of pool whose spec is the current
+// template's (warmpool.Matches), on this node, that no Sandbox has
+// claimed. Caller holds r.claims.mu.
 func (r *SandboxReconciler) idleMember(ctx context.Context, pool *sandboxv1alpha1.SandboxWarmPool, hash string) (mine *sandboxv1alpha1.Sandbox, elsewhere int, err error) {
 	var list sandboxv1alpha1.SandboxList
 	if err := r.client.List(ctx, &list, client.InNamespace(pool.Namespace),
@@ -275,7 +290,11 @@ func (r *SandboxReconciler) idleMember(ctx context.Context, pool *sandboxv1alpha
 	})
 	for i := range list.Items {
 		m := &list.Items[i]
-		if !warmpool.IsMemberOf(m, pool) || !warmpool.Idle(m) {
+		// The labels only narrow the list: the spec (what the container
+		// was made from) must be the template's, so that a Sandbox that
+		// merely carries a pool's labels and ownerReference is never
+		// handed to a claimant as the template's container.
+		if !warmpool.IsMemberOf(m, pool) || !warmpool.Idle(m) || !warmpool.Matches(&m.Spec, pool.Spec.Template) {
 			continue
 		}
 		if m.Status.NodeName != r.opts.NodeName {

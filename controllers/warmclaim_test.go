@@ -148,6 +148,68 @@ var _ = Describe("Warm pool claims", func() {
 		waitReady(sbx)
 	})
 
+	It("never hands out a forged member: the pool's labels and controller ownerReference with a spec of its own", func() {
+		node := testNodePrefix + "forged"
+		startManager(node, managerConfig{})
+		pool := newPool("forged")
+		// As an editor's CREATE was admitted on 90280d9 (here by the
+		// cluster administrator, past any admission): paused, 2 CPUs,
+		// 2 GiB, an environment of its own; everything else the
+		// template's, labels and ownerReference included.
+		forged := warmpool.Member(pool)
+		forged.Spec.Resources.CPU = ptr.To(resource.MustParse("2"))
+		forged.Spec.Resources.Memory = ptr.To(resource.MustParse("2Gi"))
+		forged.Spec.Env = []sandboxv1alpha1.EnvVar{{Name: "FORGED", Value: "1"}}
+		forged = createSandbox(forged)
+		fkey := client.ObjectKeyFromObject(forged)
+		Eventually(func() bool { return warmpool.Idle(getSandbox(fkey)) }, 60*time.Second, 100*time.Millisecond).Should(BeTrue(),
+			"the manager provisions and freezes it like a member")
+		forged = getSandbox(fkey)
+		Expect(warmpool.IsMemberOf(forged, pool)).To(BeTrue(), "its labels and ownerReference are a member's")
+
+		for _, name := range []string{"first", "second"} {
+			sbx := waitReady(createSandbox(claimant(name, pool.Name)))
+			Expect(claimReason(sbx)).To(Equal("False/WarmPoolEmpty"), "the forged member is not idle for claims")
+			Expect(sbx.Status.ContainerID).NotTo(Equal(forged.Status.ContainerID))
+			Expect(sbx.ContainerUID()).To(Equal(sbx.UID))
+			ct := inspect(sbx.Status.ContainerID)
+			Expect(ct.HostConfig.Memory).To(Equal(int64(96<<20)), "the claimant's container has the template's shape")
+			Expect(ct.Config.Env).NotTo(ContainElement("FORGED=1"))
+		}
+		Expect(readyReason(fkey)()).To(Equal("False/Paused"), "the forged member's container is still its own, frozen")
+		Expect(inspect(forged.Status.ContainerID).State.Paused).To(BeTrue())
+	})
+
+	It("claims nothing from a pool being deleted, warm or cold", func() {
+		node := testNodePrefix + "terminating"
+		startManager(node, managerConfig{})
+		pool := newPool("terminating")
+		member := idleMember(pool)
+		// Anyone who may update the pool can hold it in Terminating with a
+		// finalizer of their own; envtest runs no garbage collector, so
+		// the member stays too.
+		pool.Finalizers = []string{"example.com/hold"}
+		Expect(k8sClient.Update(ctx, pool)).To(Succeed())
+		Expect(k8sClient.Delete(ctx, pool)).To(Succeed())
+		DeferCleanup(func() {
+			p := &sandboxv1alpha1.SandboxWarmPool{}
+			if k8sClient.Get(ctx, client.ObjectKeyFromObject(pool), p) == nil {
+				p.Finalizers = nil
+				Expect(client.IgnoreNotFound(k8sClient.Update(ctx, p))).To(Succeed())
+			}
+		})
+
+		sbx := createSandbox(claimant("late", pool.Name))
+		key := client.ObjectKeyFromObject(sbx)
+		Eventually(readyReason(key), 20*time.Second, 100*time.Millisecond).Should(Equal("False/WarmPoolNotFound"))
+		Expect(meta.FindStatusCondition(getSandbox(key).Status.Conditions, string(sandboxv1alpha1.SandboxConditionReady)).Message).
+			To(ContainSubstring(`SandboxWarmPool "terminating" in namespace ` + ns + " is being deleted; nothing is claimed from it"))
+		Consistently(func() string { return getSandbox(key).Status.NodeName }, 3*time.Second, 200*time.Millisecond).Should(BeEmpty())
+		Expect(getSandbox(key).Status.WarmPool).To(BeNil())
+		Expect(containersOf(sbx.UID)).To(BeEmpty())
+		Expect(inspect(member.Status.ContainerID).State.Paused).To(BeTrue(), "the member was not thawed for anyone")
+	})
+
 	It("does not recreate a member whose container was removed behind its back", func() {
 		node := testNodePrefix + "gone"
 		startManager(node, managerConfig{})

@@ -139,7 +139,8 @@ const (
 	SandboxReasonWarmPoolEmpty = "WarmPoolEmpty"
 
 	// SandboxReasonWarmPoolNotFound: spec.warmPoolRef names a
-	// SandboxWarmPool that does not exist. The Sandbox waits for it.
+	// SandboxWarmPool that does not exist or is being deleted (nothing is
+	// claimed from a pool being deleted). The Sandbox waits for it.
 	SandboxReasonWarmPoolNotFound = "WarmPoolNotFound"
 
 	// SandboxReasonClaimed: this Sandbox is a warm pool member whose

@@ -169,6 +169,15 @@ func runWebhook(f webhookFlags, metricsAddr, probeAddr string) error {
 		}
 	}
 
+	// The warm pool controller below creates members with these
+	// credentials; the webhook refuses members created by anyone else.
+	prepCtx, cancel = context.WithTimeout(ctx, time.Minute)
+	poolController, err := admission.Self(prepCtx, direct)
+	cancel()
+	if err != nil {
+		return err
+	}
+
 	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
 		Scheme:                        scheme,
 		Metrics:                       metricsOptions(metricsAddr),
@@ -187,7 +196,7 @@ func runWebhook(f webhookFlags, metricsAddr, probeAddr string) error {
 		return fmt.Errorf("creating manager: %w", err)
 	}
 	mgr.GetWebhookServer().Register(admission.Path, &webhook.Admission{
-		Handler: admission.NewSandboxValidator(mgr.GetAPIReader(), mgr.GetClient(), scheme, clock.RealClock{}),
+		Handler: admission.NewSandboxValidator(mgr.GetAPIReader(), mgr.GetClient(), scheme, clock.RealClock{}).WithPoolController(poolController),
 	})
 	mgr.GetWebhookServer().Register(admission.WarmPoolPath, &webhook.Admission{
 		Handler: admission.NewWarmPoolValidator(mgr.GetAPIReader(), scheme),

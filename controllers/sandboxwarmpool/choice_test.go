@@ -10,8 +10,10 @@ import (
 	"testing"
 	"time"
 
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/utils/ptr"
 
 	sandboxv1alpha1 "github.com/code-sandbox/code-sandbox-operator/api/v1alpha1"
 )
@@ -66,6 +68,30 @@ func TestDeletionPreference(t *testing.T) {
 	want := []string{"stale-busy", "stale-idle", "fresh-busy", "fresh-idle-new", "fresh-idle-old"}
 	if !equal(got, want) {
 		t.Fatalf("deletion order %v, want %v", got, want)
+	}
+}
+
+// TestForgedMemberIsStale: a member with the current template's hash label
+// whose spec is not the template's (made past admission) is stale: never
+// ready, deleted before any fresh member, idle and older though it is.
+func TestForgedMemberIsStale(t *testing.T) {
+	tmpl := sandboxv1alpha1.SandboxTemplate{Image: "busybox:1", Resources: sandboxv1alpha1.SandboxResources{Memory: ptr.To(resource.MustParse("16Mi"))}}
+	v := &view{hash: "new", template: tmpl}
+	real := member("real", "new", "a", false, 5)
+	forged := member("forged", "new", "a", true, 1)
+	for _, s := range []*sandboxv1alpha1.Sandbox{real, forged} {
+		s.Spec.Image, s.Spec.Resources.Memory, s.Spec.Paused = tmpl.Image, ptr.To(resource.MustParse("16Mi")), true
+	}
+	forged.Spec.Resources.Memory = ptr.To(resource.MustParse("2Gi"))
+	v.active = []*sandboxv1alpha1.Sandbox{real, forged}
+	if v.fresh(forged) || !v.fresh(real) {
+		t.Fatalf("fresh: forged %v, real %v; want false, true", v.fresh(forged), v.fresh(real))
+	}
+	if v.ready() != 0 || v.stale() != 1 {
+		t.Errorf("ready %d, stale %d; want 0, 1", v.ready(), v.stale())
+	}
+	if got := names(byDeletionPreference(v, v.active)); !equal(got, []string{"forged", "real"}) {
+		t.Errorf("deletion order %v, want forged first", got)
 	}
 }
 

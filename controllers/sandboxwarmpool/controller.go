@@ -287,7 +287,8 @@ func (r *Reconciler) record(pool *sandboxv1alpha1.SandboxWarmPool, notes []note)
 
 // view is a pool's members as one reconcile sees them.
 type view struct {
-	hash string
+	hash     string
+	template sandboxv1alpha1.SandboxTemplate
 	// active are the members that count toward spec.replicas: not
 	// deleting, not claimed, not broken.
 	active []*sandboxv1alpha1.Sandbox
@@ -298,8 +299,12 @@ type view struct {
 
 func (v *view) count() int { return len(v.active) + len(v.pending) }
 
+// fresh: made from the current template. The label is what the member
+// says; the spec is what its container was made from, and a member whose
+// spec is not the template's is never claimed (warmpool.Matches), so it is
+// replaced like a stale one.
 func (v *view) fresh(sbx *sandboxv1alpha1.Sandbox) bool {
-	return sbx.Labels[sandboxv1alpha1.LabelTemplateHash] == v.hash
+	return sbx.Labels[sandboxv1alpha1.LabelTemplateHash] == v.hash && warmpool.Matches(&sbx.Spec, v.template)
 }
 
 func (v *view) stale() int {
@@ -357,7 +362,7 @@ func (r *Reconciler) reconcile(ctx context.Context, pool *sandboxv1alpha1.Sandbo
 			claimed[uid] = true
 		}
 	}
-	v := &view{hash: warmpool.Hash(pool.Spec.Template)}
+	v := &view{hash: warmpool.Hash(pool.Spec.Template), template: pool.Spec.Template}
 	var deleting map[types.UID]bool
 	v.pending, deleting = r.observe(key, list.Items, now)
 

@@ -84,8 +84,12 @@ func startWebhook() *webhookProcess {
 		Controller: config.Controller{SkipNameValidation: ptr.To(true)},
 	})
 	Expect(err).NotTo(HaveOccurred())
+	// The pool controller below runs as cp.Config's user, as in
+	// cmd/manager; so do the specs' own writes.
+	poolController, err := admission.Self(context.Background(), cp.Client)
+	Expect(err).NotTo(HaveOccurred())
 	mgr.GetWebhookServer().Register(admission.Path, &webhook.Admission{
-		Handler: admission.NewSandboxValidator(mgr.GetAPIReader(), mgr.GetClient(), cp.Scheme, clock.RealClock{}),
+		Handler: admission.NewSandboxValidator(mgr.GetAPIReader(), mgr.GetClient(), cp.Scheme, clock.RealClock{}).WithPoolController(poolController),
 	})
 	mgr.GetWebhookServer().Register(admission.WarmPoolPath, &webhook.Admission{
 		Handler: admission.NewWarmPoolValidator(mgr.GetAPIReader(), cp.Scheme),

@@ -100,12 +100,24 @@ type SandboxValidator struct {
 	writer  client.Client
 	decoder admission.Decoder
 	clock   clock.PassiveClock
+	// poolController is the user the warm pool controller creates members
+	// as; see WithPoolController.
+	poolController string
 }
 
 // NewSandboxValidator builds the validator. reader must read from the API
 // server directly (a manager's GetAPIReader); writer writes quota status.
 func NewSandboxValidator(reader client.Reader, writer client.Client, scheme *runtime.Scheme, clk clock.PassiveClock) *SandboxValidator {
 	return &SandboxValidator{reader: reader, writer: writer, decoder: admission.NewDecoder(scheme), clock: clk}
+}
+
+// WithPoolController names the user the warm pool controller
+// (controllers/sandboxwarmpool) creates members as: the only one whose
+// creates may carry warm pool membership (see newMember). Without it,
+// every such create is refused.
+func (v *SandboxValidator) WithPoolController(username string) *SandboxValidator {
+	v.poolController = username
+	return v
 }
 
 // Handle implements admission.Handler.
@@ -174,6 +186,10 @@ func (v *SandboxValidator) create(ctx context.Context, req admission.Request, sb
 		// Without a UID the reservation could not be matched to the
 		// Sandbox later; no supported API server sends one without it.
 		return errored(http.StatusBadRequest, errors.New("the Sandbox in the admission request has no metadata.uid"))
+	}
+	// Before the quotas: membership is refused in every namespace.
+	if resp := v.newMember(req, sbx); resp != nil {
+		return *resp
 	}
 	quotas, err := v.quotas(ctx, sbx.Namespace)
 	if err != nil {

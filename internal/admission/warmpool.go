@@ -11,10 +11,13 @@ import (
 	"fmt"
 	"net/http"
 	"sort"
+	"strings"
 
 	admissionv1 "k8s.io/api/admission/v1"
+	authenticationv1 "k8s.io/api/authentication/v1"
 	apiequality "k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
@@ -204,6 +207,38 @@ func (v *SandboxValidator) membership(ctx context.Context, old, sbx *sandboxv1al
 	return &resp
 }
 
+// newMember refuses a Sandbox created with warm pool membership (a pool's
+// label or an ownerReference to a SandboxWarmPool) by anyone but the pool
+// controller. A claim hands a member's container over as the template's,
+// and the member stops counting against quotas once claimed, so a member
+// made by a user, with the user's image, command, resources and network,
+// would reach every claimant and escape the quota by any ratio. The
+// manager also claims only members whose spec is the template's
+// (warmpool.Matches); this keeps them from existing at all, in every
+// namespace, quota or not (config/policy/sandbox_member_policy.yaml does
+// the same in the API server).
+func (v *SandboxValidator) newMember(req admission.Request, sbx *sandboxv1alpha1.Sandbox) *admission.Response {
+	field := ""
+	for _, l := range []string{sandboxv1alpha1.LabelWarmPool, sandboxv1alpha1.LabelTemplateHash} {
+		if _, ok := sbx.Labels[l]; ok {
+			field = "metadata.labels"
+		}
+	}
+	for i := range sbx.OwnerReferences {
+		ref := &sbx.OwnerReferences[i]
+		if gv, err := schema.ParseGroupVersion(ref.APIVersion); ref.Kind == "SandboxWarmPool" && err == nil && gv.Group == sandboxv1alpha1.GroupVersion.Group {
+			field = "metadata.ownerReferences"
+		}
+	}
+	if field == "" || (v.poolController != "" && req.UserInfo.Username == v.poolController) {
+		return nil
+	}
+	resp := denied(sbx.Name, []metav1.StatusCause{{Type: wire.CauseWarmPoolMembership, Field: field,
+		Message: fmt.Sprintf("only the warm pool controller creates warm pool members: a Sandbox created by %s may not carry the %s or %s label or an ownerReference to a SandboxWarmPool; claim from a pool with spec.warmPoolRef instead",
+			req.UserInfo.Username, sandboxv1alpha1.LabelWarmPool, sandboxv1alpha1.LabelTemplateHash)}})
+	return &resp
+}
+
 // poolRef is sbx's controller ownerReference if it points at a
 // SandboxWarmPool (of any version), else nil.
 func poolRef(sbx *sandboxv1alpha1.Sandbox) *metav1.OwnerReference {
@@ -264,10 +299,11 @@ func (v *WarmPoolValidator) Handle(ctx context.Context, req admission.Request) a
 	if pool.Namespace == "" {
 		pool.Namespace = req.Namespace
 	}
+	var old *sandboxv1alpha1.SandboxWarmPool
 	switch req.Operation {
 	case admissionv1.Create:
 	case admissionv1.Update:
-		old := &sandboxv1alpha1.SandboxWarmPool{}
+		old = &sandboxv1alpha1.SandboxWarmPool{}
 		if err := v.decoder.DecodeRaw(req.OldObject, old); err != nil {
 			return errored(http.StatusBadRequest, fmt.Errorf("decoding the old SandboxWarmPool: %w", err))
 		}
@@ -294,5 +330,103 @@ func (v *WarmPoolValidator) Handle(ctx context.Context, req admission.Request) a
 	if len(causes) > 0 {
 		return deniedKind(wire.StatusKindWarmPool, pool.Name, causes)
 	}
+	if len(list.Items) == 0 {
+		return admission.Allowed("")
+	}
+	if old != nil {
+		causes = templateGrowth(list.Items, old, pool)
+	} else {
+		var err error
+		if causes, err = v.waitingClaimants(ctx, pool); err != nil {
+			return errored(http.StatusInternalServerError, err)
+		}
+	}
+	if len(causes) > 0 {
+		return deniedKind(wire.StatusKindWarmPool, pool.Name, causes)
+	}
 	return admission.Allowed("")
+}
+
+// A claimant is charged at its pool's template when it is created, and the
+// manager makes its container from the template it finds at the claim
+// (warm or cold). So that the container is never bigger than the charge,
+// a template in a namespace with quotas never grows in what a quota limits
+// (cpu, memory, disk): a claimant admitted before the change may be
+// claimed after it. It may shrink, or change otherwise. To grow it, create
+// a new pool (or delete this one once no claim waits for it).
+func templateGrowth(quotas []sandboxv1alpha1.SandboxQuota, old, pool *sandboxv1alpha1.SandboxWarmPool) []metav1.StatusCause {
+	var before, after sandboxv1alpha1.Sandbox
+	warmpool.ApplyTemplate(&before.Spec, old.Spec.Template)
+	warmpool.ApplyTemplate(&after.Spec, pool.Spec.Template)
+	was, is := quota.Usage(&before), quota.Usage(&after)
+	limited := func(pick func(h sandboxv1alpha1.SandboxQuotaHard) *resource.Quantity) bool {
+		for i := range quotas {
+			if pick(quotas[i].Spec.Hard) != nil {
+				return true
+			}
+		}
+		return false
+	}
+	var causes []metav1.StatusCause
+	for _, r := range []struct {
+		field    string
+		was, is  resource.Quantity
+		limitedF func(h sandboxv1alpha1.SandboxQuotaHard) *resource.Quantity
+	}{
+		{"cpu", was.CPU, is.CPU, func(h sandboxv1alpha1.SandboxQuotaHard) *resource.Quantity { return h.CPU }},
+		{"memory", was.Memory, is.Memory, func(h sandboxv1alpha1.SandboxQuotaHard) *resource.Quantity { return h.Memory }},
+		{"disk", was.Disk, is.Disk, func(h sandboxv1alpha1.SandboxQuotaHard) *resource.Quantity { return h.Disk }},
+	} {
+		if r.is.Cmp(r.was) > 0 && limited(r.limitedF) {
+			causes = append(causes, metav1.StatusCause{Type: wire.CauseQuotaRule, Field: "spec.template.resources." + r.field,
+				Message: fmt.Sprintf("the template's %s may not grow from %s to %s while a sandbox quota of namespace %s limits %s: Sandboxes admitted at the old size may still claim from the pool; create a new pool for the bigger template",
+					r.field, r.was.String(), r.is.String(), pool.Namespace, r.field)})
+		}
+	}
+	return causes
+}
+
+// waitingClaimants refuses creating a pool in a namespace with quotas while
+// Sandboxes that name it wait to claim: they were admitted against an
+// earlier pool of that name (the webhook refuses claimants of a pool that
+// does not exist), charged at its template, and would be claimed from this
+// one's.
+func (v *WarmPoolValidator) waitingClaimants(ctx context.Context, pool *sandboxv1alpha1.SandboxWarmPool) ([]metav1.StatusCause, error) {
+	var list sandboxv1alpha1.SandboxList
+	if err := v.reader.List(ctx, &list, client.InNamespace(pool.Namespace)); err != nil {
+		return nil, fmt.Errorf("listing the Sandboxes in namespace %s: %w", pool.Namespace, err)
+	}
+	var waiting []string
+	for i := range list.Items {
+		s := &list.Items[i]
+		if s.Spec.WarmPoolRef != nil && s.Spec.WarmPoolRef.Name == pool.Name && s.Status.WarmPool == nil && s.DeletionTimestamp == nil {
+			waiting = append(waiting, s.Name)
+		}
+	}
+	if len(waiting) == 0 {
+		return nil, nil
+	}
+	sort.Strings(waiting)
+	if len(waiting) > 5 {
+		waiting = append(waiting[:5], fmt.Sprintf("and %d more", len(waiting)-5))
+	}
+	return []metav1.StatusCause{{Type: wire.CauseQuotaRule, Field: "metadata.name",
+		Message: fmt.Sprintf("Sandboxes admitted against an earlier SandboxWarmPool %q still wait to claim from it (%s), charged at its template; delete them, or name the new pool differently",
+			pool.Name, strings.Join(waiting, ", "))}}, nil
+}
+
+// Self returns the user name the API server knows c's credentials by (a
+// SelfSubjectReview, as kubectl auth whoami does). The webhook process runs
+// the warm pool controller with its own credentials, so this is the name
+// WithPoolController needs; asking the API server rather than a flag keeps
+// it right whatever the ServiceAccount is called.
+func Self(ctx context.Context, c client.Client) (string, error) {
+	review := &authenticationv1.SelfSubjectReview{}
+	if err := c.Create(ctx, review); err != nil {
+		return "", fmt.Errorf("asking the API server who this process is (SelfSubjectReview): %w", err)
+	}
+	if review.Status.UserInfo.Username == "" {
+		return "", fmt.Errorf("the API server's SelfSubjectReview names no user")
+	}
+	return review.Status.UserInfo.Username, nil
 }

@@ -184,6 +184,52 @@ var _ = Describe("SandboxValidator and warm pools", func() {
 			expectAllowed(e.validator.Handle(ctx, updateRequest(member(), other)))
 		})
 
+		It("refuses creating a member (any mark of membership) to anyone but the pool controller, with or without quotas", func() {
+			const poolController = "system:serviceaccount:code-sandbox-system:code-sandbox-webhook"
+			// The forgery admitted on 90280d9: the pool's labels and a
+			// controller ownerReference, paused, 2 CPUs and 2 GiB.
+			forged := member()
+			forged.Spec.Image = "attacker/image:1"
+			forged.Spec.Resources.CPU = ptr.To(resource.MustParse("2"))
+			forged.Spec.Resources.Memory = ptr.To(resource.MustParse("2Gi"))
+			forged.Status = sandboxv1alpha1.SandboxStatus{}
+			label := newSandbox("label", "uid-l")
+			label.Labels = map[string]string{sandboxv1alpha1.LabelWarmPool: "pool"}
+			hash := newSandbox("hash", "uid-h")
+			hash.Labels = map[string]string{sandboxv1alpha1.LabelTemplateHash: warmpool.Hash(pool.Spec.Template)}
+			owner := newSandbox("owner", "uid-o")
+			owner.OwnerReferences = member().OwnerReferences
+			owner.OwnerReferences[0].Controller = nil
+			for _, objs := range [][]client.Object{{pool}, {pool, newQuota("q", limit(10), quota.Zero())}} {
+				e := newEnv(envOptions{}, objs...)
+				e.validator.WithPoolController(poolController)
+				for _, c := range []struct {
+					sbx   *sandboxv1alpha1.Sandbox
+					field string
+				}{{forged, "metadata.ownerReferences"}, {label, "metadata.labels"}, {hash, "metadata.labels"}, {owner, "metadata.ownerReferences"}} {
+					for _, user := range []string{"eve", "system:admin", "system:serviceaccount:team:code-sandbox-webhook"} {
+						req := createRequest(c.sbx, false)
+						req.UserInfo.Username = user
+						resp := e.validator.Handle(ctx, req)
+						expectDenied(resp, "only the warm pool controller creates warm pool members: a Sandbox created by "+user+
+							" may not carry the sandbox.code-sandbox.dev/warm-pool or sandbox.code-sandbox.dev/template-hash label or an ownerReference to a SandboxWarmPool; claim from a pool with spec.warmPoolRef instead")
+						Expect(resp.Result.Details.Causes).To(ConsistOf(metav1.StatusCause{Type: wire.CauseWarmPoolMembership, Field: c.field, Message: resp.Result.Message}))
+					}
+				}
+				Expect(e.statusUpdates.Load()).To(BeZero(), "nothing charged for a refused create")
+				req := createRequest(member(), false)
+				req.UserInfo.Username = poolController
+				expectAllowed(e.validator.Handle(ctx, req))
+				req = createRequest(newSandbox("plain", "uid-p"), false)
+				req.UserInfo.Username = "eve"
+				expectAllowed(e.validator.Handle(ctx, req))
+			}
+			// Without a pool controller named, nobody creates members.
+			req := createRequest(member(), false)
+			req.UserInfo.Username = poolController
+			Expect(newEnv(envOptions{}, pool).validator.Handle(ctx, req).Allowed).To(BeFalse())
+		})
+
 		It("refuses leaving a pool that exists, and allows it once the pool is deleting or gone", func() {
 			left := member()
 			left.OwnerReferences = nil
@@ -242,6 +288,47 @@ var _ = Describe("WarmPoolValidator", func() {
 
 		// The lifetime is each claimant's own: a pool is not refused for it.
 		expectAllowed(v.Handle(ctx, request(admissionv1.Create, nil, newPool("pool", "ghcr.io/acme/tool:1", "1"))))
+	})
+
+	It("refuses growing a template in what a quota limits, so that a claimant admitted before is never claimed bigger", func() {
+		hard := sandboxv1alpha1.SandboxQuotaHard{CPU: ptr.To(resource.MustParse("4")), Memory: ptr.To(resource.MustParse("4Gi"))}
+		e := newEnv(envOptions{}, newQuota("q", hard, quota.Zero()))
+		v := admission.NewWarmPoolValidator(e.base, scheme)
+		small := newPool("pool", "busybox:1", "500m")
+		big := newPool("pool", "busybox:1", "2")
+		big.Spec.Template.Resources.Memory = ptr.To(resource.MustParse("2Gi"))
+		resp := v.Handle(ctx, request(admissionv1.Update, small, big))
+		Expect(resp.Allowed).To(BeFalse())
+		Expect(resp.Result.Code).To(Equal(int32(http.StatusForbidden)))
+		Expect(resp.Result.Details.Kind).To(Equal(wire.StatusKindWarmPool))
+		Expect(resp.Result.Details.Causes).To(ConsistOf(
+			metav1.StatusCause{Type: wire.CauseQuotaRule, Field: "spec.template.resources.cpu",
+				Message: "the template's cpu may not grow from 500m to 2 while a sandbox quota of namespace team limits cpu: Sandboxes admitted at the old size may still claim from the pool; create a new pool for the bigger template"},
+			HaveField("Field", "spec.template.resources.memory"),
+		))
+		// Shrinking, a dimension no quota limits, and other changes pass.
+		expectAllowed(v.Handle(ctx, request(admissionv1.Update, big, small)))
+		disk := small.DeepCopy()
+		disk.Spec.Template.Resources.Disk = ptr.To(resource.MustParse("10Gi"))
+		disk.Spec.Template.Image = "busybox:2"
+		expectAllowed(v.Handle(ctx, request(admissionv1.Update, small, disk)))
+		// Without a quota, templates change freely.
+		expectAllowed(admission.NewWarmPoolValidator(newEnv(envOptions{}).base, scheme).Handle(ctx, request(admissionv1.Update, small, big)))
+	})
+
+	It("refuses re-creating a pool that Sandboxes admitted against the earlier one still wait for, with quotas", func() {
+		waiting := newClaimant("waiting", "uid-w", "pool")
+		claimed := claimedBy(newClaimant("claimed", "uid-c", "pool"), idleMember(newPool("pool", "busybox:1", "1"), "m", now))
+		other := newClaimant("other", "uid-o", "other-pool")
+		q := newQuota("q", sandboxv1alpha1.SandboxQuotaHard{CPU: ptr.To(resource.MustParse("4"))}, quota.Zero())
+		v := admission.NewWarmPoolValidator(newEnv(envOptions{}, q, waiting, claimed, other).base, scheme)
+		resp := v.Handle(ctx, request(admissionv1.Create, nil, newPool("pool", "busybox:1", "4")))
+		Expect(resp.Allowed).To(BeFalse())
+		Expect(resp.Result.Details.Causes).To(ConsistOf(metav1.StatusCause{Type: wire.CauseQuotaRule, Field: "metadata.name",
+			Message: `Sandboxes admitted against an earlier SandboxWarmPool "pool" still wait to claim from it (waiting), charged at its template; delete them, or name the new pool differently`}))
+		expectAllowed(v.Handle(ctx, request(admissionv1.Create, nil, newPool("another", "busybox:1", "4"))))
+		expectAllowed(admission.NewWarmPoolValidator(newEnv(envOptions{}, waiting).base, scheme).
+			Handle(ctx, request(admissionv1.Create, nil, newPool("pool", "busybox:1", "4"))))
 	})
 
 	It("checks an update only when the template changes", func() {

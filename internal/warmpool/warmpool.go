@@ -15,6 +15,7 @@ import (
 	"encoding/hex"
 	"encoding/json"
 
+	apiequality "k8s.io/apimachinery/pkg/api/equality"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
@@ -129,6 +130,24 @@ func ApplyTemplate(spec *sandboxv1alpha1.SandboxSpec, t sandboxv1alpha1.SandboxT
 	spec.Resources = t.Resources
 	spec.Network = t.Network
 	spec.Runtime = t.Runtime
+}
+
+// Matches reports whether spec is what Member makes from t, in everything
+// that reaches the container: the template's shape (image, pull policy,
+// command, workingDir, user, resources, network, runtime), no env (it is
+// baked into the container) and no claim of its own. spec.paused, the
+// lifetime and nodeName do not shape the container and are not compared.
+//
+// Labels say which template a member was made from, but whoever can create
+// a Sandbox can write labels and ownerReferences; the spec is what the
+// container was made from (the shape fields are immutable), so a claim
+// checks the spec.
+func Matches(spec *sandboxv1alpha1.SandboxSpec, t sandboxv1alpha1.SandboxTemplate) bool {
+	want := spec.DeepCopy()
+	ApplyTemplate(want, t)
+	want.Env = nil
+	// Semantic: quantities by value, nil and empty lists alike.
+	return apiequality.Semantic.DeepEqual(want, spec)
 }
 
 // Effective returns the spec the Sandbox's container runs with: its own,

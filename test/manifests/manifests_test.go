@@ -147,6 +147,9 @@ var _ = Describe("The default overlay (make deploy, make build-installer)", func
 			// and write only their own node's Lease.
 			"ValidatingAdmissionPolicy code-sandbox-node-manager-leases",
 			"ValidatingAdmissionPolicyBinding code-sandbox-node-manager-leases",
+			// Only the warm pool controller creates warm pool members.
+			"ValidatingAdmissionPolicy code-sandbox-sandbox-warm-pool-members",
+			"ValidatingAdmissionPolicyBinding code-sandbox-sandbox-warm-pool-members",
 		))
 		for _, o := range objs {
 			Expect(o.GetLabels()).To(HaveKeyWithValue("app.kubernetes.io/part-of", "code-sandbox-operator"), describe(o))

@@ -88,10 +88,13 @@ const (
 	// that does not exist, so what it would run cannot be checked against
 	// the namespace's quotas. Create the pool first.
 	CauseWarmPoolNotFound metav1.CauseType = "WarmPoolNotFound"
-	// CauseWarmPoolMembership (Forbidden, SandboxQuota webhook): an update
-	// would make a Sandbox a warm pool member, or move it to another pool
-	// (the warm-pool label or the controller ownerReference). Membership is
-	// fixed at creation, because a member must never have been used.
+	// CauseWarmPoolMembership (Forbidden, SandboxQuota webhook): a create
+	// by anyone but the warm pool controller carries warm pool membership
+	// (the warm-pool or template-hash label, or an ownerReference to a
+	// SandboxWarmPool), or an update would make a Sandbox a warm pool
+	// member or move it to another pool. Only the pool creates members,
+	// and membership is fixed at creation, because a member must never
+	// have been used.
 	CauseWarmPoolMembership metav1.CauseType = "WarmPoolMembership"
 )
 
