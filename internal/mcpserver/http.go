@@ -38,9 +38,9 @@ const (
 	// DefaultMaxToolCallsPerIdentity bounds one identity's share of the
 	// server's memory: each call in flight may hold a write_file body.
 	DefaultMaxToolCallsPerIdentity = 8
-	DefaultReadHeaderTimeout      = 10 * time.Second
-	DefaultReadTimeout            = time.Minute
-	DefaultIdleTimeout            = 2 * time.Minute
+	DefaultReadHeaderTimeout       = 10 * time.Second
+	DefaultReadTimeout             = time.Minute
+	DefaultIdleTimeout             = 2 * time.Minute
 )
 
 // EndpointPath is where the MCP endpoint is served.

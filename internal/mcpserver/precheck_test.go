@@ -1,6 +1,8 @@
 package mcpserver
 
 import (
+	"bufio"
+	"context"
 	"fmt"
 	"io"
 	"log/slog"
@@ -238,5 +240,55 @@ var _ = Describe("precheck", Label("unit"), func() {
 		Eventually(bob).WithTimeout(5 * time.Second).Should(Receive(Equal(http.StatusOK)))
 		// With its calls done, the identity may call again.
 		Expect(serve(h, mcpRequest("192.0.2.1:1", aliceToken, sid, strings.NewReader(toolCallJSON("block")))).Code).To(Equal(http.StatusOK))
+	})
+})
+
+var _ = Describe("the stdio transport bounds a line before decoding it", Label("unit"), func() {
+	It("answers a huge or oversized line with an error and keeps serving, in bounded memory", func() {
+		s, err := New(Config{}, newFakeBackend(), slog.New(slog.DiscardHandler))
+		Expect(err).NotTo(HaveOccurred())
+		inR, inW := io.Pipe()
+		outR, outW := io.Pipe()
+		ctx, cancel := context.WithCancel(context.Background())
+		DeferCleanup(cancel)
+		served := make(chan error, 1)
+		go func() { served <- ServeStdio(ctx, s, inR, outW, slog.New(slog.DiscardHandler)) }()
+		lines := bufio.NewScanner(outR)
+		lines.Buffer(make([]byte, 1<<20), 1<<20)
+		next := func() string {
+			GinkgoHelper()
+			got := make(chan string, 1)
+			go func() {
+				if lines.Scan() {
+					got <- lines.Text()
+				}
+				close(got)
+			}()
+			var l string
+			Eventually(got).WithTimeout(60 * time.Second).Should(Receive(&l))
+			return l
+		}
+		send := func(msg string) {
+			GinkgoHelper()
+			go func() { _, _ = io.WriteString(inW, msg+"\n") }()
+		}
+		send(initJSON)
+		Expect(next()).To(ContainSubstring(`"protocolVersion"`))
+		huge := []byte(hugeExecCall(int(DefaultMaxBodyBytes/4)-100, false) + "\n")
+		stop := heapPeak()
+		hwmBefore := vmHWM()
+		go func() { _, _ = inW.Write(huge) }()
+		first := next()
+		peak, base := stop()
+		GinkgoWriter.Printf("MEMORY stdio: heap peak +%d MiB over %d MiB; VmHWM %d -> %d MiB\n", peak>>20, base>>20, hwmBefore>>10, vmHWM()>>10)
+		Expect(first).To(And(ContainSubstring(`"id":7`), ContainSubstring("error")))
+		Expect(peak).To(BeNumerically("<", 100<<20), "the server's heap grew by %d MiB for one line", peak>>20)
+		// A line longer than any message may be is skipped, not held.
+		send(`{"jsonrpc":"2.0","id":8,"method":"tools/call","params":{"name":"write_file","arguments":{"file_contents":"` + strings.Repeat("x", int(DefaultMaxBodyBytes)+(1<<20)) + `"}}}`)
+		Expect(next()).To(ContainSubstring("Request Entity Too Large"))
+		send(`{"jsonrpc":"2.0","id":9,"method":"ping"}`)
+		Expect(next()).To(ContainSubstring(`"id":9`))
+		Expect(inW.Close()).To(Succeed())
+		Eventually(served).WithTimeout(10 * time.Second).Should(Receive())
 	})
 })
