@@ -160,6 +160,8 @@ type options struct {
 	maxPerPeer     int
 	authFailures   int
 	maxSessions    int
+	maxMessage     sizeFlag
+	maxToolCalls   int
 	readHeaderTO   time.Duration
 	readTO         time.Duration
 	idleTO         time.Duration
@@ -226,7 +228,10 @@ func newFlagSet(o *options) *flag.FlagSet {
 	fs.StringVar(&o.tlsCert, "tls-cert", "", "serve HTTPS with this certificate")
 	fs.StringVar(&o.tlsKey, "tls-key", "", "key for --tls-cert")
 	o.maxBody = sizeFlag(mcpserver.DefaultMaxBodyBytes)
-	fs.Var(&o.maxBody, "max-body-bytes", "largest HTTP request body")
+	fs.Var(&o.maxBody, "max-body-bytes", "largest HTTP request body: a write_file call may be this long")
+	o.maxMessage = sizeFlag(mcpserver.DefaultMaxMessageBytes)
+	fs.Var(&o.maxMessage, "max-message-bytes", "largest HTTP request body of any message but a write_file call (at most --max-body-bytes); read from the message as it arrives, and refused with 413 before it is decoded")
+	fs.IntVar(&o.maxToolCalls, "max-tool-calls-per-identity", mcpserver.DefaultMaxToolCallsPerIdentity, "tool calls one identity may have in flight over HTTP (429 beyond, before the call is decoded); 0 disables")
 	fs.Float64Var(&o.rateLimit, "rate-limit", 100, "HTTP requests per second per identity, with bursts of twice that (429 beyond); 0 disables")
 	fs.IntVar(&o.maxPerPeer, "max-requests-per-peer", mcpserver.DefaultMaxRequestsPerPeer, "HTTP requests one remote address (IPv4, or IPv6 /64) may have in flight at once, GET streams included (429 beyond); 0 disables. Behind a reverse proxy every client shares the proxy's address")
 	fs.IntVar(&o.authFailures, "auth-failures-per-minute", mcpserver.DefaultAuthFailuresPerMinute, "failed HTTP authentications one remote address may cause per minute (a bucket of that size); beyond it the address gets 429 before its token is checked (no TokenReview); 0 disables")
@@ -638,8 +643,8 @@ func setupHTTP(o options, kube *kubeSetup, logger *slog.Logger) (*httpSetup, err
 	if (o.tlsCert == "") != (o.tlsKey == "") {
 		return nil, usagef("--tls-cert and --tls-key go together")
 	}
-	if o.maxPerPeer < 0 || o.authFailures < 0 || o.maxSessions < 0 {
-		return nil, usagef("--max-requests-per-peer, --auth-failures-per-minute and --max-sessions-per-identity take a count (0 disables), not a negative number")
+	if o.maxPerPeer < 0 || o.authFailures < 0 || o.maxSessions < 0 || o.maxToolCalls < 0 {
+		return nil, usagef("--max-requests-per-peer, --auth-failures-per-minute, --max-sessions-per-identity and --max-tool-calls-per-identity take a count (0 disables), not a negative number")
 	}
 	if o.readHeaderTO <= 0 || o.readTO <= 0 || o.idleTO <= 0 {
 		return nil, usagef("--http-read-header-timeout, --http-read-timeout and --http-idle-timeout must be positive")
@@ -708,20 +713,22 @@ func setupHTTP(o options, kube *kubeSetup, logger *slog.Logger) (*httpSetup, err
 		listener: ln,
 		url:      resource,
 		opts: mcpserver.HTTPOptions{
-			ResourceURL:            resource,
-			AllowedHosts:           hosts,
-			AllowedOrigins:         o.allowedOrigins,
-			Auth:                   auth,
-			AuthorizationServers:   o.authServers,
-			MaxBodyBytes:           int64(o.maxBody),
-			RequestsPerSecond:      o.rateLimit,
-			MaxRequestsPerPeer:     zeroDisables(o.maxPerPeer),
-			AuthFailuresPerMinute:  zeroDisables(o.authFailures),
-			MaxSessionsPerIdentity: zeroDisables(o.maxSessions),
-			ReadHeaderTimeout:      o.readHeaderTO,
-			ReadTimeout:            o.readTO,
-			IdleTimeout:            o.idleTO,
-			Logger:                 logger,
+			ResourceURL:             resource,
+			AllowedHosts:            hosts,
+			AllowedOrigins:          o.allowedOrigins,
+			Auth:                    auth,
+			AuthorizationServers:    o.authServers,
+			MaxBodyBytes:            int64(o.maxBody),
+			RequestsPerSecond:       o.rateLimit,
+			MaxRequestsPerPeer:      zeroDisables(o.maxPerPeer),
+			AuthFailuresPerMinute:   zeroDisables(o.authFailures),
+			MaxSessionsPerIdentity:  zeroDisables(o.maxSessions),
+			MaxMessageBytes:         int64(o.maxMessage),
+			MaxToolCallsPerIdentity: zeroDisables(o.maxToolCalls),
+			ReadHeaderTimeout:       o.readHeaderTO,
+			ReadTimeout:             o.readTO,
+			IdleTimeout:             o.idleTO,
+			Logger:                  logger,
 		},
 		tlsCert: o.tlsCert,
 		tlsKey:  o.tlsKey,
