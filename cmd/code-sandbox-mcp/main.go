@@ -162,6 +162,7 @@ type options struct {
 	maxSessions    int
 	maxMessage     sizeFlag
 	maxToolCalls   int
+	ownerKeyFile   string
 	readHeaderTO   time.Duration
 	readTO         time.Duration
 	idleTO         time.Duration
@@ -248,7 +249,8 @@ func newFlagSet(o *options) *flag.FlagSet {
 	fs.StringVar(&o.runtime, "runtime", dockerruntime.RuntimeRunc, "OCI runtime: runc or runsc (gVisor)")
 	fs.BoolVar(&o.allowEgress, "allow-egress", false, "let sandbox_initialize ask for network \"egress\"")
 	fs.Var(&o.egressAllow, "egress-allow-cidr", "with --allow-egress and the docker backend: IPv4 CIDR egress sandboxes may reach although private or link-local (repeatable; default: none). The docker backend installs the egress iptables rules (needs root) unless a node manager owns them")
-	fs.Var(&o.hostDirs, "allow-host-dir", "host directory copy_project, copy_file and copy_file_from_sandbox may use (repeatable; default: none)")
+	fs.Var(&o.hostDirs, "allow-host-dir", "host directory copy_project, copy_file and copy_file_from_sandbox may use (repeatable; default: none). Over HTTP each identity gets its own subdirectory of it")
+	fs.StringVar(&o.ownerKeyFile, "owner-key-file", "", "file holding the secret key (at least 16 bytes, e.g. openssl rand -hex 32) of the identity hashes that label sandboxes (sandbox.code-sandbox.dev/mcp-owner) and name per-identity host directories; share it between instances and keep it across restarts. Missing: a random key for this process")
 
 	fs.DurationVar(&o.commandTimeout, "command-timeout", mcpserver.DefaultCommandTimeout, "default timeout of one command")
 	fs.DurationVar(&o.maxTimeout, "max-command-timeout", mcpserver.DefaultMaxTimeout, "largest timeout_seconds a call may ask for")
@@ -361,6 +363,14 @@ func serveWith(o options, logger *slog.Logger, newCtx func() (context.Context, c
 	if err != nil {
 		return err
 	}
+	if o.httpAddr != "" {
+		// Several identities share an HTTP endpoint: each gets its own
+		// subdirectory of every --allow-host-dir.
+		cfg.HostRoots.SeparateIdentities()
+	}
+	if err := loadOwnerKey(o, logger); err != nil {
+		return err
+	}
 	var stdout *os.File
 	if o.httpAddr == "" {
 		// Claimed before anything else runs, so no later output can reach
@@ -443,6 +453,24 @@ func serveWith(o options, logger *slog.Logger, newCtx func() (context.Context, c
 		return err
 	}
 	return hs.run(ctx, stop, mcpSrv, backend, logger, listening)
+}
+
+// loadOwnerKey keys the identity hashes that label sandboxes and name the
+// identities' host directories with --owner-key-file, or with a key of
+// this process's own when the file is missing.
+func loadOwnerKey(o options, logger *slog.Logger) error {
+	generated := true
+	if o.ownerKeyFile != "" {
+		var err error
+		if generated, err = mcpserver.LoadIdentityKey(o.ownerKeyFile); err != nil {
+			return usageError{err}
+		}
+	}
+	if generated && (o.backend == "kubernetes" || (o.httpAddr != "" && len(o.hostDirs) > 0)) {
+		logger.Warn("no owner key (--owner-key-file): using a random key of this process, so after a restart it no longer recognizes the Sandboxes and per-identity host directories of earlier runs, and other instances never do",
+			"owner_key_file", o.ownerKeyFile)
+	}
+	return nil
 }
 
 func toolConfig(o options) (mcpserver.Config, error) {
