@@ -147,6 +147,9 @@ var _ = Describe("The default overlay (make deploy, make build-installer)", func
 			// and write only their own node's Lease.
 			"ValidatingAdmissionPolicy code-sandbox-node-manager-leases",
 			"ValidatingAdmissionPolicyBinding code-sandbox-node-manager-leases",
+			// Only the MCP server sets the MCP ownership label.
+			"ValidatingAdmissionPolicy code-sandbox-mcp-owner-labels",
+			"ValidatingAdmissionPolicyBinding code-sandbox-mcp-owner-labels",
 		))
 		for _, o := range objs {
 			Expect(o.GetLabels()).To(HaveKeyWithValue("app.kubernetes.io/part-of", "code-sandbox-operator"), describe(o))

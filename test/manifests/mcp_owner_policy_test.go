@@ -11,6 +11,7 @@ import (
 
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
+	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	authenticationv1 "k8s.io/api/authentication/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -67,9 +68,20 @@ var _ = Describe("The MCP ownership policy of the default overlay, applied for r
 			return patchSandbox(ctx, carol, ns, "probe", map[string]any{"metadata": map[string]any{"labels": map[string]any{mcpOwnerLabel: "id-probe"}}}, client.DryRunAll)
 		}
 		Expect(probe(ctx)).To(Succeed(), "refused before the policy was installed")
+		// As rendered: cluster-scoped, fails closed, denies, and spares
+		// only the rendered MCP ServiceAccount.
+		vap := &admissionregistrationv1.ValidatingAdmissionPolicy{}
+		convert(find(objs, "ValidatingAdmissionPolicy", mcpOwnerPolicyName), vap)
+		Expect(vap.Namespace).To(BeEmpty())
+		Expect(vap.Spec.FailurePolicy).To(HaveValue(Equal(admissionregistrationv1.Fail)))
+		Expect(vap.Spec.MatchConditions).To(ConsistOf(HaveField("Expression",
+			"request.userInfo.username != 'system:serviceaccount:' + '"+installNamespace+"' + ':' + '"+mcpSA+"'")))
+		binding := &admissionregistrationv1.ValidatingAdmissionPolicyBinding{}
+		convert(find(objs, "ValidatingAdmissionPolicyBinding", mcpOwnerPolicyName), binding)
+		Expect(binding.Spec.PolicyName).To(Equal(mcpOwnerPolicyName))
+		Expect(binding.Spec.ValidationActions).To(ConsistOf(admissionregistrationv1.Deny))
 		for _, kind := range []string{"ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"} {
 			o := find(objs, kind, mcpOwnerPolicyName)
-			Expect(o.Object).To(HaveKeyWithValue("spec", Not(BeNil())))
 			Expect(applyForReal(ctx, o)).To(Succeed(), describe(o))
 			DeferCleanup(func(ctx SpecContext) {
 				Expect(client.IgnoreNotFound(cp.Client.Delete(ctx, o))).To(Succeed())
