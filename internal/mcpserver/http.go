@@ -130,6 +130,8 @@ type HTTPServer struct {
 
 	peers        *peerLimits
 	toolCalls    *peerLimits // in-flight tool calls per identity
+	largeCalls   *peerLimits // of those, the ones over MaxMessageBytes
+	bodyReads    *peerLimits // bodies being read per identity; nil: no cap
 	authFailures *authFailureLimiter
 }
 
@@ -172,7 +174,8 @@ func NewHTTPServer(s *server.MCPServer, opts HTTPOptions) (*HTTPServer, error) {
 	opts.ReadTimeout = defaultDuration(opts.ReadTimeout, DefaultReadTimeout)
 	opts.IdleTimeout = defaultDuration(opts.IdleTimeout, DefaultIdleTimeout)
 	h := &HTTPServer{opts: opts, sessions: newSessionStore(opts.SessionIdleTTL, opts.MaxSessionsPerIdentity), limiters: map[string]*identityLimiter{},
-		peers: newPeerLimits(opts.MaxRequestsPerPeer), toolCalls: newPeerLimits(opts.MaxToolCallsPerIdentity), authFailures: newAuthFailureLimiter(opts.AuthFailuresPerMinute)}
+		peers: newPeerLimits(opts.MaxRequestsPerPeer), toolCalls: newPeerLimits(opts.MaxToolCallsPerIdentity),
+		largeCalls: newPeerLimits(MaxLargeCallsPerIdentity), authFailures: newAuthFailureLimiter(opts.AuthFailuresPerMinute)}
 	h.mcp = server.NewStreamableHTTPServer(s,
 		server.WithEndpointPath(EndpointPath),
 		server.WithSessionIdManagerResolver(h.sessions),
@@ -192,6 +195,9 @@ func NewHTTPServer(s *server.MCPServer, opts HTTPOptions) (*HTTPServer, error) {
 	h.metaPath = server.ProtectedResourceMetadataPath(opts.ResourceURL)
 	metaHandler := server.NewProtectedResourceMetadataHandler(meta)
 
+	if opts.MaxToolCallsPerIdentity >= 0 {
+		h.bodyReads = newPeerLimits(opts.MaxToolCallsPerIdentity)
+	}
 	mux := http.NewServeMux()
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", "text/plain")
@@ -383,9 +389,19 @@ func (h *HTTPServer) limitBody(next http.Handler) http.Handler {
 			return
 		}
 		if r.Body != nil && r.Method == http.MethodPost {
+			// The bodies one identity has being read at once are capped
+			// like its tool calls: a body is in memory from here on,
+			// before anything knows what it is.
+			caller, _ := CallerFrom(r.Context())
+			if h.bodyReads != nil && !h.bodyReads.acquire(caller.ID) {
+				h.refuseIdentity(w, r, nil, fmt.Sprintf("this identity already has %d requests being read", h.opts.MaxToolCallsPerIdentity))
+				return
+			}
 			body, info, perr := precheck(http.MaxBytesReader(w, r.Body, h.opts.MaxBodyBytes), limits)
+			if h.bodyReads != nil {
+				h.bodyReads.release(caller.ID)
+			}
 			if perr != nil {
-				caller, _ := CallerFrom(r.Context())
 				h.opts.Logger.Info("refused a message before decoding it", "caller", IdentityHash(caller.ID), "remote", r.RemoteAddr, "reason", perr.message)
 				writeJSONRPCError(w, perr, info.ID)
 				return
@@ -418,6 +434,21 @@ type bufferedBody struct {
 
 func (*bufferedBody) Close() error { return nil }
 
+// MaxLargeCallsPerIdentity caps the calls over MaxMessageBytes (large
+// write_file calls) one identity may have in flight, within its
+// MaxToolCallsPerIdentity.
+const MaxLargeCallsPerIdentity = 2
+
+// refuseIdentity answers a request beyond one of the identity's
+// concurrency caps: 429, Retry-After and a JSON-RPC error saying which.
+func (h *HTTPServer) refuseIdentity(w http.ResponseWriter, r *http.Request, id json.RawMessage, what string) {
+	caller, _ := CallerFrom(r.Context())
+	h.opts.Logger.Info("refused a request beyond the identity's concurrency cap", "caller", IdentityHash(caller.ID), "remote", r.RemoteAddr, "reason", what)
+	w.Header().Set("Retry-After", "1")
+	writeJSONRPCError(w, &precheckError{status: http.StatusTooManyRequests, code: -32000,
+		message: "Too Many Requests: " + what + ", the most the server allows (--max-tool-calls-per-identity); wait for one to finish and retry"}, id)
+}
+
 // capToolCalls caps the tool calls one identity has in flight: each may
 // hold a large body and a sandbox's attention for as long as its commands
 // run. A call beyond the cap is refused with 429 before mcp-go decodes it.
@@ -433,13 +464,21 @@ func (h *HTTPServer) capToolCalls(next http.Handler) http.Handler {
 		}
 		caller, _ := CallerFrom(r.Context())
 		if !h.toolCalls.acquire(caller.ID) {
-			h.opts.Logger.Info("refused a tool call beyond the identity's cap", "caller", IdentityHash(caller.ID), "remote", r.RemoteAddr, "limit", h.opts.MaxToolCallsPerIdentity)
-			w.Header().Set("Retry-After", "1")
-			writeJSONRPCError(w, &precheckError{status: http.StatusTooManyRequests, code: -32000,
-				message: fmt.Sprintf("Too Many Requests: this identity already has %d tool calls in flight, the most the server allows (--max-tool-calls-per-identity); wait for one to finish and retry", h.opts.MaxToolCallsPerIdentity)}, buffered.info.ID)
+			h.refuseIdentity(w, r, buffered.info.ID, fmt.Sprintf("this identity already has %d tool calls in flight", h.opts.MaxToolCallsPerIdentity))
 			return
 		}
 		defer h.toolCalls.release(caller.ID)
+		// A call over MaxMessageBytes (a large write_file) costs several
+		// copies of its body while mcp-go and the tool decode it (about
+		// 100 MiB for 15 MiB of contents): an identity may have only a
+		// few of those at once.
+		if int64(len(buffered.data)) > h.opts.MaxMessageBytes {
+			if !h.largeCalls.acquire(caller.ID) {
+				h.refuseIdentity(w, r, buffered.info.ID, fmt.Sprintf("this identity already has %d calls larger than %d bytes in flight", MaxLargeCallsPerIdentity, h.opts.MaxMessageBytes))
+				return
+			}
+			defer h.largeCalls.release(caller.ID)
+		}
 		next.ServeHTTP(w, r)
 	})
 }

@@ -17,6 +17,9 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/mark3labs/mcp-go/mcp"
+	"github.com/mark3labs/mcp-go/server"
+
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
 )
@@ -299,5 +302,77 @@ var _ = Describe("the stdio transport bounds a line before decoding it", Label("
 		Expect(next()).To(ContainSubstring(`"id":9`))
 		Expect(inW.Close()).To(Succeed())
 		Eventually(served).WithTimeout(10 * time.Second).Should(Receive())
+	})
+})
+
+var _ = Describe("the HTTP transport's cap on large calls", Label("unit"), func() {
+	It("lets one identity have only MaxLargeCallsPerIdentity calls over the message cap in flight", func() {
+		started, release := make(chan struct{}, 10), make(chan struct{})
+		s := server.NewMCPServer("test", "1", server.WithToolCapabilities(false))
+		s.AddTool(mcp.NewTool("write_file"), func(ctx context.Context, _ mcp.CallToolRequest) (*mcp.CallToolResult, error) {
+			started <- struct{}{}
+			select {
+			case <-release:
+				return mcp.NewToolResultText("written"), nil
+			case <-ctx.Done():
+				return mcp.NewToolResultError("cancelled"), nil
+			}
+		})
+		h := newTestHTTP(s, HTTPOptions{MaxMessageBytes: 4 << 10})
+		sid := initSession(h, "192.0.2.1:1", aliceToken)
+		large := `{"jsonrpc":"2.0","id":4,"method":"tools/call","params":{"name":"write_file","arguments":{"file_contents":"` + strings.Repeat("x", 8<<10) + `"}}}`
+		done := make(chan int, MaxLargeCallsPerIdentity)
+		for range MaxLargeCallsPerIdentity {
+			go func() { done <- serve(h, mcpRequest("192.0.2.1:1", aliceToken, sid, strings.NewReader(large))).Code }()
+		}
+		for range MaxLargeCallsPerIdentity {
+			Eventually(started).WithTimeout(5 * time.Second).Should(Receive())
+		}
+		w := serve(h, mcpRequest("192.0.2.1:1", aliceToken, sid, strings.NewReader(large)))
+		Expect(w.Code).To(Equal(http.StatusTooManyRequests), w.Body.String())
+		Expect(w.Body.String()).To(And(ContainSubstring(`"id":4`), ContainSubstring("calls larger than 4096 bytes in flight")))
+		// A small call of the same identity still goes through.
+		small := make(chan int, 1)
+		go func() { small <- serve(h, mcpRequest("192.0.2.1:1", aliceToken, sid, strings.NewReader(toolCallJSON("write_file")))).Code }()
+		Eventually(started).WithTimeout(5 * time.Second).Should(Receive())
+		close(release)
+		Eventually(small).WithTimeout(5 * time.Second).Should(Receive(Equal(http.StatusOK)))
+		for range MaxLargeCallsPerIdentity {
+			Eventually(done).WithTimeout(5 * time.Second).Should(Receive(Equal(http.StatusOK)))
+		}
+		Expect(serve(h, mcpRequest("192.0.2.1:1", aliceToken, sid, strings.NewReader(large))).Code).To(Equal(http.StatusOK))
+	})
+})
+
+var _ = Describe("the HTTP transport's cap on bodies being read", Label("unit"), func() {
+	It("refuses an identity's request unread while it has as many bodies being read as tool calls allowed", func() {
+		h := newTestHTTP(testMCP(nil, nil, 0), HTTPOptions{MaxToolCallsPerIdentity: 2})
+		sid := initSession(h, "192.0.2.1:1", aliceToken)
+		var writers []*io.PipeWriter
+		done := make(chan int, 2)
+		for range 2 {
+			pr, pw := io.Pipe()
+			writers = append(writers, pw)
+			go func() { done <- serve(h, mcpRequest("192.0.2.1:1", aliceToken, sid, pr)).Code }()
+			// The request is being read once its first bytes are taken.
+			_, err := pw.Write([]byte(`{"jsonrpc":"2.0",`))
+			Expect(err).NotTo(HaveOccurred())
+		}
+		body := &recordingBody{r: strings.NewReader(toolCallJSON("sleep"))}
+		w := serve(h, mcpRequest("192.0.2.1:1", aliceToken, sid, body))
+		Expect(w.Code).To(Equal(http.StatusTooManyRequests), w.Body.String())
+		Expect(w.Body.String()).To(ContainSubstring("2 requests being read"))
+		Expect(body.reads.Load()).To(BeZero())
+		// Another identity is not affected.
+		bsid := initSession(h, "192.0.2.2:1", bobToken)
+		Expect(serve(h, mcpRequest("192.0.2.2:1", bobToken, bsid, strings.NewReader(`{"jsonrpc":"2.0","id":3,"method":"ping"}`))).Code).To(Equal(http.StatusOK))
+		for _, pw := range writers {
+			_, _ = pw.Write([]byte(`"id":1,"method":"ping"}`))
+			Expect(pw.Close()).To(Succeed())
+		}
+		for range 2 {
+			Eventually(done).WithTimeout(5 * time.Second).Should(Receive(Equal(http.StatusOK)))
+		}
+		Expect(serve(h, mcpRequest("192.0.2.1:1", aliceToken, sid, strings.NewReader(`{"jsonrpc":"2.0","id":3,"method":"ping"}`))).Code).To(Equal(http.StatusOK))
 	})
 })
