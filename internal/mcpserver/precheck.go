@@ -146,7 +146,7 @@ func precheck(r io.Reader, limits messageLimits) ([]byte, messageInfo, *precheck
 			case info.Tool != "":
 				what = "a call of " + truncate(info.Tool, 40)
 			case info.Method != "":
-				what = "a " + truncate(info.Method, 40) + " message"
+				what = "this " + truncate(info.Method, 40) + " message"
 			}
 			return tooLarge(what, cr.limit)
 		}

@@ -180,7 +180,7 @@ var _ = Describe("precheck", Label("unit"), func() {
 		Entry("a small tool's call over the message cap, name last",
 			`{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"arguments":{"commands":["`+big+`"]},"name":"sandbox_exec"}}`, 413, "a call of sandbox_exec"),
 		Entry("another method over the message cap",
-			`{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"x":"`+big+`"}}`, 413, "a initialize message is over its limit"),
+			`{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"x":"`+big+`"}}`, 413, "this initialize message is over its limit"),
 		Entry("anything over the body cap",
 			`{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"write_file","arguments":{"file_contents":"`+strings.Repeat("y", 2<<20)+`"}}}`, 413, "over its limit of 1048576 bytes"),
 		Entry("more commands than a call may have",
