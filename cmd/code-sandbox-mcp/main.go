@@ -160,6 +160,9 @@ type options struct {
 	maxPerPeer     int
 	authFailures   int
 	maxSessions    int
+	maxMessage     sizeFlag
+	maxToolCalls   int
+	ownerKeyFile   string
 	readHeaderTO   time.Duration
 	readTO         time.Duration
 	idleTO         time.Duration
@@ -226,7 +229,10 @@ func newFlagSet(o *options) *flag.FlagSet {
 	fs.StringVar(&o.tlsCert, "tls-cert", "", "serve HTTPS with this certificate")
 	fs.StringVar(&o.tlsKey, "tls-key", "", "key for --tls-cert")
 	o.maxBody = sizeFlag(mcpserver.DefaultMaxBodyBytes)
-	fs.Var(&o.maxBody, "max-body-bytes", "largest HTTP request body")
+	fs.Var(&o.maxBody, "max-body-bytes", "largest HTTP request body: a write_file call may be this long")
+	o.maxMessage = sizeFlag(mcpserver.DefaultMaxMessageBytes)
+	fs.Var(&o.maxMessage, "max-message-bytes", "largest HTTP request body of any message but a write_file call (at most --max-body-bytes); read from the message as it arrives, and refused with 413 before it is decoded")
+	fs.IntVar(&o.maxToolCalls, "max-tool-calls-per-identity", mcpserver.DefaultMaxToolCallsPerIdentity, "tool calls one identity may have in flight over HTTP (429 beyond, before the call is decoded); 0 disables")
 	fs.Float64Var(&o.rateLimit, "rate-limit", 100, "HTTP requests per second per identity, with bursts of twice that (429 beyond); 0 disables")
 	fs.IntVar(&o.maxPerPeer, "max-requests-per-peer", mcpserver.DefaultMaxRequestsPerPeer, "HTTP requests one remote address (IPv4, or IPv6 /64) may have in flight at once, GET streams included (429 beyond); 0 disables. Behind a reverse proxy every client shares the proxy's address")
 	fs.IntVar(&o.authFailures, "auth-failures-per-minute", mcpserver.DefaultAuthFailuresPerMinute, "failed HTTP authentications one remote address may cause per minute (a bucket of that size); beyond it the address gets 429 before its token is checked (no TokenReview); 0 disables")
@@ -243,7 +249,8 @@ func newFlagSet(o *options) *flag.FlagSet {
 	fs.StringVar(&o.runtime, "runtime", dockerruntime.RuntimeRunc, "OCI runtime: runc or runsc (gVisor)")
 	fs.BoolVar(&o.allowEgress, "allow-egress", false, "let sandbox_initialize ask for network \"egress\"")
 	fs.Var(&o.egressAllow, "egress-allow-cidr", "with --allow-egress and the docker backend: IPv4 CIDR egress sandboxes may reach although private or link-local (repeatable; default: none). The docker backend installs the egress iptables rules (needs root) unless a node manager owns them")
-	fs.Var(&o.hostDirs, "allow-host-dir", "host directory copy_project, copy_file and copy_file_from_sandbox may use (repeatable; default: none)")
+	fs.Var(&o.hostDirs, "allow-host-dir", "host directory copy_project, copy_file and copy_file_from_sandbox may use (repeatable; default: none). Over HTTP each identity gets its own subdirectory of it")
+	fs.StringVar(&o.ownerKeyFile, "owner-key-file", "", "file holding the secret key (at least 16 bytes, e.g. openssl rand -hex 32) of the identity hashes that label sandboxes (sandbox.code-sandbox.dev/mcp-owner) and name per-identity host directories; share it between instances and keep it across restarts. Missing: a random key for this process")
 
 	fs.DurationVar(&o.commandTimeout, "command-timeout", mcpserver.DefaultCommandTimeout, "default timeout of one command")
 	fs.DurationVar(&o.maxTimeout, "max-command-timeout", mcpserver.DefaultMaxTimeout, "largest timeout_seconds a call may ask for")
@@ -356,6 +363,14 @@ func serveWith(o options, logger *slog.Logger, newCtx func() (context.Context, c
 	if err != nil {
 		return err
 	}
+	if o.httpAddr != "" {
+		// Several identities share an HTTP endpoint: each gets its own
+		// subdirectory of every --allow-host-dir.
+		cfg.HostRoots.SeparateIdentities()
+	}
+	if err := loadOwnerKey(o, logger); err != nil {
+		return err
+	}
 	var stdout *os.File
 	if o.httpAddr == "" {
 		// Claimed before anything else runs, so no later output can reach
@@ -438,6 +453,24 @@ func serveWith(o options, logger *slog.Logger, newCtx func() (context.Context, c
 		return err
 	}
 	return hs.run(ctx, stop, mcpSrv, backend, logger, listening)
+}
+
+// loadOwnerKey keys the identity hashes that label sandboxes and name the
+// identities' host directories with --owner-key-file, or with a key of
+// this process's own when the file is missing.
+func loadOwnerKey(o options, logger *slog.Logger) error {
+	generated := true
+	if o.ownerKeyFile != "" {
+		var err error
+		if generated, err = mcpserver.LoadIdentityKey(o.ownerKeyFile); err != nil {
+			return usageError{err}
+		}
+	}
+	if generated && (o.backend == "kubernetes" || (o.httpAddr != "" && len(o.hostDirs) > 0)) {
+		logger.Warn("no owner key (--owner-key-file): using a random key of this process, so after a restart it no longer recognizes the Sandboxes and per-identity host directories of earlier runs, and other instances never do",
+			"owner_key_file", o.ownerKeyFile)
+	}
+	return nil
 }
 
 func toolConfig(o options) (mcpserver.Config, error) {
@@ -638,8 +671,8 @@ func setupHTTP(o options, kube *kubeSetup, logger *slog.Logger) (*httpSetup, err
 	if (o.tlsCert == "") != (o.tlsKey == "") {
 		return nil, usagef("--tls-cert and --tls-key go together")
 	}
-	if o.maxPerPeer < 0 || o.authFailures < 0 || o.maxSessions < 0 {
-		return nil, usagef("--max-requests-per-peer, --auth-failures-per-minute and --max-sessions-per-identity take a count (0 disables), not a negative number")
+	if o.maxPerPeer < 0 || o.authFailures < 0 || o.maxSessions < 0 || o.maxToolCalls < 0 {
+		return nil, usagef("--max-requests-per-peer, --auth-failures-per-minute, --max-sessions-per-identity and --max-tool-calls-per-identity take a count (0 disables), not a negative number")
 	}
 	if o.readHeaderTO <= 0 || o.readTO <= 0 || o.idleTO <= 0 {
 		return nil, usagef("--http-read-header-timeout, --http-read-timeout and --http-idle-timeout must be positive")
@@ -708,20 +741,22 @@ func setupHTTP(o options, kube *kubeSetup, logger *slog.Logger) (*httpSetup, err
 		listener: ln,
 		url:      resource,
 		opts: mcpserver.HTTPOptions{
-			ResourceURL:            resource,
-			AllowedHosts:           hosts,
-			AllowedOrigins:         o.allowedOrigins,
-			Auth:                   auth,
-			AuthorizationServers:   o.authServers,
-			MaxBodyBytes:           int64(o.maxBody),
-			RequestsPerSecond:      o.rateLimit,
-			MaxRequestsPerPeer:     zeroDisables(o.maxPerPeer),
-			AuthFailuresPerMinute:  zeroDisables(o.authFailures),
-			MaxSessionsPerIdentity: zeroDisables(o.maxSessions),
-			ReadHeaderTimeout:      o.readHeaderTO,
-			ReadTimeout:            o.readTO,
-			IdleTimeout:            o.idleTO,
-			Logger:                 logger,
+			ResourceURL:             resource,
+			AllowedHosts:            hosts,
+			AllowedOrigins:          o.allowedOrigins,
+			Auth:                    auth,
+			AuthorizationServers:    o.authServers,
+			MaxBodyBytes:            int64(o.maxBody),
+			RequestsPerSecond:       o.rateLimit,
+			MaxRequestsPerPeer:      zeroDisables(o.maxPerPeer),
+			AuthFailuresPerMinute:   zeroDisables(o.authFailures),
+			MaxSessionsPerIdentity:  zeroDisables(o.maxSessions),
+			MaxMessageBytes:         int64(o.maxMessage),
+			MaxToolCallsPerIdentity: zeroDisables(o.maxToolCalls),
+			ReadHeaderTimeout:       o.readHeaderTO,
+			ReadTimeout:             o.readTO,
+			IdleTimeout:             o.idleTO,
+			Logger:                  logger,
 		},
 		tlsCert: o.tlsCert,
 		tlsKey:  o.tlsKey,

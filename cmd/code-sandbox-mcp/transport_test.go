@@ -31,6 +31,7 @@ var _ = Describe("the HTTP transport's limits", Ordered, func() {
 			{"--max-requests-per-peer", "-1"},
 			{"--auth-failures-per-minute", "-1"},
 			{"--max-sessions-per-identity", "-1"},
+			{"--max-tool-calls-per-identity", "-1"},
 			{"--http-read-timeout", "0s"},
 			{"--http-read-header-timeout", "-1s"},
 			{"--http-idle-timeout", "0s"},
@@ -49,6 +50,14 @@ var _ = Describe("the HTTP transport's limits", Ordered, func() {
 		Expect(hs.opts.MaxRequestsPerPeer).To(BeNumerically("<", 0), "0 must disable the cap")
 		Expect(hs.opts.AuthFailuresPerMinute).To(Equal(mcpserver.DefaultAuthFailuresPerMinute))
 		Expect(hs.opts.MaxSessionsPerIdentity).To(Equal(7))
+		Expect(hs.opts.MaxToolCallsPerIdentity).To(Equal(mcpserver.DefaultMaxToolCallsPerIdentity))
+		Expect(hs.opts.MaxMessageBytes).To(Equal(mcpserver.DefaultMaxMessageBytes))
+		o = parseFlags("--http", "127.0.0.1:0", "--auth", "none", "--max-tool-calls-per-identity", "0", "--max-message-bytes", "64Ki")
+		hs2, err := setupHTTP(o, nil, testLogger())
+		Expect(err).NotTo(HaveOccurred())
+		defer hs2.listener.Close()
+		Expect(hs2.opts.MaxToolCallsPerIdentity).To(BeNumerically("<", 0), "0 must disable the cap")
+		Expect(hs2.opts.MaxMessageBytes).To(BeEquivalentTo(64 << 10))
 		Expect(hs.opts.ReadTimeout).To(Equal(42 * time.Second))
 		Expect(hs.opts.ReadHeaderTimeout).To(Equal(mcpserver.DefaultReadHeaderTimeout))
 		Expect(hs.opts.IdleTimeout).To(Equal(mcpserver.DefaultIdleTimeout))

@@ -1,9 +1,17 @@
 package mcpserver
 
 import (
+	"bytes"
 	"context"
+	"crypto/hmac"
+	"crypto/rand"
 	"crypto/sha256"
 	"encoding/hex"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"sync/atomic"
 )
 
 type callerKey struct{}
@@ -26,13 +34,61 @@ const LocalIdentity = "local"
 
 // IdentityHash is a short, stable, label-safe digest of an identity, so that
 // identities (which may be e-mail addresses or contain characters labels
-// refuse) can be recorded on containers without being spelled out.
+// refuse) can be recorded on containers and Sandboxes without being spelled
+// out. It is an HMAC keyed with the server's owner key (SetIdentityKey): an
+// unkeyed hash anyone could compute for any identity, and so find (or, where
+// labels are writable, forge) another identity's ownership records.
 func IdentityHash(identity string) string {
 	if identity == LocalIdentity {
 		return LocalIdentity
 	}
-	sum := sha256.Sum256([]byte(identity))
-	return "id-" + hex.EncodeToString(sum[:8])
+	mac := hmac.New(sha256.New, *identityKey.Load())
+	mac.Write([]byte(identity))
+	return "id-" + hex.EncodeToString(mac.Sum(nil)[:8])
+}
+
+// identityKey keys IdentityHash. Until SetIdentityKey is called it is a
+// random key of this process's own, so that no two processes agree on an
+// identity's hash by accident.
+var identityKey atomic.Pointer[[]byte]
+
+func init() {
+	k := make([]byte, 32)
+	_, _ = rand.Read(k)
+	identityKey.Store(&k)
+}
+
+// MinIdentityKeyBytes is the shortest owner key accepted.
+const MinIdentityKeyBytes = 16
+
+// SetIdentityKey sets the key of IdentityHash. Changing it changes every
+// identity's hash: Sandboxes labelled under the old key are no longer
+// anyone's (see docs/mcp.md, "Owner key").
+func SetIdentityKey(key []byte) error {
+	if len(key) < MinIdentityKeyBytes {
+		return fmt.Errorf("the owner key is %d bytes long; it must have at least %d (for example: openssl rand -hex 32)", len(key), MinIdentityKeyBytes)
+	}
+	k := bytes.Clone(key)
+	identityKey.Store(&k)
+	return nil
+}
+
+// LoadIdentityKey reads the owner key from path (surrounding white space
+// trimmed) and sets it. A file that does not exist leaves the process's
+// random key in place and reports generated true: the key then lasts as
+// long as the process.
+func LoadIdentityKey(path string) (generated bool, err error) {
+	b, err := os.ReadFile(path)
+	if errors.Is(err, fs.ErrNotExist) {
+		return true, nil
+	}
+	if err != nil {
+		return false, fmt.Errorf("reading the owner key: %w", err)
+	}
+	if err := SetIdentityKey(bytes.TrimSpace(b)); err != nil {
+		return false, fmt.Errorf("owner key file %s: %w", path, err)
+	}
+	return false, nil
 }
 
 // IsKubernetesUser reports whether the caller is a Kubernetes identity

@@ -17,6 +17,38 @@ import (
 // swapped in while a copy runs can lead outside it.
 type HostRoots struct {
 	roots []string
+	// perIdentity gives every caller but the local one its own
+	// subdirectory of each root (see ForCaller).
+	perIdentity bool
+}
+
+// SeparateIdentities makes each caller other than LocalIdentity see, in
+// place of each root, its own subdirectory <root>/<IdentityHash>: with
+// several identities on one server (HTTP), one identity must not read what
+// another copied out of its sandbox, nor plant files another copies in.
+func (h *HostRoots) SeparateIdentities() { h.perIdentity = true }
+
+// ForCaller returns the roots caller may use: h itself, or with
+// SeparateIdentities the caller's own subdirectories, created (0700) on
+// first use.
+func (h *HostRoots) ForCaller(caller Caller) (*HostRoots, error) {
+	if !h.perIdentity || len(h.roots) == 0 || caller.ID == LocalIdentity {
+		return h, nil
+	}
+	sub := &HostRoots{}
+	for _, r := range h.roots {
+		d := filepath.Join(r, IdentityHash(caller.ID))
+		if err := os.Mkdir(d, 0o700); err != nil && !errors.Is(err, fs.ErrExist) {
+			return nil, fmt.Errorf("creating this identity's host directory: %w", err)
+		}
+		// Nothing but this server writes in the root itself, but a
+		// symlink put there by hand must not redirect an identity.
+		if st, err := os.Lstat(d); err != nil || !st.IsDir() {
+			return nil, fmt.Errorf("this identity's host directory %s is not a directory", d)
+		}
+		sub.roots = append(sub.roots, d)
+	}
+	return sub, nil
 }
 
 // NewHostRoots resolves each directory to its real absolute path.

@@ -212,3 +212,48 @@ var _ = Describe("copy_file_from_sandbox", Label("unit"), func() {
 		Expect(filepath.Join(allowed, "new")).NotTo(BeADirectory())
 	})
 })
+
+var _ = Describe("HostRoots shared by several identities", Label("unit"), func() {
+	It("give each identity its own subdirectory, so that none reads or plants another's files", func() {
+		base, err := filepath.EvalSymlinks(GinkgoT().TempDir())
+		Expect(err).NotTo(HaveOccurred())
+		roots, err := NewHostRoots([]string{base})
+		Expect(err).NotTo(HaveOccurred())
+		roots.SeparateIdentities()
+		h := newToolHarness(Config{HostRoots: roots})
+		aliceDir := filepath.Join(base, IdentityHash("alice"))
+		aliceSbx, bobSbx := h.fake.add("alice"), h.fake.add("bob")
+		h.fake.putFile(aliceSbx, "/app/secret.txt", "alice's secret\n")
+		h.fake.putFile(bobSbx, "/app/plant.txt", "bob's plant\n")
+		from := func(caller, id, src, dest string) toolResult {
+			return h.call(caller, "copy_file_from_sandbox", jsonArgs(map[string]any{"container_id": id, "container_src_path": src, "local_dest_path": dest}))
+		}
+
+		By("alice copies out into her own directory, and only there")
+		res := from("alice", aliceSbx, "/app/secret.txt", filepath.Join(aliceDir, "secret.txt"))
+		Expect(res.IsError).To(BeFalse(), res.Text)
+		Expect(os.ReadFile(filepath.Join(aliceDir, "secret.txt"))).To(Equal([]byte("alice's secret\n")))
+		st, err := os.Stat(aliceDir)
+		Expect(err).NotTo(HaveOccurred())
+		Expect(st.Mode().Perm()).To(Equal(os.FileMode(0o700)))
+		res = from("alice", aliceSbx, "/app/secret.txt", filepath.Join(base, "shared.txt"))
+		Expect(res.IsError).To(BeTrue())
+		Expect(res.Text).To(And(ContainSubstring("outside the allowed"), ContainSubstring(aliceDir)))
+
+		By("bob can neither read alice's file nor plant one where she reads")
+		res = h.call("bob", "copy_file", jsonArgs(map[string]any{"container_id": bobSbx, "local_src_file": filepath.Join(aliceDir, "secret.txt")}))
+		Expect(res.IsError).To(BeTrue())
+		Expect(res.Text).To(ContainSubstring("outside the allowed"))
+		Expect(h.fake.file(bobSbx, "/app/secret.txt")).To(Equal(noFile))
+		res = from("bob", bobSbx, "/app/plant.txt", filepath.Join(aliceDir, "plant.txt"))
+		Expect(res.IsError).To(BeTrue())
+		Expect(filepath.Join(aliceDir, "plant.txt")).NotTo(BeAnExistingFile())
+		res = h.call("bob", "copy_project", jsonArgs(map[string]any{"container_id": bobSbx, "local_src_dir": aliceDir}))
+		Expect(res.IsError).To(BeTrue())
+
+		By("the local (stdio) identity keeps the roots themselves")
+		local, err := roots.ForCaller(Caller{ID: LocalIdentity})
+		Expect(err).NotTo(HaveOccurred())
+		Expect(local.Roots()).To(Equal([]string{base}))
+	})
+})

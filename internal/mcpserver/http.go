@@ -35,9 +35,12 @@ const (
 	DefaultMaxRequestsPerPeer     = 64
 	DefaultAuthFailuresPerMinute  = 30
 	DefaultMaxSessionsPerIdentity = 64
-	DefaultReadHeaderTimeout      = 10 * time.Second
-	DefaultReadTimeout            = time.Minute
-	DefaultIdleTimeout            = 2 * time.Minute
+	// DefaultMaxToolCallsPerIdentity bounds one identity's share of the
+	// server's memory: each call in flight may hold a write_file body.
+	DefaultMaxToolCallsPerIdentity = 8
+	DefaultReadHeaderTimeout       = 10 * time.Second
+	DefaultReadTimeout             = time.Minute
+	DefaultIdleTimeout             = 2 * time.Minute
 )
 
 // EndpointPath is where the MCP endpoint is served.
@@ -64,8 +67,17 @@ type HTTPOptions struct {
 	// AuthorizationServers are advertised in the protected resource
 	// metadata.
 	AuthorizationServers []string
-	// MaxBodyBytes caps request bodies (413 beyond it).
+	// MaxBodyBytes caps request bodies (413 beyond it): a call of one of
+	// LargeBodyTools (write_file) may be this long.
 	MaxBodyBytes int64
+	// MaxMessageBytes caps every other message (zero:
+	// DefaultMaxMessageBytes, and never more than MaxBodyBytes). Which cap
+	// applies is read from the message on the way in (see precheck).
+	MaxMessageBytes int64
+	// MaxToolCallsPerIdentity caps the tool calls one identity may have in
+	// flight (429 with Retry-After beyond it, before the call is decoded).
+	// Zero means DefaultMaxToolCallsPerIdentity; negative disables the cap.
+	MaxToolCallsPerIdentity int
 	// SessionIdleTTL forgets sessions unused for this long.
 	SessionIdleTTL time.Duration
 	// RequestsPerSecond limits each identity's requests (429 beyond it,
@@ -117,6 +129,9 @@ type HTTPServer struct {
 	limiters   map[string]*identityLimiter
 
 	peers        *peerLimits
+	toolCalls    *peerLimits // in-flight tool calls per identity
+	largeCalls   *peerLimits // of those, the ones over MaxMessageBytes
+	bodyReads    *peerLimits // bodies being read per identity; nil: no cap
 	authFailures *authFailureLimiter
 }
 
@@ -138,6 +153,10 @@ func NewHTTPServer(s *server.MCPServer, opts HTTPOptions) (*HTTPServer, error) {
 	if opts.MaxBodyBytes <= 0 {
 		opts.MaxBodyBytes = DefaultMaxBodyBytes
 	}
+	if opts.MaxMessageBytes <= 0 {
+		opts.MaxMessageBytes = DefaultMaxMessageBytes
+	}
+	opts.MaxMessageBytes = min(opts.MaxMessageBytes, opts.MaxBodyBytes)
 	if opts.SessionIdleTTL <= 0 {
 		opts.SessionIdleTTL = time.Hour
 	}
@@ -150,11 +169,13 @@ func NewHTTPServer(s *server.MCPServer, opts HTTPOptions) (*HTTPServer, error) {
 	opts.MaxRequestsPerPeer = defaultInt(opts.MaxRequestsPerPeer, DefaultMaxRequestsPerPeer)
 	opts.AuthFailuresPerMinute = defaultInt(opts.AuthFailuresPerMinute, DefaultAuthFailuresPerMinute)
 	opts.MaxSessionsPerIdentity = defaultInt(opts.MaxSessionsPerIdentity, DefaultMaxSessionsPerIdentity)
+	opts.MaxToolCallsPerIdentity = defaultInt(opts.MaxToolCallsPerIdentity, DefaultMaxToolCallsPerIdentity)
 	opts.ReadHeaderTimeout = defaultDuration(opts.ReadHeaderTimeout, DefaultReadHeaderTimeout)
 	opts.ReadTimeout = defaultDuration(opts.ReadTimeout, DefaultReadTimeout)
 	opts.IdleTimeout = defaultDuration(opts.IdleTimeout, DefaultIdleTimeout)
 	h := &HTTPServer{opts: opts, sessions: newSessionStore(opts.SessionIdleTTL, opts.MaxSessionsPerIdentity), limiters: map[string]*identityLimiter{},
-		peers: newPeerLimits(opts.MaxRequestsPerPeer), authFailures: newAuthFailureLimiter(opts.AuthFailuresPerMinute)}
+		peers: newPeerLimits(opts.MaxRequestsPerPeer), toolCalls: newPeerLimits(opts.MaxToolCallsPerIdentity),
+		largeCalls: newPeerLimits(MaxLargeCallsPerIdentity), authFailures: newAuthFailureLimiter(opts.AuthFailuresPerMinute)}
 	h.mcp = server.NewStreamableHTTPServer(s,
 		server.WithEndpointPath(EndpointPath),
 		server.WithSessionIdManagerResolver(h.sessions),
@@ -174,6 +195,9 @@ func NewHTTPServer(s *server.MCPServer, opts HTTPOptions) (*HTTPServer, error) {
 	h.metaPath = server.ProtectedResourceMetadataPath(opts.ResourceURL)
 	metaHandler := server.NewProtectedResourceMetadataHandler(meta)
 
+	if opts.MaxToolCallsPerIdentity >= 0 {
+		h.bodyReads = newPeerLimits(opts.MaxToolCallsPerIdentity)
+	}
 	mux := http.NewServeMux()
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", "text/plain")
@@ -188,7 +212,7 @@ func NewHTTPServer(s *server.MCPServer, opts HTTPOptions) (*HTTPServer, error) {
 	// request is read (by limitBody) only once its caller is known, so an
 	// unauthenticated peer costs a connection and its headers, never a
 	// buffered body.
-	mux.Handle(EndpointPath, h.limitPeer(h.rejectQueryTokens(h.authenticate(h.rateLimit(h.limitBody(h.bindSession(h.capSessions(h.mcp))))))))
+	mux.Handle(EndpointPath, h.limitPeer(h.rejectQueryTokens(h.authenticate(h.rateLimit(h.limitBody(h.bindSession(h.capSessions(h.capToolCalls(h.mcp)))))))))
 	h.handler = h.checkHostAndOrigin(mux)
 	return h, nil
 }
@@ -346,41 +370,118 @@ func (h *HTTPServer) rejectQueryTokens(next http.Handler) http.Handler {
 	})
 }
 
-// limitBody reads the whole body of an authenticated POST (the MCP
-// handler would anyway) so that an oversized one gets a plain 413 instead
-// of a JSON-RPC parse error. It runs after authenticate: nothing before it
-// reads the body.
+// limitBody reads the body of an authenticated POST through precheck
+// (the MCP handler would read it anyway): a message over its cap gets 413,
+// one too deep, too wide or not one JSON object gets 400, each before any
+// decoder builds it (see precheck). It runs after authenticate: nothing
+// before it reads the body.
 func (h *HTTPServer) limitBody(next http.Handler) http.Handler {
+	limits := messageLimits{MaxBodyBytes: h.opts.MaxBodyBytes, MaxMessageBytes: h.opts.MaxMessageBytes}
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.ContentLength > h.opts.MaxBodyBytes {
-			http.Error(w, fmt.Sprintf("Request Entity Too Large: the limit is %d bytes", h.opts.MaxBodyBytes), http.StatusRequestEntityTooLarge)
+			writeJSONRPCError(w, tooLarge("this message", h.opts.MaxBodyBytes), nil)
+			return
+		}
+		// A 2026 client names the tool in a header: a call of a small
+		// tool that announces a large body is refused unread.
+		if name := r.Header.Get("Mcp-Name"); name != "" && r.ContentLength > limits.capFor(messageInfo{Method: "tools/call", Tool: name}) {
+			writeJSONRPCError(w, tooLarge("a call of "+truncate(name, 40), limits.MaxMessageBytes), nil)
 			return
 		}
 		if r.Body != nil && r.Method == http.MethodPost {
-			body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, h.opts.MaxBodyBytes))
-			var tooLarge *http.MaxBytesError
-			if errors.As(err, &tooLarge) {
-				http.Error(w, fmt.Sprintf("Request Entity Too Large: the limit is %d bytes", h.opts.MaxBodyBytes), http.StatusRequestEntityTooLarge)
+			// The bodies one identity has being read at once are capped
+			// like its tool calls: a body is in memory from here on,
+			// before anything knows what it is.
+			caller, _ := CallerFrom(r.Context())
+			if h.bodyReads != nil && !h.bodyReads.acquire(caller.ID) {
+				h.refuseIdentity(w, r, nil, fmt.Sprintf("this identity already has %d requests being read", h.opts.MaxToolCallsPerIdentity))
 				return
 			}
-			if err != nil {
-				http.Error(w, "Bad Request: reading the body failed", http.StatusBadRequest)
+			body, info, perr := precheck(http.MaxBytesReader(w, r.Body, h.opts.MaxBodyBytes), limits)
+			if h.bodyReads != nil {
+				h.bodyReads.release(caller.ID)
+			}
+			if perr != nil {
+				h.opts.Logger.Info("refused a message before decoding it", "caller", IdentityHash(caller.ID), "remote", r.RemoteAddr, "reason", perr.message)
+				writeJSONRPCError(w, perr, info.ID)
 				return
 			}
-			r.Body = &bufferedBody{Reader: bytes.NewReader(body), data: body}
+			r.Body = &bufferedBody{Reader: bytes.NewReader(body), data: body, info: info}
 		}
 		next.ServeHTTP(w, r)
 	})
 }
 
+// writeJSONRPCError answers a request the transport refuses itself with its
+// HTTP status and a JSON-RPC error object, which MCP clients show.
+func writeJSONRPCError(w http.ResponseWriter, e *precheckError, id json.RawMessage) {
+	if len(id) == 0 {
+		id = json.RawMessage("null")
+	}
+	out, _ := json.Marshal(map[string]any{"jsonrpc": "2.0", "id": id, "error": map[string]any{"code": e.code, "message": e.message}})
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(e.status)
+	_, _ = w.Write(out)
+}
+
 // bufferedBody is a body limitBody has read into memory; the handlers
-// after it look at data instead of copying it again.
+// after it look at data and info instead of reading or decoding it again.
 type bufferedBody struct {
 	*bytes.Reader
 	data []byte
+	info messageInfo
 }
 
 func (*bufferedBody) Close() error { return nil }
+
+// MaxLargeCallsPerIdentity caps the calls over MaxMessageBytes (large
+// write_file calls) one identity may have in flight, within its
+// MaxToolCallsPerIdentity.
+const MaxLargeCallsPerIdentity = 2
+
+// refuseIdentity answers a request beyond one of the identity's
+// concurrency caps: 429, Retry-After and a JSON-RPC error saying which.
+func (h *HTTPServer) refuseIdentity(w http.ResponseWriter, r *http.Request, id json.RawMessage, what string) {
+	caller, _ := CallerFrom(r.Context())
+	h.opts.Logger.Info("refused a request beyond the identity's concurrency cap", "caller", IdentityHash(caller.ID), "remote", r.RemoteAddr, "reason", what)
+	w.Header().Set("Retry-After", "1")
+	writeJSONRPCError(w, &precheckError{status: http.StatusTooManyRequests, code: -32000,
+		message: "Too Many Requests: " + what + ", the most the server allows (--max-tool-calls-per-identity); wait for one to finish and retry"}, id)
+}
+
+// capToolCalls caps the tool calls one identity has in flight: each may
+// hold a large body and a sandbox's attention for as long as its commands
+// run. A call beyond the cap is refused with 429 before mcp-go decodes it.
+func (h *HTTPServer) capToolCalls(next http.Handler) http.Handler {
+	if h.opts.MaxToolCallsPerIdentity < 0 {
+		return next
+	}
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		buffered, ok := r.Body.(*bufferedBody)
+		if r.Method != http.MethodPost || !ok || !buffered.info.isToolCall() {
+			next.ServeHTTP(w, r)
+			return
+		}
+		caller, _ := CallerFrom(r.Context())
+		if !h.toolCalls.acquire(caller.ID) {
+			h.refuseIdentity(w, r, buffered.info.ID, fmt.Sprintf("this identity already has %d tool calls in flight", h.opts.MaxToolCallsPerIdentity))
+			return
+		}
+		defer h.toolCalls.release(caller.ID)
+		// A call over MaxMessageBytes (a large write_file) costs several
+		// copies of its body while mcp-go and the tool decode it (about
+		// 100 MiB for 15 MiB of contents): an identity may have only a
+		// few of those at once.
+		if int64(len(buffered.data)) > h.opts.MaxMessageBytes {
+			if !h.largeCalls.acquire(caller.ID) {
+				h.refuseIdentity(w, r, buffered.info.ID, fmt.Sprintf("this identity already has %d calls larger than %d bytes in flight", MaxLargeCallsPerIdentity, h.opts.MaxMessageBytes))
+				return
+			}
+			defer h.largeCalls.release(caller.ID)
+		}
+		next.ServeHTTP(w, r)
+	})
+}
 
 func (h *HTTPServer) metadataURL() string {
 	u, _ := url.Parse(h.opts.ResourceURL)
@@ -519,12 +620,8 @@ func (h *HTTPServer) capSessions(next http.Handler) http.Handler {
 			next.ServeHTTP(w, r)
 			return
 		}
-		body := buffered.data
-		var msg struct {
-			ID     json.RawMessage `json:"id"`
-			Method string          `json:"method"`
-		}
-		if json.Unmarshal(body, &msg) != nil || msg.Method != "initialize" {
+		msg := buffered.info
+		if msg.Method != "initialize" {
 			next.ServeHTTP(w, r)
 			return
 		}

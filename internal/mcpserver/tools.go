@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"os"
 	"path"
 	"strings"
 	"time"
@@ -360,7 +361,7 @@ func copyProjectTool(d *deps) (mcp.Tool, server.ToolHandlerFunc) {
 		if err := checkSandboxPath("dest_dir", dest, true); err != nil {
 			return nil, err
 		}
-		root, rel, err := d.cfg.HostRoots.openExisting("local_src_dir", args.LocalSrcDir)
+		root, rel, err := d.hostRoots(caller).openExisting("local_src_dir", args.LocalSrcDir)
 		if err != nil {
 			return nil, err
 		}
@@ -389,7 +390,39 @@ func describeRoots(h *HostRoots) string {
 	if h == nil || len(h.roots) == 0 {
 		return "none: host file access is disabled; start the server with --allow-host-dir to enable it"
 	}
+	if h.perIdentity {
+		return "your own subdirectory of " + strings.Join(h.roots, ", ") + "; an error names it"
+	}
 	return strings.Join(h.roots, ", ")
+}
+
+// hostRoots returns the host directories caller may use; an error becomes
+// their openers' error.
+func (d *deps) hostRoots(caller Caller) hostOpener {
+	roots, err := d.cfg.HostRoots.ForCaller(caller)
+	if err != nil {
+		return hostOpener{err: err}
+	}
+	return hostOpener{roots: roots}
+}
+
+type hostOpener struct {
+	roots *HostRoots
+	err   error
+}
+
+func (o hostOpener) openExisting(arg, p string) (*os.Root, string, error) {
+	if o.err != nil {
+		return nil, "", o.err
+	}
+	return o.roots.openExisting(arg, p)
+}
+
+func (o hostOpener) openDest(arg, p string) (*os.Root, string, error) {
+	if o.err != nil {
+		return nil, "", o.err
+	}
+	return o.roots.openDest(arg, p)
 }
 
 func copyFileTool(d *deps) (mcp.Tool, server.ToolHandlerFunc) {
@@ -402,7 +435,7 @@ func copyFileTool(d *deps) (mcp.Tool, server.ToolHandlerFunc) {
 		annotations("Copy host file into sandbox", false, true, true, false),
 	)
 	return typedTool(d, tool, func(ctx context.Context, _ mcp.CallToolRequest, caller Caller, args copyFileArgs) (*mcp.CallToolResult, error) {
-		root, rel, err := d.cfg.HostRoots.openExisting("local_src_file", args.LocalSrcFile)
+		root, rel, err := d.hostRoots(caller).openExisting("local_src_file", args.LocalSrcFile)
 		if err != nil {
 			return nil, err
 		}
@@ -503,7 +536,7 @@ func copyFileFromSandboxTool(d *deps) (mcp.Tool, server.ToolHandlerFunc) {
 		if err := checkSandboxPath("container_src_path", args.ContainerSrcPath, true); err != nil {
 			return nil, err
 		}
-		root, rel, err := d.cfg.HostRoots.openDest("local_dest_path", args.LocalDestPath)
+		root, rel, err := d.hostRoots(caller).openDest("local_dest_path", args.LocalDestPath)
 		if err != nil {
 			return nil, err
 		}

@@ -150,6 +150,9 @@ var _ = Describe("The default overlay (make deploy, make build-installer)", func
 			// Only the warm pool controller creates warm pool members.
 			"ValidatingAdmissionPolicy code-sandbox-sandbox-warm-pool-members",
 			"ValidatingAdmissionPolicyBinding code-sandbox-sandbox-warm-pool-members",
+			// Only the MCP server sets the MCP ownership label.
+			"ValidatingAdmissionPolicy code-sandbox-mcp-owner-labels",
+			"ValidatingAdmissionPolicyBinding code-sandbox-mcp-owner-labels",
 		))
 		for _, o := range objs {
 			Expect(o.GetLabels()).To(HaveKeyWithValue("app.kubernetes.io/part-of", "code-sandbox-operator"), describe(o))

@@ -1,0 +1,150 @@
+/*
+Copyright 2026 The code-sandbox-operator Authors.
+
+Licensed under the MIT License; see the LICENSE file.
+*/
+
+package manifests
+
+import (
+	"time"
+
+	. "github.com/onsi/ginkgo/v2"
+	. "github.com/onsi/gomega"
+	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
+	authenticationv1 "k8s.io/api/authentication/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/code-sandbox/code-sandbox-operator/internal/testenv"
+)
+
+const (
+	mcpOwnerPolicyName   = "code-sandbox-mcp-owner-labels"
+	mcpOwnerPolicyDenied = "ValidatingAdmissionPolicy '" + mcpOwnerPolicyName + "' with binding '" + mcpOwnerPolicyName + "' denied request"
+	mcpSA                = "code-sandbox-mcp-server"
+	// kubebackend.LabelOwner and AnnotationIdentity, spelled out: the
+	// specs test the rendered manifests.
+	mcpOwnerLabel         = "sandbox.code-sandbox.dev/mcp-owner"
+	mcpIdentityAnnotation = "sandbox.code-sandbox.dev/mcp-identity"
+)
+
+var _ = Describe("The MCP ownership policy of the default overlay, applied for real", Ordered, func() {
+	var (
+		ns string
+		// carol is namespace admin (the built-in admin role with the
+		// shipped roles aggregated into it); mcp is the MCP server's
+		// rendered ServiceAccount; impostor a ServiceAccount of that name in
+		// another namespace, with the same RBAC.
+		carol, mcp, impostor client.Client
+	)
+
+	BeforeAll(func(ctx SpecContext) {
+		objs := render("config/default")
+		prepare(ctx, objs)
+		for _, o := range objs {
+			switch o.GetKind() {
+			case "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding", "ServiceAccount":
+				Expect(applyForReal(ctx, o)).To(Succeed(), describe(o))
+			}
+		}
+		aggregate(ctx)
+		ns = cp.NewNamespace("mcp-owner-")
+		cp.Bind(ns, "admin", testenv.UserSubject("carol"))
+		carol = impersonate("carol")
+		tr, err := cp.Clientset.CoreV1().ServiceAccounts(installNamespace).CreateToken(ctx, mcpSA,
+			&authenticationv1.TokenRequest{Spec: authenticationv1.TokenRequestSpec{ExpirationSeconds: ptr.To[int64](3600)}}, metav1.CreateOptions{})
+		Expect(err).NotTo(HaveOccurred())
+		mcp = tokenClient(tr.Status.Token)
+		impostorToken := cp.ServiceAccountToken(ns, mcpSA)
+		cp.BindCluster("code-sandbox-mcp-server-role", testenv.ServiceAccountSubject(ns, mcpSA))
+		impostor = tokenClient(impostorToken)
+
+		Expect(carol.Create(ctx, newSandbox(ns, "probe", ""))).To(Succeed())
+		probe := func(ctx SpecContext) error {
+			return patchSandbox(ctx, carol, ns, "probe", map[string]any{"metadata": map[string]any{"labels": map[string]any{mcpOwnerLabel: "id-probe"}}}, client.DryRunAll)
+		}
+		Expect(probe(ctx)).To(Succeed(), "refused before the policy was installed")
+		// As rendered: cluster-scoped, fails closed, denies, and spares
+		// only the rendered MCP ServiceAccount.
+		vap := &admissionregistrationv1.ValidatingAdmissionPolicy{}
+		convert(find(objs, "ValidatingAdmissionPolicy", mcpOwnerPolicyName), vap)
+		Expect(vap.Namespace).To(BeEmpty())
+		Expect(vap.Spec.FailurePolicy).To(HaveValue(Equal(admissionregistrationv1.Fail)))
+		Expect(vap.Spec.MatchConditions).To(ConsistOf(HaveField("Expression",
+			"request.userInfo.username != 'system:serviceaccount:' + '"+installNamespace+"' + ':' + '"+mcpSA+"'")))
+		binding := &admissionregistrationv1.ValidatingAdmissionPolicyBinding{}
+		convert(find(objs, "ValidatingAdmissionPolicyBinding", mcpOwnerPolicyName), binding)
+		Expect(binding.Spec.PolicyName).To(Equal(mcpOwnerPolicyName))
+		Expect(binding.Spec.ValidationActions).To(ConsistOf(admissionregistrationv1.Deny))
+		for _, kind := range []string{"ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"} {
+			o := find(objs, kind, mcpOwnerPolicyName)
+			Expect(applyForReal(ctx, o)).To(Succeed(), describe(o))
+			DeferCleanup(func(ctx SpecContext) {
+				Expect(client.IgnoreNotFound(cp.Client.Delete(ctx, o))).To(Succeed())
+			})
+		}
+		Eventually(probe).WithContext(ctx).WithTimeout(30 * time.Second).Should(MatchError(ContainSubstring(mcpOwnerPolicyDenied)))
+	})
+
+	owned := func(name, owner string) *unstructured.Unstructured {
+		sbx := newSandbox(ns, name, "")
+		sbx.SetLabels(map[string]string{mcpOwnerLabel: owner, "app.kubernetes.io/managed-by": "code-sandbox-mcp"})
+		sbx.SetAnnotations(map[string]string{mcpIdentityAnnotation: "system:serviceaccount:team:agent"})
+		return sbx
+	}
+
+	It("refuses a namespace admin creating a Sandbox that carries the owner label or the identity annotation", func(ctx SpecContext) {
+		expectMCPOwnerRefusal(carol.Create(ctx, owned("forged", "id-0123456789abcdef")), "may not create Sandbox "+ns+"/forged with the label "+mcpOwnerLabel+" or the annotation")
+		sbx := newSandbox(ns, "forged-annotation", "")
+		sbx.SetAnnotations(map[string]string{mcpIdentityAnnotation: "someone"})
+		expectMCPOwnerRefusal(carol.Create(ctx, sbx), "the annotation "+mcpIdentityAnnotation)
+		// The ServiceAccount of that name in another namespace is no MCP
+		// server.
+		expectMCPOwnerRefusal(impostor.Create(ctx, owned("impostor", "id-0123456789abcdef")), "may not create")
+	})
+
+	It("lets the MCP server create its Sandboxes with both, and the namespace admin edit everything else on them", func(ctx SpecContext) {
+		Expect(mcp.Create(ctx, owned("by-mcp", "id-0123456789abcdef"))).To(Succeed())
+		Expect(patchSandbox(ctx, carol, ns, "by-mcp", map[string]any{
+			"metadata": map[string]any{"labels": map[string]any{"team": "carol"}, "annotations": map[string]any{"note": "by carol"}},
+			"spec":     map[string]any{"activeDeadlineSeconds": int64(1800)},
+		})).To(Succeed())
+		sbx := getSandbox(ctx, cp.Client, ns, "by-mcp")
+		Expect(sbx.GetLabels()).To(HaveKeyWithValue(mcpOwnerLabel, "id-0123456789abcdef"))
+		Expect(sbx.GetLabels()).To(HaveKeyWithValue("team", "carol"))
+		// A PUT that carries the record unchanged passes too.
+		sbx = getSandbox(ctx, carol, ns, "by-mcp")
+		sbx.SetAnnotations(map[string]string{mcpIdentityAnnotation: "system:serviceaccount:team:agent", "note": "again"})
+		Expect(carol.Update(ctx, sbx)).To(Succeed())
+		// And the MCP server's own updates (it pauses and resumes).
+		Expect(patchSandbox(ctx, mcp, ns, "by-mcp", map[string]any{"spec": map[string]any{"paused": true}})).To(Succeed())
+	})
+
+	It("refuses a namespace admin changing, removing or adding the record on an existing Sandbox", func(ctx SpecContext) {
+		before := getSandbox(ctx, cp.Client, ns, "by-mcp")
+		expectMCPOwnerRefusal(patchSandbox(ctx, carol, ns, "by-mcp", map[string]any{"metadata": map[string]any{"labels": map[string]any{mcpOwnerLabel: "id-fedcba9876543210"}}}), "may not set, change or remove on Sandbox "+ns+"/by-mcp the label")
+		expectMCPOwnerRefusal(patchSandbox(ctx, carol, ns, "by-mcp", map[string]any{"metadata": map[string]any{"labels": map[string]any{mcpOwnerLabel: nil}}}), "the label "+mcpOwnerLabel)
+		expectMCPOwnerRefusal(patchSandbox(ctx, carol, ns, "by-mcp", map[string]any{"metadata": map[string]any{"annotations": map[string]any{mcpIdentityAnnotation: "carol"}}}), "the annotation "+mcpIdentityAnnotation)
+		sbx := getSandbox(ctx, carol, ns, "by-mcp")
+		sbx.SetLabels(map[string]string{"team": "carol"})
+		expectMCPOwnerRefusal(carol.Update(ctx, sbx), "the label "+mcpOwnerLabel)
+		expectUnchanged(ctx, ns, "by-mcp", before)
+		// Adding it to a Sandbox the MCP server did not make, too.
+		Expect(carol.Create(ctx, newSandbox(ns, "carols", ""))).To(Succeed())
+		expectMCPOwnerRefusal(patchSandbox(ctx, carol, ns, "carols", map[string]any{"metadata": map[string]any{"labels": map[string]any{mcpOwnerLabel: "id-0123456789abcdef"}}}), "the label")
+		// Deleting is not the policy's business.
+		Expect(carol.Delete(ctx, sandboxRef(ns, "by-mcp"))).To(Succeed())
+	})
+})
+
+func expectMCPOwnerRefusal(err error, message string) {
+	GinkgoHelper()
+	Expect(err).To(HaveOccurred(), "the MCP ownership policy should have refused this")
+	Expect(apierrors.IsForbidden(err)).To(BeTrue(), "403 Forbidden expected: %v", err)
+	Expect(err).To(MatchError(ContainSubstring(mcpOwnerPolicyDenied)))
+	Expect(err).To(MatchError(ContainSubstring(message)))
+}
