@@ -188,6 +188,7 @@ endef
 
 .PHONY: deploy
 deploy: manifests kustomize ## Deploy CRDs, RBAC, the manager DaemonSet, the webhook and the MCP server (images IMG, MCP_IMG) to the cluster.
+	@hack/ensure-mcp-owner-key.sh
 	@{ $(render-default); } | kubectl apply --server-side -f -
 
 # Sandboxes are deleted first, while the managers still run to remove their
