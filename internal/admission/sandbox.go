@@ -44,6 +44,17 @@ import (
 	"github.com/code-sandbox/code-sandbox-operator/internal/warmpool"
 )
 
+// MaxReservations is the most reservations (admitted Sandboxes not yet
+// counted by the quota controller, which counts within seconds) one
+// SandboxQuota records; a create beyond it is refused as QuotaExceeded
+// until the controller catches up. 500 reservations keep the status
+// under about 200 KiB, far below etcd's object size limit.
+const MaxReservations = 500
+
+// fieldReservations is the field a QuotaExceeded cause names when the
+// quota records MaxReservations already.
+const fieldReservations = "status.reservations"
+
 // fieldDeadline is the field a lifetime rule's QuotaRule cause names.
 const fieldDeadline = "spec.activeDeadlineSeconds"
 
@@ -224,7 +235,8 @@ func (v *SandboxValidator) create(ctx context.Context, req admission.Request, sb
 	usage := quota.Usage(checked)
 	dryRun := req.DryRun != nil && *req.DryRun
 	refusal, resp := v.chargeAll(ctx, quotas, sbx, usage, dryRun, nil)
-	if refusal != nil && refusal.Type == wire.CauseQuotaExceeded && pool != nil {
+	// Evicting a warm pool member frees usage, not reservations.
+	if refusal != nil && refusal.Type == wire.CauseQuotaExceeded && refusal.Field != fieldReservations && pool != nil {
 		return v.makeRoom(ctx, sbx, pool, usage, dryRun, *refusal)
 	}
 	return resp
@@ -305,6 +317,16 @@ func (v *SandboxValidator) charge(ctx context.Context, q *sandboxv1alpha1.Sandbo
 		}
 		if over := quota.Exceeds(q.Spec.Hard, used, usage); len(over) > 0 {
 			return &metav1.StatusCause{Type: wire.CauseQuotaExceeded, Message: quota.ExceededMessage(q.Name, over)}, nil
+		}
+		if len(q.Status.Reservations) >= MaxReservations {
+			// Every reservation is a few hundred bytes of the quota's
+			// status; without a cap, creates (or forged admission
+			// requests) faster than the controller counts would grow the
+			// object toward etcd's size limit, after which no charge,
+			// count or spec change of the quota could be written.
+			return &metav1.StatusCause{Type: wire.CauseQuotaExceeded, Field: fieldReservations,
+				Message: fmt.Sprintf("sandbox quota %q has %d Sandboxes admitted but not yet counted, the most it records; retry in a few seconds",
+					q.Name, len(q.Status.Reservations))}, nil
 		}
 		if dryRun {
 			return nil, nil
