@@ -28,9 +28,9 @@ import (
 	"github.com/code-sandbox/code-sandbox-operator/controllers/sandboxquota"
 	"github.com/code-sandbox/code-sandbox-operator/internal/admission"
 	"github.com/code-sandbox/code-sandbox-operator/internal/testenv"
-	"github.com/code-sandbox/code-sandbox-operator/internal/webhookclient"
 	"github.com/code-sandbox/code-sandbox-operator/internal/testenv/testnode"
 	"github.com/code-sandbox/code-sandbox-operator/internal/testenv/tier"
+	"github.com/code-sandbox/code-sandbox-operator/internal/webhookclient"
 )
 
 const (

@@ -31,8 +31,8 @@ import (
 	"github.com/code-sandbox/code-sandbox-operator/controllers/sandboxwarmpool"
 	"github.com/code-sandbox/code-sandbox-operator/internal/admission"
 	"github.com/code-sandbox/code-sandbox-operator/internal/testenv"
-	"github.com/code-sandbox/code-sandbox-operator/internal/webhookclient"
 	"github.com/code-sandbox/code-sandbox-operator/internal/testenv/tier"
+	"github.com/code-sandbox/code-sandbox-operator/internal/webhookclient"
 )
 
 var (

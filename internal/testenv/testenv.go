@@ -41,8 +41,8 @@ import (
 	"sigs.k8s.io/yaml"
 
 	sandboxv1alpha1 "github.com/code-sandbox/code-sandbox-operator/api/v1alpha1"
-	"github.com/code-sandbox/code-sandbox-operator/internal/webhookclient"
 	"github.com/code-sandbox/code-sandbox-operator/internal/dockerruntime"
+	"github.com/code-sandbox/code-sandbox-operator/internal/webhookclient"
 )
 
 // Test images, built offline by `make test-images`.
