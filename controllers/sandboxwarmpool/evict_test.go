@@ -8,6 +8,7 @@ package sandboxwarmpool_test
 
 import (
 	"encoding/json"
+	"strings"
 	"time"
 
 	. "github.com/onsi/ginkgo/v2"
@@ -112,5 +113,28 @@ var _ = Describe("SandboxWarmPool at a full quota", func() {
 		Consistently(func(g Gomega) {
 			g.Expect(uids(members(g, pool))).To(ConsistOf(uids(ms)))
 		}, 3*time.Second, interval).Should(Succeed())
+	})
+})
+
+// Every manager and the webhook cache every pool: one pool's size is paid
+// in every process, so its template is capped in all, not only per item.
+var _ = Describe("SandboxWarmPool validation", func() {
+	It("refuses a template command over 64 KiB in all, naming the limit, and accepts one of 64 KiB", func() {
+		ns := newNamespace()
+		command := func(n int) []string {
+			out := make([]string, n)
+			for i := range out {
+				out[i] = strings.Repeat("x", 4096)
+			}
+			return out
+		}
+		pool := &sandboxv1alpha1.SandboxWarmPool{
+			ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "big"},
+			Spec:       sandboxv1alpha1.SandboxWarmPoolSpec{Replicas: ptr.To[int32](0), Template: template()},
+		}
+		pool.Spec.Template.Command = command(17)
+		Expect(cp.Client.Create(ctx, pool, client.DryRunAll)).To(MatchError(ContainSubstring("command must total at most 65536 bytes")))
+		pool.Spec.Template.Command = command(16)
+		Expect(cp.Client.Create(ctx, pool, client.DryRunAll)).To(Succeed())
 	})
 })
