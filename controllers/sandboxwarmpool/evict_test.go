@@ -14,6 +14,9 @@ import (
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
 	admissionv1 "k8s.io/api/admission/v1"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/utils/clock"
@@ -136,5 +139,36 @@ var _ = Describe("SandboxWarmPool validation", func() {
 		Expect(cp.Client.Create(ctx, pool, client.DryRunAll)).To(MatchError(ContainSubstring("command must total at most 65536 bytes")))
 		pool.Spec.Template.Command = command(16)
 		Expect(cp.Client.Create(ctx, pool, client.DryRunAll)).To(Succeed())
+	})
+})
+
+// SandboxQuota counts Sandboxes, members included, but not the pools
+// themselves, whose templates every manager caches. Their number is capped
+// with Kubernetes' own object-count quota, which kube-apiserver charges at
+// admission (docs/quota.md).
+var _ = Describe("SandboxWarmPools under a ResourceQuota object count", func() {
+	It("refuses the pool past count/sandboxwarmpools.sandbox.code-sandbox.dev", func() {
+		ns := newNamespace()
+		name := corev1.ResourceName("count/sandboxwarmpools." + sandboxv1alpha1.GroupVersion.Group)
+		rq := &corev1.ResourceQuota{
+			ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "pools"},
+			Spec:       corev1.ResourceQuotaSpec{Hard: corev1.ResourceList{name: resource.MustParse("2")}},
+		}
+		Expect(cp.Client.Create(ctx, rq)).To(Succeed())
+		DeferCleanup(func() { Expect(client.IgnoreNotFound(cp.Client.Delete(ctx, rq))).To(Succeed()) })
+		// envtest runs no kube-controller-manager: write the first count
+		// as its quota controller would; from then on kube-apiserver's
+		// ResourceQuota admission charges every create itself.
+		rq.Status = corev1.ResourceQuotaStatus{Hard: rq.Spec.Hard, Used: corev1.ResourceList{name: resource.MustParse("0")}}
+		Expect(cp.Client.Status().Update(ctx, rq)).To(Succeed())
+		for _, n := range []string{"one", "two"} {
+			newPool(ns, n, 0)
+		}
+		err := cp.Client.Create(ctx, &sandboxv1alpha1.SandboxWarmPool{
+			ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "three"},
+			Spec:       sandboxv1alpha1.SandboxWarmPoolSpec{Replicas: ptr.To[int32](0), Template: template()},
+		})
+		Expect(apierrors.IsForbidden(err)).To(BeTrue(), "%v", err)
+		Expect(err).To(MatchError(ContainSubstring("exceeded quota: pools")))
 	})
 })
