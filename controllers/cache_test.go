@@ -16,6 +16,8 @@ import (
 
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -122,5 +124,52 @@ var _ = Describe("The node manager's cache", func() {
 		// least that, the stripped one a small fraction.
 		Expect(full).To(BeNumerically(">", uint64(n)*100<<10))
 		Expect(stripped).To(BeNumerically("<", full/10))
+	})
+
+	It("holds warm pools whole, bounded by the template cap (measured)", func() {
+		// 300 pools with the biggest command the CRD allows. Before the
+		// cap (CACHE_MEASURE_POOL_KIB=1024 on the old CRD) a command
+		// could be 1 MiB.
+		n, kib := 300, 64
+		if v := os.Getenv("CACHE_MEASURE_POOLS"); v != "" {
+			_, err := fmt.Sscan(v, &n)
+			Expect(err).NotTo(HaveOccurred())
+		}
+		if v := os.Getenv("CACHE_MEASURE_POOL_KIB"); v != "" {
+			_, err := fmt.Sscan(v, &kib)
+			Expect(err).NotTo(HaveOccurred())
+		}
+		ns := newNamespace()
+		command := make([]string, kib/4)
+		for i := range command {
+			command[i] = strings.Repeat("x", 4096)
+		}
+		for i := range n {
+			pool := &sandboxv1alpha1.SandboxWarmPool{
+				ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: fmt.Sprintf("pool-%03d", i)},
+				Spec: sandboxv1alpha1.SandboxWarmPoolSpec{Replicas: ptr.To[int32](0),
+					Template: sandboxv1alpha1.SandboxTemplate{Image: busyboxImage, Command: command}},
+			}
+			Expect(k8sClient.Create(ctx, pool)).To(Succeed())
+		}
+		DeferCleanup(func() {
+			Expect(k8sClient.DeleteAllOf(context.Background(), &sandboxv1alpha1.SandboxWarmPool{}, client.InNamespace(ns))).To(Succeed())
+		})
+		opts := CacheOptions(testNodePrefix + "cache")
+		opts.Scheme = k8sClient.Scheme()
+		before := heapInUse()
+		c, err := cache.New(cfg, opts)
+		Expect(err).NotTo(HaveOccurred())
+		cctx, cancel := context.WithCancel(ctx)
+		defer cancel()
+		go func() { _ = c.Start(cctx) }()
+		_, err = c.GetInformer(cctx, &sandboxv1alpha1.SandboxWarmPool{})
+		Expect(err).NotTo(HaveOccurred())
+		Expect(c.WaitForCacheSync(cctx)).To(BeTrue())
+		after := heapInUse()
+		runtime.KeepAlive(c)
+		used := float64(after-before) / (1 << 20)
+		AddReportEntry("SandboxWarmPool cache heap", fmt.Sprintf("%d pools with a %d KiB command: %.1f MiB", n, kib, used))
+		GinkgoWriter.Printf("SandboxWarmPool cache heap for %d pools with a %d KiB command: %.1f MiB\n", n, kib, used)
 	})
 })
