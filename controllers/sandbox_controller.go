@@ -194,6 +194,10 @@ func (r *SandboxReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ct
 		if !claimed || err != nil {
 			return result, err
 		}
+		// The cache held it without command and env (CacheOptions).
+		if err := r.fillStripped(ctx, sbx); err != nil {
+			return ctrl.Result{}, err
+		}
 	}
 
 	if !sbx.DeletionTimestamp.IsZero() {

@@ -797,6 +797,24 @@ var _ = Describe("Sandbox controller", func() {
 	})
 })
 
+// bigList is n strings of size bytes each.
+func bigList(n, size int) []any {
+	out := make([]any, n)
+	for i := range out {
+		out[i] = strings.Repeat("x", size)
+	}
+	return out
+}
+
+// bigEnv is n variables (one-byte names A, B, ...) of size-byte values.
+func bigEnv(n, size int) []any {
+	out := make([]any, n)
+	for i := range out {
+		out[i] = map[string]any{"name": string(rune('A' + i)), "value": strings.Repeat("v", size)}
+	}
+	return out
+}
+
 var _ = Describe("Sandbox validation", func() {
 	ctx := context.Background()
 	var ns string
@@ -836,7 +854,22 @@ var _ = Describe("Sandbox validation", func() {
 		Entry("negative activeDeadlineSeconds", map[string]any{"image": "x", "activeDeadlineSeconds": -5}, "spec.activeDeadlineSeconds"),
 		Entry("bad env name", map[string]any{"image": "x", "env": []any{map[string]any{"name": "1BAD", "value": "v"}}}, "spec.env[0].name"),
 		Entry("bad node name", map[string]any{"image": "x", "nodeName": "Node_1"}, "spec.nodeName"),
+		// Every manager caches every Sandbox: one object's size is paid
+		// on every node.
+		Entry("a command over 64 KiB in all", map[string]any{"image": "x", "command": bigList(17, 4096)}, "command must total at most 65536 bytes"),
+		Entry("env over 64 KiB in all", map[string]any{"image": "x", "env": bigEnv(3, 32768)}, "env names and values must total at most 65536 bytes"),
 	)
+
+	It("accepts a command and env of exactly 64 KiB each", func() {
+		obj := map[string]any{
+			"apiVersion": sandboxv1alpha1.GroupVersion.String(),
+			"kind":       "Sandbox",
+			"metadata":   map[string]any{"name": "big", "namespace": ns},
+			"spec": map[string]any{"image": "x", "nodeName": testNodePrefix + "nowhere",
+				"command": bigList(16, 4096), "env": bigEnv(2, 32768-1)},
+		}
+		Expect(k8sClient.Create(ctx, unstructuredFrom(obj), client.DryRunAll)).To(Succeed())
+	})
 
 	It("pauses a Sandbox (no CPU, exec refused) and resumes it with its files and processes", func() {
 		node := testNodePrefix + "pause"

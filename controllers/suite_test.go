@@ -101,6 +101,7 @@ func startManager(node string, mc managerConfig) *testManager {
 		Scheme:                 scheme,
 		Metrics:                metricsserver.Options{BindAddress: "0"},
 		HealthProbeBindAddress: "0",
+		Cache:                  CacheOptions(node),
 	})
 	Expect(err).NotTo(HaveOccurred())
 	rt, err := dockerruntime.New(dockerruntime.Options{Host: mc.dockerHost, CallTimeout: 10 * time.Second, PullTimeout: 20 * time.Second})

@@ -253,6 +253,7 @@ start kube-apiserver "${BIN}/kube-apiserver" \
   --service-account-key-file "${P}/sa.pub" --service-account-signing-key-file "${P}/sa.key" \
   --authorization-mode Node,RBAC \
   --enable-admission-plugins NodeRestriction \
+  --admission-control-config-file "${P}/webhook-client/admission-configuration.yaml" \
   --allow-privileged=true \
   --kubelet-client-certificate "${P}/apiserver-kubelet-client.crt" --kubelet-client-key "${P}/apiserver-kubelet-client.key" \
   --kubelet-certificate-authority "${P}/ca.crt" \

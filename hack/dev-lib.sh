@@ -228,6 +228,7 @@ ensure_operator() {
     start webhook bin/manager --role webhook --kubeconfig "${KUBECONFIG_PATH}" \
       --webhook-namespace "${OPERATOR_NAMESPACE}" \
       --webhook-bind-address "${WEBHOOK_ADDR}" --webhook-service "" \
+      --webhook-client-ca "${DEV_DIR}/webhook-client/webhook-client-ca.crt" \
       --webhook-configuration "${WEBHOOK_CONFIGURATION}" \
       --apiserver-bind-address "${APISERVER_ADDR}" --apiserver-service "${APISERVER_SERVICE}" \
       --apiservice "${APISERVICE}" --webhook-cert-hosts "${APISERVER_HOSTS}" \

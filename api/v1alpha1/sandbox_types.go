@@ -265,15 +265,19 @@ type SandboxSpec struct {
 	// Command replaces the image's entrypoint and command. When it is empty
 	// the sandbox runs a tiny idle process supplied by the manager, so it
 	// stays up whatever the image's default command is, even in images
-	// without a shell or sleep.
+	// without a shell or sleep. At most 64 KiB in all: every manager and
+	// the webhook cache every Sandbox, so big objects cost the whole fleet.
 	// +kubebuilder:validation:MaxItems=256
 	// +kubebuilder:validation:items:MaxLength=4096
+	// +kubebuilder:validation:XValidation:rule="self.map(c, size(c)).sum() <= 65536",message="command must total at most 65536 bytes"
 	// +listType=atomic
 	// +optional
 	Command []string `json:"command,omitempty"`
 
-	// Env sets environment variables in the sandbox.
+	// Env sets environment variables in the sandbox; names and values
+	// total at most 64 KiB (see Command).
 	// +kubebuilder:validation:MaxItems=256
+	// +kubebuilder:validation:XValidation:rule="self.map(e, size(e.name) + (has(e.value) ? size(e.value) : 0)).sum() <= 65536",message="env names and values must total at most 65536 bytes"
 	// +listType=map
 	// +listMapKey=name
 	// +optional

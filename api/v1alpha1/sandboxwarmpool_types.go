@@ -66,9 +66,10 @@ type SandboxTemplate struct {
 	ImagePullPolicy ImagePullPolicy `json:"imagePullPolicy,omitempty"`
 
 	// Command replaces the image's entrypoint and command; empty runs the
-	// manager's idle process.
+	// manager's idle process. At most 64 KiB in all, as a Sandbox's.
 	// +kubebuilder:validation:MaxItems=256
 	// +kubebuilder:validation:items:MaxLength=4096
+	// +kubebuilder:validation:XValidation:rule="self.map(c, size(c)).sum() <= 65536",message="command must total at most 65536 bytes"
 	// +listType=atomic
 	// +optional
 	Command []string `json:"command,omitempty"`

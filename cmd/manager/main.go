@@ -173,6 +173,8 @@ func run() error {
 		// Each node's manager owns only its node's Sandboxes, so every
 		// replica is active; there is nothing to elect.
 		LeaderElection: false,
+		// Full objects only for this node's Sandboxes.
+		Cache: controllers.CacheOptions(nodeName),
 	})
 	if err != nil {
 		return fmt.Errorf("creating manager: %w", err)

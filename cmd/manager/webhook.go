@@ -8,6 +8,7 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
 	"flag"
 	"fmt"
 	"net"
@@ -27,6 +28,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/manager"
 	"sigs.k8s.io/controller-runtime/pkg/webhook"
 
+	"github.com/code-sandbox/code-sandbox-operator/controllers"
 	"github.com/code-sandbox/code-sandbox-operator/controllers/sandboxquota"
 	"github.com/code-sandbox/code-sandbox-operator/controllers/sandboxwarmpool"
 	"github.com/code-sandbox/code-sandbox-operator/internal/admission"
@@ -36,6 +38,7 @@ import (
 	"github.com/code-sandbox/code-sandbox-operator/internal/operatorca"
 	"github.com/code-sandbox/code-sandbox-operator/internal/version"
 	"github.com/code-sandbox/code-sandbox-operator/internal/webhookcert"
+	"github.com/code-sandbox/code-sandbox-operator/internal/webhookclient"
 )
 
 // webhookFlags configure the webhook role.
@@ -57,6 +60,9 @@ type webhookFlags struct {
 	certHosts          string
 	leaderElect        bool
 	reservationTimeout time.Duration
+	// clientCA is --webhook-client-ca: the CA (PEM file) that signs
+	// kube-apiserver's webhook client certificate (package webhookclient).
+	clientCA string
 }
 
 func (f *webhookFlags) bind(fs *flag.FlagSet) {
@@ -66,6 +72,7 @@ func (f *webhookFlags) bind(fs *flag.FlagSet) {
 	fs.StringVar(&f.certSecret, "webhook-cert-secret", "code-sandbox-webhook-server-cert", "webhook role: Secret holding the self-managed CA and certificate.")
 	fs.StringVar(&f.configuration, "webhook-configuration", "code-sandbox-validating-webhook-configuration", "webhook role: ValidatingWebhookConfiguration that receives the self-managed CA; empty leaves it alone.")
 	fs.StringVar(&f.service, "webhook-service", "code-sandbox-webhook-service", "webhook role: Service in front of the webhook; its cluster DNS names go into the certificate.")
+	fs.StringVar(&f.clientCA, "webhook-client-ca", "", "webhook role: PEM file with the CA that signs the client certificate kube-apiserver presents to admission webhooks (its AdmissionConfiguration; see docs/deploy.md); the webhook then refuses every caller without one. Empty: any peer that reaches the port can send AdmissionReviews (a warning is logged; only the NetworkPolicy limits who).")
 	fs.StringVar(&f.certHosts, "webhook-cert-hosts", "", "webhook role: more comma-separated DNS names or IPs for the certificate (127.0.0.1 for a local run).")
 	fs.BoolVar(&f.leaderElect, "leader-elect", false, "webhook role: elect one replica to run the quota and warm pool controllers (every replica serves the webhook).")
 	fs.StringVar(&f.apiserverAddress, "apiserver-bind-address", ":8443", "webhook role: address of the aggregated API server (sandboxes/exec, files, log, history through kube-apiserver); 0 disables it.")
@@ -178,6 +185,20 @@ func runWebhook(f webhookFlags, metricsAddr, probeAddr string) error {
 		return err
 	}
 
+	var tlsOpts []func(*tls.Config)
+	if f.clientCA != "" {
+		clientAuth, err := webhookclient.TLSOption(f.clientCA)
+		if err != nil {
+			return err
+		}
+		tlsOpts = append(tlsOpts, clientAuth)
+	} else {
+		// Managed clusters often cannot give kube-apiserver a webhook
+		// client certificate, so this stays opt-in; but say loudly what
+		// it leaves open.
+		log.Info("WARNING: --webhook-client-ca is not set, so the admission webhook accepts AdmissionReviews from any network peer that reaches its port, not only kube-apiserver: a forged review can charge quotas. Configure kube-apiserver's webhook client certificate (docs/deploy.md) or keep the NetworkPolicy in force")
+	}
+
 	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
 		Scheme:                        scheme,
 		Metrics:                       metricsOptions(metricsAddr),
@@ -186,10 +207,14 @@ func runWebhook(f webhookFlags, metricsAddr, probeAddr string) error {
 		LeaderElectionID:              "code-sandbox-quota-controller",
 		LeaderElectionNamespace:       f.namespace,
 		LeaderElectionReleaseOnCancel: true,
+		// No Sandbox's command or env: the quota and pool controllers
+		// and the aggregated API never read them (controllers.CacheOptions).
+		Cache: controllers.CacheOptions(""),
 		WebhookServer: webhook.NewServer(webhook.Options{
 			Host:    host,
 			Port:    port,
 			CertDir: certDir,
+			TLSOpts: tlsOpts,
 		}),
 	})
 	if err != nil {
@@ -231,7 +256,7 @@ func runWebhook(f webhookFlags, metricsAddr, probeAddr string) error {
 		return err
 	}
 	log.Info("starting the webhook and the aggregated API", "version", version.Version, "webhook", f.bindAddress,
-		"apiserver", f.apiserverAddress, "selfManagedCert", certs != nil, "leaderElect", f.leaderElect)
+		"apiserver", f.apiserverAddress, "selfManagedCert", certs != nil, "leaderElect", f.leaderElect, "clientCA", f.clientCA)
 	return mgr.Start(ctx)
 }
 

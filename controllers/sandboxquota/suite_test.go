@@ -30,6 +30,7 @@ import (
 	"github.com/code-sandbox/code-sandbox-operator/internal/testenv"
 	"github.com/code-sandbox/code-sandbox-operator/internal/testenv/testnode"
 	"github.com/code-sandbox/code-sandbox-operator/internal/testenv/tier"
+	"github.com/code-sandbox/code-sandbox-operator/internal/webhookclient"
 )
 
 const (
@@ -81,6 +82,10 @@ type webhookProcess struct {
 func startWebhook() *webhookProcess {
 	GinkgoHelper()
 	wio := cp.Env.WebhookInstallOptions
+	// As cmd/manager does with --webhook-client-ca: only kube-apiserver's
+	// client certificate is accepted.
+	clientAuth, err := webhookclient.TLSOption(cp.WebhookClientCAFile())
+	Expect(err).NotTo(HaveOccurred())
 	mgr, err := ctrl.NewManager(cp.Config, ctrl.Options{
 		Scheme:                 cp.Scheme,
 		Metrics:                metricsserver.Options{BindAddress: "0"},
@@ -89,6 +94,7 @@ func startWebhook() *webhookProcess {
 			Host:    wio.LocalServingHost,
 			Port:    wio.LocalServingPort,
 			CertDir: wio.LocalServingCertDir,
+			TLSOpts: []func(*tls.Config){clientAuth},
 		}),
 		// Several managers in one process register the same controller
 		// name over the suite's life.

@@ -92,7 +92,7 @@ func hasCause(err error, t metav1.CauseType) bool {
 var _ = Describe("SandboxQuota and warm pools", func() {
 	ctx := context.Background()
 
-	It("charges claimants with the pool's template, makes room from idle members, and counts a claim once", func() {
+	It("charges claimants with the pool's template, admits one per idle member at a full quota without deleting it, and counts a claim once", func() {
 		ns := newNamespace()
 		q := newQuota(ns, "two", sandboxv1alpha1.SandboxQuotaSpec{Hard: sandboxv1alpha1.SandboxQuotaHard{Sandboxes: ptr.To[int64](2)}})
 		pool := newPool(ns, "pool", testenv.BusyboxImage)
@@ -102,18 +102,21 @@ var _ = Describe("SandboxQuota and warm pools", func() {
 		newer := idleMember(pool)
 		settled(q, 2)
 
-		By("a claim at the full quota deletes the newest idle member and is charged with the template")
+		By("a claim at the full quota is admitted, charged with the template on top of the members, and deletes nothing")
+		// Admission deletes nothing: the pool controller (not running in
+		// this suite) evicts a member once the claimant exists.
 		claim := newClaimant(ns, pool.Name)
 		Expect(create(claim)).To(Succeed())
-		Expect(apierrors.IsNotFound(cp.Client.Get(ctx, client.ObjectKeyFromObject(newer), &sandboxv1alpha1.Sandbox{}))).To(BeTrue())
+		Expect(cp.Client.Get(ctx, client.ObjectKeyFromObject(newer), &sandboxv1alpha1.Sandbox{})).To(Succeed())
 		Expect(cp.Client.Get(ctx, client.ObjectKeyFromObject(older), &sandboxv1alpha1.Sandbox{})).To(Succeed())
-		Expect(getQuota(q).Status.Used.Sandboxes).To(Equal(int64(2)))
+		Expect(getQuota(q).Status.Used.Sandboxes).To(Equal(int64(3)))
 		// The claimant sets no resources (1 CPU by default): 200m is the template's.
-		Expect(settled(q, 2).Status.Used.CPU.String()).To(Equal("400m"))
+		Expect(settled(q, 3).Status.Used.CPU.String()).To(Equal("600m"))
 
-		By("with no idle member left the next claim is refused")
+		By("while the quota is over, even with idle members the next claim is refused")
+		Expect(create(newClaimant(ns, pool.Name))).To(beForbidden(`sandbox quota "two" exceeded: sandboxes: requested 1, used 3, limit 2 (2 over)`))
+		Expect(cp.Client.Delete(ctx, newer)).To(Succeed())
 		writeStatus(older, func(s *sandboxv1alpha1.Sandbox) { s.Status.Conditions = nil })
-		Expect(create(newClaimant(ns, pool.Name))).To(beForbidden(`sandbox quota "two" exceeded: sandboxes: requested 1, used 2, limit 2 (1 over)`))
 
 		By("once a manager records the claim, the member stops counting and the claimant counts by the recorded template")
 		recorded := pool.Spec.Template.DeepCopy()

@@ -394,6 +394,12 @@ func (r *Reconciler) reconcile(ctx context.Context, pool *sandboxv1alpha1.Sandbo
 		}
 	}
 
+	evictions, err := r.evictForClaimants(ctx, key, pool, list.Items, v, deleting, now)
+	notes = append(notes, evictions...)
+	if err != nil {
+		return ctrl.Result{}, notes, err
+	}
+
 	result := ctrl.Result{RequeueAfter: r.opts.Resync}
 	createFailure := ""
 	switch n := v.count(); {

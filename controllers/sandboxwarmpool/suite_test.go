@@ -32,6 +32,7 @@ import (
 	"github.com/code-sandbox/code-sandbox-operator/internal/admission"
 	"github.com/code-sandbox/code-sandbox-operator/internal/testenv"
 	"github.com/code-sandbox/code-sandbox-operator/internal/testenv/tier"
+	"github.com/code-sandbox/code-sandbox-operator/internal/webhookclient"
 )
 
 var (
@@ -72,6 +73,10 @@ type webhookProcess struct {
 func startWebhook() *webhookProcess {
 	GinkgoHelper()
 	wio := cp.Env.WebhookInstallOptions
+	// As cmd/manager does with --webhook-client-ca: only kube-apiserver's
+	// client certificate is accepted.
+	clientAuth, err := webhookclient.TLSOption(cp.WebhookClientCAFile())
+	Expect(err).NotTo(HaveOccurred())
 	mgr, err := ctrl.NewManager(cp.Config, ctrl.Options{
 		Scheme:                 cp.Scheme,
 		Metrics:                metricsserver.Options{BindAddress: "0"},
@@ -80,6 +85,7 @@ func startWebhook() *webhookProcess {
 			Host:    wio.LocalServingHost,
 			Port:    wio.LocalServingPort,
 			CertDir: wio.LocalServingCertDir,
+			TLSOpts: []func(*tls.Config){clientAuth},
 		}),
 		Controller: config.Controller{SkipNameValidation: ptr.To(true)},
 	})

@@ -20,6 +20,9 @@ Licensed under the MIT License; see the LICENSE file.
 //	front-proxy-ca.*, front-proxy-client.*
 //	                               the aggregation layer (internal/frontproxy)
 //	sa.key, sa.pub                 the ServiceAccount token signing key pair
+//	webhook-client/                kube-apiserver's client certificate towards
+//	                               admission webhooks and its admission
+//	                               configuration (internal/webhookclient)
 //	*.kubeconfig                   one per component, and the admin one
 //
 // Everything is ECDSA P-256. It is idempotent: when the directory already
@@ -42,6 +45,7 @@ import (
 
 	"github.com/code-sandbox/code-sandbox-operator/internal/frontproxy"
 	"github.com/code-sandbox/code-sandbox-operator/internal/operatorca"
+	"github.com/code-sandbox/code-sandbox-operator/internal/webhookclient"
 )
 
 const validity = 365 * 24 * time.Hour
@@ -68,6 +72,9 @@ func main() {
 type tlsCert = tls.Certificate
 
 func run(dir, adminKubeconfig, nodeName, nodeIP, serviceIP string, port int) error {
+	if err := webhookClient(dir); err != nil {
+		return err
+	}
 	if _, err := os.Stat(filepath.Join(dir, "complete")); err == nil {
 		if _, err := os.Stat(adminKubeconfig); err == nil {
 			return nil
@@ -177,6 +184,23 @@ func run(dir, adminKubeconfig, nodeName, nodeIP, serviceIP string, port int) err
 		}
 	}
 	return writeFile(filepath.Join(dir, "complete"), []byte(now.UTC().Format(time.RFC3339)+"\n"))
+}
+
+// webhookClient writes, once, kube-apiserver's client certificate towards
+// admission webhooks and its admission configuration (package
+// webhookclient) to dir/webhook-client; the webhook's --webhook-client-ca
+// is webhook-client/webhook-client-ca.crt. It runs before the "complete"
+// check so that a PKI made before it existed gains it.
+func webhookClient(dir string) error {
+	wdir := filepath.Join(dir, "webhook-client")
+	if _, err := os.Stat(filepath.Join(wdir, webhookclient.AdmissionConfig)); err == nil {
+		return nil
+	}
+	if err := os.MkdirAll(wdir, 0o700); err != nil {
+		return err
+	}
+	_, err := webhookclient.Write(wdir, validity)
+	return err
 }
 
 // writeFile writes through a temporary file, so that a reader never sees a

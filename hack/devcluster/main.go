@@ -42,6 +42,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
 	"github.com/code-sandbox/code-sandbox-operator/internal/frontproxy"
+	"github.com/code-sandbox/code-sandbox-operator/internal/webhookclient"
 )
 
 func main() {
@@ -94,6 +95,16 @@ func run(kubeconfigPath, crdDir string, startTimeout time.Duration) (retErr erro
 	}
 	defer os.RemoveAll(frontProxyDir)
 	if err := frontproxy.Configure(env, frontProxyDir, 365*24*time.Hour); err != nil {
+		return err
+	}
+	// kube-apiserver proves itself to the admission webhook with a client
+	// certificate; the webhook (bin/manager --webhook-client-ca) reads the
+	// CA next to the kubeconfig, so it lives as long as this control plane.
+	webhookClientDir := filepath.Join(filepath.Dir(kubeconfigPath), "webhook-client")
+	if err := os.MkdirAll(webhookClientDir, 0o700); err != nil {
+		return fmt.Errorf("creating %s: %w", webhookClientDir, err)
+	}
+	if err := webhookclient.Configure(env, webhookClientDir, 365*24*time.Hour); err != nil {
 		return err
 	}
 	logf("starting etcd and kube-apiserver from %s", assets)

@@ -44,6 +44,17 @@ import (
 	"github.com/code-sandbox/code-sandbox-operator/internal/warmpool"
 )
 
+// MaxReservations is the most reservations (admitted Sandboxes not yet
+// counted by the quota controller, which counts within seconds) one
+// SandboxQuota records; a create beyond it is refused as QuotaExceeded
+// until the controller catches up. 500 reservations keep the status
+// under about 200 KiB, far below etcd's object size limit.
+const MaxReservations = 500
+
+// fieldReservations is the field a QuotaExceeded cause names when the
+// quota records MaxReservations already.
+const fieldReservations = "status.reservations"
+
 // fieldDeadline is the field a lifetime rule's QuotaRule cause names.
 const fieldDeadline = "spec.activeDeadlineSeconds"
 
@@ -86,10 +97,10 @@ const Path = "/validate-sandbox-code-sandbox-dev-v1alpha1-sandbox"
 // The webhook reads quotas and Sandboxes and charges quota status.
 // +kubebuilder:rbac:groups=sandbox.code-sandbox.dev,resources=sandboxquotas,verbs=get;list;watch
 // +kubebuilder:rbac:groups=sandbox.code-sandbox.dev,resources=sandboxquotas/status,verbs=get;update;patch
-// It reads warm pools to check what their claimants will run, and deletes
-// an idle member to make room for a claim (see makeRoom).
+// It reads warm pools to check what their claimants will run. It deletes
+// nothing: the pool controller evicts members (see makeRoom).
 // +kubebuilder:rbac:groups=sandbox.code-sandbox.dev,resources=sandboxwarmpools,verbs=get;list;watch
-// +kubebuilder:rbac:groups=sandbox.code-sandbox.dev,resources=sandboxes,verbs=get;list;watch;delete
+// +kubebuilder:rbac:groups=sandbox.code-sandbox.dev,resources=sandboxes,verbs=get;list;watch
 
 // SandboxValidator admits Sandboxes that every SandboxQuota in their
 // namespace allows, and charges them to those quotas.
@@ -239,22 +250,24 @@ func (v *SandboxValidator) create(ctx context.Context, req admission.Request, sb
 
 	usage := quota.Usage(checked)
 	dryRun := req.DryRun != nil && *req.DryRun
-	refusal, resp := v.chargeAll(ctx, quotas, sbx, usage, dryRun, nil)
-	if refusal != nil && refusal.Type == wire.CauseQuotaExceeded && pool != nil {
+	refusal, resp := v.chargeAll(ctx, quotas, sbx, usage, dryRun, nil, nil)
+	// Evicting a warm pool member frees usage, not reservations.
+	if refusal != nil && refusal.Type == wire.CauseQuotaExceeded && refusal.Field != fieldReservations && pool != nil {
 		return v.makeRoom(ctx, sbx, pool, usage, dryRun, *refusal)
 	}
 	return resp
 }
 
 // chargeAll charges sbx to every quota, or to none. base, if not nil, is
-// what each quota is taken to have used instead of its status.used. A
-// refusal is returned with the response that carries it.
+// what each quota is taken to have used instead of its status.used; room,
+// if not nil, is usage about to be freed (see makeRoom). A refusal is
+// returned with the response that carries it.
 func (v *SandboxValidator) chargeAll(ctx context.Context, quotas []sandboxv1alpha1.SandboxQuota, sbx *sandboxv1alpha1.Sandbox,
-	usage sandboxv1alpha1.SandboxQuotaUsage, dryRun bool, base baseFunc) (*metav1.StatusCause, admission.Response) {
+	usage sandboxv1alpha1.SandboxQuotaUsage, dryRun bool, base baseFunc, room *sandboxv1alpha1.SandboxQuotaUsage) (*metav1.StatusCause, admission.Response) {
 	log := logf.FromContext(ctx).WithValues("sandbox", client.ObjectKeyFromObject(sbx), "uid", sbx.UID)
 	var charged []string
 	for i := range quotas {
-		refusal, err := v.charge(ctx, &quotas[i], sbx, usage, dryRun, base)
+		refusal, err := v.charge(ctx, &quotas[i], sbx, usage, dryRun, base, room)
 		if err == nil && refusal == nil {
 			if !dryRun {
 				charged = append(charged, quotas[i].Name)
@@ -290,9 +303,11 @@ func (v *SandboxValidator) quotas(ctx context.Context, namespace string) ([]sand
 // QuotaExceeded or QuotaNotCounted cause), or ctx ends. With dryRun it only
 // checks.
 // With base, the quota's usage is what base says rather than its
-// status.used.
+// status.used. With room, the check subtracts it (usage the pool
+// controller is about to free), but the charge written does not: the
+// quota shows what is really held until the member is gone.
 func (v *SandboxValidator) charge(ctx context.Context, q *sandboxv1alpha1.SandboxQuota, sbx *sandboxv1alpha1.Sandbox,
-	usage sandboxv1alpha1.SandboxQuotaUsage, dryRun bool, base baseFunc) (refusal *metav1.StatusCause, err error) {
+	usage sandboxv1alpha1.SandboxQuotaUsage, dryRun bool, base baseFunc, room *sandboxv1alpha1.SandboxQuotaUsage) (refusal *metav1.StatusCause, err error) {
 	for attempt := 0; ; attempt++ {
 		if attempt > 0 {
 			fresh := &sandboxv1alpha1.SandboxQuota{}
@@ -319,8 +334,22 @@ func (v *SandboxValidator) charge(ctx context.Context, q *sandboxv1alpha1.Sandbo
 				return nil, err
 			}
 		}
-		if over := quota.Exceeds(q.Spec.Hard, used, usage); len(over) > 0 {
+		checked := used
+		if room != nil {
+			checked = quota.Sub(used, *room)
+		}
+		if over := quota.Exceeds(q.Spec.Hard, checked, usage); len(over) > 0 {
 			return &metav1.StatusCause{Type: wire.CauseQuotaExceeded, Message: quota.ExceededMessage(q.Name, over)}, nil
+		}
+		if len(q.Status.Reservations) >= MaxReservations {
+			// Every reservation is a few hundred bytes of the quota's
+			// status; without a cap, creates (or forged admission
+			// requests) faster than the controller counts would grow the
+			// object toward etcd's size limit, after which no charge,
+			// count or spec change of the quota could be written.
+			return &metav1.StatusCause{Type: wire.CauseQuotaExceeded, Field: fieldReservations,
+				Message: fmt.Sprintf("sandbox quota %q has %d Sandboxes admitted but not yet counted, the most it records; retry in a few seconds",
+					q.Name, len(q.Status.Reservations))}, nil
 		}
 		if dryRun {
 			return nil, nil

@@ -11,6 +11,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -295,6 +296,23 @@ var _ = Describe("SandboxValidator", func() {
 			Expect(expectDenied(e.validator.Handle(ctx, createRequest(newSandbox("sbx", "uid-1"), false)),
 				`sandbox quota "q" exceeded: sandboxes: requested 1, used 2, limit 2 (1 over)`)).To(Equal([]metav1.CauseType{wire.CauseQuotaExceeded}))
 			expectUncharged(e, "q", usedN(2))
+		})
+
+		It("refuses a Sandbox once the quota records MaxReservations, however much room is left", func() {
+			// A flood of creates (or of forged admission requests) must not
+			// grow the quota's status toward etcd's object size limit.
+			q := newQuota("q", limit(100000), usedN(admission.MaxReservations))
+			for i := range admission.MaxReservations {
+				q.Status.Reservations = append(q.Status.Reservations, sandboxv1alpha1.SandboxQuotaReservation{
+					Name: fmt.Sprintf("s%d", i), UID: types.UID(fmt.Sprintf("r%d", i)), Time: metav1.NewTime(now), Usage: usedN(1)})
+			}
+			e := newEnv(envOptions{}, q)
+			resp := e.validator.Handle(ctx, createRequest(newSandbox("sbx", "uid-1"), false))
+			Expect(expectDenied(resp, fmt.Sprintf(`sandbox quota "q" has %d Sandboxes admitted but not yet counted, the most it records; retry in a few seconds`,
+				admission.MaxReservations))).To(Equal([]metav1.CauseType{wire.CauseQuotaExceeded}))
+			Expect(resp.Result.Details.Causes[0].Field).To(Equal("status.reservations"))
+			Expect(e.quota("q").Status.Reservations).To(HaveLen(admission.MaxReservations))
+			Expect(e.statusUpdates.Load()).To(BeZero())
 		})
 
 		It("refuses what the rules forbid without charging, even when it would fit", func() {

@@ -40,95 +40,54 @@ const WarmPoolPath = "/validate-sandbox-code-sandbox-dev-v1alpha1-sandboxwarmpoo
 // status.used at its word.
 type baseFunc func(ctx context.Context, q *sandboxv1alpha1.SandboxQuota) (sandboxv1alpha1.SandboxQuotaUsage, error)
 
-// makeRoom admits a claimant that does not fit (refusal says why) by
-// deleting an idle member of its pool and then charging the claimant.
+// makeRoom admits a claimant that does not fit (refusal says why) when
+// evicting one idle member of its pool would make room for it, and charges
+// it in full on top of that member; otherwise the claim is refused as
+// before.
 //
 // Members are charged like any Sandbox, so a pool that fills its quota
 // would otherwise refuse the very claims it exists for. The claimant cannot
 // simply take over the charge of the member it will run in, because which
-// member that is, if any, is decided later by a node's manager: another
-// claim may take it, or the claimant may be bound to a node without one,
-// and it then starts cold next to the member it did not take. Deleting an
-// idle member first and charging the claimant in full keeps the namespace
-// within its quota whatever the manager decides; the price is that the
-// claim may start cold. It rarely does: this takes the newest idle member
-// and the managers hand out the oldest. If no member can be deleted, the
-// claim is refused as before.
+// member that is, if any, is decided later by a node's manager.
+//
+// Admission never deletes anything: an AdmissionReview says only that
+// someone asked, not that the claimant was stored (a later webhook may
+// refuse it, or the request may be forged), so deleting here would let a
+// claim that never happens take a member away. The pool controller evicts
+// the member once the claimant exists and still holds none while a quota
+// is over its limit (controllers/sandboxwarmpool, evictForClaimants). Until
+// then status.used honestly shows the quota one member over, which refuses
+// every other create.
 func (v *SandboxValidator) makeRoom(ctx context.Context, sbx *sandboxv1alpha1.Sandbox, pool *sandboxv1alpha1.SandboxWarmPool,
 	usage sandboxv1alpha1.SandboxQuotaUsage, dryRun bool, refusal metav1.StatusCause) admission.Response {
-	log := logf.FromContext(ctx).WithValues("sandbox", client.ObjectKeyFromObject(sbx), "uid", sbx.UID, "pool", pool.Name)
 	refused := denied(sbx.Name, []metav1.StatusCause{refusal})
-	// Another claim may delete the member picked here first; the
-	// resourceVersion precondition says so, and the next one is tried.
-	for range 3 {
-		quotas, err := v.quotas(ctx, sbx.Namespace)
-		if err != nil {
-			return errored(http.StatusInternalServerError, err)
-		}
-		sandboxes, pools, err := v.namespace(ctx, sbx.Namespace)
-		if err != nil {
-			return errored(http.StatusInternalServerError, err)
-		}
-		member := roomyMember(quotas, sandboxes, pools, pool, usage)
-		if member == nil {
-			return refused
-		}
-		if dryRun {
-			return admission.Allowed("")
-		}
-		err = v.writer.Delete(ctx, member, client.Preconditions{UID: &member.UID, ResourceVersion: &member.ResourceVersion})
-		switch {
-		case apierrors.IsConflict(err) || apierrors.IsNotFound(err):
-			continue
-		case err != nil:
-			log.Error(err, "deleting an idle warm pool member to make room for a claim", "member", member.Name)
-			return refused
-		}
-		log.Info("deleted an idle warm pool member to make room for a claim", "member", member.Name, "memberUID", member.UID)
-		// The quotas' status.used may still count the member until the
-		// controller recounts, or may not any more: only a count of what
-		// the namespace holds now can tell.
-		_, resp := v.chargeAll(ctx, quotas, sbx, usage, false, v.recount)
-		return resp
+	quotas, err := v.quotas(ctx, sbx.Namespace)
+	if err != nil {
+		return errored(http.StatusInternalServerError, err)
 	}
-	return refused
-}
-
-// roomyMember picks the newest idle member of pool whose deletion makes
-// room for usage in every quota, or nil.
-func roomyMember(quotas []sandboxv1alpha1.SandboxQuota, sandboxes []sandboxv1alpha1.Sandbox, pools warmpool.Templates,
-	pool *sandboxv1alpha1.SandboxWarmPool, usage sandboxv1alpha1.SandboxQuotaUsage) *sandboxv1alpha1.Sandbox {
-	claimed := quota.ClaimedMembers(sandboxes)
-	var members []*sandboxv1alpha1.Sandbox
-	for i := range sandboxes {
-		m := &sandboxes[i]
-		// A member that does not count frees nothing when deleted.
-		if warmpool.IsMemberOf(m, pool) && warmpool.Idle(m) && quota.Counts(m) && !claimed[m.UID] {
-			members = append(members, m)
-		}
+	sandboxes, pools, err := v.namespace(ctx, sbx.Namespace)
+	if err != nil {
+		return errored(http.StatusInternalServerError, err)
 	}
-	sort.Slice(members, func(i, j int) bool {
-		a, b := members[i].CreationTimestamp, members[j].CreationTimestamp
-		if !a.Equal(&b) {
-			return b.Before(&a)
-		}
-		return members[i].Name > members[j].Name
-	})
-	for _, m := range members {
-		frees := quota.Usage(warmpool.Charged(m, pools))
-		fits := true
-		for i := range quotas {
-			q := &quotas[i]
-			if q.Status.ObservedGeneration == 0 || len(quota.Exceeds(q.Spec.Hard, quota.Sub(q.Status.Used, frees), usage)) > 0 {
-				fits = false
-				break
-			}
-		}
-		if fits {
-			return m
-		}
+	statusUsed := func(q *sandboxv1alpha1.SandboxQuota) sandboxv1alpha1.SandboxQuotaUsage { return q.Status.Used }
+	member := warmpool.RoomyMember(quotas, statusUsed, sandboxes, pools, pool, usage)
+	if member == nil {
+		return refused
 	}
-	return nil
+	if dryRun {
+		return admission.Allowed("")
+	}
+	// The quotas' status.used may still count the member until the
+	// controller recounts, or may not any more: only a count of what the
+	// namespace holds now can tell. The member's usage is the room the
+	// eviction will make.
+	room := quota.Usage(warmpool.Charged(member, pools))
+	_, resp := v.chargeAll(ctx, quotas, sbx, usage, false, v.recount, &room)
+	if resp.Allowed {
+		logf.FromContext(ctx).Info("admitted a claimant at a full quota; the pool controller evicts an idle member once it exists",
+			"sandbox", client.ObjectKeyFromObject(sbx), "uid", sbx.UID, "pool", pool.Name, "member", member.Name)
+	}
+	return resp
 }
 
 // recount is a baseFunc: the quota's usage counted from the namespace as

@@ -111,15 +111,28 @@ var _ = Describe("SandboxValidator and warm pools", func() {
 			older := idleMember(pool, "older", now.Add(-time.Hour))
 			newer := idleMember(pool, "newer", now.Add(-time.Minute))
 
-			It("deletes the newest idle member and charges the claimant", func() {
+			It("admits and charges the claimant over the limit, deleting nothing (the pool controller evicts once the claimant exists)", func() {
 				e := newEnv(envOptions{}, newQuota("q", limit(2), usedN(2)), pool, older, newer)
 				expectAllowed(e.validator.Handle(ctx, createRequest(newClaimant("c", "uid-c", "pool"), false)))
-				Expect(exists(e, "newer")).To(BeFalse())
+				// A forged or later-refused review must not cost a member.
+				Expect(exists(e, "newer")).To(BeTrue())
 				Expect(exists(e, "older")).To(BeTrue())
 				q := e.quota("q")
 				Expect(reservationUIDs(q)).To(Equal([]types.UID{"uid-c"}))
-				// Counted again from what exists: older and the claimant.
-				Expect(quota.Equal(q.Status.Used, usedN(2))).To(BeTrue(), "used %+v", q.Status.Used)
+				// Counted again from what exists: both members and the
+				// claimant, one over until a member is evicted, so that
+				// nothing else fits meanwhile.
+				Expect(quota.Equal(q.Status.Used, usedN(3))).To(BeTrue(), "used %+v", q.Status.Used)
+				expectDenied(e.validator.Handle(ctx, createRequest(newSandbox("plain", "uid-plain"), false)),
+					`sandbox quota "q" exceeded: sandboxes: requested 1, used 3, limit 2 (2 over)`)
+			})
+
+			It("admits one claimant per idle member, not more", func() {
+				e := newEnv(envOptions{}, newQuota("q", limit(2), usedN(2)), pool, newer, newSandbox("running", "uid-running"))
+				expectAllowed(e.validator.Handle(ctx, createRequest(newClaimant("c1", "uid-c1", "pool"), false)))
+				expectDenied(e.validator.Handle(ctx, createRequest(newClaimant("c2", "uid-c2", "pool"), false)),
+					`sandbox quota "q" exceeded: sandboxes: requested 1, used 3, limit 2 (2 over)`)
+				Expect(exists(e, "newer")).To(BeTrue())
 			})
 
 			It("checks a dry run without deleting anything", func() {

@@ -42,6 +42,7 @@ import (
 
 	sandboxv1alpha1 "github.com/code-sandbox/code-sandbox-operator/api/v1alpha1"
 	"github.com/code-sandbox/code-sandbox-operator/internal/dockerruntime"
+	"github.com/code-sandbox/code-sandbox-operator/internal/webhookclient"
 )
 
 // Test images, built offline by `make test-images`.
@@ -150,11 +151,27 @@ type Option func(*envtest.Environment)
 // WithWebhooks installs the webhook configurations in the given manifest
 // files. envtest rewrites their client configs to a local address and
 // issues a serving certificate; serve them from Env.WebhookInstallOptions
-// (LocalServingHost, LocalServingPort, LocalServingCertDir).
+// (LocalServingHost, LocalServingPort, LocalServingCertDir), requiring
+// kube-apiserver's client certificate as cmd/manager does with
+// --webhook-client-ca: kube-apiserver presents one signed by
+// WebhookClientCAFile (package webhookclient).
 func WithWebhooks(paths ...string) Option {
 	return func(env *envtest.Environment) {
+		GinkgoHelper()
 		env.WebhookInstallOptions = envtest.WebhookInstallOptions{Paths: paths}
+		dir, err := os.MkdirTemp("", "code-sandbox-webhook-client-")
+		Expect(err).NotTo(HaveOccurred())
+		DeferCleanup(os.RemoveAll, dir)
+		Expect(webhookclient.Configure(env, dir, 24*time.Hour)).To(Succeed())
 	}
+}
+
+// WebhookClientCAFile is the CA that signs the client certificate
+// kube-apiserver presents to admission webhooks under WithWebhooks.
+func (cp *ControlPlane) WebhookClientCAFile() string {
+	config := cp.Env.ControlPlane.GetAPIServer().Configure().Get("admission-control-config-file").Get(nil)
+	Expect(config).To(HaveLen(1), "the control plane was not started WithWebhooks")
+	return filepath.Join(filepath.Dir(config[0]), webhookclient.CAFile)
 }
 
 // Stop stops the control plane; it is safe on a nil ControlPlane (a

@@ -16,6 +16,7 @@ import (
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
 	policyv1 "k8s.io/api/policy/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/labels"
@@ -124,6 +125,7 @@ var _ = Describe("The default overlay (make deploy, make build-installer)", func
 			"Deployment "+ns+"code-sandbox-webhook",
 			"PodDisruptionBudget "+ns+"code-sandbox-webhook",
 			"Service "+ns+"code-sandbox-webhook-service",
+			"NetworkPolicy "+ns+"code-sandbox-webhook-ingress",
 			"ValidatingWebhookConfiguration code-sandbox-validating-webhook-configuration",
 			// The aggregated API (exec, files, log, history), served by the
 			// webhook's Deployment.
@@ -360,6 +362,37 @@ var _ = Describe("The default overlay (make deploy, make build-installer)", func
 		Expect(pdb.Spec.MinAvailable).To(HaveValue(Equal(intstr.FromInt32(1))))
 		Expect(selects(pdb.Spec.Selector.MatchLabels, d.Spec.Template.Labels)).To(BeTrue(), "the PodDisruptionBudget must select the webhook pods")
 		expectServiceReaches(find(objs, "Service", "code-sandbox-webhook-service"), d)
+	})
+
+	It("lets traffic reach the webhook pods only on the ports they serve", func() {
+		d := &appsv1.Deployment{}
+		convert(find(objs, "Deployment", "code-sandbox-webhook"), d)
+		np := &networkingv1.NetworkPolicy{}
+		convert(find(objs, "NetworkPolicy", "code-sandbox-webhook-ingress"), np)
+		Expect(np.Namespace).To(Equal(d.Namespace))
+		Expect(np.Spec.PolicyTypes).To(Equal([]networkingv1.PolicyType{networkingv1.PolicyTypeIngress}))
+		Expect(selects(np.Spec.PodSelector.MatchLabels, d.Spec.Template.Labels)).To(BeTrue(), "the NetworkPolicy must select the webhook pods")
+		Expect(np.Spec.PodSelector.MatchExpressions).To(BeEmpty())
+		// One rule, any source (kube-apiserver's address is not portable),
+		// every port named: without ports a rule would open them all.
+		Expect(np.Spec.Ingress).To(HaveLen(1))
+		rule := np.Spec.Ingress[0]
+		Expect(rule.From).To(BeEmpty())
+		var open []int32
+		for _, p := range rule.Ports {
+			Expect(p.Protocol).To(HaveValue(Equal(corev1.ProtocolTCP)))
+			Expect(p.Port).NotTo(BeNil())
+			Expect(p.EndPort).To(BeNil(), "no port ranges")
+			open = append(open, p.Port.IntVal)
+		}
+		// Exactly the container's ports: the webhook, the aggregated API,
+		// metrics and health.
+		var served []int32
+		for _, p := range d.Spec.Template.Spec.Containers[0].Ports {
+			served = append(served, p.ContainerPort)
+		}
+		Expect(open).To(ConsistOf(served))
+		Expect(open).To(ConsistOf(int32(9443), int32(8443), int32(8080), int32(8081)))
 	})
 
 	It("runs one MCP server on the kubernetes backend, reachable through its Service", func() {

@@ -154,6 +154,7 @@ func Start(cp *testenv.ControlPlane, op *Operator, opts NodeOptions) *Node {
 		Scheme:                 cp.Scheme,
 		Metrics:                metricsserver.Options{BindAddress: "0"},
 		HealthProbeBindAddress: "0",
+		Cache:                  controllers.CacheOptions(opts.Name),
 	})
 	Expect(err).NotTo(HaveOccurred())
 	endpoint := ""
