@@ -333,7 +333,9 @@ var _ = Describe("the HTTP transport's cap on large calls", Label("unit"), func(
 		Expect(w.Body.String()).To(And(ContainSubstring(`"id":4`), ContainSubstring("calls larger than 4096 bytes in flight")))
 		// A small call of the same identity still goes through.
 		small := make(chan int, 1)
-		go func() { small <- serve(h, mcpRequest("192.0.2.1:1", aliceToken, sid, strings.NewReader(toolCallJSON("write_file")))).Code }()
+		go func() {
+			small <- serve(h, mcpRequest("192.0.2.1:1", aliceToken, sid, strings.NewReader(toolCallJSON("write_file")))).Code
+		}()
 		Eventually(started).WithTimeout(5 * time.Second).Should(Receive())
 		close(release)
 		Eventually(small).WithTimeout(5 * time.Second).Should(Receive(Equal(http.StatusOK)))
