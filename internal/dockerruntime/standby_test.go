@@ -68,6 +68,29 @@ var _ = Describe("The resident helper", dockerLabel, func() {
 		Expect(servePID(ctx, rt, ct.ID)).To(Equal(first), "a killed command leaves its helper usable")
 	}, SpecTimeout(60*time.Second))
 
+	It("hides the serve and run helpers' /proc fd and environ from sandbox code of the same uid (Low 10)", func(ctx SpecContext) {
+		ct, _ := startSandbox(ctx, nil)
+		serve := servePID(ctx, rt, ct.ID)
+		// The command runs as the helpers' uid: only their non-dumpable
+		// flag keeps it out of their frames (stdin carries the next
+		// command's env and stdin).
+		for _, target := range []string{serve, "$PPID"} {
+			r := runCmd(ctx, ct.ID, execio.Request{Shell: `t=` + target + `; echo uid=$(id -u) owner=$(stat -c %u /proc/$t/environ)
+cat /proc/$t/environ >/dev/null 2>&1 && echo environ-readable
+ls /proc/$t/fd/ >/dev/null 2>&1 && echo fd-listable
+: < /proc/$t/fd/0 2>/dev/null && echo stdin-openable
+true`})
+			Expect(r.Stdout).To(HavePrefix("uid=65534 owner=0\n"), "helper %s", target)
+			Expect(r.Stdout).NotTo(ContainSubstring("readable"), "helper %s", target)
+			Expect(r.Stdout).NotTo(ContainSubstring("listable"), "helper %s", target)
+			Expect(r.Stdout).NotTo(ContainSubstring("openable"), "helper %s", target)
+		}
+		// The commands themselves are dumpable again (execve resets the
+		// flag): tools that read their own /proc keep working.
+		r := runCmd(ctx, ct.ID, execio.Request{Shell: "ls /proc/self/fd/ >/dev/null && cat /proc/$$/environ >/dev/null && echo ok"})
+		Expect(r.Stdout).To(Equal("ok\n"))
+	}, SpecTimeout(60*time.Second))
+
 	It("refuses a command in a paused sandbox at once, and keeps its helper for after the resume", func(ctx SpecContext) {
 		ct, _ := startSandbox(ctx, nil)
 		first := servePID(ctx, rt, ct.ID)
