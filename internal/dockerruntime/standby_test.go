@@ -134,6 +134,28 @@ true`})
 		Expect(servePID(ctx, rt, ct.ID)).NotTo(Equal(first))
 	}, SpecTimeout(60*time.Second))
 
+	It("bounds handing a command to a SIGSTOPped idle helper by a Docker call's timeout, not the command's, and runs it in a new helper (High 3)", func(ctx SpecContext) {
+		c, err := New(Options{CallTimeout: 3 * time.Second, PullTimeout: 30 * time.Second})
+		Expect(err).NotTo(HaveOccurred())
+		DeferCleanup(c.Close)
+		ct, _ := startSandbox(ctx, nil)
+		stopped := servePID(ctx, c, ct.ID)
+		// Sandbox code stops its idle helper: it no longer reads its stdin.
+		Expect(sh(ctx, ct.ID, "kill -STOP "+stopped).Code).To(BeZero())
+		stdin := bytes.Repeat([]byte("x"), 8<<20)
+		var stdout, stderr bytes.Buffer
+		start := time.Now()
+		res, err := c.RunCommand(ctx, ct.ID, execio.Request{Command: []string{"wc", "-c"}, Stdin: stdin, TimeoutSeconds: 120}, &stdout, &stderr)
+		elapsed := time.Since(start)
+		GinkgoWriter.Printf("handing 8 MiB of stdin past a stopped helper took %v\n", elapsed)
+		Expect(err).NotTo(HaveOccurred(), stderr.String())
+		Expect(res.ExitCode).To(BeZero())
+		Expect(strings.TrimSpace(stdout.String())).To(Equal("8388608"))
+		// On 90280d9 the write waited for the command's timeout (120 s)
+		// plus a Docker call's, holding the frame all along.
+		Expect(elapsed).To(BeNumerically("<", 20*time.Second))
+	}, SpecTimeout(90*time.Second))
+
 	It("leaves concurrent commands one idle helper, and none after RunCommandOnce", func(ctx SpecContext) {
 		ct, _ := startSandbox(ctx, nil)
 		done := make(chan runOut, 4)
