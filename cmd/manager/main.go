@@ -278,7 +278,7 @@ func (f *nodeAPIFlags) bind(fs *flag.FlagSet) {
 	fs.Var(&quantityFlag{&f.execOutputLimit}, "exec-output-limit", "Largest output of one exec, per stream (stdout and stderr each); a request may ask for less.")
 	fs.Var(&quantityFlag{&f.fileTransferLimit}, "file-transfer-limit", "Largest file content of one upload or download.")
 	fs.IntVar(&f.maxExecsPerSandbox, "max-execs-per-sandbox", nodeapi.DefaultMaxExecsPerSandbox, "Concurrent execs and file transfers per Sandbox; more are refused with 429.")
-	fs.IntVar(&f.maxExecs, "max-execs", 0, "Concurrent execs and file transfers on this node; 0 means no node-wide limit.")
+	fs.IntVar(&f.maxExecs, "max-execs", nodeapi.DefaultMaxExecs, "Concurrent execs and file transfers on this node, taken before a request body is decoded; more are refused with 429. 0 means no node-wide limit (the manager's memory then grows with concurrent requests).")
 }
 
 // nodeAPIListener is the bound node API: its listener (nil when disabled)

@@ -224,6 +224,7 @@ func (c *Client) streamServe(ctx context.Context, s *serveExec, req execio.Reque
 	var (
 		cancelled    error
 		killDeadline <-chan time.Time
+		killFallback <-chan time.Time
 		ctxDone      = ctx.Done()
 		o            outcome
 	)
@@ -232,7 +233,8 @@ func (c *Client) streamServe(ctx context.Context, s *serveExec, req execio.Reque
 			// A failed send is a helper already gone: the end of its stdin
 			// kills the tree too.
 			_ = s.send(helperproto.FrameKill, []byte(runID))
-			killDeadline = time.After(helperBackstopGrace + c.callTimeout)
+			killFallback = time.After(c.callTimeout)
+			killDeadline = time.After(helperBackstopGrace + 2*c.callTimeout)
 		}
 	}
 wait:
@@ -250,6 +252,13 @@ wait:
 		case <-writerFailed:
 			writerFailed = nil
 			kill()
+		case <-killFallback:
+			// The helper has not ended the command a Docker call's time
+			// after the kill frame (stopped, or not reading its stdin):
+			// kill the run as the legacy path does, with an exec of its
+			// own, which needs nothing from the serving helper.
+			killFallback = nil
+			go func() { _ = c.killRun(context.WithoutCancel(ctx), s.container, runID) }()
 		case <-killDeadline:
 			s.close()
 			<-done

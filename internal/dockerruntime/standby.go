@@ -1,6 +1,8 @@
 package dockerruntime
 
 import (
+	"time"
+
 	"context"
 	"errors"
 	"fmt"
@@ -70,6 +72,10 @@ type serveExec struct {
 	closeOnce sync.Once
 	writeMu   sync.Mutex
 	stderr    lockedBuffer
+	// writeTimeout bounds one frame write (a Docker call's timeout): a
+	// helper that stops reading (SIGSTOPped from inside the sandbox) must
+	// not pin a frame, up to 16 MiB of stdin, for the command's timeout.
+	writeTimeout time.Duration
 }
 
 // startServe execs a helper and waits until it is ready for a request, for
@@ -80,13 +86,14 @@ func (c *Client) startServe(ctx context.Context, id string) (*serveExec, error) 
 		return nil, err
 	}
 	s := &serveExec{
-		container: id,
-		execID:    execID,
-		attach:    attach,
-		frames:    make(chan serveFrame),
-		ended:     make(chan struct{}),
-		closing:   make(chan struct{}),
-		stderr:    lockedBuffer{b: boundedBuffer{max: helperStderrMax}},
+		container:    id,
+		execID:       execID,
+		attach:       attach,
+		frames:       make(chan serveFrame),
+		ended:        make(chan struct{}),
+		closing:      make(chan struct{}),
+		stderr:       lockedBuffer{b: boundedBuffer{max: helperStderrMax}},
+		writeTimeout: c.callTimeout,
 	}
 	go s.read()
 	go c.forgetWhenGone(id, s)
@@ -155,6 +162,13 @@ func (s *serveExec) read() {
 func (s *serveExec) send(kind byte, payload []byte) error {
 	s.writeMu.Lock()
 	defer s.writeMu.Unlock()
+	if s.writeTimeout > 0 {
+		// A hijacked Docker connection is a net.Conn; one that cannot take
+		// a deadline is still bounded by the caller's context (request).
+		if s.attach.Conn.SetWriteDeadline(time.Now().Add(s.writeTimeout)) == nil {
+			defer s.attach.Conn.SetWriteDeadline(time.Time{}) //nolint:errcheck // best effort
+		}
+	}
 	_, err := s.attach.Conn.Write(helperproto.AppendFrame(nil, kind, payload))
 	return err
 }

@@ -68,6 +68,29 @@ var _ = Describe("The resident helper", dockerLabel, func() {
 		Expect(servePID(ctx, rt, ct.ID)).To(Equal(first), "a killed command leaves its helper usable")
 	}, SpecTimeout(60*time.Second))
 
+	It("hides the serve and run helpers' /proc fd and environ from sandbox code of the same uid (Low 10)", func(ctx SpecContext) {
+		ct, _ := startSandbox(ctx, nil)
+		serve := servePID(ctx, rt, ct.ID)
+		// The command runs as the helpers' uid: only their non-dumpable
+		// flag keeps it out of their frames (stdin carries the next
+		// command's env and stdin).
+		for _, target := range []string{serve, "$PPID"} {
+			r := runCmd(ctx, ct.ID, execio.Request{Shell: `t=` + target + `; echo uid=$(id -u) owner=$(stat -c %u /proc/$t/environ)
+cat /proc/$t/environ >/dev/null 2>&1 && echo environ-readable
+ls /proc/$t/fd/ >/dev/null 2>&1 && echo fd-listable
+: < /proc/$t/fd/0 2>/dev/null && echo stdin-openable
+true`})
+			Expect(r.Stdout).To(HavePrefix("uid=65534 owner=0\n"), "helper %s", target)
+			Expect(r.Stdout).NotTo(ContainSubstring("readable"), "helper %s", target)
+			Expect(r.Stdout).NotTo(ContainSubstring("listable"), "helper %s", target)
+			Expect(r.Stdout).NotTo(ContainSubstring("openable"), "helper %s", target)
+		}
+		// The commands themselves are dumpable again (execve resets the
+		// flag): tools that read their own /proc keep working.
+		r := runCmd(ctx, ct.ID, execio.Request{Shell: "ls /proc/self/fd/ >/dev/null && cat /proc/$$/environ >/dev/null && echo ok"})
+		Expect(r.Stdout).To(Equal("ok\n"))
+	}, SpecTimeout(60*time.Second))
+
 	It("refuses a command in a paused sandbox at once, and keeps its helper for after the resume", func(ctx SpecContext) {
 		ct, _ := startSandbox(ctx, nil)
 		first := servePID(ctx, rt, ct.ID)
@@ -110,6 +133,28 @@ var _ = Describe("The resident helper", dockerLabel, func() {
 		Expect(strings.TrimSpace(r.Stdout)).To(Equal("1"))
 		Expect(servePID(ctx, rt, ct.ID)).NotTo(Equal(first))
 	}, SpecTimeout(60*time.Second))
+
+	It("bounds handing a command to a SIGSTOPped idle helper by a Docker call's timeout, not the command's, and runs it in a new helper (High 3)", func(ctx SpecContext) {
+		c, err := New(Options{CallTimeout: 3 * time.Second, PullTimeout: 30 * time.Second})
+		Expect(err).NotTo(HaveOccurred())
+		DeferCleanup(c.Close)
+		ct, _ := startSandbox(ctx, nil)
+		stopped := servePID(ctx, c, ct.ID)
+		// Sandbox code stops its idle helper: it no longer reads its stdin.
+		Expect(sh(ctx, ct.ID, "kill -STOP "+stopped).Code).To(BeZero())
+		stdin := bytes.Repeat([]byte("x"), 8<<20)
+		var stdout, stderr bytes.Buffer
+		start := time.Now()
+		res, err := c.RunCommand(ctx, ct.ID, execio.Request{Command: []string{"wc", "-c"}, Stdin: stdin, TimeoutSeconds: 120}, &stdout, &stderr)
+		elapsed := time.Since(start)
+		GinkgoWriter.Printf("handing 8 MiB of stdin past a stopped helper took %v\n", elapsed)
+		Expect(err).NotTo(HaveOccurred(), stderr.String())
+		Expect(res.ExitCode).To(BeZero())
+		Expect(strings.TrimSpace(stdout.String())).To(Equal("8388608"))
+		// On 90280d9 the write waited for the command's timeout (120 s)
+		// plus a Docker call's, holding the frame all along.
+		Expect(elapsed).To(BeNumerically("<", 20*time.Second))
+	}, SpecTimeout(90*time.Second))
 
 	It("leaves concurrent commands one idle helper, and none after RunCommandOnce", func(ctx SpecContext) {
 		ct, _ := startSandbox(ctx, nil)

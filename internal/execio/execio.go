@@ -39,6 +39,15 @@ const (
 	MaxOutputLimit int64 = 64 << 20
 	// MaxStdin bounds the stdin a request may carry.
 	MaxStdin int64 = 16 << 20
+	// MaxArgs and MaxArgBytes bound argv (Command), MaxEnv and MaxEnvBytes
+	// the environment. Linux refuses an execve over ARG_MAX (2 MiB on most
+	// kernels) anyway, so nothing runnable is lost; without a bound, about
+	// 8.8 M empty arguments in a 25 MiB body decode to over 250 MB of string
+	// headers in whatever process decodes them first (the manager).
+	MaxArgs     = 4096
+	MaxArgBytes = 1 << 20
+	MaxEnv      = 1024
+	MaxEnvBytes = 256 << 10
 	// MaxPathLength and MaxNameLength bound paths (as Linux does).
 	MaxPathLength = 4096
 	MaxNameLength = 255

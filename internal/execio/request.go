@@ -22,6 +22,15 @@ func (r Request) Normalize() (Request, error) {
 	case len(r.Command) > 0 && r.Command[0] == "":
 		return invalid("command[0] (the program) is empty")
 	}
+	if err := checkStrings("command", r.Command, MaxArgs, MaxArgBytes); err != nil {
+		return invalid("%v", err)
+	}
+	if err := checkStrings("env", r.Env, MaxEnv, MaxEnvBytes); err != nil {
+		return invalid("%v", err)
+	}
+	if len(r.Shell) > MaxArgBytes {
+		return invalid("shell is %d bytes, more than the %d allowed", len(r.Shell), MaxArgBytes)
+	}
 	// A NUL cannot be passed through execve: the kernel would silently cut
 	// the string there, so the command run would differ from the one asked.
 	for i, arg := range r.Command {
@@ -117,6 +126,22 @@ func checkWorkingDir(dir string) error {
 		if dir == reserved || strings.HasPrefix(dir, reserved+"/") {
 			return fmt.Errorf("workingDir %q is under %s, which is not allowed", dir, reserved)
 		}
+	}
+	return nil
+}
+
+// checkStrings bounds a list of strings by count and by total bytes (each
+// counted with its terminating NUL, as execve does).
+func checkStrings(field string, list []string, maxCount, maxBytes int) error {
+	if len(list) > maxCount {
+		return fmt.Errorf("%s has %d entries, more than the %d allowed", field, len(list), maxCount)
+	}
+	total := 0
+	for _, s := range list {
+		total += len(s) + 1
+	}
+	if total > maxBytes {
+		return fmt.Errorf("%s is %d bytes, more than the %d allowed", field, total, maxBytes)
 	}
 	return nil
 }

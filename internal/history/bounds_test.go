@@ -72,6 +72,43 @@ var _ = Describe("Store bounds", Label("unit"), func() {
 		Expect(string(data)).To(ContainSubstring(`"id":"k"`))
 	})
 
+	It("keeps a record of thousands of empty arguments, or of escaped bytes in every field, readable (Low 9)", func() {
+		dir := GinkgoT().TempDir()
+		s, err := New(dir, 10)
+		Expect(err).NotTo(HaveOccurred())
+		empty := Record{ID: "empty-args", Command: append([]string{"true"}, make([]string, 30000)...), StartedAt: time.Unix(1, 0)}
+		Expect(s.Append("sbx-1", empty)).To(Succeed())
+		ctl := strings.Repeat("\x01", MaxCommandBytes)
+		escaped := Record{ID: "escaped", Command: []string{ctl}, WorkingDir: "/" + ctl, Error: ctl, Caller: ctl, StartedAt: time.Unix(1, 0)}
+		Expect(s.Append("sbx-1", escaped)).To(Succeed())
+		Expect(s.Append("sbx-1", rec("after", 0))).To(Succeed())
+
+		data, err := os.ReadFile(filepath.Join(dir, "sbx-1.jsonl"))
+		Expect(err).NotTo(HaveOccurred())
+		for _, line := range strings.Split(strings.TrimSpace(string(data)), "\n") {
+			Expect(len(line)).To(BeNumerically("<=", MaxLineBytes))
+		}
+		got, err := s.Tail("sbx-1", 0)
+		Expect(err).NotTo(HaveOccurred())
+		Expect(ids(got)).To(Equal([]string{"empty-args", "escaped", "after"}))
+		Expect(got[0].CommandTruncated).To(BeTrue())
+		Expect(got[0].Command[len(got[0].Command)-1]).To(ContainSubstring("command truncated to"))
+		Expect(got[1].CommandTruncated).To(BeTrue())
+	})
+
+	It("shows a placeholder for a record longer than MaxLineBytes instead of skipping it (Low 9)", func() {
+		dir := GinkgoT().TempDir()
+		s, err := New(dir, 10)
+		Expect(err).NotTo(HaveOccurred())
+		Expect(s.Append("sbx-1", rec("a", 0))).To(Succeed())
+		appendRaw(dir, "sbx-1", hugeLine("huge", 2*MaxLineBytes))
+		Expect(s.Append("sbx-1", rec("b", 0))).To(Succeed())
+		got, err := s.Tail("sbx-1", 0)
+		Expect(err).NotTo(HaveOccurred())
+		Expect(ids(got)).To(Equal([]string{"a", UnreadableID, "b"}))
+		Expect(got[1].Error).To(ContainSubstring("longer than 65536 bytes"))
+	})
+
 	It("does not glue a record to a torn last line", func() {
 		dir := GinkgoT().TempDir()
 		s, err := New(dir, 10)

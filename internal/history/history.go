@@ -66,7 +66,7 @@ const (
 	// to the other strings of a record.
 	MaxCommandBytes = 4 << 10
 	// MaxLineBytes is the longest line a reader accepts; a longer one
-	// (which this version never writes) is skipped.
+	// (which this version never writes) is read as UnreadableID.
 	MaxLineBytes = 64 << 10
 	// readBlock is how much of a file a tail reads at a time.
 	readBlock = 32 << 10
@@ -149,61 +149,75 @@ func (s *Store) file(key string) string { return filepath.Join(s.dir, key+".json
 // Bound returns r with its command, shell, working directory, error and
 // caller cut to MaxCommandBytes, each cut marked. Append applies it; a
 // caller may apply it earlier to drop a large command sooner.
-func Bound(r Record) Record {
-	if n := commandBytes(r.Command); n > MaxCommandBytes {
-		r.Command, r.CommandTruncated = truncateArgs(r.Command, n), true
+func Bound(r Record) Record { return boundTo(r, MaxCommandBytes) }
+
+// boundTo cuts each string of r to limit bytes. An argument counts with
+// its JSON overhead (quotes and comma), so that thousands of empty
+// arguments are cut too: without that, 30,000 of them made a record longer
+// than MaxLineBytes, which readers skipped.
+func boundTo(r Record, limit int) Record {
+	if n := commandBytes(r.Command); n > limit {
+		r.Command, r.CommandTruncated = truncateArgs(r.Command, n, limit), true
 	}
-	if len(r.Shell) > MaxCommandBytes {
-		r.Shell, r.CommandTruncated = truncateString(r.Shell, "command"), true
+	if len(r.Shell) > limit {
+		r.Shell, r.CommandTruncated = truncateString(r.Shell, "command", limit), true
 	}
-	r.WorkingDir = truncateString(r.WorkingDir, "working directory")
-	r.Error = truncateString(r.Error, "error")
-	r.Caller = truncateString(r.Caller, "caller")
+	r.WorkingDir = truncateString(r.WorkingDir, "working directory", limit)
+	r.Error = truncateString(r.Error, "error", limit)
+	r.Caller = truncateString(r.Caller, "caller", limit)
 	return r
 }
+
+// argOverhead is what an argument costs in a record beyond its bytes: its
+// quotes and the comma after it.
+const argOverhead = 3
 
 func commandBytes(args []string) int {
 	n := 0
 	for _, a := range args {
-		n += len(a)
+		n += len(a) + argOverhead
 	}
 	return n
 }
 
 // CommandMarker is appended where a recorded command is cut.
 func CommandMarker(what string, total int) string {
-	return fmt.Sprintf("…[code-sandbox: %s truncated to %d of %d bytes]", what, MaxCommandBytes, total)
+	return commandMarker(what, MaxCommandBytes, total)
 }
 
-func truncateString(s, what string) string {
-	if len(s) <= MaxCommandBytes {
+func commandMarker(what string, limit, total int) string {
+	return fmt.Sprintf("…[code-sandbox: %s truncated to %d of %d bytes]", what, limit, total)
+}
+
+func truncateString(s, what string, limit int) string {
+	if len(s) <= limit {
 		return s
 	}
-	return cutUTF8(s, MaxCommandBytes) + CommandMarker(what, len(s))
+	return cutUTF8(s, limit) + commandMarker(what, limit, len(s))
 }
 
-// truncateArgs keeps the first MaxCommandBytes bytes of args, cutting the
-// argument that crosses the cap and dropping those after it, and ends with
-// the marker as an argument of its own.
-func truncateArgs(args []string, total int) []string {
+// truncateArgs keeps the first limit bytes of args (each counted with
+// argOverhead), cutting the argument that crosses the cap and dropping
+// those after it, and ends with the marker as an argument of its own.
+func truncateArgs(args []string, total, limit int) []string {
 	out := make([]string, 0, 4)
-	room := MaxCommandBytes
+	room := limit
 	for _, a := range args {
-		if len(a) > room {
-			if room > 0 {
-				out = append(out, cutUTF8(a, room))
+		if len(a)+argOverhead > room {
+			if room > argOverhead {
+				out = append(out, cutUTF8(a, room-argOverhead))
 			}
 			break
 		}
 		out = append(out, a)
-		room -= len(a)
+		room -= len(a) + argOverhead
 	}
 	// The kept strings are copied so that the record does not pin the
 	// request's (possibly huge) backing array.
 	for i, a := range out {
 		out[i] = strings.Clone(a)
 	}
-	return append(out, CommandMarker("command", total))
+	return append(out, commandMarker("command", limit, total))
 }
 
 // cutUTF8 returns a copy of the first at most n bytes of s, not splitting
@@ -218,6 +232,15 @@ func cutUTF8(s string, n int) string {
 	return strings.Clone(s[:n])
 }
 
+// UnreadableID is the ID of the placeholder shown for a record longer than
+// MaxLineBytes (written by an older version).
+const UnreadableID = "unreadable"
+
+func unreadableRecord() Record {
+	return Record{ID: UnreadableID, ExitCode: -1, CommandTruncated: true,
+		Error: fmt.Sprintf("this history record is longer than %d bytes and cannot be shown", MaxLineBytes)}
+}
+
 // Append adds a record and wakes every follower of key. The oldest records
 // beyond the store's maximum count or bytes are dropped.
 func (s *Store) Append(key string, r Record) error {
@@ -226,6 +249,12 @@ func (s *Store) Append(key string, r Record) error {
 	}
 	r = Bound(r)
 	line, err := json.Marshal(r)
+	if err == nil && len(line) > MaxLineBytes {
+		// JSON escaping can grow a string sixfold (\u0001): cut harder so
+		// that the line stays readable.
+		r = boundTo(r, MaxCommandBytes/8)
+		line, err = json.Marshal(r)
+	}
 	if err != nil {
 		return fmt.Errorf("encoding history record: %w", err)
 	}
@@ -387,7 +416,18 @@ func (s *Store) readTail(path string, n int) ([]Record, error) {
 		recs  []Record // newest first
 		total int64
 	)
-	err = scanBackward(f, fi.Size(), MaxLineBytes, func(line []byte) bool {
+	err = scanBackward(f, fi.Size(), MaxLineBytes, func(line []byte, oversize bool) bool {
+		if oversize {
+			// Shown as a placeholder, not skipped: a reader should see that
+			// a command ran here even if its record cannot be read.
+			r := unreadableRecord()
+			b, _ := json.Marshal(r)
+			if size := int64(len(b)) + 1; total+size <= s.maxBytes || len(recs) == 0 {
+				recs = append(recs, r)
+				total += size
+			}
+			return len(recs) < n
+		}
 		if len(line) == 0 {
 			return true
 		}
@@ -415,10 +455,10 @@ func (s *Store) readTail(path string, n int) ([]Record, error) {
 
 // scanBackward calls fn with each line of the first size bytes of r, the
 // last line first, until fn returns false. It holds one block and at most
-// maxLine bytes of a line at a time; a longer line is skipped whole (fn
-// does not see it). A last line without its newline (torn by a crash) is
+// maxLine bytes of a line at a time; a longer line is not read: fn gets
+// it as (nil, true). A last line without its newline (torn by a crash) is
 // passed as well; fn is expected to reject what does not decode.
-func scanBackward(r io.ReaderAt, size int64, maxLine int, fn func(line []byte) bool) error {
+func scanBackward(r io.ReaderAt, size int64, maxLine int, fn func(line []byte, oversize bool) bool) error {
 	block := make([]byte, readBlock)
 	var (
 		partial  []byte // the end of the line being assembled, which starts further left
@@ -449,9 +489,14 @@ func scanBackward(r io.ReaderAt, size int64, maxLine int, fn func(line []byte) b
 				} else {
 					line = append(append(make([]byte, 0, end-i-1+len(partial)), b[i+1:end]...), partial...)
 				}
-				if len(line) <= maxLine && !fn(line) {
+				if len(line) <= maxLine && !fn(line, false) {
 					return nil
 				}
+				if len(line) > maxLine && !fn(nil, true) {
+					return nil
+				}
+			} else if !fn(nil, true) {
+				return nil
 			}
 			partial, oversize = partial[:0], false
 			end = i
@@ -465,8 +510,10 @@ func scanBackward(r io.ReaderAt, size int64, maxLine int, fn func(line []byte) b
 		}
 		partial = append(append(make([]byte, 0, end+len(partial)), b[:end]...), partial...)
 	}
-	if !oversize && len(partial) > 0 {
-		fn(partial)
+	if oversize {
+		fn(nil, true)
+	} else if len(partial) > 0 {
+		fn(partial, false)
 	}
 	return nil
 }

@@ -41,15 +41,28 @@ func (s *Server) serveExec(w http.ResponseWriter, r *http.Request, sbx *sandboxv
 		writeError(w, tooLarge("exec request is %d bytes, more than the %d allowed", r.ContentLength, maxExecBody))
 		return
 	}
-	var req execio.Request
-	dec := json.NewDecoder(http.MaxBytesReader(unwrapWriter(w), r.Body, maxExecBody))
-	if err := dec.Decode(&req); err != nil {
+	// The slot is taken before the body is decoded: decoding holds memory
+	// (up to the stdin cap several times over), and the node-wide limit is
+	// what bounds how many requests can do that at once.
+	release, lerr := s.limits.acquire(sbx.UID)
+	if lerr != nil {
+		writeError(w, lerr)
+		return
+	}
+	defer release()
+	// DecodeRequest bounds argv and env while streaming them, before they
+	// are decoded whole.
+	req, err := execio.DecodeRequest(http.MaxBytesReader(unwrapWriter(w), r.Body, maxExecBody))
+	if err != nil {
 		var maxBytes *http.MaxBytesError
-		if errors.As(err, &maxBytes) {
+		switch {
+		case errors.As(err, &maxBytes):
 			writeError(w, tooLarge("exec request exceeds %d bytes", maxExecBody))
-			return
+		case errors.Is(err, execio.ErrInvalidRequest):
+			writeError(w, err)
+		default:
+			writeError(w, badRequest("exec request is not a JSON execio.Request: %v", err))
 		}
-		writeError(w, badRequest("exec request is not a JSON execio.Request: %v", err))
 		return
 	}
 	// Relative working directories are relative to the Sandbox's own, as
@@ -76,17 +89,11 @@ func (s *Server) serveExec(w http.ResponseWriter, r *http.Request, sbx *sandboxv
 	if req.OutputLimitBytes <= 0 || req.OutputLimitBytes > s.cfg.ExecOutputLimit {
 		req.OutputLimitBytes = s.cfg.ExecOutputLimit
 	}
-	req, err := req.Normalize()
+	req, err = req.Normalize()
 	if err != nil {
 		writeError(w, err)
 		return
 	}
-	release, lerr := s.limits.acquire(sbx.UID)
-	if lerr != nil {
-		writeError(w, lerr)
-		return
-	}
-	defer release()
 
 	// The caller leaving (or a failed write to it) cancels the command, and
 	// the runtime then kills its whole process tree.

@@ -54,6 +54,12 @@ type HistoryStore interface {
 // Defaults of Config.
 const (
 	DefaultMaxExecsPerSandbox = 64
+	// DefaultMaxExecs is the manager's default node-wide bound
+	// (--max-execs). Each request in flight may hold its decoded body (up
+	// to the stdin cap, several times over while it is copied to the
+	// helper), so the bound is what keeps the manager inside its memory
+	// limit; a node of many busy Sandboxes raises it with the limit.
+	DefaultMaxExecs           = 32
 	DefaultDockerCheckTimeout = 10 * time.Second
 	// defaultWorkingDir is the CRD's default for spec.workingDir, for a
 	// Sandbox read before defaulting (it never is from the API server).

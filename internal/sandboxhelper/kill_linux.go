@@ -57,11 +57,9 @@ func findRuns(id string, self int) []int {
 // zombie counts as gone: it has already killed its tree.
 func isRun(pid int, id string) bool {
 	dir := "/proc/" + strconv.Itoa(pid)
-	info, err := os.Stat(dir)
-	if err != nil {
-		return false
-	}
-	if st, ok := info.Sys().(*syscall.Stat_t); !ok || int(st.Uid) != os.Getuid() {
+	// The owner of /proc/PID is root for a non-dumpable process (every
+	// helper since it hides its frames), so the real uid comes from status.
+	if uid, ok := procUID(dir); !ok || uid != os.Getuid() {
 		return false
 	}
 	if e, ok := readStat(pid); !ok || e.state == 'Z' || e.state == 'X' {
@@ -87,4 +85,23 @@ func isRun(pid int, id string) bool {
 		}
 	}
 	return false
+}
+
+// procUID is the real uid of the process whose /proc directory is dir.
+func procUID(dir string) (int, bool) {
+	data, err := os.ReadFile(dir + "/status")
+	if err != nil {
+		return 0, false
+	}
+	for _, line := range bytes.Split(data, []byte{'\n'}) {
+		if rest, ok := bytes.CutPrefix(line, []byte("Uid:")); ok {
+			fields := bytes.Fields(rest)
+			if len(fields) == 0 {
+				return 0, false
+			}
+			uid, err := strconv.Atoi(string(fields[0]))
+			return uid, err == nil
+		}
+	}
+	return 0, false
 }

@@ -24,6 +24,13 @@ func Main(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 		return usageError(stderr, errors.New("no subcommand"))
 	}
 	switch args[0] {
+	case "run", "serve", "tar", "untar":
+		// Before any frame or file content is read: see hideFromSandbox.
+		if err := hideFromSandbox(); err != nil {
+			return report(stderr, fmt.Errorf("making the helper non-dumpable: %w", err))
+		}
+	}
+	switch args[0] {
 	case "run":
 		opts, err := parseRun(args[1:])
 		if err != nil {
