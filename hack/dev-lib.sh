@@ -246,7 +246,7 @@ ensure_operator() {
 # with a freshly issued Pod-bound token (see hack/dev-node-kubeconfig.sh).
 node_kubeconfig() {
   local out="${DEV_DIR}/manager-$1.kubeconfig"
-  KUBECTL="${KUBECTL}" OPERATOR_NAMESPACE="${OPERATOR_NAMESPACE}" \
+  KUBECTL="${KUBECTL}" OPERATOR_NAMESPACE="${OPERATOR_NAMESPACE}" NODE_ADDRESS="${NODE_ADDRESS:-127.0.0.1}" \
     hack/dev-node-kubeconfig.sh "${KUBECONFIG_PATH}" "$1" "${out}" "${NODE_TOKEN_DURATION}"
   echo "${out}"
 }
@@ -270,7 +270,7 @@ has_node_certificate() {
 # ready and serves its node API with a certificate from the operator CA.
 ensure_node() {
   local name="manager-$1" pid kubeconfig health
-  kubeconfig=$(node_kubeconfig "$1")
+  kubeconfig=$(NODE_ADDRESS="${2%:*}" node_kubeconfig "$1")
   if pid=$(running "${name}" bin/manager); then
     log "${name} already runs (pid ${pid})"
   else

@@ -73,6 +73,11 @@ spec:
   - name: manager
     image: code-sandbox-operator/manager:latest
 EOF
+# The aggregated API server dials a node API only at one of its Node's
+# addresses, which a kubelet reports; there is none here, so the Node gets
+# the address its manager advertises (NODE_ADDRESS, loopback by default).
+kc patch node "${NODE}" --subresource=status --type=merge \
+  -p "{\"status\":{\"addresses\":[{\"type\":\"InternalIP\",\"address\":\"${NODE_ADDRESS:-127.0.0.1}\"}]}}" >/dev/null
 
 pod_node=$(kc get pod "${POD}" -n "${NAMESPACE}" -o jsonpath='{.spec.nodeName} {.spec.serviceAccountName}')
 if [[ "${pod_node}" != "${NODE} ${SERVICE_ACCOUNT}" ]]; then

@@ -35,7 +35,7 @@ fi
 log "applying config/dev/operator (the operator's objects in namespace ${OPERATOR_NAMESPACE})"
 apply_config config/dev/operator
 ensure_operator
-kubeconfig=$(node_kubeconfig "${NODE_NAME}")
+kubeconfig=$(NODE_ADDRESS="${NODE_API_ADDR%:*}" node_kubeconfig "${NODE_NAME}")
 
 log "running the manager for node ${NODE_NAME} (node API https://${NODE_API_ADDR}); Ctrl-C stops it"
 # shellcheck disable=SC2046 # node_args prints words without spaces

@@ -279,6 +279,7 @@ func (f *webhookFlags) serveAggregatedAPI(mgr ctrl.Manager, cfg *rest.Config, au
 	server, err := aggregatedapi.New(aggregatedapi.Config{
 		Sandboxes:         mgr.GetClient(),
 		APIReader:         mgr.GetAPIReader(),
+		Nodes:             mgr.GetAPIReader(),
 		Authenticator:     auth.Authenticator,
 		Authorizer:        auth.Authorizer,
 		ClientCertificate: authority.ClientCertificate(operatorca.AggregatorCommonName),

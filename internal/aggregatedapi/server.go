@@ -22,6 +22,8 @@ Licensed under the MIT License; see the LICENSE file.
 // subresources with no storage.
 package aggregatedapi
 
+// +kubebuilder:rbac:groups="",resources=nodes,verbs=get
+
 import (
 	"context"
 	"crypto/tls"
@@ -38,6 +40,7 @@ import (
 	"time"
 
 	"github.com/go-logr/logr"
+	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -59,6 +62,11 @@ type Config struct {
 	// APIReader is asked when the cache does not know one yet.
 	Sandboxes client.Reader
 	APIReader client.Reader
+	// Nodes reads Node objects (normally the API reader: one GET per
+	// forwarded request, no cache of every Node). status.nodeAPIEndpoint
+	// is dialled only if its host is one of the addresses of the Node
+	// named by status.nodeName.
+	Nodes client.Reader
 	// Authenticator authenticates kube-apiserver's front-proxy requests
 	// (and, for direct callers, tokens and client certificates); see
 	// NewDelegatingAuth.
@@ -96,6 +104,8 @@ func New(cfg Config) (*Server, error) {
 	switch {
 	case cfg.Sandboxes == nil:
 		return nil, errors.New("aggregated API: a Sandbox reader is required")
+	case cfg.Nodes == nil:
+		return nil, errors.New("aggregated API: a Node reader is required")
 	case cfg.Authenticator == nil || cfg.Authorizer == nil:
 		return nil, errors.New("aggregated API: an authenticator and an authorizer are required")
 	case cfg.ClientCertificate == nil || cfg.NodeCAs == nil:
@@ -234,13 +244,25 @@ func (s *Server) sandbox(ctx context.Context, rt wire.Route) (*sandboxv1alpha1.S
 
 // forward proxies the request to the node API of the Sandbox's node.
 func (s *Server) forward(w http.ResponseWriter, r *http.Request, u user.Info, rt wire.Route, sbx *sandboxv1alpha1.Sandbox) {
-	endpoint, err := parseEndpoint(sbx.Status.NodeAPIEndpoint)
-	if err != nil {
+	node := sbx.Status.NodeName
+	// One error for every way the endpoint is unusable or unreachable:
+	// the status is written by a node's manager, and what this server
+	// found when it tried (which address, refused or timed out, which
+	// certificate) would make it a probe of the cluster network for
+	// whoever compromised one. The details go to this server's log.
+	unavailable := func() {
 		nodeapi.WriteError(w, nodeapi.WithCause(nodeapi.NewError(http.StatusServiceUnavailable, metav1.StatusReasonServiceUnavailable,
-			"sandbox %s/%s: status.nodeAPIEndpoint: %v", sbx.Namespace, sbx.Name, err), wire.CauseNodeAPIUnavailable))
+			"sandbox %s/%s: the node API of node %s is unavailable", sbx.Namespace, sbx.Name, node), wire.CauseNodeAPIUnavailable))
+	}
+	endpoint, err := parseEndpoint(sbx.Status.NodeAPIEndpoint)
+	if err == nil {
+		err = s.nodeAddress(r.Context(), node, endpoint.Hostname())
+	}
+	if err != nil {
+		logf.FromContext(r.Context()).Info("refusing a node API endpoint", "sandbox", sbx.Namespace+"/"+sbx.Name, "node", node, "error", err.Error())
+		unavailable()
 		return
 	}
-	node := sbx.Status.NodeName
 	proxy := &httputil.ReverseProxy{
 		Transport: s.transport(node, endpoint.Host),
 		// Exec output and followed logs stream: pass every write on.
@@ -280,8 +302,7 @@ func (s *Server) forward(w http.ResponseWriter, r *http.Request, u user.Info, rt
 				return // the caller went away
 			}
 			logf.FromContext(r.Context()).Info("node API unreachable", "node", node, "endpoint", endpoint.Host, "error", err.Error())
-			nodeapi.WriteError(w, nodeapi.WithCause(nodeapi.NewError(http.StatusServiceUnavailable, metav1.StatusReasonServiceUnavailable,
-				"sandbox %s/%s: the node API of node %s is unreachable: %v", sbx.Namespace, sbx.Name, node, err), wire.CauseNodeAPIUnavailable))
+			unavailable()
 		},
 	}
 	proxy.ServeHTTP(w, r)
@@ -333,6 +354,30 @@ func (s *Server) Close() {
 		t.CloseIdleConnections()
 		delete(s.transports, k)
 	}
+}
+
+// nodeAddress checks that host (status.nodeAPIEndpoint's) is one of the
+// addresses of Node node: its InternalIP, ExternalIP or Hostname, which
+// the kubelet (or the cloud controller) writes, not the node's manager. A
+// compromised manager can then only point the aggregated API server at its
+// own node, never make it dial an address of its choosing.
+func (s *Server) nodeAddress(ctx context.Context, node, host string) error {
+	var n corev1.Node
+	if err := s.cfg.Nodes.Get(ctx, types.NamespacedName{Name: node}, &n); err != nil {
+		return fmt.Errorf("reading Node %s: %w", node, err)
+	}
+	ip := net.ParseIP(host)
+	for _, a := range n.Status.Addresses {
+		switch a.Type {
+		case corev1.NodeInternalIP, corev1.NodeExternalIP, corev1.NodeHostName:
+		default:
+			continue
+		}
+		if ip != nil && ip.Equal(net.ParseIP(a.Address)) || ip == nil && strings.EqualFold(host, a.Address) {
+			return nil
+		}
+	}
+	return fmt.Errorf("%s is not an address of Node %s", host, node)
 }
 
 // parseEndpoint checks status.nodeAPIEndpoint: https://HOST:PORT.

@@ -9,6 +9,7 @@ import (
 	"archive/tar"
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -177,6 +178,9 @@ type Client struct {
 	// toolsCreatedAt identifies the tools volume this client verified ("" if
 	// none yet), so a volume removed and re-created since (empty) is noticed.
 	toolsCreatedAt string
+	// fillerID is the tools filler image's ID (a content address) once
+	// imported or verified; guarded by toolsMu.
+	fillerID string
 }
 
 // New connects lazily to Docker: it never fails because the daemon is down,
@@ -508,25 +512,86 @@ func drainPull(rc io.ReadCloser) error {
 	return nil
 }
 
-// ensureFillerImage makes the trusted tools filler image present: imported
-// offline from an empty root filesystem (see ToolsFillerImage), once per
-// daemon, found again by its content tag.
+// ensureFillerImage makes the trusted tools filler image present and
+// returns its image ID, never its tag: the tag is a public name, and a
+// tenant's `imagePullPolicy: Always` pull of
+// code-sandbox-operator/tools-filler:<hash> re-points it on the node to
+// whatever a registry serves. The ID is a content address (the digest of
+// the image's configuration, which lists its layers' digests), so the image
+// is verified once by content (fillerImageOK) and then used by ID: the ID
+// this client imported or verified, re-checked on every use. A tag that
+// names anything else is imported over (the tag is only a convenience for
+// finding the image again after a restart).
 func (c *Client) ensureFillerImage(ctx context.Context) (string, error) {
+	if c.fillerID != "" {
+		img, err := c.docker.ImageInspect(ctx, c.fillerID)
+		if err == nil && fillerImageOK(img) {
+			return c.fillerID, nil
+		}
+		if err != nil && !cerrdefs.IsNotFound(err) {
+			return "", classify(err, "inspecting the tools filler image")
+		}
+		c.fillerID = "" // removed (docker image prune): import it again
+	}
 	ref := ToolsFillerImage()
-	if _, err := c.docker.ImageInspect(ctx, ref); err == nil {
-		return ref, nil
-	} else if !cerrdefs.IsNotFound(err) {
+	img, err := c.docker.ImageInspect(ctx, ref)
+	switch {
+	case err == nil && fillerImageOK(img):
+		c.fillerID = img.ID
+		return img.ID, nil
+	case err == nil:
+		logr.FromContextOrDiscard(ctx).Info("the tools filler tag names an image that is not the filler; importing the filler again", "tag", ref, "image", img.ID)
+	case !cerrdefs.IsNotFound(err):
 		return "", classify(err, "inspecting the tools filler image")
 	}
 	rc, err := c.docker.ImageImport(ctx, image.ImportSource{Source: bytes.NewReader(fillerRootfs()), SourceName: "-"}, ref,
 		image.ImportOptions{Changes: fillerImportChanges, Message: "code-sandbox-operator tools volume filler"})
+	var id string
 	if err == nil {
-		err = drainPull(rc)
+		id, err = drainImport(rc)
 	}
 	if err != nil {
 		return "", classify(err, "importing the tools filler image")
 	}
-	return ref, nil
+	// Verified by the ID the import reported, never by the tag, which a
+	// concurrent pull may already have re-pointed.
+	if img, err = c.docker.ImageInspect(ctx, id); err != nil {
+		return "", classify(err, "inspecting the imported tools filler image")
+	}
+	if !fillerImageOK(img) {
+		return "", fmt.Errorf("the imported tools filler image %s does not have the filler's content", id)
+	}
+	c.fillerID = img.ID
+	return img.ID, nil
+}
+
+// drainImport reads an image import's progress stream to its end and
+// returns the image ID it reports ({"status":"sha256:…"}).
+func drainImport(rc io.ReadCloser) (string, error) {
+	defer rc.Close()
+	var id string
+	dec := json.NewDecoder(io.LimitReader(rc, 1<<20))
+	for {
+		var m struct {
+			Status string `json:"status"`
+			Error  string `json:"error"`
+		}
+		if err := dec.Decode(&m); errors.Is(err, io.EOF) {
+			break
+		} else if err != nil {
+			return "", fmt.Errorf("reading the import's response: %w", err)
+		}
+		if m.Error != "" {
+			return "", errors.New(m.Error)
+		}
+		if strings.HasPrefix(m.Status, "sha256:") {
+			id = strings.TrimSpace(m.Status)
+		}
+	}
+	if id == "" {
+		return "", errors.New("the image import reported no image ID")
+	}
+	return id, nil
 }
 
 // ensureTools creates and fills the read-only tools volume (idle process and

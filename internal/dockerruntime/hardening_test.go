@@ -9,6 +9,7 @@ package dockerruntime
 import (
 	"context"
 	"fmt"
+	"os"
 	"runtime"
 	"strconv"
 	"strings"
@@ -289,6 +290,28 @@ var _ = Describe("Sandbox networking", dockerLabel, func() {
 		ct, _ := startSandbox(ctx, func(s *Spec) { s.Network = NetworkEgress })
 		Expect(netInterfaces(ctx, ct.ID)).To(ContainElements("lo", "eth0"))
 	}, SpecTimeout(60*time.Second))
+
+	It("has IPv6 off in an Egress sandbox, so no link-local path to other sandboxes exists", func(ctx SpecContext) {
+		// Link-local IPv6 between sandboxes on the one bridge is switched,
+		// not routed: the firewall would see it only with the node's
+		// bridge-nf-call-ip6tables. With IPv6 off there is no address to
+		// send from or to.
+		if _, err := os.Stat("/proc/net/if_inet6"); err != nil {
+			Skip("the node has no IPv6")
+		}
+		a, _ := startSandbox(ctx, func(s *Spec) { s.Network = NetworkEgress })
+		b, _ := startSandbox(ctx, func(s *Spec) { s.Network = NetworkEgress })
+		for _, id := range []string{a.ID, b.ID} {
+			res := sh(ctx, id, "cat /proc/sys/net/ipv6/conf/all/disable_ipv6 /proc/sys/net/ipv6/conf/default/disable_ipv6 /proc/sys/net/ipv6/conf/eth0/disable_ipv6; cat /proc/net/if_inet6")
+			Expect(res.Code).To(BeZero(), "%v", res)
+			Expect(res.Stdout).To(Equal("1\n1\n1\n"), "IPv6 is on, or an interface has an IPv6 address: %v", res)
+		}
+		// A peer's link-local address (from its MAC, as the kernel would
+		// form it) is unreachable.
+		mac := strings.TrimSpace(sh(ctx, b.ID, "cat /sys/class/net/eth0/address").Stdout)
+		res := sh(ctx, a.ID, "ping -6 -c1 -W1 "+linkLocal(mac)+"%eth0 2>&1; echo rc=$?")
+		Expect(res.Stdout).NotTo(ContainSubstring("rc=0"), "%v", res)
+	}, SpecTimeout(90*time.Second))
 })
 
 var _ = Describe("Resource exhaustion", dockerLabel, func() {
@@ -400,3 +423,10 @@ var _ = Describe("gVisor", dockerLabel, func() {
 		Expect(res.Stderr).To(ContainSubstring("No space left on device"))
 	}, SpecTimeout(60*time.Second))
 })
+
+// linkLocal is the EUI-64 link-local IPv6 address of a MAC address.
+func linkLocal(mac string) string {
+	var b [6]byte
+	_, _ = fmt.Sscanf(mac, "%x:%x:%x:%x:%x:%x", &b[0], &b[1], &b[2], &b[3], &b[4], &b[5])
+	return fmt.Sprintf("fe80::%02x%02x:%02xff:fe%02x:%02x%02x", b[0]^2, b[1], b[2], b[3], b[4], b[5])
+}

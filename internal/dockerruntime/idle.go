@@ -8,9 +8,11 @@ import (
 	"encoding/hex"
 	"fmt"
 	"runtime"
+	"slices"
 	"strings"
 	"time"
 
+	"github.com/docker/docker/api/types/image"
 	"github.com/docker/docker/api/types/mount"
 )
 
@@ -120,7 +122,8 @@ func toolsMount() mount.Mount {
 // from a trusted image the manager makes itself, never from a tenant's
 // image (whose content and configuration are the tenant's): an empty
 // FROM-scratch root filesystem, imported offline and tagged after its
-// content, so it is built once per daemon and found again by tag.
+// content, so it is built once per daemon. The tag only finds it again: it
+// is verified by content and used by ID (see ensureFillerImage).
 const (
 	// ToolsFillerRepository is the repository of the filler image.
 	ToolsFillerRepository = "code-sandbox-operator/tools-filler"
@@ -145,6 +148,26 @@ func fillerRootfs() []byte {
 	})
 	_ = tw.Close()
 	return buf.Bytes()
+}
+
+// fillerDiffID is the digest of the filler's one layer: Docker names an
+// uncompressed layer by the sha256 of its tar, so it is known before the
+// import.
+func fillerDiffID() string {
+	return fmt.Sprintf("sha256:%x", sha256.Sum256(fillerRootfs()))
+}
+
+// fillerImageOK reports whether img is the filler image: exactly the
+// filler's one layer and the configuration the import gives it, nothing a
+// pulled image could add (entrypoint, environment, user, volumes, onbuild
+// triggers, labels, health check).
+func fillerImageOK(img image.InspectResponse) bool {
+	cfg := img.Config
+	return len(img.RootFS.Layers) == 1 && img.RootFS.Layers[0] == fillerDiffID() &&
+		cfg != nil && slices.Equal(cfg.Cmd, []string{fillerEntrypoint}) &&
+		len(cfg.Entrypoint) == 0 && len(cfg.Env) == 0 && cfg.User == "" && cfg.WorkingDir == "" &&
+		len(cfg.Volumes) == 0 && len(cfg.OnBuild) == 0 && len(cfg.Labels) == 0 && cfg.Healthcheck == nil &&
+		len(cfg.Shell) == 0 && len(cfg.ExposedPorts) == 0 && cfg.StopSignal == ""
 }
 
 // ToolsFillerImage is the filler image's reference, tagged after its

@@ -201,23 +201,105 @@ var _ = Describe("The tools volume filler", dockerLabel, func() {
 				break collect
 			}
 		}
-		var fillers int
+		// Other processes sharing the Engine create fillers too, so ours is
+		// found by the image ID our client verified.
+		var ours int
 		for _, e := range all {
 			if e.managedBy == ManagedByValue+"-tools" {
-				fillers++
-				Expect(e.image).To(Equal(ToolsFillerImage()), "tools filler %s was created from %s, not the trusted filler image", e.name, e.image)
+				if e.image == c.fillerID {
+					ours++
+				}
 				Expect(e.image).NotTo(Equal(busyboxImage), "tools filler %s was created from the tenant's image", e.name)
 			}
 		}
-		Expect(fillers).To(BeNumerically(">=", 1), "no filler container was created: %+v", all)
+		Expect(c.fillerID).To(HavePrefix("sha256:"))
+		Expect(ours).To(BeNumerically(">=", 1), "no filler container was created from the verified image ID %s: %+v", c.fillerID, all)
 
-		img, err := rt.Docker().ImageInspect(ctx, ToolsFillerImage())
+		img, err := rt.Docker().ImageInspect(ctx, c.fillerID)
 		Expect(err).NotTo(HaveOccurred())
 		Expect(img.Config).NotTo(BeNil())
 		Expect(img.Config.Cmd).To(Equal([]string{fillerEntrypoint}))
 		Expect(img.RootFS.Layers).To(HaveLen(1))
 		Expect(sh(ctx, ct.ID, "echo ok").Stdout).To(Equal("ok\n"))
 	}, SpecTimeout(60*time.Second))
+})
+
+// The tools filler's tag is a public name: a tenant's pull with
+// imagePullPolicy Always of code-sandbox-operator/tools-filler:<hash>
+// re-points it on the node. Re-tagging the busybox test image stands in for
+// that pull.
+var _ = Describe("The tools volume filler image", dockerLabel, func() {
+	retagAsFiller := func(ctx context.Context) string {
+		GinkgoHelper()
+		bb, err := rt.Docker().ImageInspect(ctx, busyboxImage)
+		Expect(err).NotTo(HaveOccurred())
+		Expect(rt.Docker().ImageTag(ctx, busyboxImage, ToolsFillerImage())).To(Succeed())
+		return bb.ID
+	}
+
+	It("is found by content and used by ID, so a tenant re-pointing its tag changes nothing the manager runs", func(ctx SpecContext) {
+		// Other processes share the Engine: leave the tag on the filler.
+		DeferCleanup(func(ctx context.Context) {
+			fresh, err := New(Options{CallTimeout: 30 * time.Second})
+			Expect(err).NotTo(HaveOccurred())
+			defer fresh.Close()
+			fresh.toolsMu.Lock()
+			defer fresh.toolsMu.Unlock()
+			_, err = fresh.ensureFillerImage(ctx)
+			Expect(err).NotTo(HaveOccurred())
+		})
+		tenantID := retagAsFiller(ctx)
+		// A fresh client (a restarted manager) finds the tag on the
+		// tenant's image: it imports the filler again rather than use it.
+		c, err := New(Options{CallTimeout: 30 * time.Second})
+		Expect(err).NotTo(HaveOccurred())
+		DeferCleanup(c.Close)
+		c.toolsMu.Lock()
+		id, err := c.ensureFillerImage(ctx)
+		c.toolsMu.Unlock()
+		Expect(err).NotTo(HaveOccurred())
+		Expect(id).NotTo(Equal(tenantID))
+		img, err := rt.Docker().ImageInspect(ctx, id)
+		Expect(err).NotTo(HaveOccurred())
+		Expect(fillerImageOK(img)).To(BeTrue(), "%+v", img.Config)
+		Expect(img.RootFS.Layers).To(Equal([]string{fillerDiffID()}))
+
+		// Re-pointed again after the client verified it: the client keeps
+		// the ID it verified, whatever the tag now names.
+		Expect(retagAsFiller(ctx)).To(Equal(tenantID))
+		c.toolsMu.Lock()
+		again, err := c.ensureFillerImage(ctx)
+		c.toolsMu.Unlock()
+		Expect(err).NotTo(HaveOccurred())
+		Expect(again).To(Equal(id))
+
+		// And the filler container a create makes is of that image.
+		c.toolsCreatedAt = ""
+		since := time.Now().Add(-time.Second)
+		ct, err := c.CreateAndStart(ctx, baseSpec(newUID()))
+		Expect(err).NotTo(HaveOccurred())
+		DeferCleanup(func(ctx context.Context) { _ = c.Remove(ctx, ct.ID, 0) })
+		ectx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		defer cancel()
+		msgs, errs := rt.Docker().Events(ectx, events.ListOptions{
+			Since: since.Format(time.RFC3339Nano), Until: time.Now().Add(time.Second).Format(time.RFC3339Nano),
+			Filters: filters.NewArgs(filters.Arg("type", string(events.ContainerEventType)), filters.Arg("event", string(events.ActionCreate)),
+				filters.Arg("label", LabelManagedBy+"="+ManagedByValue+"-tools")),
+		})
+		var images []string
+	collect:
+		for {
+			select {
+			case m := <-msgs:
+				images = append(images, m.Actor.Attributes["image"])
+			case <-errs:
+				break collect
+			}
+		}
+		Expect(images).NotTo(BeEmpty())
+		Expect(images).To(ContainElement(id))
+		Expect(images).NotTo(ContainElement(ContainSubstring(tenantID[len("sha256:"):])))
+	}, SpecTimeout(90*time.Second))
 })
 
 // importedNoPathImage returns an image made with `docker import` from the

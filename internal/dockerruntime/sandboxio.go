@@ -456,7 +456,7 @@ func (c *Client) CopyOut(ctx context.Context, id string, src execio.Target, w io
 	pr, pw := io.Pipe()
 	done := make(chan counted, 1)
 	go func() {
-		stats, err := execio.ForwardTar(pr, w, maxBytes)
+		stats, err := execio.ForwardTar(ctx, pr, w, maxBytes)
 		// Failing the pipe fails the exec's output copy, which closes the
 		// exec and so stops the helper (EPIPE).
 		pr.CloseWithError(err)

@@ -11,6 +11,7 @@ import (
 	"bytes"
 	"context"
 	"crypto/rand"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
@@ -20,6 +21,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/code-sandbox/code-sandbox-operator/internal/execio"
@@ -588,6 +590,88 @@ var _ = Describe("CopyIn and CopyOut", dockerLabel, Ordered, ContinueOnFailure, 
 		Expect(err).To(MatchError(execio.ErrUnsupportedEntry))
 	}, SpecTimeout(30*time.Second))
 })
+
+// A sandbox can write into `helper tar`'s stdout (same user, through
+// /proc/<pid>/fd/1). A forged GNU sparse header there, whose whole content
+// is a 2^60-byte hole, made the manager's forwarder spin on a core forever
+// (archive/tar yields holes without reading input).
+var _ = Describe("CopyOut with a forged stream", dockerLabel, func() {
+	It("refuses a sparse entry the sandbox injects into the helper's stdout, promptly", func(ctx SpecContext) {
+		ct, _ := startSandbox(ctx, nil)
+		// Empty files: every 512-byte block is a header, so the helper's
+		// 64 KiB writes end on entry boundaries and the injected header is
+		// read as the next entry's.
+		Expect(sh(ctx, ct.ID, "mkdir /app/many && cd /app/many && i=0; while [ $i -lt 4000 ]; do : > f$i; i=$((i+1)); done").Code).To(BeZero())
+		_, err := rt.CopyIn(ctx, ct.ID, execio.Target{Root: "/tmp"}, bytes.NewReader(makeTar(tarEntry{Name: "forged.bin", Type: tar.TypeReg, Mode: 0o644, Body: forgedSparseTar()})), execio.UploadLimits{})
+		Expect(err).NotTo(HaveOccurred())
+		watch := `i=0; while [ $i -lt 20000 ]; do for p in /proc/[0-9]*; do
+  if tr '\0' ' ' < $p/cmdline 2>/dev/null | grep -q 'helper tar'; then cat /tmp/forged.bin > $p/fd/1 && echo injected >> /tmp/watch.log; exit 0; fi
+done; i=$((i+1)); done`
+		Expect(sh(ctx, ct.ID, "echo '"+strings.ReplaceAll(watch, "'", "'\\''")+"' > /tmp/watch.sh").Code).To(BeZero())
+
+		for attempt := 0; attempt < 10; attempt++ {
+			Expect(sh(ctx, ct.ID, "rm -f /tmp/watch.log; (sh /tmp/watch.sh > /dev/null 2>&1 &)").Code).To(BeZero())
+			time.Sleep(300 * time.Millisecond)
+			cctx, cancel := context.WithTimeout(ctx, 15*time.Second)
+			done := make(chan error, 1)
+			start, cpu0 := time.Now(), processCPU()
+			go func() {
+				_, err := rt.CopyOut(cctx, ct.ID, execio.Target{Root: "/app", Rel: "many"}, io.Discard, 0)
+				done <- err
+			}()
+			var err error
+			select {
+			case err = <-done:
+			case <-time.After(20 * time.Second):
+				cancel()
+				Fail(fmt.Sprintf("CopyOut is still running 20 s after the sandbox injected a sparse header: the forwarder spins (%v of this process's CPU)", processCPU()-cpu0))
+			}
+			cancel()
+			injected := sh(ctx, ct.ID, "cat /tmp/watch.log 2>/dev/null").Stdout
+			_ = sh(ctx, ct.ID, "pkill -f watch.sh")
+			if !strings.Contains(injected, "injected") {
+				continue // the helper finished before the watcher found it
+			}
+			fmt.Fprintf(GinkgoWriter, "attempt %d: injected; CopyOut returned after %v (%v of this process's CPU): %v\n", attempt, time.Since(start), processCPU()-cpu0, err)
+			if errors.Is(err, execio.ErrUnsupportedEntry) {
+				Expect(err.Error()).To(ContainSubstring("sparse file"))
+				return
+			}
+			// The forged bytes landed inside an entry: a corrupt archive,
+			// which fails too; try for an entry boundary again.
+		}
+		Skip("the injected header never landed on an entry boundary in 10 attempts")
+	}, SpecTimeout(5*time.Minute))
+})
+
+func processCPU() time.Duration {
+	var ru syscall.Rusage
+	_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// forgedSparseTar is an old-GNU sparse header (type 'S') with no data and a
+// 2^60-byte hole, followed by the end-of-archive marker.
+func forgedSparseTar() []byte {
+	b := make([]byte, 512)
+	copy(b[0:], "many/hole")
+	copy(b[100:], "0000644\x00")
+	copy(b[108:], "0000000\x00")
+	copy(b[116:], "0000000\x00")
+	copy(b[124:], "00000000000\x00")
+	copy(b[136:], "00000000000\x00")
+	b[156] = tar.TypeGNUSparse
+	copy(b[257:], "ustar  \x00")
+	b[483] = 0x80
+	binary.BigEndian.PutUint64(b[487:495], 1<<60)
+	copy(b[148:156], "        ")
+	sum := 0
+	for _, c := range b {
+		sum += int(c)
+	}
+	copy(b[148:], fmt.Sprintf("%06o\x00 ", sum))
+	return append(b, make([]byte, 1024)...)
+}
 
 // zeroReader is an endless stream of zeros.
 type zeroReader struct{}

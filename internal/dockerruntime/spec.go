@@ -291,7 +291,12 @@ func BuildContainerConfig(spec Spec) (*container.Config, *container.HostConfig, 
 	}
 	pids := s.Pids
 	init := true
+	var sysctls map[string]string
+	if s.Network == NetworkEgress {
+		sysctls = egress.SandboxSysctls()
+	}
 	hostCfg := &container.HostConfig{
+		Sysctls:        sysctls,
 		Privileged:     false,
 		CapDrop:        []string{"ALL"},
 		SecurityOpt:    []string{"no-new-privileges:true"},

@@ -7,6 +7,7 @@ Licensed under the MIT License; see the LICENSE file.
 package dockerruntime
 
 import (
+	"os"
 	"strconv"
 	"strings"
 	"time"
@@ -16,6 +17,8 @@ import (
 	"github.com/docker/docker/api/types/strslice"
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
+
+	"github.com/code-sandbox/code-sandbox-operator/internal/egress"
 )
 
 // tmpfsOpts splits a Docker tmpfs option string into a set and a key=value map.
@@ -235,6 +238,12 @@ var _ = Describe("BuildContainerConfig", Label("unit"), func() {
 		Expect(cfg.User).To(Equal("1000:2000"))
 		Expect(cfg.WorkingDir).To(Equal("/work/dir"))
 		Expect(*cfg.StopTimeout).To(Equal(3))
+		// IPv6 off in an Egress sandbox, whatever Docker's version does
+		// for an IPv4-only network (no link-local path between sandboxes).
+		Expect(hc.Sysctls).To(Equal(egress.SandboxSysctls()))
+		if _, err := os.Stat("/proc/net/if_inet6"); err == nil {
+			Expect(hc.Sysctls).To(HaveKeyWithValue("net.ipv6.conf.all.disable_ipv6", "1"))
+		}
 
 		Expect(hc.NanoCPUs).To(Equal(int64(250_000_000)))
 		Expect(hc.Memory).To(Equal(int64(64 << 20)))

@@ -174,15 +174,32 @@ func (f *Firewall) Healthy(context.Context) error {
 	return nil
 }
 
+// WatchInterval is how often Run compares a fingerprint of the rules
+// between full checks.
+const WatchInterval = time.Second
+
 // Run calls Ensure now and every interval until ctx ends. report, if not
 // nil, hears about every repair and every failure.
+//
+// Between full checks it watches the rules: every WatchInterval it takes
+// a fingerprint of the filter table (one `iptables -S` per family) and
+// calls Ensure as soon as it differs from the one taken before the last
+// Ensure. A flush (`iptables -F`, a Docker restart re-creating its chains)
+// then leaves Egress sandboxes without rules for about a second, not for a
+// whole interval, at the cost of one or two iptables calls a second.
 func (f *Firewall) Run(ctx context.Context, interval time.Duration, report func(repaired []string, err error)) {
 	if interval <= 0 {
 		interval = DefaultCheckInterval
 	}
 	t := time.NewTicker(interval)
 	defer t.Stop()
+	watch := time.NewTicker(WatchInterval)
+	defer watch.Stop()
+	var seen string
 	for {
+		// Taken before Ensure, so that a change made while (or after)
+		// Ensure runs is seen by the next comparison.
+		seen = f.fingerprint(ctx)
 		repaired, err := f.Ensure(ctx)
 		if ctx.Err() != nil {
 			return
@@ -190,12 +207,39 @@ func (f *Firewall) Run(ctx context.Context, interval time.Duration, report func(
 		if report != nil && (err != nil || len(repaired) > 0) {
 			report(repaired, err)
 		}
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
+	wait:
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+				break wait
+			case <-watch.C:
+				if fp := f.fingerprint(ctx); fp == "" || fp != seen {
+					break wait
+				}
+			}
 		}
 	}
+}
+
+// fingerprint is the filter table's rules for every family, or "" if they
+// cannot be listed (then Run checks in full).
+func (f *Firewall) fingerprint(ctx context.Context) string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.backend == nil {
+		return "" // not resolved yet: Ensure resolves it
+	}
+	var b strings.Builder
+	for _, fam := range f.families() {
+		out, err := f.run(ctx, fam.bin, "-S")
+		if err != nil {
+			return ""
+		}
+		b.WriteString(out)
+	}
+	return b.String()
 }
 
 // family is one of iptables and ip6tables.

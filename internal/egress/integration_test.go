@@ -501,6 +501,65 @@ func TestRulesComeBack(t *testing.T) {
 	})
 }
 
+// TestRulesComeBackPromptly: with the default (slow) full check, a flushed
+// chain or a removed jump (iptables -F, a Docker restart re-creating its
+// chains) is still repaired within about a second: Run watches a cheap
+// fingerprint of the rules and re-applies as soon as it changes, so a
+// sandbox does not get the full check interval without rules.
+func TestRulesComeBackPromptly(t *testing.T) {
+	e := setup(t)
+	if e.baseline {
+		t.Skip("baseline run: no firewall")
+	}
+	sbx := e.sandbox(t, dockerruntime.NetworkEgress)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		e.fw.Run(ctx, egress.DefaultCheckInterval, func(repaired []string, err error) {
+			t.Logf("firewall check: repaired %v, error %v", repaired, err)
+		})
+	}()
+	defer func() { cancel(); <-done }()
+	// The first full check has run once the rules are in place.
+	deadline := time.Now().Add(15 * time.Second)
+	for strings.HasPrefix(e.probe(t, sbx.ID, privateAddr, listenPort), "hello") {
+		if time.Now().After(deadline) {
+			t.Fatal("the rules never came up")
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	time.Sleep(1500 * time.Millisecond) // clear of the first check's tick
+	for _, brk := range [][]string{
+		{"iptables", "-w", "5", "-F", egress.ForwardChain},
+		{"iptables", "-w", "5", "-D", "DOCKER-USER", "-i", egress.BridgeName, "-j", egress.ForwardChain},
+	} {
+		if out, err := exec.Command(brk[0], brk[1:]...).CombinedOutput(); err != nil {
+			t.Fatalf("%v: %v: %s", brk, err, out)
+		}
+		start := time.Now()
+		// The rules are back when the chain has its rules again and
+		// DOCKER-USER jumps to it (measured on the rules: a blocked probe
+		// takes its own timeout).
+		restored := func() bool {
+			out, err := exec.Command("iptables", "-w", "5", "-S", egress.ForwardChain).Output()
+			jump := exec.Command("iptables", "-w", "5", "-C", "DOCKER-USER", "-i", egress.BridgeName, "-j", egress.ForwardChain).Run()
+			return err == nil && jump == nil && strings.Count(string(out), "-A ") > 3
+		}
+		for !restored() {
+			if time.Since(start) > 2500*time.Millisecond {
+				t.Fatalf("after %v the rules are still missing %v later: they wait for the %v full check", brk, time.Since(start), egress.DefaultCheckInterval)
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+		t.Logf("rules back %v after %v", time.Since(start), brk)
+		if got := e.probe(t, sbx.ID, privateAddr, listenPort); strings.HasPrefix(got, "hello") {
+			t.Fatalf("the rules are back but the sandbox reaches %s", privateAddr)
+		}
+	}
+}
+
 func TestAllowListReopensCIDR(t *testing.T) {
 	e := setup(t)
 	sbx := e.sandbox(t, dockerruntime.NetworkEgress)

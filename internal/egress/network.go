@@ -65,6 +65,24 @@ func NetworkOptions() map[string]string {
 	}
 }
 
+// SandboxSysctls are the sysctls of an Egress sandbox's network namespace:
+// IPv6 off on every interface. The network has no IPv6 subnet, but an
+// interface with IPv6 on still gets a link-local address, and link-local
+// traffic between sandboxes on the one bridge is switched, not routed: the
+// ip6tables rules see it only if the node sets
+// net.bridge.bridge-nf-call-ip6tables. Some Docker versions turn IPv6 off
+// on interfaces of an IPv4-only network; this does not depend on that. Nil
+// when the node has no IPv6 at all (the sysctls would not exist).
+func SandboxSysctls() map[string]string {
+	if !ipv6Enabled() {
+		return nil
+	}
+	return map[string]string{
+		"net.ipv6.conf.all.disable_ipv6":     "1",
+		"net.ipv6.conf.default.disable_ipv6": "1",
+	}
+}
+
 // EnsureNetwork creates the egress network unless it exists, and checks that
 // an existing one has the options the firewall relies on. It is idempotent
 // and safe to call concurrently from several processes.

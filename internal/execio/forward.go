@@ -2,6 +2,7 @@ package execio
 
 import (
 	"archive/tar"
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -17,10 +18,18 @@ const DownloadFramingAllowance int64 = 16 << 20
 // DownloadFramingAllowance. It is how a download is capped as it passes
 // through, so that neither a tampered helper nor a misbehaving node can
 // flood the receiver.
-func ForwardTar(r io.Reader, w io.Writer, maxBytes int64) (TransferStats, error) {
+//
+// The stream is written by code the sandbox controls (the helper's stdout
+// is writable by the sandbox user), so every header is checked before its
+// content is read: only directories, regular files and symbolic links (the
+// node API's download contract sends a symlink as a link; it has no
+// content) pass, anything else, sparse files above all (see EntryKind),
+// is ErrUnsupportedEntry. Reading stops when ctx ends.
+func ForwardTar(ctx context.Context, r io.Reader, w io.Writer, maxBytes int64) (TransferStats, error) {
 	var stats TransferStats
 	out := &cappedWriter{w: w, limit: maxBytes + DownloadFramingAllowance}
-	tr := tar.NewReader(io.TeeReader(r, out))
+	cr := &ctxReader{ctx: ctx, r: r}
+	tr := tar.NewReader(io.TeeReader(cr, out))
 	for {
 		h, err := tr.Next()
 		if errors.Is(err, io.EOF) {
@@ -30,12 +39,22 @@ func ForwardTar(r io.Reader, w io.Writer, maxBytes int64) (TransferStats, error)
 			return stats, out.err
 		}
 		if err != nil {
+			if cerr := ctx.Err(); cerr != nil {
+				return stats, cerr
+			}
 			return stats, fmt.Errorf("reading the archive: %w", err)
 		}
-		switch h.Typeflag {
-		case tar.TypeDir:
+		kind, kerr := EntryKind(h)
+		if kerr != nil && h.Typeflag == tar.TypeSymlink && h.Size == 0 {
+			kind, kerr = "symlink", nil
+		}
+		if kerr != nil {
+			return stats, fmt.Errorf("refusing the download: %w", kerr)
+		}
+		switch kind {
+		case "dir":
 			stats.Dirs++
-		case tar.TypeReg:
+		case "file":
 			if h.Size > maxBytes-stats.Bytes {
 				return stats, fmt.Errorf("%w: %q (%d bytes) takes the download past its %d-byte limit", ErrTooLarge, h.Name, h.Size, maxBytes)
 			}
@@ -46,14 +65,31 @@ func ForwardTar(r io.Reader, w io.Writer, maxBytes int64) (TransferStats, error)
 			if out.err != nil {
 				return stats, out.err
 			}
+			if cerr := ctx.Err(); cerr != nil {
+				return stats, cerr
+			}
 			return stats, fmt.Errorf("reading %q from the archive: %w", h.Name, err)
 		}
 	}
 	// Whatever follows the end-of-archive marker belongs to the stream too.
-	if _, err := io.Copy(out, r); err != nil {
+	if _, err := io.Copy(out, cr); err != nil {
 		return stats, err
 	}
 	return stats, out.err
+}
+
+// ctxReader fails reads once ctx has ended, so a stream that keeps
+// trickling cannot hold the forwarder past its request.
+type ctxReader struct {
+	ctx context.Context
+	r   io.Reader
+}
+
+func (c *ctxReader) Read(p []byte) (int, error) {
+	if err := c.ctx.Err(); err != nil {
+		return 0, err
+	}
+	return c.r.Read(p)
 }
 
 // cappedWriter fails with ErrTooLarge once more than limit bytes went

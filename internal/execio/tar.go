@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"strings"
 )
 
 // Normalize fills zero limits with the defaults and refuses negative ones.
@@ -23,8 +24,21 @@ func (l UploadLimits) Normalize() (UploadLimits, error) {
 
 // EntryKind classifies a tar header for an upload: "dir", "file", "skip"
 // (metadata-only PAX global headers) or an error wrapping
-// ErrUnsupportedEntry that names the entry and its type.
+// ErrUnsupportedEntry that names the entry and its type. Every tar walker
+// that reads an archive someone else wrote uses it before reading any
+// content.
+//
+// A sparse file is refused whatever its type flag says: archive/tar
+// yields a sparse file's holes as zeros without consuming input, so a
+// crafted header (GNU type 'S', or a PAX regular file carrying GNU.sparse.*
+// records) declaring a hole of many terabytes makes its reader spin on a
+// core for hours while reading nothing. Nothing we write makes sparse
+// entries (the in-sandbox helper, SanitizeTar and hostfs write regular
+// files), so only a forged archive carries one.
 func EntryKind(h *tar.Header) (string, error) {
+	if isSparse(h) {
+		return "", fmt.Errorf("%w: %q is a sparse file; only regular files and directories are transferred", ErrUnsupportedEntry, h.Name)
+	}
 	switch h.Typeflag {
 	case tar.TypeDir:
 		return "dir", nil
@@ -34,6 +48,21 @@ func EntryKind(h *tar.Header) (string, error) {
 		return "skip", nil
 	}
 	return "", fmt.Errorf("%w: %q is a %s; only regular files and directories may be uploaded", ErrUnsupportedEntry, h.Name, typeName(h.Typeflag))
+}
+
+// isSparse reports a GNU sparse entry: the old GNU format's type 'S', or
+// any of the PAX formats (0.0, 0.1, 1.0), which archive/tar reports as a
+// regular file and recognises by their GNU.sparse.* records.
+func isSparse(h *tar.Header) bool {
+	if h.Typeflag == tar.TypeGNUSparse {
+		return true
+	}
+	for k := range h.PAXRecords {
+		if strings.HasPrefix(k, "GNU.sparse.") {
+			return true
+		}
+	}
+	return false
 }
 
 func typeName(t byte) string {

@@ -33,6 +33,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
+	"k8s.io/client-go/util/retry"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
@@ -266,6 +267,44 @@ func (cp *ControlPlane) ConfigForToken(token string) *rest.Config {
 	return cfg
 }
 
+// LoopbackAddress is the address every node manager started by the tests
+// (and make dev-up) advertises its node API on.
+const LoopbackAddress = "127.0.0.1"
+
+// EnsureNode creates the Node name unless it exists, and makes addresses
+// (as InternalIP) part of its status.addresses, as a kubelet reports them:
+// the aggregated API server dials a node API only at one of its Node's
+// addresses. envtest has no kubelet, so the tests write them.
+func (cp *ControlPlane) EnsureNode(name string, addresses ...string) {
+	GinkgoHelper()
+	ctx := context.Background()
+	err := cp.Client.Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name}})
+	if !apierrors.IsAlreadyExists(err) {
+		Expect(err).NotTo(HaveOccurred(), "creating Node %s", name)
+	}
+	Expect(retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		var n corev1.Node
+		if err := cp.Client.Get(ctx, client.ObjectKey{Name: name}, &n); err != nil {
+			return err
+		}
+		changed := false
+	next:
+		for _, a := range addresses {
+			for _, have := range n.Status.Addresses {
+				if have.Type == corev1.NodeInternalIP && have.Address == a {
+					continue next
+				}
+			}
+			n.Status.Addresses = append(n.Status.Addresses, corev1.NodeAddress{Type: corev1.NodeInternalIP, Address: a})
+			changed = true
+		}
+		if !changed {
+			return nil
+		}
+		return cp.Client.Status().Update(ctx, &n)
+	})).To(Succeed(), "setting the addresses of Node %s", name)
+}
+
 // NodeBoundToken returns a token of ServiceAccount serviceAccount in ns bound
 // to a Pod on node, as a kubelet hands it to the Pod: the API server then
 // adds the node's name to the requests made with it (the user's extra
@@ -283,7 +322,7 @@ func (cp *ControlPlane) NodeBoundToken(ns, serviceAccount, node string) string {
 			Expect(err).NotTo(HaveOccurred(), "creating %T %s", obj, obj.GetName())
 		}
 	}
-	create(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: node}})
+	cp.EnsureNode(node, LoopbackAddress)
 	create(&corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: serviceAccount}})
 	pod := &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: serviceAccount + "-" + node},

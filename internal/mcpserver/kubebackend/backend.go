@@ -674,7 +674,7 @@ func (b *driver) Download(ctx context.Context, h session.Handle, src string, w i
 		pw.CloseWithError(err)
 		downloaded <- err
 	}()
-	stats, ferr := execio.ForwardTar(pr, w, maxBytes)
+	stats, ferr := execio.ForwardTar(ctx, pr, w, maxBytes)
 	if ferr != nil {
 		cancel()
 	}

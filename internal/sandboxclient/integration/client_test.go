@@ -9,9 +9,11 @@ import (
 	"crypto/x509"
 	"errors"
 	"io"
+	"net"
 	"net/http"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	. "github.com/onsi/ginkgo/v2"
@@ -29,6 +31,7 @@ import (
 	"github.com/code-sandbox/code-sandbox-operator/internal/nodeapi/wire"
 	"github.com/code-sandbox/code-sandbox-operator/internal/operatorca"
 	"github.com/code-sandbox/code-sandbox-operator/internal/sandboxclient"
+	"github.com/code-sandbox/code-sandbox-operator/internal/testenv"
 )
 
 func newClient(c *rest.Config) *sandboxclient.Client {
@@ -444,6 +447,7 @@ var _ = Describe("sandboxclient through the API server and the aggregated API", 
 })
 
 var _ = Describe("a forged node API endpoint", Label("integration"), func() {
+	var forgeStatus func(ns, node, endpoint string)
 	// A Sandbox's status names its node API's address. Whoever could write
 	// that address (only the node's manager, under the status policy) still
 	// cannot make the aggregated API server talk to an impostor: the server
@@ -484,6 +488,15 @@ var _ = Describe("a forged node API endpoint", Label("integration"), func() {
 
 	forge := func(ns, node, endpoint string) {
 		GinkgoHelper()
+		// The impostor listens on an address of node (as a manager's
+		// node API does), so the server dials it and checks its
+		// certificate.
+		cp.EnsureNode(node, testenv.LoopbackAddress)
+		forgeStatus(ns, node, endpoint)
+	}
+
+	forgeStatus = func(ns, node, endpoint string) {
+		GinkgoHelper()
 		sbx := createSandbox(ns, "forged", func(s *sandboxv1alpha1.Sandbox) { s.Spec.NodeName = node })
 		// envtest runs without the status policy, so the test can write
 		// the status a (compromised) manager of node would write.
@@ -519,6 +532,48 @@ var _ = Describe("a forged node API endpoint", Label("integration"), func() {
 		Expect(sandboxclient.IsUnavailable(err)).To(BeTrue(), "%v", err)
 		Expect(err.Error()).To(ContainSubstring("fake-node"))
 		Consistently(received, time.Second).Should(BeZero())
+	})
+
+	It("is never dialled when it is not an address of its node, and the caller learns nothing of the network", func() {
+		// A compromised manager could otherwise make the aggregated API
+		// server dial any address (a port scan of the cluster network,
+		// read from the errors). The Node's addresses are the kubelet's.
+		ns := newNamespace()
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		Expect(err).NotTo(HaveOccurred())
+		DeferCleanup(l.Close)
+		var accepted atomic.Int32
+		go func() {
+			for {
+				conn, err := l.Accept()
+				if err != nil {
+					return
+				}
+				accepted.Add(1)
+				_ = conn.Close()
+			}
+		}()
+		node := "fake-node-elsewhere"
+		cp.EnsureNode(node, "192.0.2.10") // TEST-NET-1: not where the endpoint points
+		forgeStatus(ns, node, "https://"+l.Addr().String())
+		err = execIn(ns)
+		Expect(sandboxclient.IsUnavailable(err)).To(BeTrue(), "%v", err)
+		Expect(err.Error()).To(ContainSubstring("the node API of node " + node + " is unavailable"))
+		Expect(err.Error()).NotTo(ContainSubstring("127.0.0.1"))
+		Consistently(accepted.Load, time.Second).Should(BeZero(), "the aggregated API server dialled an address that is not its node's")
+
+		// A closed port among the node's addresses: the dial fails, and
+		// the caller gets the same error, without the dial's text.
+		closed, err := net.Listen("tcp", "127.0.0.1:0")
+		Expect(err).NotTo(HaveOccurred())
+		addr := closed.Addr().String()
+		Expect(closed.Close()).To(Succeed())
+		ns2 := newNamespace()
+		cp.EnsureNode("fake-node-closed", testenv.LoopbackAddress)
+		forgeStatus(ns2, "fake-node-closed", "https://"+addr)
+		err = execIn(ns2)
+		Expect(sandboxclient.IsUnavailable(err)).To(BeTrue(), "%v", err)
+		Expect(err.Error()).NotTo(Or(ContainSubstring("refused"), ContainSubstring("dial"), ContainSubstring(addr)))
 	})
 
 	It("gets no bytes from a real node's certificate used for another node", func() {

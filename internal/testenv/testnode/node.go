@@ -159,6 +159,8 @@ func Start(cp *testenv.ControlPlane, op *Operator, opts NodeOptions) *Node {
 	Expect(err).NotTo(HaveOccurred())
 	endpoint := ""
 	if op != nil {
+		// The aggregated API server dials only the Node's own addresses.
+		cp.EnsureNode(opts.Name, testenv.LoopbackAddress)
 		n.API = NewNodeAPI(op.Authority.Current(), NodeAPIOptions{
 			Node: opts.Name, Runtime: n.Docker, Reader: n.Manager.GetClient(), APIReader: n.Manager.GetAPIReader(),
 			History: n.History, FileTransferLimit: opts.FileTransferLimit,

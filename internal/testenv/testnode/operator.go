@@ -68,6 +68,7 @@ func StartOperator(cp *testenv.ControlPlane) *Operator {
 	Expect(err).NotTo(HaveOccurred())
 	op.Server, err = aggregatedapi.New(aggregatedapi.Config{
 		Sandboxes:         cp.Client,
+		Nodes:             cp.Client,
 		Authenticator:     auth.Authenticator,
 		Authorizer:        auth.Authorizer,
 		ClientCertificate: op.Authority.ClientCertificate(operatorca.AggregatorCommonName),
