@@ -124,7 +124,7 @@ func (r *SandboxReconciler) claimNode(ctx context.Context, sbx *sandboxv1alpha1.
 		return false, ctrl.Result{RequeueAfter: retry}, nil
 	}
 
-	sbx.Status.NodeName = r.opts.NodeName
+	r.startClaim(sbx)
 	if record != nil {
 		record(sbx)
 	}
@@ -141,6 +141,16 @@ func (r *SandboxReconciler) claimNode(ctx context.Context, sbx *sandboxv1alpha1.
 	log.Info("claimed sandbox")
 	r.recorder.Eventf(sbx, nil, "Normal", "Claimed", "Claim", "claimed by node %s", r.opts.NodeName)
 	return true, ctrl.Result{}, nil
+}
+
+// startClaim binds sbx to this node, starting from an empty status. Every
+// manager may write the pending conditions of an unbound Sandbox
+// (config/policy/sandbox_status_policy.yaml), so nothing written before the
+// claim is trusted: a compromised manager of another node could otherwise
+// plant a container ID, a warm pool member (another Sandbox's container, to
+// be adopted here) or a start time (which moves the deadline).
+func (r *SandboxReconciler) startClaim(sbx *sandboxv1alpha1.Sandbox) {
+	sbx.Status = sandboxv1alpha1.SandboxStatus{NodeName: r.opts.NodeName}
 }
 
 // usedCapacity counts live Sandboxes bound to this node. Caller holds

@@ -188,3 +188,34 @@ var _ = Describe("spreading warm pool members", Label("unit"), func() {
 		Expect(t.remaining("m1", now.Add(time.Second), 250*time.Millisecond)).To(Equal(250 * time.Millisecond))
 	})
 })
+
+var _ = Describe("a warm pool member named in the status", Label("unit"), func() {
+	member := func(ref bool) *sandboxv1alpha1.Sandbox {
+		sbx := &sandboxv1alpha1.Sandbox{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "claimant", UID: "claimant-uid"}}
+		if ref {
+			sbx.Spec.WarmPoolRef = &sandboxv1alpha1.WarmPoolReference{Name: "pool"}
+		}
+		sbx.Status.WarmPool = &sandboxv1alpha1.SandboxWarmPoolClaimStatus{
+			Member: &sandboxv1alpha1.WarmPoolMemberReference{Name: "pool-abcde", UID: "member-uid"}}
+		return sbx
+	}
+	container := func(ns, name, node string) dockerruntime.Container {
+		return dockerruntime.Container{ID: "0123456789abcdef", Labels: map[string]string{
+			dockerruntime.LabelNamespace: ns, dockerruntime.LabelName: name, dockerruntime.LabelNode: node}}
+	}
+	r := &SandboxReconciler{opts: Options{NodeName: "a"}}
+
+	It("counts only with spec.warmPoolRef", func() {
+		Expect(member(false).ContainerUID()).To(Equal(types.UID("claimant-uid")))
+		Expect(member(true).ContainerUID()).To(Equal(types.UID("member-uid")))
+	})
+	It("is adopted only if its container was made for that member, in the same namespace, on this node", func() {
+		Expect(r.verifyMemberContainer(member(true), container("ns", "pool-abcde", "a"))).To(Succeed())
+		Expect(r.verifyMemberContainer(member(true), container("victim-ns", "pool-abcde", "a"))).To(MatchError(ContainSubstring("refusing to adopt it")))
+		Expect(r.verifyMemberContainer(member(true), container("ns", "victim", "a"))).To(MatchError(ContainSubstring("belongs to Sandbox ns/victim")))
+		Expect(r.verifyMemberContainer(member(true), container("ns", "pool-abcde", "b"))).To(MatchError(ContainSubstring(`on node "b"`)))
+		Expect(r.ownContainers(member(true), []dockerruntime.Container{container("victim-ns", "v", "a"), container("ns", "pool-abcde", "a")})).To(HaveLen(1))
+		// Without spec.warmPoolRef the Sandbox's own container is the only one.
+		Expect(r.verifyMemberContainer(member(false), container("ns", "claimant", "a"))).To(Succeed())
+	})
+})

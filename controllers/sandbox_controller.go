@@ -312,6 +312,11 @@ func (r *SandboxReconciler) reconcile(ctx context.Context, sbx *sandboxv1alpha1.
 		return r.dockerFailure(ctx, sbx, err)
 	}
 
+	if err := r.verifyMemberContainer(sbx, ct); err != nil {
+		r.setReady(sbx, metav1.ConditionFalse, sandboxv1alpha1.SandboxReasonWarmPoolMemberInvalid, err.Error())
+		log.Error(err, "refusing to adopt a container")
+		return ctrl.Result{}, nil
+	}
 	sbx.Status.ContainerID = ct.ID
 	switch ct.State.Status {
 	case "running", "paused":
@@ -432,6 +437,37 @@ func (r *SandboxReconciler) memberUnhealthy(ctx context.Context, sbx *sandboxv1a
 	return ctrl.Result{RequeueAfter: delay}, nil
 }
 
+// verifyMemberContainer checks, before a Sandbox adopts the container of
+// the warm pool member its status names, that the container was made for a
+// Sandbox of the same namespace, with the member's name, on this node. The
+// labels were set by this node's manager when it created the container;
+// status.warmPool.member is only as good as whoever wrote it last.
+func (r *SandboxReconciler) verifyMemberContainer(sbx *sandboxv1alpha1.Sandbox, ct dockerruntime.Container) error {
+	uid := sbx.ContainerUID()
+	if uid == sbx.UID {
+		return nil
+	}
+	m := sbx.Status.WarmPool.Member
+	ns, name, node := ct.Labels[dockerruntime.LabelNamespace], ct.Labels[dockerruntime.LabelName], ct.Labels[dockerruntime.LabelNode]
+	if ns != sbx.Namespace || name != m.Name || node != r.opts.NodeName {
+		return fmt.Errorf("status.warmPool.member names %s (UID %s), but container %s belongs to Sandbox %s/%s on node %q, not to a warm pool member %s/%s on node %s; refusing to adopt it",
+			m.Name, uid, dockerruntime.ShortID(ct.ID), ns, name, node, sbx.Namespace, m.Name, r.opts.NodeName)
+	}
+	return nil
+}
+
+// ownContainers drops from list the containers verifyMemberContainer
+// refuses: a Sandbox never removes a container that is not its own.
+func (r *SandboxReconciler) ownContainers(sbx *sandboxv1alpha1.Sandbox, list []dockerruntime.Container) []dockerruntime.Container {
+	out := list[:0:0]
+	for _, ct := range list {
+		if r.verifyMemberContainer(sbx, ct) == nil {
+			out = append(out, ct)
+		}
+	}
+	return out
+}
+
 // markRunning records a running container: Ready, and on the first start the
 // start time (from which the lifetime counts) and the create-to-Ready
 // latency. It returns when to look again: at expiry, if there is one.
@@ -518,6 +554,7 @@ func (r *SandboxReconciler) removeContainers(ctx context.Context, sbx *sandboxv1
 	}
 	uid := string(sbx.ContainerUID())
 	list, err := r.docker.ListManaged(ctx, dockerruntime.ListFilter{UID: uid})
+	list = r.ownContainers(sbx, list)
 	if err == nil {
 		for _, ct := range list {
 			if err = r.docker.Remove(ctx, ct.ID, r.opts.StopGracePeriod); err != nil {
@@ -527,7 +564,7 @@ func (r *SandboxReconciler) removeContainers(ctx context.Context, sbx *sandboxv1
 	}
 	if err == nil {
 		// Proven gone: a fresh list, not the one we acted on.
-		if list, err = r.docker.ListManaged(ctx, dockerruntime.ListFilter{UID: uid}); err == nil && len(list) > 0 {
+		if list, err = r.docker.ListManaged(ctx, dockerruntime.ListFilter{UID: uid}); err == nil && len(r.ownContainers(sbx, list)) > 0 {
 			err = fmt.Errorf("%d container(s) still present after removal", len(list))
 		}
 	}
@@ -580,8 +617,13 @@ func (r *SandboxReconciler) deleteHistory(ctx context.Context, sbx *sandboxv1alp
 // restarted on a new address corrects every Sandbox on its next resync.
 func (r *SandboxReconciler) setReady(sbx *sandboxv1alpha1.Sandbox, status metav1.ConditionStatus, reason, message string) {
 	// The endpoint is the node's, not the container's: logs and history
-	// of a Sandbox that is not Ready are served there too.
-	sbx.Status.NodeAPIEndpoint = r.opts.NodeAPIEndpoint
+	// of a Sandbox that is not Ready are served there too. Only on a
+	// Sandbox bound to this node: the pending conditions a manager writes
+	// to an unbound Sandbox are the only thing the status policy lets it
+	// change there.
+	if sbx.Status.NodeName == r.opts.NodeName {
+		sbx.Status.NodeAPIEndpoint = r.opts.NodeAPIEndpoint
+	}
 	meta.SetStatusCondition(&sbx.Status.Conditions, metav1.Condition{
 		Type:               string(sandboxv1alpha1.SandboxConditionReady),
 		Status:             status,

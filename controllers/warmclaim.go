@@ -245,7 +245,7 @@ func (r *SandboxReconciler) claimFromPool(ctx context.Context, sbx *sandboxv1alp
 	thawed := r.docker.BeginUnpause(member.Status.ContainerID)
 	// A warm claim needs no capacity: the member already holds its place on
 	// this node, and stops counting once claimed (usedCapacity).
-	sbx.Status.NodeName = r.opts.NodeName
+	r.startClaim(sbx) // sec-unbound2: a claim starts from an empty status
 	sbx.Status.ObservedGeneration = sbx.Generation
 	claim := record(sbx, member)
 	r.markRunning(sbx, member.Status.ContainerID, 0)

@@ -146,6 +146,12 @@ const (
 	// SandboxReasonClaimed: this Sandbox is a warm pool member whose
 	// container another Sandbox took over; the pool controller deletes it.
 	SandboxReasonClaimed = "Claimed"
+
+	// SandboxReasonWarmPoolMemberInvalid: status.warmPool.member names a
+	// container that is not a warm pool member of this Sandbox's namespace
+	// on its node. The manager fails closed: it neither adopts, starts nor
+	// removes that container.
+	SandboxReasonWarmPoolMemberInvalid = "WarmPoolMemberInvalid"
 )
 
 // ImagePullPolicy says when the manager pulls the sandbox image.

@@ -224,11 +224,17 @@ type SandboxWarmPoolClaimStatus struct {
 }
 
 // ContainerUID is the UID the Sandbox's container is labelled and named
-// with: its own, or for a Sandbox that claimed a warm pool member, the
-// member's. Only the manager writes status, so a namespace user cannot point
-// a Sandbox at another one's container.
+// with: its own, or for a Sandbox with spec.warmPoolRef that claimed a warm
+// pool member, the member's. Only the managers write status, and
+// status.warmPool.member only comes from this node's claim: a claim starts
+// from an empty status (a manager of another node may have written the
+// status of the Sandbox while it was unbound), and the manager adopts a
+// member's container only if its labels name a Sandbox of the same
+// namespace on its node (controllers, verifyMemberContainer). A Sandbox
+// without spec.warmPoolRef never runs in another one's container, whatever
+// its status says.
 func (s *Sandbox) ContainerUID() types.UID {
-	if s.Status.WarmPool != nil && s.Status.WarmPool.Member != nil && s.Status.WarmPool.Member.UID != "" {
+	if s.Spec.WarmPoolRef != nil && s.Status.WarmPool != nil && s.Status.WarmPool.Member != nil && s.Status.WarmPool.Member.UID != "" {
 		return s.Status.WarmPool.Member.UID
 	}
 	return s.UID

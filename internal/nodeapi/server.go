@@ -343,9 +343,12 @@ func (s *Server) container(ctx context.Context, sbx *sandboxv1alpha1.Sandbox, ne
 	}
 	// A Sandbox that took over a warm pool member runs in the member's
 	// container, named and labelled with the member's UID; only the
-	// manager writes the status that says so.
+	// manager writes the status that says so. The member was in the same
+	// namespace: a container made for another namespace's Sandbox is never
+	// this one's, whatever the status says.
 	uid := string(sbx.ContainerUID())
-	if !ct.OwnedBy(s.cfg.ManagedBy, uid) || ct.Labels[dockerruntime.LabelNode] != s.cfg.NodeName || ct.Name != dockerruntime.ContainerName(uid) {
+	if !ct.OwnedBy(s.cfg.ManagedBy, uid) || ct.Labels[dockerruntime.LabelNode] != s.cfg.NodeName || ct.Name != dockerruntime.ContainerName(uid) ||
+		ct.Labels[dockerruntime.LabelNamespace] != sbx.Namespace {
 		logf.FromContext(ctx).Info("refusing a container that is not this sandbox's",
 			"container", dockerruntime.ShortID(ct.ID), "name", ct.Name, "labels", ct.Labels)
 		return ct, conflict("sandbox %s: container %s is not the sandbox's own container; refusing to touch it",

@@ -22,7 +22,9 @@ func ClaimedMembers(sandboxes []sandboxv1alpha1.Sandbox) map[types.UID]bool {
 	out := map[types.UID]bool{}
 	for i := range sandboxes {
 		wp := sandboxes[i].Status.WarmPool
-		if wp == nil || wp.Member == nil || wp.Member.UID == "" || wp.Member.UID == sandboxes[i].UID {
+		// As for Sandbox.ContainerUID, a member counts only for a Sandbox
+		// with spec.warmPoolRef: no other Sandbox ever takes one over.
+		if wp == nil || wp.Member == nil || wp.Member.UID == "" || wp.Member.UID == sandboxes[i].UID || sandboxes[i].Spec.WarmPoolRef == nil {
 			continue
 		}
 		out[wp.Member.UID] = true

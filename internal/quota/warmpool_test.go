@@ -76,8 +76,11 @@ var _ = Describe("Warm pools", func() {
 			member := sandbox("m", "", "", "")
 			member.Labels = map[string]string{sandboxv1alpha1.LabelWarmPool: "pool"}
 			self := claimed(claimant("s", "pool"), "s", current) // names itself: ignored
+			// No spec.warmPoolRef: it never took a member over, whatever
+			// its status says.
+			noRef := claimed(sandbox("n", "", "", ""), "other", current)
 			Expect(quota.ClaimedMembers([]sandboxv1alpha1.Sandbox{
-				member, claimed(claimant("c", "pool"), "m", current), claimed(claimant("cold", "pool"), "", current), self,
+				member, claimed(claimant("c", "pool"), "m", current), claimed(claimant("cold", "pool"), "", current), self, noRef,
 			})).To(Equal(map[types.UID]bool{"m": true}))
 		})
 	})

@@ -8,6 +8,8 @@ package manifests
 
 import (
 	"encoding/json"
+	"reflect"
+	"strings"
 	"time"
 
 	. "github.com/onsi/ginkgo/v2"
@@ -26,6 +28,7 @@ import (
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	sandboxv1alpha1 "github.com/code-sandbox/code-sandbox-operator/api/v1alpha1"
 	"github.com/code-sandbox/code-sandbox-operator/internal/testenv"
 )
 
@@ -61,6 +64,24 @@ var _ = Describe("The Sandbox status policy as config/default renders it", func(
 		convert(find(objs, "ValidatingAdmissionPolicy", policyName), vap)
 		binding := &admissionregistrationv1.ValidatingAdmissionPolicyBinding{}
 		convert(find(objs, "ValidatingAdmissionPolicyBinding", policyName), binding)
+
+		// Rule 5 compares every status field but nodeName and conditions:
+		// a field added to SandboxStatus must be added there too.
+		var unchanged string
+		for _, v := range vap.Spec.Variables {
+			if v.Name == "unchanged" {
+				unchanged = v.Expression
+			}
+		}
+		st := reflect.TypeOf(sandboxv1alpha1.SandboxStatus{})
+		for i := range st.NumField() {
+			field, _, _ := strings.Cut(st.Field(i).Tag.Get("json"), ",")
+			if field == "nodeName" || field == "conditions" {
+				continue
+			}
+			Expect(unchanged).To(ContainSubstring("object.?status.?"+field+" == oldObject.?status.?"+field),
+				"status.%s is missing from the policy's unchanged rule", field)
+		}
 
 		Expect(vap.Namespace).To(BeEmpty(), "a ValidatingAdmissionPolicy is cluster-scoped")
 		Expect(binding.Namespace).To(BeEmpty(), "a ValidatingAdmissionPolicyBinding is cluster-scoped")
@@ -397,6 +418,48 @@ var _ = Describe("The Sandbox status policy of the default overlay, applied for 
 		err := patchStatus(ctx, managerA, ns, sbxA, map[string]any{"nodeName": nodeB})
 		expectPolicyRefusal(err, "the manager of node "+nodeA+" ("+managerUser+") may claim Sandbox "+ns+"/"+sbxA+" only for its own node, not for node "+nodeB)
 		Expect(nodeOf(ctx, ns, sbxA)).To(BeEmpty())
+	})
+
+	It("lets a manager change only the pending conditions of an unbound Sandbox, unless it claims it for itself", func(ctx SpecContext) {
+		name := "unbound-plant"
+		Expect(cp.Client.Create(ctx, newSandbox(ns, name, ""))).To(Succeed())
+		// What a compromised manager of node A would plant for node B to
+		// find when it claims: another Sandbox's container, a far-future
+		// start (no deadline), an endpoint, a verdict the quota believes.
+		refused := map[string]map[string]any{
+			"a container ID":        {"containerID": "0123456789ab"},
+			"a far-future start":    {"startTime": "2999-01-01T00:00:00Z"},
+			"a warm pool member":    {"warmPool": map[string]any{"member": map[string]any{"name": "victim", "uid": "5f0c2f3e-0000-4000-8000-000000000001"}}},
+			"a node API endpoint":   {"nodeAPIEndpoint": "https://203.0.113.7:9443"},
+			"an observedGeneration": {"observedGeneration": int64(7)},
+		}
+		for what, status := range refused {
+			status["conditions"] = conditions("Ready", "False")
+			err := patchStatus(ctx, managerA, ns, name, status)
+			expectPolicyRefusal(err, "the manager of node "+nodeA+" ("+managerUser+") may change only the conditions of Sandbox "+ns+"/"+name+" unless it claims it for its own node")
+			Expect(err).To(HaveOccurred(), what)
+		}
+		for _, conds := range [][]any{
+			append(conditions("Ready", "False"), conditions("Expired", "True")...),
+			conditions("Ready", "True"),
+			conditions("Paused", "False"),
+		} {
+			err := patchStatus(ctx, managerB, ns, name, map[string]any{"conditions": conds})
+			expectPolicyRefusal(err, "may write only a Ready condition that is not True to Sandbox "+ns+"/"+name+", which is bound to no node")
+		}
+		sbx := getSandbox(ctx, cp.Client, ns, name)
+		Expect(sbx.Object).NotTo(HaveKey("status"))
+
+		// The pending condition is what a full node writes: allowed.
+		Expect(patchStatus(ctx, managerA, ns, name, map[string]any{"conditions": conditions("Ready", "False")})).To(Succeed())
+		Expect(condition(getSandbox(ctx, cp.Client, ns, name), "Ready")).To(Equal("False"))
+		// A write that binds the Sandbox to the writer's own node may set
+		// anything: the node is its own.
+		Expect(patchStatus(ctx, managerB, ns, name, map[string]any{
+			"nodeName": nodeB, "containerID": "0123456789ab", "startTime": "2026-01-01T00:00:00Z",
+			"nodeAPIEndpoint": "https://203.0.113.7:9443", "conditions": conditions("Ready", "False"),
+		})).To(Succeed())
+		Expect(nodeOf(ctx, ns, name)).To(Equal(nodeB))
 	})
 
 	It("lets the manager of node A claim an unbound Sandbox", func(ctx SpecContext) {
