@@ -294,11 +294,18 @@ func (r *SandboxReconciler) idleMember(ctx context.Context, pool *sandboxv1alpha
 		// was made from) must be the template's, so that a Sandbox that
 		// merely carries a pool's labels and ownerReference is never
 		// handed to a claimant as the template's container.
-		if !warmpool.IsMemberOf(m, pool) || !warmpool.Idle(m) || !warmpool.Matches(&m.Spec, pool.Spec.Template) {
+		if !warmpool.IsMemberOf(m, pool) || !warmpool.Idle(m) {
 			continue
 		}
 		if m.Status.NodeName != r.opts.NodeName {
-			elsewhere++
+			// Another node's member comes from the cache without its
+			// command (CacheOptions); it only delays a cold claim.
+			if warmpool.MatchesStripped(&m.Spec, pool.Spec.Template) {
+				elsewhere++
+			}
+			continue
+		}
+		if !warmpool.Matches(&m.Spec, pool.Spec.Template) {
 			continue
 		}
 		if mine != nil {

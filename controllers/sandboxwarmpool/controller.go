@@ -302,9 +302,11 @@ func (v *view) count() int { return len(v.active) + len(v.pending) }
 // fresh: made from the current template. The label is what the member
 // says; the spec is what its container was made from, and a member whose
 // spec is not the template's is never claimed (warmpool.Matches), so it is
-// replaced like a stale one.
+// replaced like a stale one. This controller's cache holds no command or
+// env (controllers.CacheOptions), so the rest of the shape is compared
+// here; the claiming manager compares the whole spec.
 func (v *view) fresh(sbx *sandboxv1alpha1.Sandbox) bool {
-	return sbx.Labels[sandboxv1alpha1.LabelTemplateHash] == v.hash && warmpool.Matches(&sbx.Spec, v.template)
+	return sbx.Labels[sandboxv1alpha1.LabelTemplateHash] == v.hash && warmpool.MatchesStripped(&sbx.Spec, v.template)
 }
 
 func (v *view) stale() int {

@@ -150,6 +150,20 @@ func Matches(spec *sandboxv1alpha1.SandboxSpec, t sandboxv1alpha1.SandboxTemplat
 	return apiequality.Semantic.DeepEqual(want, spec)
 }
 
+// MatchesStripped is Matches for a Sandbox read from a cache that drops
+// command and env (controllers.StripForeign: the webhook role's cache, and
+// a node manager's for Sandboxes of other nodes): everything else of the
+// shape is compared. It serves bookkeeping (the pool controller's fresh
+// members, the count of idle members elsewhere); the manager that hands a
+// member out compares the whole spec with Matches, and holds its own
+// node's members whole.
+func MatchesStripped(spec *sandboxv1alpha1.SandboxSpec, t sandboxv1alpha1.SandboxTemplate) bool {
+	s := spec.DeepCopy()
+	s.Command = nil
+	t.Command = nil
+	return Matches(s, t)
+}
+
 // Effective returns the spec the Sandbox's container runs with: its own,
 // or for a claiming Sandbox, its spec with the shape of the template the
 // manager recorded at the claim. ok is false for a claiming Sandbox that no

@@ -63,3 +63,28 @@ func TestMatches(t *testing.T) {
 		}
 	}
 }
+
+// TestMatchesStripped: a member read from a cache that dropped command and
+// env (controllers.StripForeign) still matches a template with a command,
+// and still does not match a template of another shape.
+func TestMatchesStripped(t *testing.T) {
+	tmpl := sandboxv1alpha1.SandboxTemplate{Image: "busybox:1", Command: []string{"sleep", "infinity"}}
+	spec := sandboxv1alpha1.SandboxSpec{}
+	warmpool.ApplyTemplate(&spec, tmpl)
+	if !warmpool.Matches(&spec, tmpl) {
+		t.Fatal("the whole member does not match its template")
+	}
+	stripped := spec.DeepCopy()
+	stripped.Command = nil
+	if warmpool.Matches(stripped, tmpl) {
+		t.Error("Matches ignores the command")
+	}
+	if !warmpool.MatchesStripped(stripped, tmpl) {
+		t.Error("a stripped member does not match its template")
+	}
+	other := stripped.DeepCopy()
+	other.Image = "busybox:2"
+	if warmpool.MatchesStripped(other, tmpl) {
+		t.Error("a stripped member of another image matches")
+	}
+}

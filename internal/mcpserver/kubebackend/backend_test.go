@@ -64,6 +64,7 @@ var _ = Describe("startStatus", Label("unit"), func() {
 		Entry("exited", withReady(metav1.ConditionFalse, "ContainerExited", "exit code 1"), failed, mcpserver.ErrInvalid, []string{"ContainerExited"}),
 		Entry("oom", withReady(metav1.ConditionFalse, "OOMKilled", "memory"), failed, mcpserver.ErrInvalid, []string{"OOMKilled"}),
 		Entry("multiple", withReady(metav1.ConditionFalse, "MultipleContainers", "two"), failed, mcpserver.ErrInvalid, []string{"MultipleContainers"}),
+		Entry("member invalid", withReady(metav1.ConditionFalse, "WarmPoolMemberInvalid", "not its member"), failed, mcpserver.ErrInvalid, []string{"WarmPoolMemberInvalid"}),
 		Entry("expired", withReady(metav1.ConditionFalse, "Expired", "deadline"), failed, mcpserver.ErrInvalid, []string{"Expired"}),
 	)
 

@@ -54,6 +54,7 @@ var terminalReasons = map[string]error{
 	sandboxv1alpha1.SandboxReasonMultipleContainers:      mcpserver.ErrInvalid,
 	sandboxv1alpha1.SandboxReasonExpired:                 mcpserver.ErrInvalid,
 	sandboxv1alpha1.SandboxReasonTerminating:             mcpserver.ErrInvalid,
+	sandboxv1alpha1.SandboxReasonWarmPoolMemberInvalid:   mcpserver.ErrInvalid,
 }
 
 // startStatus reads a Sandbox's status for a create that waits on it. For
