@@ -24,7 +24,7 @@ import (
 	"github.com/code-sandbox/code-sandbox-operator/internal/sandboxclient"
 )
 
-// A flood of exec requests with 25 MiB command lines, through the real
+// A flood of exec requests with command lines of nearly 1 MiB (the largest the node API accepts), through the real
 // exec path (API server, aggregated API, node API of a real manager
 // process). Linux refuses such an argument (MAX_ARG_STRLEN is 128 KiB), but
 // the manager records every request it accepted, so the history gets one
@@ -37,7 +37,10 @@ var _ = Describe("exec history under a flood of huge command lines", Ordered, fu
 		namespace = "history-memory-e2e"
 		box       = "flood"
 		floods    = 5
-		argBytes  = 25 << 20
+		// The largest command line the node API accepts (execio.MaxArgBytes,
+		// with room for "sh -c true " and each string's NUL): a longer one
+		// is refused before it is decoded, and never recorded.
+		argBytes  = execio.MaxArgBytes - 64
 		maxGrowth = 64 << 10 // KiB
 	)
 	var (
@@ -108,7 +111,7 @@ spec:
 		_, err = readHistory(ctx)
 		Expect(err).NotTo(HaveOccurred())
 
-		By(fmt.Sprintf("flooding the history with %d exec requests of a %d MiB command line", floods, argBytes>>20))
+		By(fmt.Sprintf("flooding the history with %d exec requests of a %d KiB command line", floods, argBytes>>10))
 		huge := "true " + strings.Repeat("x", argBytes)
 		for range floods {
 			_, err := client.Exec(ctx, sandboxclient.Named(namespace, box), execio.Request{Command: []string{"sh", "-c", huge}}, io.Discard, io.Discard)
