@@ -292,7 +292,8 @@ var _ = Describe("The tools volume filler image", dockerLabel, func() {
 			select {
 			case m := <-msgs:
 				images = append(images, m.Actor.Attributes["image"])
-			case <-errs:
+			case err := <-errs:
+				GinkgoWriter.Printf("the event stream ended: %v\n", err)
 				break collect
 			}
 		}

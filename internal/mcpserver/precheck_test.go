@@ -171,7 +171,7 @@ var _ = Describe("precheck", Label("unit"), func() {
 	DescribeTable("refuses a message before decoding it, naming why",
 		func(msg string, status int, want string) {
 			_, _, perr := precheck(strings.NewReader(msg), limits)
-			Expect(perr).NotTo(BeNil())
+			Expect(perr).To(HaveOccurred())
 			Expect(perr.status).To(Equal(status))
 			Expect(perr.message).To(ContainSubstring(want))
 		},
@@ -198,7 +198,7 @@ var _ = Describe("precheck", Label("unit"), func() {
 	It("passes a good message through, read once, with its method, tool and id", func() {
 		msg := `{"jsonrpc":"2.0","id":"abc","method":"tools/call","params":{"name":"write_file","arguments":{"file_contents":"` + big + `","commands":["a"]}}}` + "\n"
 		body, info, perr := precheck(strings.NewReader(msg), limits)
-		Expect(perr).To(BeNil())
+		Expect(perr).NotTo(HaveOccurred())
 		Expect(string(body)).To(Equal(msg))
 		Expect(info).To(Equal(messageInfo{Method: "tools/call", Tool: "write_file", ID: []byte(`"abc"`)}))
 	})

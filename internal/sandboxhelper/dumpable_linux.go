@@ -6,7 +6,7 @@ Licensed under the MIT License; see the LICENSE file.
 
 package sandboxhelper
 
-import "golang.org/x/sys/unix"
+import "syscall"
 
 // hideFromSandbox makes this process non-dumpable. The helper runs as the
 // sandbox's own user, so without this, sandbox code could open
@@ -16,6 +16,11 @@ import "golang.org/x/sys/unix"
 // /proc entries belong to root and ptrace access to it needs
 // CAP_SYS_PTRACE, which a sandbox never has. execve resets the flag, so the
 // commands the helper starts are unaffected.
+// The helper links only the standard library (depguard), hence the raw
+// prctl(2).
 func hideFromSandbox() error {
-	return unix.Prctl(unix.PR_SET_DUMPABLE, 0, 0, 0, 0)
+	if _, _, errno := syscall.RawSyscall(syscall.SYS_PRCTL, syscall.PR_SET_DUMPABLE, 0, 0); errno != 0 {
+		return errno
+	}
+	return nil
 }
