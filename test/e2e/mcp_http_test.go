@@ -34,7 +34,9 @@ var _ = Describe("code-sandbox-mcp over streamable HTTP", Ordered, func() {
 
 	BeforeAll(func() {
 		tokens := writeTokenFile("# test tokens", tokenA+" alice", tokenB+" bob")
-		srv = startHTTP("--auth", "token", "--token-file", tokens, "--max-sandboxes", "25", "--max-body-bytes", "1MiB")
+		srv = startHTTP("--auth", "token", "--token-file", tokens, "--max-sandboxes", "25", "--max-body-bytes", "1MiB",
+			// One identity holds 20 sessions at once below (default cap: 8 calls).
+			"--max-tool-calls-per-identity", "25")
 		DeferCleanup(func() { srv.stop() })
 	})
 
