@@ -104,9 +104,11 @@ func run(kubeconfigPath, crdDir string, startTimeout time.Duration) (retErr erro
 	if err := os.MkdirAll(webhookClientDir, 0o700); err != nil {
 		return fmt.Errorf("creating %s: %w", webhookClientDir, err)
 	}
-	if err := webhookclient.Configure(env, webhookClientDir, 365*24*time.Hour); err != nil {
+	admissionConfig, err := webhookclient.Write(webhookClientDir, 365*24*time.Hour)
+	if err != nil {
 		return err
 	}
+	env.ControlPlane.GetAPIServer().Configure().Set("admission-control-config-file", admissionConfig)
 	logf("starting etcd and kube-apiserver from %s", assets)
 	cfg, err := env.Start()
 	// Start can fail after etcd or kube-apiserver is already running (for

@@ -163,7 +163,9 @@ func WithWebhooks(paths ...string) Option {
 		dir, err := os.MkdirTemp("", "code-sandbox-webhook-client-")
 		Expect(err).NotTo(HaveOccurred())
 		DeferCleanup(os.RemoveAll, dir)
-		Expect(webhookclient.Configure(env, dir, 24*time.Hour)).To(Succeed())
+		admissionConfig, err := webhookclient.Write(dir, 24*time.Hour)
+		Expect(err).NotTo(HaveOccurred())
+		env.ControlPlane.GetAPIServer().Configure().Set("admission-control-config-file", admissionConfig)
 	}
 }
 

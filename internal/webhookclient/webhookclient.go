@@ -13,9 +13,11 @@ Licensed under the MIT License; see the LICENSE file.
 // reaches the webhook's port could POST a forged AdmissionReview and have
 // the webhook write quota status.
 //
-// Configure sets up kube-apiserver that way for envtest and the local
-// control plane (hack/devcluster); docs/deploy.md explains it for real
-// clusters.
+// Write produces kube-apiserver's side of it (internal/testenv and the
+// local control plane in hack/devcluster pass it to envtest; this package
+// must not import envtest, which is linked into the manager binary and
+// creates a directory under /tmp at init); docs/deploy.md explains it for
+// real clusters.
 package webhookclient
 
 import (
@@ -26,8 +28,6 @@ import (
 	"os"
 	"path/filepath"
 	"time"
-
-	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
 	"github.com/code-sandbox/code-sandbox-operator/internal/operatorca"
 )
@@ -127,15 +127,4 @@ plugins:
 		}
 	}
 	return filepath.Join(abs, AdmissionConfig), nil
-}
-
-// Configure is Write for envtest: it sets env's kube-apiserver to present
-// the client certificate to admission webhooks. Call it before env.Start.
-func Configure(env *envtest.Environment, dir string, validity time.Duration) error {
-	path, err := Write(dir, validity)
-	if err != nil {
-		return err
-	}
-	env.ControlPlane.GetAPIServer().Configure().Set("admission-control-config-file", path)
-	return nil
 }
