@@ -134,6 +134,10 @@ $(HELPER_DIR)/code-sandbox-helper-linux-%: $(HELPER_SRCS)
 # MCP_IMG the MCP server's; docker-build builds them and deploy uses them.
 IMG ?= code-sandbox-operator/manager:latest
 MCP_IMG ?= code-sandbox-operator/mcp-server:latest
+# A PEM file with the CA that signs kube-apiserver's webhook client
+# certificate (docs/deploy.md#who-may-call-the-webhook-kube-apiservers-client-certificate).
+# Set, `make deploy` and `make build-installer` make the webhook require it.
+WEBHOOK_CLIENT_CA ?=
 
 .PHONY: docker-build
 docker-build: build docker-up ## Build the manager image IMG (with this host's iptables, for its architecture) and the MCP server image MCP_IMG (FROM scratch, offline).
@@ -174,7 +178,8 @@ install: manifests kustomize ## Install the CRDs into the cluster in ~/.kube/con
 uninstall: manifests kustomize ## Remove the CRDs from the cluster.
 	$(KUSTOMIZE) build config/crd | kubectl delete --ignore-not-found -f -
 
-# render-default prints config/default with the images $(IMG) and $(MCP_IMG).
+# render-default prints config/default with the images $(IMG) and $(MCP_IMG),
+# and with config/components/webhook-client-auth when WEBHOOK_CLIENT_CA is set.
 # kubebuilder's scaffold runs `kustomize edit set image` in config/ itself,
 # which leaves the tree modified (and the next commit with someone's private
 # registry in it); instead this sets the images in a throwaway overlay under
@@ -182,13 +187,15 @@ uninstall: manifests kustomize ## Remove the CRDs from the cluster.
 define render-default
 tmp="$$(mktemp -d "$(LOCALBIN)/.overlay.XXXXXX")"; trap 'rm -rf "$$tmp"' EXIT; \
 printf 'apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources:\n- ../../config/default\n' >"$$tmp/kustomization.yaml"; \
+$(if $(WEBHOOK_CLIENT_CA),printf 'components:\n- ../../config/components/webhook-client-auth\n' >>"$$tmp/kustomization.yaml";) \
 (cd "$$tmp" && $(KUSTOMIZE) edit set image code-sandbox-operator/manager=$(IMG) code-sandbox-operator/mcp-server=$(MCP_IMG)); \
 $(KUSTOMIZE) build "$$tmp"
 endef
 
 .PHONY: deploy
-deploy: manifests kustomize ## Deploy CRDs, RBAC, the manager DaemonSet, the webhook and the MCP server (images IMG, MCP_IMG) to the cluster.
+deploy: manifests kustomize ## Deploy CRDs, RBAC, the manager DaemonSet, the webhook and the MCP server (images IMG, MCP_IMG) to the cluster; WEBHOOK_CLIENT_CA=<pem> makes the webhook require kube-apiserver's client certificate.
 	@hack/ensure-mcp-owner-key.sh
+	$(if $(WEBHOOK_CLIENT_CA),@hack/ensure-webhook-client-ca.sh "$(WEBHOOK_CLIENT_CA)")
 	@{ $(render-default); } | kubectl apply --server-side -f -
 
 # Sandboxes are deleted first, while the managers still run to remove their
@@ -230,9 +237,17 @@ cluster-down: ## Stop the single-node cluster and remove its processes, mounts, 
 cluster-load: ## Import the images IMG and MCP_IMG from Docker into the cluster's containerd (after docker-build).
 	hack/cluster-load.sh $(IMG) $(MCP_IMG)
 
+# The CA that signs this cluster's kube-apiserver's webhook client
+# certificate (hack/clusterpki).
+CLUSTER_WEBHOOK_CLIENT_CA ?= $(LOCALBIN)/cluster/pki/webhook-client/webhook-client-ca.crt
+
+.PHONY: cluster-deploy
+cluster-deploy: docker-build cluster-load ## Build the images, load them into the single-node cluster and deploy there, the webhook requiring kube-apiserver's client certificate.
+	KUBECONFIG="$(CLUSTER_KUBECONFIG)" $(MAKE) deploy WEBHOOK_CLIENT_CA="$(CLUSTER_WEBHOOK_CLIENT_CA)"
+
 .PHONY: test-cluster
-test-cluster: build test-images ## Run the Ginkgo suite test/cluster against the deployed operator on the single-node cluster (cluster-up, docker-build cluster-load deploy first).
-	KUBECONFIG="$(CLUSTER_KUBECONFIG)" $(GO) test -tags cluster ./test/cluster/... -count=1 -timeout 40m -v
+test-cluster: build test-images ## Run the Ginkgo suite test/cluster against the deployed operator on the single-node cluster (cluster-up and cluster-deploy first).
+	KUBECONFIG="$(CLUSTER_KUBECONFIG)" WEBHOOK_CLIENT_CA="$(CLUSTER_WEBHOOK_CLIENT_CA)" $(GO) test -tags cluster ./test/cluster/... -count=1 -timeout 40m -v
 
 ##@ kind
 

@@ -501,4 +501,4 @@ EOF
 wait_for "" "${READY_TIMEOUT}" k -n kube-system rollout status deployment/coredns --timeout=5s
 
 clog "ready: Kubernetes v${K8S_VERSION}, node ${CLUSTER_NODE_NAME} (${NODE_IP}); kubeconfig ${CLUSTER_KUBECONFIG}"
-clog "  export KUBECONFIG=${CLUSTER_KUBECONFIG}; make docker-build cluster-load deploy"
+clog "  export KUBECONFIG=${CLUSTER_KUBECONFIG}; make cluster-deploy"

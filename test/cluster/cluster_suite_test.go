@@ -16,7 +16,7 @@ Licensed under the MIT License; see the LICENSE file.
 //
 // Run it with `make test-cluster` after
 //
-//	make cluster-up && make docker-build cluster-load deploy
+//	make cluster-up && make cluster-deploy
 //
 // (KUBECONFIG is bin/cluster/kubeconfig). The suite ends with `make
 // undeploy` and checks that nothing is left, then deploys again so that the
@@ -92,7 +92,7 @@ var _ = BeforeSuite(func(ctx SpecContext) {
 	_, err = kubectl(ctx, "wait", "--for=condition=Ready", "node/"+nodeName, "--timeout=60s")
 	Expect(err).NotTo(HaveOccurred())
 
-	By("waiting for the operator's workloads (make docker-build cluster-load deploy)")
+	By("waiting for the operator's workloads (make cluster-deploy)")
 	Expect(waitOperatorRollout(ctx)).To(Succeed())
 }, NodeTimeout(5*time.Minute))
 
@@ -208,6 +208,7 @@ var _ = Describe("the operator on a real cluster", Ordered, func() {
 	sandboxSpecs()
 	mcpSpecs()
 	warmPoolSpecs()
+	webhookSpecs()
 	benchSpecs()
 
 	Describe("make undeploy", Ordered, Label("undeploy"), func() {
