@@ -547,7 +547,6 @@ var _ = Describe("Node API", Ordered, ContinueOnFailure, func() {
 			Expect(growth).To(BeNumerically("<", 64<<20))
 		})
 
-
 		// High 3: the slot bounds how many requests decode at once, the
 		// body budget how many bytes of them (mostly stdin) are held.
 		It("takes a node-wide exec body budget before reading a body: one that does not fit gets a typed 429 unread, and the budget comes back after the request (High 3)", func() {
@@ -930,7 +929,6 @@ var _ = Describe("Node API", Ordered, ContinueOnFailure, func() {
 			cancel()
 			resp.Body.Close()
 		})
-
 
 		// Low 15: a follow lasts until its caller leaves, so followers are
 		// counted per Sandbox and per node like execs.
