@@ -264,12 +264,16 @@ type nodeAPIFlags struct {
 	fileTransferLimit  resource.Quantity
 	maxExecsPerSandbox int
 	maxExecs           int
+	execBodyBudget     resource.Quantity
+	maxFollowersPer    int
+	maxFollowers       int
 }
 
 func (f *nodeAPIFlags) bind(fs *flag.FlagSet) {
 	advertise := os.Getenv("POD_IP")
 	f.execOutputLimit = *resource.NewQuantity(execio.DefaultOutputLimit, resource.BinarySI)
 	f.fileTransferLimit = *resource.NewQuantity(execio.DefaultUploadLimit, resource.BinarySI)
+	f.execBodyBudget = *resource.NewQuantity(nodeapi.DefaultExecBodyBudget, resource.BinarySI)
 	fs.StringVar(&f.bindAddress, "node-api-bind-address", ":9443", "Address of the node API (HTTPS with mutual TLS: exec, files, logs for the operator's aggregated API server); 0 disables it.")
 	fs.StringVar(&f.advertiseAddress, "node-api-advertise-address", advertise, "Host or IP the aggregated API server uses to reach the node API, published in status.nodeAPIEndpoint (default $POD_IP, else the node name).")
 	fs.StringVar(&f.namespace, "operator-namespace", os.Getenv("POD_NAMESPACE"), "Namespace of the operator CA bundle ConfigMap and of the node managers' Leases (default $POD_NAMESPACE).")
@@ -279,6 +283,9 @@ func (f *nodeAPIFlags) bind(fs *flag.FlagSet) {
 	fs.Var(&quantityFlag{&f.fileTransferLimit}, "file-transfer-limit", "Largest file content of one upload or download.")
 	fs.IntVar(&f.maxExecsPerSandbox, "max-execs-per-sandbox", nodeapi.DefaultMaxExecsPerSandbox, "Concurrent execs and file transfers per Sandbox; more are refused with 429.")
 	fs.IntVar(&f.maxExecs, "max-execs", nodeapi.DefaultMaxExecs, "Concurrent execs and file transfers on this node, taken before a request body is decoded; more are refused with 429. 0 means no node-wide limit (the manager's memory then grows with concurrent requests).")
+	fs.Var(&quantityFlag{&f.execBodyBudget}, "exec-body-budget", "Bytes of exec request bodies (mostly stdin) held at once on this node, reserved before a body is read; a request that does not fit is refused with 429. 0 means no budget.")
+	fs.IntVar(&f.maxFollowersPer, "max-followers-per-sandbox", nodeapi.DefaultMaxFollowersPerSandbox, "Concurrent followed log and history streams (follow=true) per Sandbox; more are refused with 429.")
+	fs.IntVar(&f.maxFollowers, "max-followers", nodeapi.DefaultMaxFollowers, "Concurrent followed log and history streams on this node; more are refused with 429. 0 means no node-wide limit.")
 }
 
 // nodeAPIListener is the bound node API: its listener (nil when disabled)
@@ -300,6 +307,12 @@ func (f *nodeAPIFlags) listen(nodeName string) (nodeAPIListener, error) {
 	}
 	if f.maxExecsPerSandbox < 1 {
 		return nodeAPIListener{}, fmt.Errorf("--max-execs-per-sandbox must be at least 1, got %d", f.maxExecsPerSandbox)
+	}
+	if f.maxFollowersPer < 1 {
+		return nodeAPIListener{}, fmt.Errorf("--max-followers-per-sandbox must be at least 1, got %d", f.maxFollowersPer)
+	}
+	if f.maxExecs < 0 || f.maxFollowers < 0 || f.execBodyBudget.Value() < 0 {
+		return nodeAPIListener{}, errors.New("--max-execs, --max-followers and --exec-body-budget must not be negative")
 	}
 	if f.namespace == "" {
 		return nodeAPIListener{}, errors.New("--operator-namespace (or POD_NAMESPACE) is required for the node API's certificate; --node-api-bind-address=0 turns the node API off")
@@ -352,6 +365,10 @@ func (f *nodeAPIFlags) serve(mgr ctrl.Manager, cfg *rest.Config, l net.Listener,
 		FileTransferLimit:  f.fileTransferLimit.Value(),
 		MaxExecsPerSandbox: f.maxExecsPerSandbox,
 		MaxExecs:           f.maxExecs,
+		ExecBodyBudget:     f.execBodyBudget.Value(),
+
+		MaxFollowersPerSandbox: f.maxFollowersPer,
+		MaxFollowers:           f.maxFollowers,
 	})
 	if err != nil {
 		return err

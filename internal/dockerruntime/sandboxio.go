@@ -114,6 +114,8 @@ func (c *Client) runCommand(ctx context.Context, id string, req execio.Request, 
 	if err != nil {
 		return execio.Result{}, err
 	}
+	// The helper has the stdin: keep no copy of it while the command runs.
+	req.Stdin = nil
 	res, reusable, err := c.streamServe(ctx, s, req, stdout, stderr, runID)
 	if reusable && keepHelper {
 		c.park(id, s)

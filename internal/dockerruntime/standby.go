@@ -4,9 +4,11 @@ import (
 	"time"
 
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"sync"
 
 	"github.com/docker/docker/api/types"
@@ -169,7 +171,11 @@ func (s *serveExec) send(kind byte, payload []byte) error {
 			defer s.attach.Conn.SetWriteDeadline(time.Time{}) //nolint:errcheck // best effort
 		}
 	}
-	_, err := s.attach.Conn.Write(helperproto.AppendFrame(nil, kind, payload))
+	// The header and the payload go out as they are (writev), not copied
+	// into one more buffer of the payload's size (up to 16 MiB of stdin).
+	// Same layout as helperproto.AppendFrame: kind, big-endian length.
+	frame := net.Buffers{binary.BigEndian.AppendUint32([]byte{kind}, uint32(len(payload))), payload}
+	_, err := frame.WriteTo(s.attach.Conn)
 	return err
 }
 

@@ -9,6 +9,7 @@ package dockerruntime
 import (
 	"bytes"
 	"context"
+	"io"
 	"strings"
 	"time"
 
@@ -154,6 +155,44 @@ true`})
 		// On 90280d9 the write waited for the command's timeout (120 s)
 		// plus a Docker call's, holding the frame all along.
 		Expect(elapsed).To(BeNumerically("<", 20*time.Second))
+	}, SpecTimeout(90*time.Second))
+
+	It("kills a command through an exec of its own when its serve helper, SIGSTOPped by sandbox code, never acknowledges the kill (Low 10)", func(ctx SpecContext) {
+		c, err := New(Options{CallTimeout: 2 * time.Second, PullTimeout: 30 * time.Second})
+		Expect(err).NotTo(HaveOccurred())
+		DeferCleanup(c.Close)
+		ct, _ := startSandbox(ctx, nil)
+		// The command stops the serve helper it runs under (its parent's
+		// parent), so the kill frame is never read, then sleeps. Its own
+		// timeout is far away, and so is its run helper's backstop: only
+		// the manager's fallback can end it in time.
+		cctx, cancel := context.WithCancel(ctx)
+		defer cancel()
+		type outcome struct {
+			res execio.Result
+			err error
+		}
+		done := make(chan outcome, 1)
+		go func() {
+			res, err := c.RunCommand(cctx, ct.ID, execio.Request{
+				Shell:          `s=$(cat /proc/$PPID/stat); s=${s##*) }; set -- $s; kill -STOP $2 && touch /tmp/serve-stopped; exec sleep $((1000+17))`,
+				TimeoutSeconds: 600,
+			}, io.Discard, io.Discard)
+			done <- outcome{res, err}
+		}()
+		Eventually(func() int { return sh(ctx, ct.ID, "test -e /tmp/serve-stopped").Code }, 20*time.Second, 100*time.Millisecond).
+			Should(BeZero(), "the command stopped its serve helper")
+		Expect(survivors(ctx, ct.ID, "sleep 1017")).To(HaveLen(1))
+		cancel()
+		var o outcome
+		Eventually(done, 30*time.Second).Should(Receive(&o))
+		// The serve helper never sent an exit frame: the call gives up on
+		// it after the kill deadline.
+		Expect(o.err).To(HaveOccurred())
+		// Without the fallback `helper kill` exec, the sleep outlives the
+		// call (its backstop is ten minutes away).
+		Eventually(func() []string { return survivors(ctx, ct.ID, "sleep 1017") }, 10*time.Second, 200*time.Millisecond).
+			Should(BeEmpty(), "the command was killed although its helper never read the kill frame")
 	}, SpecTimeout(90*time.Second))
 
 	It("leaves concurrent commands one idle helper, and none after RunCommandOnce", func(ctx SpecContext) {

@@ -86,15 +86,62 @@ type Limits struct {
 
 // Store keeps the records of many sandboxes, keyed by sandbox UID (or any
 // other identifier made of letters, digits, '.', '_' and '-').
+//
+// Each key has a lock of its own, held while its file is read or written;
+// the store-wide lock only finds a key's state and is never held across
+// disk I/O, so a slow or large read of one sandbox's history never holds
+// up another's appends or reads.
 type Store struct {
 	dir      string
 	max      int
 	maxBytes int64
 
-	mu     sync.Mutex
-	files  map[string]fileState // each file's record count and size, once known
-	memory map[string][]memRecord
-	subs   map[string]map[chan Record]struct{}
+	mu   sync.Mutex
+	keys map[string]*keyState
+}
+
+// keyState is one key's records, file state and followers. mu guards
+// everything but refs, which Store.mu guards.
+type keyState struct {
+	mu        sync.Mutex
+	refs      int
+	file      fileState // the file's record count and size, when fileKnown
+	fileKnown bool
+	memory    []memRecord
+	// subs are the followers: each one's records, and a channel closed
+	// when the key is deleted.
+	subs map[chan Record]chan struct{}
+}
+
+// unused reports whether ks holds nothing worth keeping once no caller
+// refers to it.
+func (ks *keyState) unused() bool {
+	return !ks.fileKnown && len(ks.memory) == 0 && len(ks.subs) == 0
+}
+
+// lock returns key's state, locked; unlock releases it and forgets it if
+// nothing refers to it any more. Store.mu is held only to find or create
+// the state, never while waiting for a key's lock, so a key busy with a
+// long read never blocks another key.
+func (s *Store) lock(key string) (ks *keyState, unlock func()) {
+	s.mu.Lock()
+	ks = s.keys[key]
+	if ks == nil {
+		ks = &keyState{}
+		s.keys[key] = ks
+	}
+	ks.refs++
+	s.mu.Unlock()
+	ks.mu.Lock()
+	return ks, func() {
+		// Lock order: a key's lock, then the store's; never the reverse.
+		s.mu.Lock()
+		if ks.refs--; ks.refs == 0 && ks.unused() {
+			delete(s.keys, key)
+		}
+		s.mu.Unlock()
+		ks.mu.Unlock()
+	}
 }
 
 type fileState struct {
@@ -131,9 +178,7 @@ func NewWithLimits(dir string, l Limits) (*Store, error) {
 		dir:      dir,
 		max:      l.MaxRecords,
 		maxBytes: l.MaxBytes,
-		files:    map[string]fileState{},
-		memory:   map[string][]memRecord{},
-		subs:     map[string]map[chan Record]struct{}{},
+		keys:     map[string]*keyState{},
 	}, nil
 }
 
@@ -258,28 +303,28 @@ func (s *Store) Append(key string, r Record) error {
 	if err != nil {
 		return fmt.Errorf("encoding history record: %w", err)
 	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
+	ks, unlock := s.lock(key)
+	defer unlock()
 	if s.dir == "" {
-		s.appendMemory(key, memRecord{Record: r, size: int64(len(line)) + 1})
-	} else if err := s.appendFile(key, line); err != nil {
+		s.appendMemory(ks, memRecord{Record: r, size: int64(len(line)) + 1})
+	} else if err := s.appendFile(ks, key, line); err != nil {
 		return err
 	}
-	for ch := range s.subs[key] {
+	for ch := range ks.subs {
 		select {
 		case ch <- r:
 		default:
 			// A follower that does not keep up is dropped rather than
 			// allowed to block every exec on this sandbox.
 			close(ch)
-			delete(s.subs[key], ch)
+			delete(ks.subs, ch)
 		}
 	}
 	return nil
 }
 
-func (s *Store) appendMemory(key string, r memRecord) {
-	recs := append(s.memory[key], r)
+func (s *Store) appendMemory(ks *keyState, r memRecord) {
+	recs := append(ks.memory, r)
 	var total int64
 	keep := 0
 	for i := len(recs) - 1; i >= 0 && keep < s.max; i-- {
@@ -292,13 +337,13 @@ func (s *Store) appendMemory(key string, r memRecord) {
 	if keep < len(recs) {
 		recs = append([]memRecord(nil), recs[len(recs)-keep:]...)
 	}
-	s.memory[key] = recs
+	ks.memory = recs
 }
 
-func (s *Store) appendFile(key string, line []byte) error {
+func (s *Store) appendFile(ks *keyState, key string, line []byte) error {
 	path := s.file(key)
-	st, known := s.files[key]
-	if !known {
+	st := ks.file
+	if !ks.fileKnown {
 		var err error
 		if st, err = countLines(path); err != nil {
 			return err
@@ -328,7 +373,7 @@ func (s *Store) appendFile(key string, line []byte) error {
 	}
 	cerr := f.Close()
 	if werr != nil || cerr != nil {
-		delete(s.files, key)
+		ks.fileKnown = false
 		return fmt.Errorf("writing history file %s: %w", path, errors.Join(werr, cerr))
 	}
 	st.count++
@@ -338,15 +383,15 @@ func (s *Store) appendFile(key string, line []byte) error {
 	if st.count > 2*s.max || st.size > 2*s.maxBytes {
 		recs, err := s.readTail(path, s.max)
 		if err != nil {
-			delete(s.files, key)
+			ks.fileKnown = false
 			return err
 		}
 		if st, err = writeFile(path, recs); err != nil {
-			delete(s.files, key)
+			ks.fileKnown = false
 			return err
 		}
 	}
-	s.files[key] = st
+	ks.file, ks.fileKnown = st, true
 	return nil
 }
 
@@ -559,19 +604,20 @@ func (s *Store) Tail(key string, n int) ([]Record, error) {
 	if err := checkKey(key); err != nil {
 		return nil, err
 	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.tailLocked(key, n)
+	ks, unlock := s.lock(key)
+	defer unlock()
+	return s.tailLocked(ks, key, n)
 }
 
-func (s *Store) tailLocked(key string, n int) ([]Record, error) {
+// tailLocked is Tail with key's lock held (ks is its state).
+func (s *Store) tailLocked(ks *keyState, key string, n int) ([]Record, error) {
 	if n <= 0 || n > s.max {
 		n = s.max
 	}
 	if s.dir != "" {
 		return s.readTail(s.file(key), n)
 	}
-	mem := s.memory[key]
+	mem := ks.memory
 	if len(mem) > n {
 		mem = mem[len(mem)-n:]
 	}
@@ -582,27 +628,31 @@ func (s *Store) tailLocked(key string, n int) ([]Record, error) {
 	return recs, nil
 }
 
+// ErrDeleted ends a Follow whose key was deleted (its sandbox is gone).
+var ErrDeleted = errors.New("the history was deleted with its sandbox")
+
 // Follow calls fn with the last tail records of key (all when tail ≤ 0),
-// then with each new record as it is appended, until ctx ends or fn returns
-// an error. It returns nil when ctx ends.
+// then with each new record as it is appended, until ctx ends, fn returns
+// an error, or key is deleted (ErrDeleted). It returns nil when ctx ends.
 func (s *Store) Follow(ctx context.Context, key string, tail int, fn func(Record) error) error {
 	if err := checkKey(key); err != nil {
 		return err
 	}
 	ch := make(chan Record, 256)
-	s.mu.Lock()
+	deleted := make(chan struct{})
+	ks, unlock := s.lock(key)
 	// Subscribing under the same lock as the snapshot means no record is
 	// missed or repeated between the two.
-	recs, err := s.tailLocked(key, tail)
+	recs, err := s.tailLocked(ks, key, tail)
 	if err != nil {
-		s.mu.Unlock()
+		unlock()
 		return err
 	}
-	if s.subs[key] == nil {
-		s.subs[key] = map[chan Record]struct{}{}
+	if ks.subs == nil {
+		ks.subs = map[chan Record]chan struct{}{}
 	}
-	s.subs[key][ch] = struct{}{}
-	s.mu.Unlock()
+	ks.subs[ch] = deleted
+	unlock()
 	defer s.unsubscribe(key, ch)
 
 	for _, r := range recs {
@@ -614,6 +664,8 @@ func (s *Store) Follow(ctx context.Context, key string, tail int, fn func(Record
 		select {
 		case <-ctx.Done():
 			return nil
+		case <-deleted:
+			return ErrDeleted
 		case r, ok := <-ch:
 			if !ok {
 				return errors.New("history follower fell behind and was dropped")
@@ -626,23 +678,24 @@ func (s *Store) Follow(ctx context.Context, key string, tail int, fn func(Record
 }
 
 func (s *Store) unsubscribe(key string, ch chan Record) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	delete(s.subs[key], ch)
-	if len(s.subs[key]) == 0 {
-		delete(s.subs, key)
-	}
+	ks, unlock := s.lock(key)
+	defer unlock()
+	delete(ks.subs, ch)
 }
 
-// Delete forgets key's records (when its sandbox is gone).
+// Delete forgets key's records (when its sandbox is gone) and ends its
+// followers with ErrDeleted.
 func (s *Store) Delete(key string) error {
 	if err := checkKey(key); err != nil {
 		return err
 	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	delete(s.memory, key)
-	delete(s.files, key)
+	ks, unlock := s.lock(key)
+	defer unlock()
+	ks.memory, ks.fileKnown = nil, false
+	for ch, deleted := range ks.subs {
+		close(deleted)
+		delete(ks.subs, ch)
+	}
 	if s.dir != "" {
 		if err := os.Remove(s.file(key)); err != nil && !errors.Is(err, os.ErrNotExist) {
 			return fmt.Errorf("removing history file: %w", err)

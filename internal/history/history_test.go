@@ -3,8 +3,10 @@ package history
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
+	"syscall"
 	"testing"
 	"time"
 
@@ -175,6 +177,89 @@ var _ = Describe("Store", Label("unit"), func() {
 		Eventually(appended, 5*time.Second).Should(BeClosed(), "appends must not block on a slow follower")
 		close(release)
 		Eventually(done).Should(Receive(MatchError(ContainSubstring("fell behind"))))
+	})
+})
+
+var _ = Describe("Store locking", Label("unit"), func() {
+	// A FIFO in place of sandbox A's history file stands for a slow disk:
+	// counting A's lines (its first append) opens it and then reads until
+	// the test writes. On 90280d9 that read held the store-wide lock, and
+	// every other sandbox's appends and reads waited for it.
+	It("lets a long read of one sandbox's history hold up no other sandbox's appends or reads (Low 15)", func() {
+		dir := GinkgoT().TempDir()
+		s, err := New(dir, 10)
+		Expect(err).NotTo(HaveOccurred())
+		Expect(s.Append("sbx-b", rec("b0", 0))).To(Succeed())
+		fifo := filepath.Join(dir, "sbx-a.jsonl")
+		Expect(syscall.Mkfifo(fifo, 0o600)).To(Succeed())
+
+		appendedA := make(chan error, 1)
+		go func() { appendedA <- s.Append("sbx-a", rec("a0", 0)) }()
+		// Opening the write end returns once A's read has opened the file:
+		// A's read is then under way, blocked in read(2) until we write.
+		opened := make(chan *os.File, 1)
+		go func() {
+			defer GinkgoRecover()
+			w, err := os.OpenFile(fifo, os.O_WRONLY, 0)
+			Expect(err).NotTo(HaveOccurred())
+			opened <- w
+		}()
+		var writer *os.File
+		Eventually(opened, 10*time.Second).Should(Receive(&writer))
+		DeferCleanup(func() { _ = writer.Close() })
+
+		appendedB := make(chan error, 1)
+		go func() { appendedB <- s.Append("sbx-b", rec("b1", 0)) }()
+		Eventually(appendedB, 10*time.Second).Should(Receive(BeNil()), "B's append waited for A's read")
+		tailB, err := s.Tail("sbx-b", 0)
+		Expect(err).NotTo(HaveOccurred())
+		Expect(ids(tailB)).To(Equal([]string{"b0", "b1"}))
+		Expect(appendedA).NotTo(Receive(), "A's read was still blocked while B was served")
+
+		// The end of A's slow file ends its read and its append.
+		Expect(writer.Close()).To(Succeed())
+		Eventually(appendedA, 10*time.Second).Should(Receive())
+	})
+
+	It("serialises one sandbox's appends, and forgets a key's state once deleted", func() {
+		s, err := New(GinkgoT().TempDir(), 1000)
+		Expect(err).NotTo(HaveOccurred())
+		done := make(chan struct{})
+		for g := range 4 {
+			go func() {
+				defer GinkgoRecover()
+				defer func() { done <- struct{}{} }()
+				for i := range 50 {
+					Expect(s.Append("sbx-1", rec(fmt.Sprintf("%d-%d", g, i), 0))).To(Succeed())
+				}
+			}()
+		}
+		for range 4 {
+			Eventually(done, 10*time.Second).Should(Receive())
+		}
+		all, err := s.Tail("sbx-1", 0)
+		Expect(err).NotTo(HaveOccurred())
+		Expect(all).To(HaveLen(200), "no append was lost or torn")
+		Expect(s.Delete("sbx-1")).To(Succeed())
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		Expect(s.keys).To(BeEmpty())
+	})
+
+	It("ends a follower with ErrDeleted when its sandbox's history is deleted", func() {
+		s, err := New(GinkgoT().TempDir(), 10)
+		Expect(err).NotTo(HaveOccurred())
+		Expect(s.Append("sbx-1", rec("a", 0))).To(Succeed())
+		ctx, cancel := context.WithCancel(context.Background())
+		defer cancel()
+		got := make(chan string, 10)
+		done := make(chan error, 1)
+		go func() {
+			done <- s.Follow(ctx, "sbx-1", 0, func(r Record) error { got <- r.ID; return nil })
+		}()
+		Eventually(got).Should(Receive(Equal("a")))
+		Expect(s.Delete("sbx-1")).To(Succeed())
+		Eventually(done, 5*time.Second).Should(Receive(MatchError(ErrDeleted)))
 	})
 })
 

@@ -74,9 +74,15 @@ func tooLarge(format string, args ...any) *apiError {
 }
 
 func tooManyRequests(format string, args ...any) *apiError {
+	return tooMany(wire.CauseExecLimit, format, args...)
+}
+
+// tooMany is a 429 with a Retry-After of a second, for the limit cause
+// names.
+func tooMany(cause metav1.CauseType, format string, args ...any) *apiError {
 	e := newError(http.StatusTooManyRequests, metav1.StatusReasonTooManyRequests, format, args...)
 	e.retryAfter = time.Second
-	return e.because(wire.CauseExecLimit, "")
+	return e.because(cause, "")
 }
 
 func unavailable(err error) *apiError {

@@ -13,6 +13,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net/http"
 	"path"
 	"sync"
@@ -50,12 +51,36 @@ func (s *Server) serveExec(w http.ResponseWriter, r *http.Request, sbx *sandboxv
 		return
 	}
 	defer release()
+	body := io.Reader(http.MaxBytesReader(unwrapWriter(w), r.Body, maxExecBody))
+	// The body budget is taken before the body is read, too: its stdin
+	// stays in memory (decoded, and once more on its way to the helper)
+	// until the helper has it, and the slots alone would let --max-execs
+	// requests of the largest size do that at once.
+	if s.bodies != nil {
+		br := &budgetReader{r: body, b: s.bodies}
+		if r.ContentLength > 0 {
+			if r.ContentLength > s.bodies.max {
+				writeError(w, tooLarge("exec request is %d bytes, more than the node's whole exec body budget of %d; send less stdin (a file upload streams)",
+					r.ContentLength, s.bodies.max))
+				return
+			}
+			if err := s.bodies.reserve(r.ContentLength); err != nil {
+				writeError(w, s.budgetRefusal(r.ContentLength))
+				return
+			}
+			br.reserved = r.ContentLength
+		}
+		defer br.release()
+		body = br
+	}
 	// DecodeRequest bounds argv and env while streaming them, before they
 	// are decoded whole.
-	req, err := execio.DecodeRequest(http.MaxBytesReader(unwrapWriter(w), r.Body, maxExecBody))
+	req, err := execio.DecodeRequest(body)
 	if err != nil {
 		var maxBytes *http.MaxBytesError
 		switch {
+		case errors.Is(err, errBudgetExhausted):
+			writeError(w, s.budgetRefusal(-1))
 		case errors.As(err, &maxBytes):
 			writeError(w, tooLarge("exec request exceeds %d bytes", maxExecBody))
 		case errors.Is(err, execio.ErrInvalidRequest):
@@ -206,6 +231,21 @@ func (s streamWriter) Write(p []byte) (int, error) {
 		return 0, err
 	}
 	return len(p), nil
+}
+
+// budgetRefusal is the 429 of an exec request that does not fit in what
+// remains of the node's exec body budget; size is its declared length, or
+// negative when it was undeclared and ran out while being read.
+func (s *Server) budgetRefusal(size int64) *apiError {
+	s.bodies.mu.Lock()
+	used := s.bodies.used
+	s.bodies.mu.Unlock()
+	if size < 0 {
+		return tooManyRequests("this node already holds %d bytes of exec requests, and this one's body went past its %d byte budget while it was read; retry later, or send less stdin (a file upload streams)",
+			used, s.bodies.max)
+	}
+	return tooManyRequests("this node already holds %d bytes of exec requests and this one is %d more, past its %d byte budget; retry later, or send less stdin (a file upload streams)",
+		used, size, s.bodies.max)
 }
 
 // newExecID names one exec in the history: random, so IDs stay unique

@@ -8,6 +8,7 @@ package nodeapi
 
 import (
 	"encoding/json"
+	"errors"
 	"net/http"
 	"strconv"
 	"sync"
@@ -42,11 +43,20 @@ func tailFollow(r *http.Request) (tail int, follow bool, err *apiError) {
 }
 
 // serveLog streams the container's output (stdout and stderr interleaved).
-func (s *Server) serveLog(w http.ResponseWriter, r *http.Request, ct dockerruntime.Container) {
+func (s *Server) serveLog(w http.ResponseWriter, r *http.Request, sbx *sandboxv1alpha1.Sandbox, ct dockerruntime.Container) {
 	tail, follow, perr := tailFollow(r)
 	if perr != nil {
 		writeError(w, perr)
 		return
+	}
+	if follow {
+		// A follow lasts until its caller leaves or the container stops.
+		release, lerr := s.followers.acquire(sbx.UID)
+		if lerr != nil {
+			writeError(w, lerr)
+			return
+		}
+		defer release()
 	}
 	w.Header().Set("Trailer", wire.TrailerTransferError+", "+wire.TrailerTransferErrorReason)
 	lw := &lockedWriter{w: &lazyWriter{w: w, contentType: "text/plain; charset=utf-8", flush: follow}}
@@ -102,6 +112,14 @@ func (s *Server) serveHistory(w http.ResponseWriter, r *http.Request, sbx *sandb
 		}
 		return
 	}
+	// A follow lasts until its caller leaves or the Sandbox's history is
+	// deleted with it (history.ErrDeleted).
+	release, lerr := s.followers.acquire(sbx.UID)
+	if lerr != nil {
+		writeError(w, lerr)
+		return
+	}
+	defer release()
 	lw := &lazyWriter{w: w, contentType: wire.ContentTypeNDJSON, flush: true}
 	// The headers go out at once, so a follower knows it is connected.
 	lw.start()
@@ -110,7 +128,11 @@ func (s *Server) serveHistory(w http.ResponseWriter, r *http.Request, sbx *sandb
 	err := s.cfg.History.Follow(r.Context(), key, tail, func(rec history.Record) error {
 		return enc.Encode(&rec)
 	})
-	if err != nil && r.Context().Err() == nil {
+	switch {
+	case errors.Is(err, history.ErrDeleted):
+		// The Sandbox is gone, and its history with it.
+		_ = enc.Encode(streamStatus(sbx.Name, notFound("sandbox %s/%s was deleted, and its history with it", sbx.Namespace, sbx.Name), ""))
+	case err != nil && r.Context().Err() == nil:
 		// Typically a follower too slow to keep up; it reconnects with a
 		// tail. The last line says so, as a metav1.Status.
 		logf.FromContext(r.Context()).Info("history stream ended", "error", err.Error())

@@ -8,6 +8,7 @@ package nodeapi_test
 
 import (
 	"archive/tar"
+	"bufio"
 	"bytes"
 	"context"
 	"crypto/rand"
@@ -18,6 +19,7 @@ import (
 	"io"
 	"net/http"
 	"net/url"
+	"os"
 	"runtime"
 	"strings"
 	"sync"
@@ -33,6 +35,7 @@ import (
 	"github.com/code-sandbox/code-sandbox-operator/internal/dockerruntime"
 	"github.com/code-sandbox/code-sandbox-operator/internal/execio"
 	"github.com/code-sandbox/code-sandbox-operator/internal/history"
+	"github.com/code-sandbox/code-sandbox-operator/internal/nodeapi"
 	"github.com/code-sandbox/code-sandbox-operator/internal/nodeapi/wire"
 	"github.com/code-sandbox/code-sandbox-operator/internal/operatorca"
 	"github.com/code-sandbox/code-sandbox-operator/internal/testenv"
@@ -544,6 +547,142 @@ var _ = Describe("Node API", Ordered, ContinueOnFailure, func() {
 			Expect(growth).To(BeNumerically("<", 64<<20))
 		})
 
+		// High 3: the slot bounds how many requests decode at once, the
+		// body budget how many bytes of them (mostly stdin) are held.
+		It("takes a node-wide exec body budget before reading a body: one that does not fit gets a typed 429 unread, and the budget comes back after the request (High 3)", func() {
+			const budget = 8 << 20
+			budgeted := newTestServer(serverOptions{node: nodeName, runtime: docker, reader: k8sClient, execBodyBudget: budget}).start()
+			body := func(stdin int, shell string) []byte {
+				b, err := json.Marshal(execio.Request{Shell: shell, Stdin: bytes.Repeat([]byte("x"), stdin)})
+				Expect(err).NotTo(HaveOccurred())
+				return b
+			}
+			holder := body(4<<20, "wc -c; echo started; sleep 1000")
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			resp := budgeted.do(request{ctx: ctx, method: http.MethodPost, namespace: ns, name: sbx.Name, subresource: "exec", body: bytes.NewReader(holder)})
+			Expect(resp.StatusCode).To(Equal(http.StatusOK))
+			frames := make(chan wire.Frame, 10)
+			go func() {
+				defer GinkgoRecover()
+				readFrames(resp.Body, func(f wire.Frame) { frames <- f })
+			}()
+			Eventually(frames, 10*time.Second).Should(Receive(HaveField("Stream", wire.StreamStdout)))
+
+			// A declared body that does not fit is refused before a byte
+			// of it is read: this one's bytes never come.
+			never, neverW := io.Pipe()
+			defer neverW.Close()
+			refused := budgetedTry(budgeted, request{method: http.MethodPost, namespace: ns, name: sbx.Name, subresource: "exec", body: never, contentLength: int64(len(holder))})
+			Expect(refused.StatusCode).To(Equal(http.StatusTooManyRequests))
+			st := statusOf(refused)
+			Expect(st.Reason).To(Equal(metav1.StatusReasonTooManyRequests))
+			Expect(wire.HasCause(&st, wire.CauseExecLimit)).To(BeTrue())
+			Expect(st.Message).To(ContainSubstring("budget"))
+
+			// An undeclared (chunked) body is refused as it crosses the
+			// budget: these 3 MiB cross it, and the rest never comes.
+			partial, partialW := io.Pipe()
+			defer partialW.Close()
+			go func() { _, _ = partialW.Write(holder[:3<<20]) }()
+			// The server stops reading and closes the connection after its
+			// 429, so an HTTP/1.1 client still writing may see the close
+			// first; either way nothing ran, and the budget comes back
+			// (checked below).
+			chunked, err := tryWithin(budgeted, request{method: http.MethodPost, namespace: ns, name: sbx.Name, subresource: "exec", body: partial})
+			if err == nil {
+				Expect(chunked.StatusCode).To(Equal(http.StatusTooManyRequests), lazyBody(chunked))
+				Expect(statusOf(chunked).Message).To(ContainSubstring("budget"))
+			} else {
+				GinkgoWriter.Printf("the chunked request ended with %v\n", err)
+			}
+
+			// A body larger than the whole budget can never fit: 413.
+			tooBig := budgeted.do(request{method: http.MethodPost, namespace: ns, name: sbx.Name, subresource: "exec", body: bytes.NewReader(body(7<<20, "true"))})
+			Expect(tooBig.StatusCode).To(Equal(http.StatusRequestEntityTooLarge), lazyBody(tooBig))
+			Expect(statusOf(tooBig).Reason).To(Equal(metav1.StatusReasonRequestEntityTooLarge))
+
+			// Small requests still fit beside the holder.
+			Expect(budgeted.exec(ns, sbx.Name, echo).status).To(Equal(http.StatusOK))
+
+			// Once the holder ends, every byte comes back: a body of
+			// nearly the whole budget fits again.
+			cancel()
+			resp.Body.Close()
+			nearlyAll := body(5<<20+870<<10, "wc -c")
+			Expect(len(nearlyAll)).To(BeNumerically(">", budget-(256<<10)))
+			Expect(len(nearlyAll)).To(BeNumerically("<=", budget))
+			Eventually(func() int {
+				r := budgeted.do(request{method: http.MethodPost, namespace: ns, name: sbx.Name, subresource: "exec", body: bytes.NewReader(nearlyAll)})
+				defer r.Body.Close()
+				return r.StatusCode
+			}, 20*time.Second, 200*time.Millisecond).Should(Equal(http.StatusOK))
+		})
+
+		It("holds the manager's heap under a flood of the largest stdin to the exec body budget (High 3)", func() {
+			// One body, sent by every request: the client side holds it
+			// once. 16 MiB of stdin, as base64 in JSON: about 21 MiB.
+			flood := func(ts *testServer, n int) (growth int64, refused int) {
+				payload, err := json.Marshal(execio.Request{Shell: "wc -c; sleep 2", Stdin: bytes.Repeat([]byte("x"), int(execio.MaxStdin))})
+				Expect(err).NotTo(HaveOccurred())
+				runtime.GC()
+				var before runtime.MemStats
+				runtime.ReadMemStats(&before)
+				var peak uint64
+				stop := make(chan struct{})
+				sampled := make(chan struct{})
+				go func() {
+					defer close(sampled)
+					for {
+						var m runtime.MemStats
+						runtime.ReadMemStats(&m)
+						peak = max(peak, m.HeapInuse)
+						select {
+						case <-stop:
+							return
+						case <-time.After(5 * time.Millisecond):
+						}
+					}
+				}()
+				var wg sync.WaitGroup
+				codes := make([]int, n)
+				for i := range n {
+					wg.Add(1)
+					go func() {
+						defer GinkgoRecover()
+						defer wg.Done()
+						resp := ts.do(request{method: http.MethodPost, namespace: ns, name: sbx.Name, subresource: "exec", body: bytes.NewReader(payload)})
+						codes[i] = resp.StatusCode
+						_, _ = io.Copy(io.Discard, resp.Body)
+						resp.Body.Close()
+					}()
+				}
+				wg.Wait()
+				close(stop)
+				<-sampled
+				for _, c := range codes {
+					Expect(c).To(Or(Equal(http.StatusOK), Equal(http.StatusTooManyRequests)))
+					if c == http.StatusTooManyRequests {
+						refused++
+					}
+				}
+				return int64(peak) - int64(before.HeapInuse), refused
+			}
+			const n = 8
+			unbudgeted := newTestServer(serverOptions{node: nodeName, runtime: docker, reader: k8sClient}).start()
+			budgeted := newTestServer(serverOptions{node: nodeName, runtime: docker, reader: k8sClient, execBodyBudget: nodeapi.DefaultExecBodyBudget}).start()
+			withBudget, refused := flood(budgeted, n)
+			GinkgoWriter.Printf("%d exec requests of 16 MiB stdin with the default body budget: heap in use grew by %d MiB at its peak, %d refused with 429; VmHWM %s\n",
+				n, withBudget>>20, refused, vmHWM())
+			without, _ := flood(unbudgeted, n)
+			GinkgoWriter.Printf("%d exec requests of 16 MiB stdin without a body budget: heap in use grew by %d MiB at its peak; VmHWM %s\n",
+				n, without>>20, vmHWM())
+			Expect(refused).To(BeNumerically(">", 0))
+			// Three bodies of about 21 MiB fit in 64 MiB; each is held
+			// decoded and once more while it goes to the helper.
+			Expect(withBudget).To(BeNumerically("<", 256<<20))
+		})
+
 		It("runs 50 commands at once", func() {
 			var wg sync.WaitGroup
 			results := make([]*execResult, 50)
@@ -791,6 +930,112 @@ var _ = Describe("Node API", Ordered, ContinueOnFailure, func() {
 			resp.Body.Close()
 		})
 
+		// Low 15: a follow lasts until its caller leaves, so followers are
+		// counted per Sandbox and per node like execs.
+		Context("followers (Low 15)", func() {
+			var chatty *sandboxv1alpha1.Sandbox
+			BeforeAll(func() {
+				chatty = waitReady(createSandbox(ns, uniqueName("followed"), func(s *sandboxv1alpha1.Sandbox) {
+					s.Spec.Command = []string{"sh", "-c", "echo hello; exec sleep 3600"}
+				}))
+			})
+			// follow opens a followed stream of subresource (log or
+			// history) on ts; cancel ends it.
+			follow := func(ts *testServer, name, subresource string) (*http.Response, context.CancelFunc) {
+				GinkgoHelper()
+				ctx, cancel := context.WithCancel(context.Background())
+				DeferCleanup(cancel)
+				resp := ts.do(request{ctx: ctx, method: http.MethodGet, namespace: ns, name: name, subresource: subresource, query: "tail=1&follow=true"})
+				return resp, func() { cancel(); resp.Body.Close() }
+			}
+			expectFollowLimit := func(resp *http.Response, scope string) {
+				GinkgoHelper()
+				Expect(resp.StatusCode).To(Equal(http.StatusTooManyRequests))
+				Expect(resp.Header.Get("Retry-After")).To(Equal("1"))
+				st := statusOf(resp)
+				Expect(st.Reason).To(Equal(metav1.StatusReasonTooManyRequests))
+				Expect(wire.HasCause(&st, wire.CauseFollowLimit)).To(BeTrue(), "%+v", st)
+				Expect(st.Message).To(ContainSubstring("this " + scope + " already has"))
+			}
+
+			It("refuses the follower past the per-Sandbox limit with a typed 429, and frees its slot when a follower disconnects", func() {
+				limited := newTestServer(serverOptions{node: nodeName, runtime: docker, reader: k8sClient, maxFollowersPer: 2}).start()
+				logResp, stopLog := follow(limited, chatty.Name, "log")
+				Expect(logResp.StatusCode).To(Equal(http.StatusOK))
+				histResp, stopHist := follow(limited, chatty.Name, "history")
+				Expect(histResp.StatusCode).To(Equal(http.StatusOK))
+				defer stopHist()
+
+				for _, sub := range []string{"log", "history"} {
+					refused, stop := follow(limited, chatty.Name, sub)
+					expectFollowLimit(refused, "sandbox")
+					stop()
+				}
+				// Reading without follow ends by itself and is not limited.
+				Expect(readAll(limited.do(request{method: http.MethodGet, namespace: ns, name: chatty.Name, subresource: "log", query: "tail=1"}))).To(Equal("hello\n"))
+				// Another Sandbox has slots of its own.
+				other, stopOther := follow(limited, sbx.Name, "history")
+				Expect(other.StatusCode).To(Equal(http.StatusOK))
+				stopOther()
+
+				// The log follower leaves: its slot comes back.
+				stopLog()
+				Eventually(func() int {
+					resp, stop := follow(limited, chatty.Name, "history")
+					defer stop()
+					return resp.StatusCode
+				}, 10*time.Second, 100*time.Millisecond).Should(Equal(http.StatusOK))
+			})
+
+			It("refuses the follower past the node-wide limit, and frees the slot of a Sandbox's followers when it is deleted", func() {
+				limited := newTestServer(serverOptions{node: nodeName, runtime: docker, reader: k8sClient, maxFollowers: 1}).start()
+				doomed := waitReady(createSandbox(ns, uniqueName("doomed")))
+				Expect(api.exec(ns, doomed.Name, echo).status).To(Equal(http.StatusOK))
+				held, stopHeld := follow(limited, doomed.Name, "history")
+				defer stopHeld()
+				Expect(held.StatusCode).To(Equal(http.StatusOK))
+				refused, stop := follow(limited, sbx.Name, "history")
+				expectFollowLimit(refused, "node")
+				stop()
+
+				// Deleting the Sandbox deletes its history, which ends the
+				// follower with a NotFound Status line and frees its slot.
+				lines := make(chan string, 10)
+				go func() {
+					defer GinkgoRecover()
+					defer close(lines)
+					sc := bufio.NewScanner(held.Body)
+					for sc.Scan() {
+						lines <- sc.Text()
+					}
+				}()
+				Expect(k8sClient.Delete(context.Background(), doomed)).To(Succeed())
+				var last string
+				Eventually(func() bool {
+					for {
+						select {
+						case l, ok := <-lines:
+							if !ok {
+								return true
+							}
+							last = l
+						default:
+							return false
+						}
+					}
+				}, 60*time.Second, 100*time.Millisecond).Should(BeTrue(), "the follower's stream ends with its Sandbox")
+				var st metav1.Status
+				Expect(json.Unmarshal([]byte(last), &st)).To(Succeed())
+				Expect(st.Reason).To(Equal(metav1.StatusReasonNotFound), last)
+				Expect(st.Message).To(ContainSubstring("was deleted"))
+				Eventually(func() int {
+					resp, stop := follow(limited, sbx.Name, "history")
+					defer stop()
+					return resp.StatusCode
+				}, 10*time.Second, 100*time.Millisecond).Should(Equal(http.StatusOK))
+			})
+		})
+
 		It("deletes the history when the Sandbox is deleted", func() {
 			h := waitReady(createSandbox(ns, uniqueName("gone")))
 			Expect(api.exec(ns, h.Name, echo).status).To(Equal(http.StatusOK))
@@ -929,6 +1174,47 @@ func decodeRecords(r io.Reader) []history.Record {
 		}
 		recs = append(recs, rec)
 	}
+}
+
+// budgetedTry sends r and returns the response, which may come before
+// r's body was sent at all.
+func budgetedTry(ts *testServer, r request) *http.Response {
+	GinkgoHelper()
+	resp, err := tryWithin(ts, r)
+	Expect(err).NotTo(HaveOccurred())
+	return resp
+}
+
+// tryWithin is ts.try, failing the spec rather than hanging if no answer
+// comes within 10 s (r's body may never end).
+func tryWithin(ts *testServer, r request) (*http.Response, error) {
+	GinkgoHelper()
+	type out struct {
+		resp *http.Response
+		err  error
+	}
+	got := make(chan out, 1)
+	go func() {
+		resp, err := ts.try(r)
+		got <- out{resp, err}
+	}()
+	var o out
+	Eventually(got, 10*time.Second).Should(Receive(&o), "the server waited for a body it should have refused")
+	return o.resp, o.err
+}
+
+// vmHWM is this process's peak resident set size, from /proc/self/status.
+func vmHWM() string {
+	data, err := os.ReadFile("/proc/self/status")
+	if err != nil {
+		return "unknown"
+	}
+	for _, line := range strings.Split(string(data), "\n") {
+		if v, ok := strings.CutPrefix(line, "VmHWM:"); ok {
+			return strings.TrimSpace(v)
+		}
+	}
+	return "unknown"
 }
 
 // emptyArgs reads as an endless ,"",""... without holding it.

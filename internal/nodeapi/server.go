@@ -59,8 +59,19 @@ const (
 	// to the stdin cap, several times over while it is copied to the
 	// helper), so the bound is what keeps the manager inside its memory
 	// limit; a node of many busy Sandboxes raises it with the limit.
-	DefaultMaxExecs           = 32
-	DefaultDockerCheckTimeout = 10 * time.Second
+	DefaultMaxExecs = 32
+	// DefaultExecBodyBudget is the manager's default node-wide budget of
+	// exec request bytes (--exec-body-budget): two requests of the
+	// largest size (maxExecBody, about 25 MiB) at once, or any number of
+	// small ones up to --max-execs.
+	DefaultExecBodyBudget int64 = 64 << 20
+	// DefaultMaxFollowersPerSandbox and DefaultMaxFollowers bound the
+	// followed log and history streams (follow=true), which last until
+	// their caller leaves: per Sandbox, and the manager's default per node
+	// (--max-followers).
+	DefaultMaxFollowersPerSandbox = 4
+	DefaultMaxFollowers           = 128
+	DefaultDockerCheckTimeout     = 10 * time.Second
 	// defaultWorkingDir is the CRD's default for spec.workingDir, for a
 	// Sandbox read before defaulting (it never is from the API server).
 	defaultWorkingDir = "/app"
@@ -98,6 +109,18 @@ type Config struct {
 	MaxExecsPerSandbox int
 	// MaxExecs bounds them across the node; zero means no node-wide bound.
 	MaxExecs int
+	// ExecBodyBudget bounds the bytes of exec request bodies held at once
+	// across the node, counted before they are read: a request's declared
+	// length is reserved before its body is read, an undeclared one's
+	// bytes as they arrive. A request that does not fit gets 429 (413 when
+	// it is larger than the whole budget). Zero means no budget.
+	ExecBodyBudget int64
+	// MaxFollowersPerSandbox bounds the followed log and history streams
+	// of one Sandbox; more get 429. Zero means DefaultMaxFollowersPerSandbox.
+	MaxFollowersPerSandbox int
+	// MaxFollowers bounds them across the node; zero means no node-wide
+	// bound.
+	MaxFollowers int
 	// DockerCheckTimeout bounds the container check before each request, so
 	// that a hung Docker Engine yields a quick 503.
 	DockerCheckTimeout time.Duration
@@ -111,6 +134,10 @@ type Server struct {
 	log     logr.Logger
 	handler http.Handler
 	limits  *limiter
+	// followers counts followed log and history streams.
+	followers *limiter
+	// bodies is the node-wide exec body budget; nil means none.
+	bodies *byteBudget
 
 	// verified remembers containers proven to be a Sandbox's own and
 	// running, keyed by container ID, so that a busy agent does not pay a
@@ -160,6 +187,9 @@ func NewServer(cfg Config) (*Server, error) {
 	if cfg.MaxExecsPerSandbox <= 0 {
 		cfg.MaxExecsPerSandbox = DefaultMaxExecsPerSandbox
 	}
+	if cfg.MaxFollowersPerSandbox <= 0 {
+		cfg.MaxFollowersPerSandbox = DefaultMaxFollowersPerSandbox
+	}
 	if cfg.DockerCheckTimeout <= 0 {
 		cfg.DockerCheckTimeout = DefaultDockerCheckTimeout
 	}
@@ -168,10 +198,16 @@ func NewServer(cfg Config) (*Server, error) {
 		log = logf.Log.WithName("nodeapi")
 	}
 	s := &Server{
-		cfg:      cfg,
-		log:      log,
-		limits:   &limiter{perSandbox: map[types.UID]int{}, maxPer: cfg.MaxExecsPerSandbox, maxTotal: cfg.MaxExecs},
+		cfg: cfg,
+		log: log,
+		limits: newLimiter(cfg.MaxExecsPerSandbox, cfg.MaxExecs, wire.CauseExecLimit,
+			"commands or transfers", "retry when one ends"),
+		followers: newLimiter(cfg.MaxFollowersPerSandbox, cfg.MaxFollowers, wire.CauseFollowLimit,
+			"followed log or history streams", "close one, or read without follow"),
 		verified: map[string]verifiedContainer{},
+	}
+	if cfg.ExecBodyBudget > 0 {
+		s.bodies = &byteBudget{max: cfg.ExecBodyBudget}
 	}
 	s.handler = s.authenticate(http.HandlerFunc(s.serve))
 	return s, nil
@@ -226,7 +262,7 @@ func (s *Server) serve(w http.ResponseWriter, r *http.Request) {
 			s.serveDownload(w, r, sbx, ct)
 		}
 	case wire.SubresourceLog:
-		s.serveLog(w, r, ct)
+		s.serveLog(w, r, sbx, ct)
 	}
 }
 
@@ -391,13 +427,21 @@ func (s *Server) rememberVerified(id, uid string, ct dockerruntime.Container) {
 	s.verified[id] = verifiedContainer{uid: uid, ct: ct, at: now}
 }
 
-// limiter bounds concurrent execs and transfers per Sandbox and per node.
+// limiter bounds concurrent requests of one kind (execs and transfers, or
+// followers) per Sandbox and per node.
 type limiter struct {
 	mu         sync.Mutex
 	perSandbox map[types.UID]int
 	total      int
 	maxPer     int
 	maxTotal   int
+	// cause, what and hint word the refusal.
+	cause      metav1.CauseType
+	what, hint string
+}
+
+func newLimiter(maxPer, maxTotal int, cause metav1.CauseType, what, hint string) *limiter {
+	return &limiter{perSandbox: map[types.UID]int{}, maxPer: maxPer, maxTotal: maxTotal, cause: cause, what: what, hint: hint}
 }
 
 // acquire takes a slot or says why not; release gives it back.
@@ -405,10 +449,10 @@ func (l *limiter) acquire(uid types.UID) (release func(), err *apiError) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.perSandbox[uid] >= l.maxPer {
-		return nil, tooManyRequests("this sandbox already runs %d commands or transfers, its limit; retry when one ends", l.maxPer)
+		return nil, tooMany(l.cause, "this sandbox already has %d %s, its limit; %s", l.maxPer, l.what, l.hint)
 	}
 	if l.maxTotal > 0 && l.total >= l.maxTotal {
-		return nil, tooManyRequests("this node already runs %d commands or transfers, its limit; retry later", l.maxTotal)
+		return nil, tooMany(l.cause, "this node already has %d %s, its limit; retry later", l.maxTotal, l.what)
 	}
 	l.perSandbox[uid]++
 	l.total++
@@ -423,6 +467,67 @@ func (l *limiter) acquire(uid types.UID) (release func(), err *apiError) {
 			}
 		})
 	}, nil
+}
+
+// byteBudget bounds the bytes of exec request bodies held across the node.
+type byteBudget struct {
+	mu   sync.Mutex
+	used int64
+	max  int64
+}
+
+// errBudgetExhausted fails a body read that would go past the budget.
+var errBudgetExhausted = errors.New("the node's exec body budget is exhausted")
+
+// reserve takes n bytes of the budget, or fails with errBudgetExhausted
+// without taking any.
+func (b *byteBudget) reserve(n int64) error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.used+n > b.max {
+		return errBudgetExhausted
+	}
+	b.used += n
+	return nil
+}
+
+func (b *byteBudget) giveBack(n int64) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.used -= n
+}
+
+// budgetReader reads a body while holding budget for every byte read so
+// far, reserving in steps of budgetStep beyond what was reserved up front.
+type budgetReader struct {
+	r        io.Reader
+	b        *byteBudget
+	reserved int64 // held, to be given back by release
+	read     int64
+}
+
+const budgetStep = 256 << 10
+
+func (br *budgetReader) Read(p []byte) (int, error) {
+	room := br.reserved - br.read
+	if room <= 0 && len(p) > 0 {
+		if err := br.b.reserve(budgetStep); err != nil {
+			return 0, err
+		}
+		br.reserved += budgetStep
+		room = budgetStep
+	}
+	if int64(len(p)) > room {
+		p = p[:room]
+	}
+	n, err := br.r.Read(p)
+	br.read += int64(n)
+	return n, err
+}
+
+func (br *budgetReader) release() {
+	br.b.giveBack(br.reserved)
+	br.reserved = 0
 }
 
 // workingDir is the Sandbox's working directory, against which relative

@@ -181,6 +181,9 @@ type serverOptions struct {
 	runtime            nodeapi.Runtime
 	reader             client.Reader
 	maxExecsPerSandbox int
+	execBodyBudget     int64
+	maxFollowersPer    int
+	maxFollowers       int
 	// recordRequests logs every request that reaches the HTTP layer.
 	recordRequests bool
 }
@@ -192,6 +195,7 @@ func newTestServer(o serverOptions) *testServer {
 	opts := testnode.NodeAPIOptions{
 		Node: o.node, Runtime: o.runtime, Reader: o.reader, History: hist,
 		FileTransferLimit: testTransferLimit, MaxExecsPerSandbox: o.maxExecsPerSandbox, DockerCheckTimeout: 3 * time.Second,
+		ExecBodyBudget: o.execBodyBudget, MaxFollowersPerSandbox: o.maxFollowersPer, MaxFollowers: o.maxFollowers,
 	}
 	var seen *requestLog
 	if o.recordRequests {

@@ -59,6 +59,11 @@ const (
 	// runs as many commands and transfers as it allows; retry after
 	// details.retryAfterSeconds.
 	CauseExecLimit metav1.CauseType = "ExecLimit"
+	// CauseFollowLimit (TooManyRequests): the Sandbox, or its node, already
+	// serves as many followed log and history streams (follow=true) as it
+	// allows; close a follower, read without follow, or retry after
+	// details.retryAfterSeconds.
+	CauseFollowLimit metav1.CauseType = "FollowLimit"
 	// CauseRuntimeUnavailable (ServiceUnavailable): the node's Docker
 	// Engine does not answer.
 	CauseRuntimeUnavailable metav1.CauseType = "RuntimeUnavailable"

@@ -39,6 +39,11 @@ type NodeAPIOptions struct {
 	History            nodeapi.HistoryStore
 	FileTransferLimit  int64
 	MaxExecsPerSandbox int
+	// ExecBodyBudget, MaxFollowersPerSandbox and MaxFollowers: as in
+	// nodeapi.Config.
+	ExecBodyBudget         int64
+	MaxFollowersPerSandbox int
+	MaxFollowers           int
 	// DockerCheckTimeout defaults to 5 s.
 	DockerCheckTimeout time.Duration
 	// Middleware, when set, wraps the server's handler, so that a test can
@@ -80,6 +85,10 @@ func NewNodeAPI(ca *operatorca.CA, o NodeAPIOptions) *NodeAPI {
 		FileTransferLimit:  o.FileTransferLimit,
 		MaxExecsPerSandbox: o.MaxExecsPerSandbox,
 		DockerCheckTimeout: o.DockerCheckTimeout,
+
+		ExecBodyBudget:         o.ExecBodyBudget,
+		MaxFollowersPerSandbox: o.MaxFollowersPerSandbox,
+		MaxFollowers:           o.MaxFollowers,
 	})
 	Expect(err).NotTo(HaveOccurred())
 	tlsConfig, err := nodeapi.ServerTLSConfig(nodeapi.TLSOptions{
