@@ -13,13 +13,14 @@ import (
 	"strings"
 	"time"
 
+	"github.com/code-sandbox/code-sandbox-operator/internal/mcpserver/auth"
+
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
 	rbacv1 "k8s.io/api/rbac/v1"
 
 	sandboxv1alpha1 "github.com/code-sandbox/code-sandbox-operator/api/v1alpha1"
-	"github.com/code-sandbox/code-sandbox-operator/internal/mcpserver"
 	"github.com/code-sandbox/code-sandbox-operator/internal/testenv"
 )
 
@@ -84,9 +85,9 @@ var _ = Describe("--auth kubernetes token audiences", Ordered, func() {
 
 	BeforeAll(func() {
 		ns = cp.NewNamespace("mcp-aud-")
-		mcpToken = saToken(ns, "agent", mcpserver.DefaultTokenAudience)
+		mcpToken = saToken(ns, "agent", auth.DefaultTokenAudience)
 		apiToken = saToken(ns, "agent")
-		bothToken = saToken(ns, "agent", mcpserver.DefaultTokenAudience, cp.Config.Host)
+		bothToken = saToken(ns, "agent", auth.DefaultTokenAudience, cp.Config.Host)
 		vaultToken = saToken(ns, "agent", "https://vault.example")
 	})
 
@@ -174,7 +175,7 @@ var _ = Describe("--auth kubernetes on the docker backend", Ordered, func() {
 			APIGroups: []string{sandboxv1alpha1.GroupVersion.Group}, Resources: []string{"sandboxes"}, Verbs: []string{"create"}})
 		cp.CreateClusterRole("mcp-test-sandbox-viewer", rbacv1.PolicyRule{
 			APIGroups: []string{sandboxv1alpha1.GroupVersion.Group}, Resources: []string{"sandboxes"}, Verbs: []string{"get", "list", "watch"}})
-		aud := mcpserver.DefaultTokenAudience
+		aud := auth.DefaultTokenAudience
 		outsider := saToken(ns, "outsider", aud)
 		viewer := saToken(ns, "viewer", aud)
 		cp.Bind(ns, "mcp-test-sandbox-viewer", testenv.ServiceAccountSubject(ns, "viewer"))
@@ -206,7 +207,7 @@ var _ = Describe("--auth kubernetes on the docker backend", Ordered, func() {
 	}, NodeTimeout(3*time.Minute))
 
 	It("admits exactly the users and groups of --allow-user and --allow-group, without RBAC", func(ctx SpecContext) {
-		aud := mcpserver.DefaultTokenAudience
+		aud := auth.DefaultTokenAudience
 		alice := saToken(ns, "alice", aud)
 		bob := saToken(ns, "bob", aud)
 		carol := saToken(otherNS, "carol", aud)

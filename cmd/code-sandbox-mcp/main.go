@@ -26,6 +26,9 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/code-sandbox/code-sandbox-operator/internal/mcpserver/auth"
+	"github.com/code-sandbox/code-sandbox-operator/internal/mcpserver/contract"
+
 	"github.com/docker/go-units"
 	"github.com/mark3labs/mcp-go/server"
 	"k8s.io/apimachinery/pkg/util/validation"
@@ -217,8 +220,8 @@ func newFlagSet(o *options) *flag.FlagSet {
 	fs.BoolVar(&o.allowRemote, "allow-remote", false, "allow --http to bind a non-loopback address (requires --auth token or kubernetes)")
 	fs.StringVar(&o.auth, "auth", "token", "HTTP authentication: token (--token-file), kubernetes (TokenReview) or none (loopback only)")
 	fs.StringVar(&o.tokenFile, "token-file", "", "file of \"TOKEN IDENTITY\" lines for --auth token; re-read when it changes")
-	o.tokenAudiences = defaultListFlag{vals: []string{mcpserver.DefaultTokenAudience}}
-	fs.Var(&o.tokenAudiences, "token-audience", "--auth kubernetes: the server's own audiences; a token must be valid for one of them (repeatable; callers get one with `kubectl create token SA --audience "+mcpserver.DefaultTokenAudience+"`)")
+	o.tokenAudiences = defaultListFlag{vals: []string{auth.DefaultTokenAudience}}
+	fs.Var(&o.tokenAudiences, "token-audience", "--auth kubernetes: the server's own audiences; a token must be valid for one of them (repeatable; callers get one with `kubectl create token SA --audience "+auth.DefaultTokenAudience+"`)")
 	fs.BoolVar(&o.acceptAPIAud, "accept-apiserver-audience", false, "--auth kubernetes: also accept tokens for the API server's own audiences (tried after --token-audience fails). WEAKER: such a token can be replayed against the API server, and any token a caller hands to another service for the API server becomes a credential for this one")
 	fs.Var(&o.allowUsers, "allow-user", "--backend docker with --auth kubernetes: admit this Kubernetes user, for example system:serviceaccount:NS:NAME (repeatable; with --allow-group replaces the RBAC check on --namespace)")
 	fs.Var(&o.allowGroups, "allow-group", "--backend docker with --auth kubernetes: admit members of this Kubernetes group, for example system:serviceaccounts:NS (repeatable; with --allow-user replaces the RBAC check on --namespace)")
@@ -241,7 +244,7 @@ func newFlagSet(o *options) *flag.FlagSet {
 	fs.DurationVar(&o.readTO, "http-read-timeout", mcpserver.DefaultReadTimeout, "how long a client may take to send a whole HTTP request, body included (responses, such as SSE streams, are not limited)")
 	fs.DurationVar(&o.idleTO, "http-idle-timeout", mcpserver.DefaultIdleTimeout, "how long an idle keep-alive HTTP connection is kept open")
 
-	fs.StringVar(&o.defaultImage, "default-image", mcpserver.DefaultImage, "image sandbox_initialize uses when none is given")
+	fs.StringVar(&o.defaultImage, "default-image", contract.DefaultImage, "image sandbox_initialize uses when none is given")
 	fs.Var(&o.allowedImages, "allowed-image", "image pattern (path.Match) sandboxes may use, for example python:* (repeatable; default: any)")
 	fs.StringVar(&o.pullPolicy, "pull-policy", string(dockerruntime.PullIfNotPresent), "image pull policy: IfNotPresent, Never or Always")
 	fs.Var(&o.allowedRegistries, "allowed-registries", "docker backend: image registry sandboxes may use besides public ones: host (any port), host:port or CIDR (repeatable; default: none, so loopback, private, link-local and single-label registry hosts and localhost are refused)")
@@ -462,7 +465,7 @@ func loadOwnerKey(o options, logger *slog.Logger) error {
 	generated := true
 	if o.ownerKeyFile != "" {
 		var err error
-		if generated, err = mcpserver.LoadIdentityKey(o.ownerKeyFile); err != nil {
+		if generated, err = contract.LoadIdentityKey(o.ownerKeyFile); err != nil {
 			return usageError{err}
 		}
 	}
@@ -504,7 +507,7 @@ func toolConfig(o options) (mcpserver.Config, error) {
 
 // sandboxBackend is a backend with the lifecycle serve drives.
 type sandboxBackend interface {
-	mcpserver.Backend
+	contract.Backend
 	Start(context.Context)
 	InstanceID() string
 }
@@ -682,23 +685,23 @@ func setupHTTP(o options, kube *kubeSetup, logger *slog.Logger) (*httpSetup, err
 			return nil, usagef("--accept-apiserver-audience, --allow-user and --allow-group need --auth kubernetes")
 		}
 	}
-	var auth mcpserver.Authenticator
+	var authn auth.Authenticator
 	switch o.auth {
 	case "none":
 		if !loopback {
 			return nil, usagef("--auth none is only allowed on a loopback address")
 		}
 		logger.Warn("!!! --auth none: ANY local process or user that can reach " + o.httpAddr + " can run code in sandboxes as the shared identity \"anonymous\". Use --auth token for anything but a single-user machine. !!!")
-		auth = mcpserver.AnonymousAuthenticator{}
+		authn = auth.AnonymousAuthenticator{}
 	case "token":
 		if o.tokenFile == "" {
-			return nil, usagef("--auth token needs --token-file FILE (lines \"TOKEN IDENTITY\"; tokens of at least %d characters)", mcpserver.MinTokenLength)
+			return nil, usagef("--auth token needs --token-file FILE (lines \"TOKEN IDENTITY\"; tokens of at least %d characters)", auth.MinTokenLength)
 		}
-		if auth, err = mcpserver.NewStaticTokens(o.tokenFile, logger); err != nil {
+		if authn, err = auth.NewStaticTokens(o.tokenFile, logger); err != nil {
 			return nil, usageError{err}
 		}
 	case "kubernetes":
-		if auth, err = kubeAuth(o, kube, logger); err != nil {
+		if authn, err = kubeAuth(o, kube, logger); err != nil {
 			return nil, err
 		}
 	default:
@@ -744,7 +747,7 @@ func setupHTTP(o options, kube *kubeSetup, logger *slog.Logger) (*httpSetup, err
 			ResourceURL:             resource,
 			AllowedHosts:            hosts,
 			AllowedOrigins:          o.allowedOrigins,
-			Auth:                    auth,
+			Auth:                    authn,
 			AuthorizationServers:    o.authServers,
 			MaxBodyBytes:            int64(o.maxBody),
 			RequestsPerSecond:       o.rateLimit,
@@ -783,15 +786,15 @@ var sandboxCreate = accessreview.Permission{Verb: "create"}
 // (and, with --accept-apiserver-audience, the API server's), and on the
 // docker backend an authorization of every caller. kube, when set, is the
 // kubernetes backend's cluster access, which it then shares.
-func kubeAuth(o options, kube *kubeSetup, logger *slog.Logger) (mcpserver.Authenticator, error) {
+func kubeAuth(o options, kube *kubeSetup, logger *slog.Logger) (auth.Authenticator, error) {
 	if len(o.tokenAudiences.vals) == 0 {
-		return nil, usagef("--token-audience: give at least one audience (default %s)", mcpserver.DefaultTokenAudience)
+		return nil, usagef("--token-audience: give at least one audience (default %s)", auth.DefaultTokenAudience)
 	}
 	if o.backend != "docker" && (len(o.allowUsers) > 0 || len(o.allowGroups) > 0) {
 		return nil, usagef("--allow-user and --allow-group are for --backend docker; on the kubernetes backend RBAC in the Sandboxes' namespace decides every call")
 	}
 	var (
-		gate mcpserver.CallerAuthorizer
+		gate auth.CallerAuthorizer
 		rc   *rest.Config
 		err  error
 	)
@@ -801,7 +804,7 @@ func kubeAuth(o options, kube *kubeSetup, logger *slog.Logger) (mcpserver.Authen
 			if o.namespace != "" {
 				return nil, usagef("--namespace has no effect with --allow-user/--allow-group on the docker backend: give one or the other")
 			}
-			gate = mcpserver.AllowList{Users: o.allowUsers, Groups: o.allowGroups}
+			gate = auth.AllowList{Users: o.allowUsers, Groups: o.allowGroups}
 		case o.namespace == "":
 			return nil, usagef("--backend docker with --auth kubernetes must authorize callers: give --namespace NS (callers who may create sandboxes.%s there are admitted) or --allow-user/--allow-group", sandboxv1alpha1.GroupVersion.Group)
 		default:
@@ -813,7 +816,7 @@ func kubeAuth(o options, kube *kubeSetup, logger *slog.Logger) (mcpserver.Authen
 	if kube != nil {
 		rc = kube.config
 	} else {
-		if rc, err = mcpserver.KubeRESTConfig(o.kubeconfig); err != nil {
+		if rc, err = auth.KubeRESTConfig(o.kubeconfig); err != nil {
 			return nil, usageError{err}
 		}
 		// A review per identity every few seconds, and more at bursts.
@@ -824,7 +827,7 @@ func kubeAuth(o options, kube *kubeSetup, logger *slog.Logger) (mcpserver.Authen
 	if o.acceptAPIAud {
 		logger.Warn("--accept-apiserver-audience: tokens for the API server's own audiences are accepted too; such a token can be replayed against the API server, and any token a caller hands to another service for the API server is a credential here. Prefer tokens for --token-audience (kubectl create token SA --audience " + o.tokenAudiences.vals[0] + ")")
 	}
-	auth, err := mcpserver.NewTokenReviewAuth(rc, mcpserver.TokenReviewOptions{
+	reviews, err := auth.NewTokenReviewAuth(rc, auth.TokenReviewOptions{
 		Audiences:               o.tokenAudiences.vals,
 		AcceptAPIServerAudience: o.acceptAPIAud,
 		Logger:                  logger,
@@ -833,7 +836,7 @@ func kubeAuth(o options, kube *kubeSetup, logger *slog.Logger) (mcpserver.Authen
 		return nil, err
 	}
 	if o.backend != "docker" {
-		return auth, nil
+		return reviews, nil
 	}
 	if gate == nil {
 		az, err := accessreview.NewForConfig(rc)
@@ -845,11 +848,11 @@ func kubeAuth(o options, kube *kubeSetup, logger *slog.Logger) (mcpserver.Authen
 	} else {
 		logger.Info("docker backend: admitting the Kubernetes callers of --allow-user and --allow-group", "users", len(o.allowUsers), "groups", len(o.allowGroups))
 	}
-	return mcpserver.WithAuthorization(auth, gate), nil
+	return auth.WithAuthorization(reviews, gate), nil
 }
 
 // run serves until ctx ends, then shuts the HTTP server down.
-func (hs *httpSetup) run(ctx context.Context, stop context.CancelFunc, s *server.MCPServer, backend mcpserver.Backend, logger *slog.Logger, listening func(url string)) error {
+func (hs *httpSetup) run(ctx context.Context, stop context.CancelFunc, s *server.MCPServer, backend contract.Backend, logger *slog.Logger, listening func(url string)) error {
 	hs.opts.Ready = backend.Ready
 	handler, err := mcpserver.NewHTTPServer(s, hs.opts)
 	if err != nil {

@@ -10,6 +10,8 @@ import (
 	"net/http"
 	"time"
 
+	"github.com/code-sandbox/code-sandbox-operator/internal/mcpserver/auth"
+
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
 
@@ -64,7 +66,7 @@ var _ = Describe("the HTTP transport's limits", Ordered, func() {
 	})
 
 	It("limits failed authentications per address before reviewing tokens, but not a token already accepted; and caps sessions per identity", func(ctx SpecContext) {
-		aud := mcpserver.DefaultTokenAudience
+		aud := auth.DefaultTokenAudience
 		alice := saToken(ns, "alice", aud)
 		bob := saToken(ns, "bob", aud)
 		url := startServer("--backend", "docker", "--kubeconfig", reviewerKubeconfig,

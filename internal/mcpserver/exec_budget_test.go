@@ -8,6 +8,8 @@ import (
 	"runtime"
 	"strings"
 
+	"github.com/code-sandbox/code-sandbox-operator/internal/mcpserver/contract"
+
 	"github.com/mark3labs/mcp-go/mcp"
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
@@ -18,12 +20,12 @@ import (
 // loudBackend's Exec writes perStream bytes to stdout and to stderr, in
 // 32 KiB writes, each stream ending with a line naming the command.
 type loudBackend struct {
-	Backend
+	contract.Backend
 	perStream int
 	calls     int
 }
 
-func (b *loudBackend) Exec(_ context.Context, _ Caller, _ string, req execio.Request, out OutputFunc) (execio.Result, error) {
+func (b *loudBackend) Exec(_ context.Context, _ contract.Caller, _ string, req execio.Request, out contract.OutputFunc) (execio.Result, error) {
 	i := b.calls
 	b.calls++
 	chunk := bytes.Repeat([]byte("abcdefghijklmnopqrstuvwxyz012345"), 1<<10)

@@ -11,6 +11,8 @@ import (
 	"strings"
 	"syscall"
 
+	"github.com/code-sandbox/code-sandbox-operator/internal/mcpserver/contract"
+
 	"github.com/mark3labs/mcp-go/mcp"
 
 	. "github.com/onsi/ginkgo/v2"
@@ -77,16 +79,16 @@ var _ = Describe("HostRoots", Label("unit"), func() {
 // downloadBackend answers Download with a fixed archive; every other
 // Backend method is left nil (the tool calls only Get and Download).
 type downloadBackend struct {
-	Backend
+	contract.Backend
 	archive func() []byte
 	paths   []string
 }
 
-func (b *downloadBackend) Get(context.Context, Caller, string) (Sandbox, error) {
-	return Sandbox{}, nil
+func (b *downloadBackend) Get(context.Context, contract.Caller, string) (contract.Sandbox, error) {
+	return contract.Sandbox{}, nil
 }
 
-func (b *downloadBackend) Download(_ context.Context, _ Caller, _ string, src string, w io.Writer, _ int64) (execio.TransferStats, error) {
+func (b *downloadBackend) Download(_ context.Context, _ contract.Caller, _ string, src string, w io.Writer, _ int64) (execio.TransferStats, error) {
 	b.paths = append(b.paths, src)
 	_, err := w.Write(b.archive())
 	return execio.TransferStats{}, err
@@ -221,7 +223,7 @@ var _ = Describe("HostRoots shared by several identities", Label("unit"), func()
 		Expect(err).NotTo(HaveOccurred())
 		roots.SeparateIdentities()
 		h := newToolHarness(Config{HostRoots: roots})
-		aliceDir := filepath.Join(base, IdentityHash("alice"))
+		aliceDir := filepath.Join(base, contract.IdentityHash("alice"))
 		aliceSbx, bobSbx := h.fake.add("alice"), h.fake.add("bob")
 		h.fake.putFile(aliceSbx, "/app/secret.txt", "alice's secret\n")
 		h.fake.putFile(bobSbx, "/app/plant.txt", "bob's plant\n")
@@ -252,7 +254,7 @@ var _ = Describe("HostRoots shared by several identities", Label("unit"), func()
 		Expect(res.IsError).To(BeTrue())
 
 		By("the local (stdio) identity keeps the roots themselves")
-		local, err := roots.ForCaller(Caller{ID: LocalIdentity})
+		local, err := roots.ForCaller(contract.Caller{ID: contract.LocalIdentity})
 		Expect(err).NotTo(HaveOccurred())
 		Expect(local.Roots()).To(Equal([]string{base}))
 	})
