@@ -13,6 +13,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/code-sandbox/code-sandbox-operator/internal/testenv/mcpclient"
+
 	"github.com/code-sandbox/code-sandbox-operator/internal/mcpserver/auth"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
@@ -69,13 +71,7 @@ func callTool(ctx context.Context, s *mcp.ClientSession, name string, args map[s
 	GinkgoHelper()
 	res, err := s.CallTool(ctx, &mcp.CallToolParams{Name: name, Arguments: args})
 	Expect(err).NotTo(HaveOccurred(), "calling %s", name)
-	var b strings.Builder
-	for _, c := range res.Content {
-		if t, ok := c.(*mcp.TextContent); ok {
-			b.WriteString(t.Text)
-		}
-	}
-	return res, b.String()
+	return res, mcpclient.Text(res)
 }
 
 // Tokens for the server's own audience are MCP credentials; tokens for the

@@ -60,7 +60,7 @@ var _ = Describe("sandbox_exec output budget", Label("unit"), func() {
 		Expect(res.IsError).To(BeFalse())
 		out, ok := res.StructuredContent.(ExecResult)
 		Expect(ok).To(BeTrue())
-		return out, res.Content[0].(mcp.TextContent).Text, after.TotalAlloc - before.TotalAlloc
+		return out, resultText(res), after.TotalAlloc - before.TotalAlloc
 	}
 
 	It("keeps the end of each of 100 commands' output within the call's budget, allocating a bounded amount", func() {

@@ -8,7 +8,6 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
-	"strings"
 	"syscall"
 
 	"github.com/code-sandbox/code-sandbox-operator/internal/mcpserver/contract"
@@ -134,13 +133,7 @@ var _ = Describe("copy_file_from_sandbox", Label("unit"), func() {
 			req.Params.Arguments = args
 			res, err := handler(context.Background(), req)
 			Expect(err).NotTo(HaveOccurred())
-			var text []string
-			for _, c := range res.Content {
-				if t, ok := c.(mcp.TextContent); ok {
-					text = append(text, t.Text)
-				}
-			}
-			return strings.Join(text, "\n"), res.IsError
+			return resultText(res), res.IsError
 		}
 	})
 

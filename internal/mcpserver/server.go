@@ -105,13 +105,19 @@ func (d *deps) wrap(name string, h server.ToolHandlerFunc) server.ToolHandlerFun
 	}
 }
 
-func firstText(res *mcp.CallToolResult) string {
+func firstText(res *mcp.CallToolResult) string { return truncate(resultText(res), 300) }
+
+// resultText is the text of a tool result: its text contents, one per line
+// (the tools write one). Results are read through it, never by asserting
+// the type of Content[0].
+func resultText(res *mcp.CallToolResult) string {
+	var text []string
 	for _, c := range res.Content {
 		if t, ok := c.(mcp.TextContent); ok {
-			return truncate(t.Text, 300)
+			text = append(text, t.Text)
 		}
 	}
-	return ""
+	return strings.Join(text, "\n")
 }
 
 // toolError turns an error into a tool result that tells the caller what

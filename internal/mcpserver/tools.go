@@ -235,7 +235,7 @@ func sandboxExecTool(d *deps) (mcp.Tool, server.ToolHandlerFunc) {
 				TimedOut:   res.TimedOut,
 			}
 			if err != nil {
-				cr.Error = d.toolError(args.ContainerID, err).Content[0].(mcp.TextContent).Text
+				cr.Error = resultText(d.toolError(args.ContainerID, err))
 				cr.ExitCode = -1
 			}
 			out.Results = append(out.Results, cr)

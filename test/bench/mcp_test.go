@@ -15,9 +15,10 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strconv"
-	"strings"
 	"testing"
 	"time"
+
+	"github.com/code-sandbox/code-sandbox-operator/internal/testenv/mcpclient"
 
 	"github.com/docker/docker/api/types/container"
 	"github.com/docker/docker/api/types/filters"
@@ -217,13 +218,7 @@ func startMCP(b *testing.B, bin, image string, args ...string) func(name string,
 			return nil, err
 		}
 		if res.IsError {
-			var t strings.Builder
-			for _, c := range res.Content {
-				if tc, ok := c.(*mcp.TextContent); ok {
-					t.WriteString(tc.Text)
-				}
-			}
-			return nil, fmt.Errorf("%s: %s", name, t.String())
+			return nil, fmt.Errorf("%s: %s", name, mcpclient.Text(res))
 		}
 		m, _ := res.StructuredContent.(map[string]any)
 		return m, nil
