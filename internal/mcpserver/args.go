@@ -14,11 +14,10 @@ import (
 	"time"
 	"unicode/utf8"
 
-	"github.com/code-sandbox/code-sandbox-operator/internal/mcpserver/contract"
-
 	"github.com/docker/go-units"
 
 	"github.com/code-sandbox/code-sandbox-operator/internal/execio"
+	"github.com/code-sandbox/code-sandbox-operator/internal/mcpserver/contract"
 )
 
 // errArgs marks an argument the caller got wrong; tools report it as is.

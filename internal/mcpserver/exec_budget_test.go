@@ -8,13 +8,12 @@ import (
 	"runtime"
 	"strings"
 
-	"github.com/code-sandbox/code-sandbox-operator/internal/mcpserver/contract"
-
 	"github.com/mark3labs/mcp-go/mcp"
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
 
 	"github.com/code-sandbox/code-sandbox-operator/internal/execio"
+	"github.com/code-sandbox/code-sandbox-operator/internal/mcpserver/contract"
 )
 
 // loudBackend's Exec writes perStream bytes to stdout and to stderr, in

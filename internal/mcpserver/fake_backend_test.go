@@ -11,9 +11,8 @@ import (
 	"sync"
 	"time"
 
-	"github.com/code-sandbox/code-sandbox-operator/internal/mcpserver/contract"
-
 	"github.com/code-sandbox/code-sandbox-operator/internal/execio"
+	"github.com/code-sandbox/code-sandbox-operator/internal/mcpserver/contract"
 )
 
 // fakeBackend is an in-memory Backend for the tools' unit tests. It keeps

@@ -10,14 +10,13 @@ import (
 	"path/filepath"
 	"strings"
 
-	"github.com/code-sandbox/code-sandbox-operator/internal/mcpserver/contract"
-
 	"github.com/mark3labs/mcp-go/server"
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
 
 	"github.com/code-sandbox/code-sandbox-operator/internal/execio"
 	"github.com/code-sandbox/code-sandbox-operator/internal/history"
+	"github.com/code-sandbox/code-sandbox-operator/internal/mcpserver/contract"
 )
 
 // toolHarness is an MCP server on a fakeBackend, with one allowed host

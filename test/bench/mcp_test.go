@@ -18,8 +18,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/code-sandbox/code-sandbox-operator/internal/testenv/mcpclient"
-
 	"github.com/docker/docker/api/types/container"
 	"github.com/docker/docker/api/types/filters"
 	dockerclient "github.com/docker/docker/client"
@@ -27,6 +25,7 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/code-sandbox/code-sandbox-operator/internal/dockerruntime"
+	"github.com/code-sandbox/code-sandbox-operator/internal/testenv/mcpclient"
 )
 
 const (

@@ -20,9 +20,6 @@ import (
 	"slices"
 	"time"
 
-	"github.com/code-sandbox/code-sandbox-operator/internal/mcpserver/auth"
-	"github.com/code-sandbox/code-sandbox-operator/internal/mcpserver/contract"
-
 	authzv1 "k8s.io/api/authorization/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/cache"
@@ -30,6 +27,8 @@ import (
 	"k8s.io/client-go/rest"
 
 	sandboxv1alpha1 "github.com/code-sandbox/code-sandbox-operator/api/v1alpha1"
+	"github.com/code-sandbox/code-sandbox-operator/internal/mcpserver/auth"
+	"github.com/code-sandbox/code-sandbox-operator/internal/mcpserver/contract"
 )
 
 // Decision cache lifetimes: a revoked RoleBinding takes effect within

@@ -19,14 +19,13 @@ import (
 	"sync"
 	"time"
 
-	"github.com/code-sandbox/code-sandbox-operator/internal/mcpserver/contract"
-
 	cerrdefs "github.com/containerd/errdefs"
 
 	"github.com/code-sandbox/code-sandbox-operator/internal/dockerruntime"
 	"github.com/code-sandbox/code-sandbox-operator/internal/egress"
 	"github.com/code-sandbox/code-sandbox-operator/internal/execio"
 	"github.com/code-sandbox/code-sandbox-operator/internal/history"
+	"github.com/code-sandbox/code-sandbox-operator/internal/mcpserver/contract"
 	"github.com/code-sandbox/code-sandbox-operator/internal/mcpserver/session"
 )
 

@@ -17,14 +17,13 @@ import (
 	"sync"
 	"time"
 
-	"github.com/code-sandbox/code-sandbox-operator/internal/mcpserver/contract"
-
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
 
 	"github.com/code-sandbox/code-sandbox-operator/internal/dockerruntime"
 	"github.com/code-sandbox/code-sandbox-operator/internal/imagepolicy"
 	"github.com/code-sandbox/code-sandbox-operator/internal/mcpserver"
+	"github.com/code-sandbox/code-sandbox-operator/internal/mcpserver/contract"
 )
 
 // registrySecret is what the fake registry answers with; it must never

@@ -7,9 +7,8 @@ import (
 	"sync"
 	"time"
 
-	"github.com/code-sandbox/code-sandbox-operator/internal/mcpserver/contract"
-
 	"github.com/code-sandbox/code-sandbox-operator/internal/dockerruntime"
+	"github.com/code-sandbox/code-sandbox-operator/internal/mcpserver/contract"
 	"github.com/code-sandbox/code-sandbox-operator/internal/mcpserver/session"
 )
 

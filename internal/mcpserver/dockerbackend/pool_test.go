@@ -15,13 +15,12 @@ import (
 	"sync"
 	"time"
 
-	"github.com/code-sandbox/code-sandbox-operator/internal/mcpserver/contract"
-
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
 
 	"github.com/code-sandbox/code-sandbox-operator/internal/dockerruntime"
 	"github.com/code-sandbox/code-sandbox-operator/internal/execio"
+	"github.com/code-sandbox/code-sandbox-operator/internal/mcpserver/contract"
 	"github.com/code-sandbox/code-sandbox-operator/internal/testenv"
 )
 

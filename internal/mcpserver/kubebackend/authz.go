@@ -4,9 +4,8 @@ import (
 	"context"
 	"errors"
 
-	"github.com/code-sandbox/code-sandbox-operator/internal/mcpserver/contract"
-
 	"github.com/code-sandbox/code-sandbox-operator/internal/mcpserver/accessreview"
+	"github.com/code-sandbox/code-sandbox-operator/internal/mcpserver/contract"
 )
 
 // permission is one RBAC check: a verb on sandboxes or one of their

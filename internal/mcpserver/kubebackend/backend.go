@@ -21,8 +21,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/code-sandbox/code-sandbox-operator/internal/mcpserver/contract"
-
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/api/resource"
@@ -38,6 +36,7 @@ import (
 	sandboxv1alpha1 "github.com/code-sandbox/code-sandbox-operator/api/v1alpha1"
 	"github.com/code-sandbox/code-sandbox-operator/internal/execio"
 	"github.com/code-sandbox/code-sandbox-operator/internal/history"
+	"github.com/code-sandbox/code-sandbox-operator/internal/mcpserver/contract"
 	"github.com/code-sandbox/code-sandbox-operator/internal/mcpserver/session"
 	"github.com/code-sandbox/code-sandbox-operator/internal/sandboxclient"
 	"github.com/code-sandbox/code-sandbox-operator/internal/warmpool"

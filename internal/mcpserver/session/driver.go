@@ -13,9 +13,8 @@ import (
 	"errors"
 	"io"
 
-	"github.com/code-sandbox/code-sandbox-operator/internal/mcpserver/contract"
-
 	"github.com/code-sandbox/code-sandbox-operator/internal/execio"
+	"github.com/code-sandbox/code-sandbox-operator/internal/mcpserver/contract"
 )
 
 // Op is what a caller is about to do, for drivers that authorize each

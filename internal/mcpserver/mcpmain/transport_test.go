@@ -4,18 +4,17 @@ Copyright 2026 The code-sandbox-operator Authors.
 Licensed under the MIT License; see the LICENSE file.
 */
 
-package main
+package mcpmain
 
 import (
 	"net/http"
 	"time"
 
-	"github.com/code-sandbox/code-sandbox-operator/internal/mcpserver/auth"
-
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
 
 	"github.com/code-sandbox/code-sandbox-operator/internal/mcpserver"
+	"github.com/code-sandbox/code-sandbox-operator/internal/mcpserver/auth"
 	"github.com/code-sandbox/code-sandbox-operator/internal/testenv"
 )
 

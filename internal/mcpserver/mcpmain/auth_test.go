@@ -4,7 +4,7 @@ Copyright 2026 The code-sandbox-operator Authors.
 Licensed under the MIT License; see the LICENSE file.
 */
 
-package main
+package mcpmain
 
 import (
 	"context"
@@ -13,17 +13,15 @@ import (
 	"strings"
 	"time"
 
-	"github.com/code-sandbox/code-sandbox-operator/internal/testenv/mcpclient"
-
-	"github.com/code-sandbox/code-sandbox-operator/internal/mcpserver/auth"
-
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
 	rbacv1 "k8s.io/api/rbac/v1"
 
 	sandboxv1alpha1 "github.com/code-sandbox/code-sandbox-operator/api/v1alpha1"
+	"github.com/code-sandbox/code-sandbox-operator/internal/mcpserver/auth"
 	"github.com/code-sandbox/code-sandbox-operator/internal/testenv"
+	"github.com/code-sandbox/code-sandbox-operator/internal/testenv/mcpclient"
 )
 
 const initializeBody = `{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"test","version":"1"}}}`
