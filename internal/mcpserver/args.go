@@ -17,6 +17,7 @@ import (
 	"github.com/docker/go-units"
 
 	"github.com/code-sandbox/code-sandbox-operator/internal/execio"
+	"github.com/code-sandbox/code-sandbox-operator/internal/mcpserver/contract"
 )
 
 // errArgs marks an argument the caller got wrong; tools report it as is.
@@ -129,50 +130,50 @@ type initializeArgs struct {
 
 // createRequest validates sandbox_initialize's arguments against the
 // policy and turns them into a CreateRequest.
-func (a initializeArgs) createRequest(cfg Config) (CreateRequest, error) {
-	req := CreateRequest{Image: strings.TrimSpace(a.Image), Network: NetworkNone, Lifetime: cfg.MaxLifetime}
+func (a initializeArgs) createRequest(cfg Config) (contract.CreateRequest, error) {
+	req := contract.CreateRequest{Image: strings.TrimSpace(a.Image), Network: contract.NetworkNone, Lifetime: cfg.MaxLifetime}
 	if req.Image == "" {
 		req.Image = cfg.DefaultImage
 	}
 	if len(req.Image) > 512 || strings.ContainsAny(req.Image, " \t\n\x00") {
-		return CreateRequest{}, argError("image %q is not an image reference", truncate(req.Image, 100))
+		return contract.CreateRequest{}, argError("image %q is not an image reference", truncate(req.Image, 100))
 	}
 	if !imageAllowed(cfg.AllowedImages, req.Image) {
-		return CreateRequest{}, argError("image %q is not allowed by this server; allowed: %s", req.Image, strings.Join(cfg.AllowedImages, ", "))
+		return contract.CreateRequest{}, argError("image %q is not allowed by this server; allowed: %s", req.Image, strings.Join(cfg.AllowedImages, ", "))
 	}
 	if a.CPU != nil {
 		cpu := *a.CPU
 		maxCPU := float64(cfg.MaxNanoCPUs) / 1e9
 		if math.IsNaN(cpu) || cpu < 0.01 || cpu > maxCPU {
-			return CreateRequest{}, argError("cpu %v is out of range: 0.01 to %g cores", cpu, maxCPU)
+			return contract.CreateRequest{}, argError("cpu %v is out of range: 0.01 to %g cores", cpu, maxCPU)
 		}
 		req.NanoCPUs = int64(math.Round(cpu * 1e9))
 	}
 	if a.Memory != "" {
 		mem, err := parseMemory(a.Memory)
 		if err != nil {
-			return CreateRequest{}, err
+			return contract.CreateRequest{}, err
 		}
 		if mem < 6<<20 || mem > cfg.MaxMemoryBytes {
-			return CreateRequest{}, argError("memory %q is out of range: 6Mi to %s", a.Memory, units.BytesSize(float64(cfg.MaxMemoryBytes)))
+			return contract.CreateRequest{}, argError("memory %q is out of range: 6Mi to %s", a.Memory, units.BytesSize(float64(cfg.MaxMemoryBytes)))
 		}
 		req.MemoryBytes = mem
 	}
 	switch a.Network {
-	case "", NetworkNone:
-	case NetworkEgress:
+	case "", contract.NetworkNone:
+	case contract.NetworkEgress:
 		if !cfg.AllowEgress {
-			return CreateRequest{}, argError(`network "egress" is disabled on this server (it was started without --allow-egress); use "none"`)
+			return contract.CreateRequest{}, argError(`network "egress" is disabled on this server (it was started without --allow-egress); use "none"`)
 		}
-		req.Network = NetworkEgress
+		req.Network = contract.NetworkEgress
 	default:
-		return CreateRequest{}, argError(`network %q is not one of "none" or "egress"`, truncate(a.Network, 40))
+		return contract.CreateRequest{}, argError(`network %q is not one of "none" or "egress"`, truncate(a.Network, 40))
 	}
 	if a.LifetimeSeconds != nil {
 		secs := *a.LifetimeSeconds
 		maxSecs := int64(cfg.MaxLifetime / time.Second)
 		if secs < 1 || secs > maxSecs {
-			return CreateRequest{}, argError("lifetime_seconds %d is out of range: 1 to %d", secs, maxSecs)
+			return contract.CreateRequest{}, argError("lifetime_seconds %d is out of range: 1 to %d", secs, maxSecs)
 		}
 		req.Lifetime = time.Duration(secs) * time.Second
 	}

@@ -3,6 +3,8 @@ package mcpserver
 import (
 	"time"
 
+	"github.com/code-sandbox/code-sandbox-operator/internal/mcpserver/contract"
+
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
 )
@@ -85,7 +87,7 @@ var _ = Describe("initializeArgs.createRequest", Label("unit"), func() {
 		Expect(req.MemoryBytes).To(Equal(int64(256<<20)), "unexpected request %+v", req)
 		Expect(req.NanoCPUs).To(Equal(int64(5e8)), "unexpected request %+v", req)
 		Expect(req.Lifetime).To(Equal(time.Hour), "unexpected request %+v", req)
-		Expect(req.Network).To(Equal(NetworkNone), "unexpected request %+v", req)
+		Expect(req.Network).To(Equal(contract.NetworkNone), "unexpected request %+v", req)
 	})
 })
 

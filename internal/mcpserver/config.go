@@ -5,11 +5,11 @@ import (
 	"time"
 
 	"github.com/code-sandbox/code-sandbox-operator/internal/execio"
+	"github.com/code-sandbox/code-sandbox-operator/internal/mcpserver/contract"
 )
 
 // Defaults for Config, also the defaults of the binary's flags.
 const (
-	DefaultImage            = "python:3.12-slim-bookworm"
 	DefaultCommandTimeout   = execio.DefaultTimeout
 	DefaultMaxTimeout       = 30 * time.Minute
 	DefaultOutputLimit      = execio.DefaultOutputLimit
@@ -82,7 +82,7 @@ type Config struct {
 // withDefaults fills zero fields.
 func (c Config) withDefaults() Config {
 	if c.DefaultImage == "" {
-		c.DefaultImage = DefaultImage
+		c.DefaultImage = contract.DefaultImage
 	}
 	if c.MaxNanoCPUs == 0 {
 		c.MaxNanoCPUs = int64(DefaultMaxCPU * 1e9)

@@ -13,17 +13,18 @@ import (
 	. "github.com/onsi/gomega"
 
 	"github.com/code-sandbox/code-sandbox-operator/internal/execio"
+	"github.com/code-sandbox/code-sandbox-operator/internal/mcpserver/contract"
 )
 
 // loudBackend's Exec writes perStream bytes to stdout and to stderr, in
 // 32 KiB writes, each stream ending with a line naming the command.
 type loudBackend struct {
-	Backend
+	contract.Backend
 	perStream int
 	calls     int
 }
 
-func (b *loudBackend) Exec(_ context.Context, _ Caller, _ string, req execio.Request, out OutputFunc) (execio.Result, error) {
+func (b *loudBackend) Exec(_ context.Context, _ contract.Caller, _ string, req execio.Request, out contract.OutputFunc) (execio.Result, error) {
 	i := b.calls
 	b.calls++
 	chunk := bytes.Repeat([]byte("abcdefghijklmnopqrstuvwxyz012345"), 1<<10)
@@ -58,7 +59,7 @@ var _ = Describe("sandbox_exec output budget", Label("unit"), func() {
 		Expect(res.IsError).To(BeFalse())
 		out, ok := res.StructuredContent.(ExecResult)
 		Expect(ok).To(BeTrue())
-		return out, res.Content[0].(mcp.TextContent).Text, after.TotalAlloc - before.TotalAlloc
+		return out, resultText(res), after.TotalAlloc - before.TotalAlloc
 	}
 
 	It("keeps the end of each of 100 commands' output within the call's budget, allocating a bounded amount", func() {

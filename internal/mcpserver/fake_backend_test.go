@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/code-sandbox/code-sandbox-operator/internal/execio"
+	"github.com/code-sandbox/code-sandbox-operator/internal/mcpserver/contract"
 )
 
 // fakeBackend is an in-memory Backend for the tools' unit tests. It keeps
@@ -27,22 +28,22 @@ type fakeBackend struct {
 	// before doing anything.
 	fail map[string]error
 	// exec runs a command; nil echoes the command line to stdout.
-	exec  func(req execio.Request, out OutputFunc) (execio.Result, error)
-	logs  Logs
+	exec  func(req execio.Request, out contract.OutputFunc) (execio.Result, error)
+	logs  contract.Logs
 	calls []string // method names, in order
 	execs []execio.Request
 }
 
 type fakeSandbox struct {
 	owner string
-	sb    Sandbox
+	sb    contract.Sandbox
 	// files maps an absolute path to its content; dirs holds directories.
 	files map[string][]byte
 	modes map[string]int64
 	dirs  map[string]bool
 }
 
-var _ Backend = (*fakeBackend)(nil)
+var _ contract.Backend = (*fakeBackend)(nil)
 
 func newFakeBackend() *fakeBackend {
 	return &fakeBackend{sandboxes: map[string]*fakeSandbox{}, fail: map[string]error{}}
@@ -57,7 +58,7 @@ func (f *fakeBackend) add(owner string) string {
 	now := time.Date(2026, 11, 24, 12, 0, 0, 0, time.UTC)
 	f.sandboxes[id] = &fakeSandbox{
 		owner: owner,
-		sb: Sandbox{ID: id, Image: "img:1", Status: "running", Network: NetworkNone, WorkingDir: "/app",
+		sb: contract.Sandbox{ID: id, Image: "img:1", Status: "running", Network: contract.NetworkNone, WorkingDir: "/app",
 			CreatedAt: now.Add(time.Duration(f.next) * time.Second), LastUsedAt: now, ExpiresAt: now.Add(time.Hour)},
 		files: map[string][]byte{}, modes: map[string]int64{}, dirs: map[string]bool{"/app": true},
 	}
@@ -78,19 +79,19 @@ func (f *fakeBackend) callCount() int {
 }
 
 // get is the ownership check: another identity's sandbox does not exist.
-func (f *fakeBackend) get(caller Caller, id string) (*fakeSandbox, error) {
+func (f *fakeBackend) get(caller contract.Caller, id string) (*fakeSandbox, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	s, ok := f.sandboxes[id]
 	if !ok || s.owner != caller.ID {
-		return nil, fmt.Errorf("%w: %q", ErrNotFound, id)
+		return nil, fmt.Errorf("%w: %q", contract.ErrNotFound, id)
 	}
 	return s, nil
 }
 
-func (f *fakeBackend) Create(_ context.Context, caller Caller, req CreateRequest) (Sandbox, error) {
+func (f *fakeBackend) Create(_ context.Context, caller contract.Caller, req contract.CreateRequest) (contract.Sandbox, error) {
 	if err := f.called("Create"); err != nil {
-		return Sandbox{}, err
+		return contract.Sandbox{}, err
 	}
 	f.mu.Lock()
 	n := 0
@@ -101,7 +102,7 @@ func (f *fakeBackend) Create(_ context.Context, caller Caller, req CreateRequest
 	}
 	f.mu.Unlock()
 	if f.max > 0 && n >= f.max {
-		return Sandbox{}, fmt.Errorf("%w: you already have %d sandboxes; the limit is %d", ErrQuota, n, f.max)
+		return contract.Sandbox{}, fmt.Errorf("%w: you already have %d sandboxes; the limit is %d", contract.ErrQuota, n, f.max)
 	}
 	id := f.add(caller.ID)
 	f.mu.Lock()
@@ -112,24 +113,24 @@ func (f *fakeBackend) Create(_ context.Context, caller Caller, req CreateRequest
 	return s.sb, nil
 }
 
-func (f *fakeBackend) Get(_ context.Context, caller Caller, id string) (Sandbox, error) {
+func (f *fakeBackend) Get(_ context.Context, caller contract.Caller, id string) (contract.Sandbox, error) {
 	if err := f.called("Get"); err != nil {
-		return Sandbox{}, err
+		return contract.Sandbox{}, err
 	}
 	s, err := f.get(caller, id)
 	if err != nil {
-		return Sandbox{}, err
+		return contract.Sandbox{}, err
 	}
 	return s.sb, nil
 }
 
-func (f *fakeBackend) List(_ context.Context, caller Caller) ([]Sandbox, error) {
+func (f *fakeBackend) List(_ context.Context, caller contract.Caller) ([]contract.Sandbox, error) {
 	if err := f.called("List"); err != nil {
 		return nil, err
 	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	var out []Sandbox
+	var out []contract.Sandbox
 	for _, s := range f.sandboxes {
 		if s.owner == caller.ID {
 			out = append(out, s.sb)
@@ -139,7 +140,7 @@ func (f *fakeBackend) List(_ context.Context, caller Caller) ([]Sandbox, error) 
 	return out, nil
 }
 
-func (f *fakeBackend) Exec(_ context.Context, caller Caller, id string, req execio.Request, out OutputFunc) (execio.Result, error) {
+func (f *fakeBackend) Exec(_ context.Context, caller contract.Caller, id string, req execio.Request, out contract.OutputFunc) (execio.Result, error) {
 	if err := f.called("Exec"); err != nil {
 		return execio.Result{}, err
 	}
@@ -157,7 +158,7 @@ func (f *fakeBackend) Exec(_ context.Context, caller Caller, id string, req exec
 	return run(req, out)
 }
 
-func (f *fakeBackend) Upload(_ context.Context, caller Caller, id, destDir string, archive io.Reader, limits execio.UploadLimits) (execio.TransferStats, error) {
+func (f *fakeBackend) Upload(_ context.Context, caller contract.Caller, id, destDir string, archive io.Reader, limits execio.UploadLimits) (execio.TransferStats, error) {
 	defer func() { _, _ = io.Copy(io.Discard, archive) }()
 	if err := f.called("Upload"); err != nil {
 		return execio.TransferStats{}, err
@@ -207,7 +208,7 @@ func (f *fakeBackend) Upload(_ context.Context, caller Caller, id, destDir strin
 	}
 }
 
-func (f *fakeBackend) Download(_ context.Context, caller Caller, id, src string, w io.Writer, maxBytes int64) (execio.TransferStats, error) {
+func (f *fakeBackend) Download(_ context.Context, caller contract.Caller, id, src string, w io.Writer, maxBytes int64) (execio.TransferStats, error) {
 	if err := f.called("Download"); err != nil {
 		return execio.TransferStats{}, err
 	}
@@ -249,19 +250,19 @@ func (f *fakeBackend) Download(_ context.Context, caller Caller, id, src string,
 	return st, tw.Close()
 }
 
-func (f *fakeBackend) Logs(_ context.Context, caller Caller, id string, _ LogsOptions) (Logs, error) {
+func (f *fakeBackend) Logs(_ context.Context, caller contract.Caller, id string, _ contract.LogsOptions) (contract.Logs, error) {
 	if err := f.called("Logs"); err != nil {
-		return Logs{}, err
+		return contract.Logs{}, err
 	}
 	if _, err := f.get(caller, id); err != nil {
-		return Logs{}, err
+		return contract.Logs{}, err
 	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	return f.logs, nil
 }
 
-func (f *fakeBackend) Stop(_ context.Context, caller Caller, id string) error {
+func (f *fakeBackend) Stop(_ context.Context, caller contract.Caller, id string) error {
 	if err := f.called("Stop"); err != nil {
 		return err
 	}

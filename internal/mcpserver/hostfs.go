@@ -7,6 +7,8 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+
+	"github.com/code-sandbox/code-sandbox-operator/internal/mcpserver/contract"
 )
 
 // HostRoots are the host directories the file-transfer tools may read from
@@ -31,13 +33,13 @@ func (h *HostRoots) SeparateIdentities() { h.perIdentity = true }
 // ForCaller returns the roots caller may use: h itself, or with
 // SeparateIdentities the caller's own subdirectories, created (0700) on
 // first use.
-func (h *HostRoots) ForCaller(caller Caller) (*HostRoots, error) {
-	if !h.perIdentity || len(h.roots) == 0 || caller.ID == LocalIdentity {
+func (h *HostRoots) ForCaller(caller contract.Caller) (*HostRoots, error) {
+	if !h.perIdentity || len(h.roots) == 0 || caller.ID == contract.LocalIdentity {
 		return h, nil
 	}
 	sub := &HostRoots{}
 	for _, r := range h.roots {
-		d := filepath.Join(r, IdentityHash(caller.ID))
+		d := filepath.Join(r, contract.IdentityHash(caller.ID))
 		if err := os.Mkdir(d, 0o700); err != nil && !errors.Is(err, fs.ErrExist) {
 			return nil, fmt.Errorf("creating this identity's host directory: %w", err)
 		}

@@ -8,7 +8,6 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
-	"strings"
 	"syscall"
 
 	"github.com/mark3labs/mcp-go/mcp"
@@ -17,6 +16,7 @@ import (
 	. "github.com/onsi/gomega"
 
 	"github.com/code-sandbox/code-sandbox-operator/internal/execio"
+	"github.com/code-sandbox/code-sandbox-operator/internal/mcpserver/contract"
 	"github.com/code-sandbox/code-sandbox-operator/internal/testenv/fstree"
 )
 
@@ -77,16 +77,16 @@ var _ = Describe("HostRoots", Label("unit"), func() {
 // downloadBackend answers Download with a fixed archive; every other
 // Backend method is left nil (the tool calls only Get and Download).
 type downloadBackend struct {
-	Backend
+	contract.Backend
 	archive func() []byte
 	paths   []string
 }
 
-func (b *downloadBackend) Get(context.Context, Caller, string) (Sandbox, error) {
-	return Sandbox{}, nil
+func (b *downloadBackend) Get(context.Context, contract.Caller, string) (contract.Sandbox, error) {
+	return contract.Sandbox{}, nil
 }
 
-func (b *downloadBackend) Download(_ context.Context, _ Caller, _ string, src string, w io.Writer, _ int64) (execio.TransferStats, error) {
+func (b *downloadBackend) Download(_ context.Context, _ contract.Caller, _ string, src string, w io.Writer, _ int64) (execio.TransferStats, error) {
 	b.paths = append(b.paths, src)
 	_, err := w.Write(b.archive())
 	return execio.TransferStats{}, err
@@ -132,13 +132,7 @@ var _ = Describe("copy_file_from_sandbox", Label("unit"), func() {
 			req.Params.Arguments = args
 			res, err := handler(context.Background(), req)
 			Expect(err).NotTo(HaveOccurred())
-			var text []string
-			for _, c := range res.Content {
-				if t, ok := c.(mcp.TextContent); ok {
-					text = append(text, t.Text)
-				}
-			}
-			return strings.Join(text, "\n"), res.IsError
+			return resultText(res), res.IsError
 		}
 	})
 
@@ -221,7 +215,7 @@ var _ = Describe("HostRoots shared by several identities", Label("unit"), func()
 		Expect(err).NotTo(HaveOccurred())
 		roots.SeparateIdentities()
 		h := newToolHarness(Config{HostRoots: roots})
-		aliceDir := filepath.Join(base, IdentityHash("alice"))
+		aliceDir := filepath.Join(base, contract.IdentityHash("alice"))
 		aliceSbx, bobSbx := h.fake.add("alice"), h.fake.add("bob")
 		h.fake.putFile(aliceSbx, "/app/secret.txt", "alice's secret\n")
 		h.fake.putFile(bobSbx, "/app/plant.txt", "bob's plant\n")
@@ -252,7 +246,7 @@ var _ = Describe("HostRoots shared by several identities", Label("unit"), func()
 		Expect(res.IsError).To(BeTrue())
 
 		By("the local (stdio) identity keeps the roots themselves")
-		local, err := roots.ForCaller(Caller{ID: LocalIdentity})
+		local, err := roots.ForCaller(contract.Caller{ID: contract.LocalIdentity})
 		Expect(err).NotTo(HaveOccurred())
 		Expect(local.Roots()).To(Equal([]string{base}))
 	})

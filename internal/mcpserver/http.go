@@ -20,6 +20,9 @@ import (
 	"sync"
 	"time"
 
+	"github.com/code-sandbox/code-sandbox-operator/internal/mcpserver/auth"
+	"github.com/code-sandbox/code-sandbox-operator/internal/mcpserver/contract"
+
 	"github.com/mark3labs/mcp-go/server"
 	"golang.org/x/time/rate"
 	"k8s.io/apimachinery/pkg/util/cache"
@@ -63,7 +66,7 @@ type HTTPOptions struct {
 	// with any other Origin is refused with 403.
 	AllowedOrigins []string
 	// Auth authenticates bearer tokens; required.
-	Auth Authenticator
+	Auth auth.Authenticator
 	// AuthorizationServers are advertised in the protected resource
 	// metadata.
 	AuthorizationServers []string
@@ -392,7 +395,7 @@ func (h *HTTPServer) limitBody(next http.Handler) http.Handler {
 			// The bodies one identity has being read at once are capped
 			// like its tool calls: a body is in memory from here on,
 			// before anything knows what it is.
-			caller, _ := CallerFrom(r.Context())
+			caller, _ := contract.CallerFrom(r.Context())
 			if h.bodyReads != nil && !h.bodyReads.acquire(caller.ID) {
 				h.refuseIdentity(w, r, nil, fmt.Sprintf("this identity already has %d requests being read", h.opts.MaxToolCallsPerIdentity))
 				return
@@ -402,7 +405,7 @@ func (h *HTTPServer) limitBody(next http.Handler) http.Handler {
 				h.bodyReads.release(caller.ID)
 			}
 			if perr != nil {
-				h.opts.Logger.Info("refused a message before decoding it", "caller", IdentityHash(caller.ID), "remote", r.RemoteAddr, "reason", perr.message)
+				h.opts.Logger.Info("refused a message before decoding it", "caller", contract.IdentityHash(caller.ID), "remote", r.RemoteAddr, "reason", perr.message)
 				writeJSONRPCError(w, perr, info.ID)
 				return
 			}
@@ -442,8 +445,8 @@ const MaxLargeCallsPerIdentity = 2
 // refuseIdentity answers a request beyond one of the identity's
 // concurrency caps: 429, Retry-After and a JSON-RPC error saying which.
 func (h *HTTPServer) refuseIdentity(w http.ResponseWriter, r *http.Request, id json.RawMessage, what string) {
-	caller, _ := CallerFrom(r.Context())
-	h.opts.Logger.Info("refused a request beyond the identity's concurrency cap", "caller", IdentityHash(caller.ID), "remote", r.RemoteAddr, "reason", what)
+	caller, _ := contract.CallerFrom(r.Context())
+	h.opts.Logger.Info("refused a request beyond the identity's concurrency cap", "caller", contract.IdentityHash(caller.ID), "remote", r.RemoteAddr, "reason", what)
 	w.Header().Set("Retry-After", "1")
 	writeJSONRPCError(w, &precheckError{status: http.StatusTooManyRequests, code: -32000,
 		message: "Too Many Requests: " + what + ", the most the server allows (--max-tool-calls-per-identity); wait for one to finish and retry"}, id)
@@ -462,7 +465,7 @@ func (h *HTTPServer) capToolCalls(next http.Handler) http.Handler {
 			next.ServeHTTP(w, r)
 			return
 		}
-		caller, _ := CallerFrom(r.Context())
+		caller, _ := contract.CallerFrom(r.Context())
 		if !h.toolCalls.acquire(caller.ID) {
 			h.refuseIdentity(w, r, buffered.info.ID, fmt.Sprintf("this identity already has %d tool calls in flight", h.opts.MaxToolCallsPerIdentity))
 			return
@@ -502,7 +505,7 @@ func (h *HTTPServer) authenticate(next http.Handler) http.Handler {
 		authz := r.Header.Get("Authorization")
 		scheme, token, _ := strings.Cut(authz, " ")
 		token = strings.TrimSpace(token)
-		_, anonymous := h.opts.Auth.(AnonymousAuthenticator)
+		_, anonymous := h.opts.Auth.(auth.AnonymousAuthenticator)
 		hasToken := strings.EqualFold(scheme, "Bearer") && token != ""
 		// A peer that has used up its failed authentications is refused
 		// before its token is looked at (and so before any TokenReview),
@@ -512,7 +515,7 @@ func (h *HTTPServer) authenticate(next http.Handler) http.Handler {
 		// concurrent guesses cannot all slip through at once; a success
 		// gives it back.
 		var attempt *authAttempt
-		if !anonymous && !(hasToken && recognizes(h.opts.Auth, token)) {
+		if !anonymous && !(hasToken && auth.Recognizes(h.opts.Auth, token)) {
 			var retry time.Duration
 			if attempt, retry = h.authFailures.begin(peerKey(r.RemoteAddr)); attempt == nil {
 				h.opts.Logger.Debug("too many failed authentications from this address", "remote", r.RemoteAddr)
@@ -529,15 +532,15 @@ func (h *HTTPServer) authenticate(next http.Handler) http.Handler {
 		caller, err := h.opts.Auth.Authenticate(r.Context(), token)
 		// Only the caller's failures count: not a success, and not an
 		// authenticator that could not answer.
-		attempt.done(errors.Is(err, ErrUnauthenticated) || errors.Is(err, ErrForbidden))
-		if errors.Is(err, ErrUnauthenticated) {
+		attempt.done(errors.Is(err, auth.ErrUnauthenticated) || errors.Is(err, auth.ErrForbidden))
+		if errors.Is(err, auth.ErrUnauthenticated) {
 			h.opts.Logger.Info("authentication failed", "remote", r.RemoteAddr, "reason", err)
 			h.unauthorized(w, "invalid or expired token", true)
 			return
 		}
-		if errors.Is(err, ErrForbidden) {
-			h.opts.Logger.Info("authorization refused", "caller", IdentityHash(caller.ID), "remote", r.RemoteAddr)
-			http.Error(w, "Forbidden: "+strings.TrimPrefix(err.Error(), ErrForbidden.Error()+": "), http.StatusForbidden)
+		if errors.Is(err, auth.ErrForbidden) {
+			h.opts.Logger.Info("authorization refused", "caller", contract.IdentityHash(caller.ID), "remote", r.RemoteAddr)
+			http.Error(w, "Forbidden: "+strings.TrimPrefix(err.Error(), auth.ErrForbidden.Error()+": "), http.StatusForbidden)
 			return
 		}
 		if err != nil {
@@ -546,7 +549,7 @@ func (h *HTTPServer) authenticate(next http.Handler) http.Handler {
 			return
 		}
 		caller.Session = r.Header.Get(sessionHeader)
-		next.ServeHTTP(w, r.WithContext(WithCaller(r.Context(), caller)))
+		next.ServeHTTP(w, r.WithContext(contract.WithCaller(r.Context(), caller)))
 	})
 }
 
@@ -557,7 +560,7 @@ func (h *HTTPServer) rateLimit(next http.Handler) http.Handler {
 		return next
 	}
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		caller, _ := CallerFrom(r.Context())
+		caller, _ := contract.CallerFrom(r.Context())
 		if !h.allow(caller.ID, time.Now()) {
 			h.opts.Logger.Info("rate limited", "caller", caller.ID, "remote", r.RemoteAddr)
 			w.Header().Set("Retry-After", "1")
@@ -596,9 +599,9 @@ func (h *HTTPServer) allow(identity string, now time.Time) bool {
 func (h *HTTPServer) bindSession(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if id := r.Header.Get(sessionHeader); id != "" {
-			caller, _ := CallerFrom(r.Context())
+			caller, _ := contract.CallerFrom(r.Context())
 			if owner, ok := h.sessions.owner(id); ok && owner != caller.ID {
-				h.opts.Logger.Warn("refused a session ID presented by another identity", "caller", IdentityHash(caller.ID), "remote", r.RemoteAddr)
+				h.opts.Logger.Warn("refused a session ID presented by another identity", "caller", contract.IdentityHash(caller.ID), "remote", r.RemoteAddr)
 				http.Error(w, "Not Found: unknown session", http.StatusNotFound)
 				return
 			}
@@ -625,10 +628,10 @@ func (h *HTTPServer) capSessions(next http.Handler) http.Handler {
 			next.ServeHTTP(w, r)
 			return
 		}
-		caller, _ := CallerFrom(r.Context())
+		caller, _ := contract.CallerFrom(r.Context())
 		release, open, ok := h.sessions.reserve(caller.ID, time.Now())
 		if !ok {
-			h.opts.Logger.Info("refused a session beyond the identity's cap", "caller", IdentityHash(caller.ID), "open", open, "remote", r.RemoteAddr)
+			h.opts.Logger.Info("refused a session beyond the identity's cap", "caller", contract.IdentityHash(caller.ID), "open", open, "remote", r.RemoteAddr)
 			id := msg.ID
 			if len(id) == 0 {
 				id = json.RawMessage("null")
@@ -856,7 +859,7 @@ func (s *sessionStore) owner(id string) (string, bool) {
 func (s *sessionStore) ResolveSessionIdManager(r *http.Request) server.SessionIdManager {
 	m := &boundSessions{store: s}
 	if r != nil {
-		c, _ := CallerFrom(r.Context())
+		c, _ := contract.CallerFrom(r.Context())
 		m.identity, m.checked = c.ID, true
 	}
 	return m

@@ -16,6 +16,9 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/code-sandbox/code-sandbox-operator/internal/mcpserver/auth"
+	"github.com/code-sandbox/code-sandbox-operator/internal/mcpserver/contract"
+
 	"github.com/mark3labs/mcp-go/mcp"
 	"github.com/mark3labs/mcp-go/server"
 
@@ -75,7 +78,7 @@ var _ = Describe("sessions", Label("unit"), func() {
 		store := newSessionStore(time.Hour, -1)
 		req := func(id string) *http.Request {
 			r := httptest.NewRequest(http.MethodPost, "/mcp", nil)
-			return r.WithContext(WithCaller(r.Context(), Caller{ID: id}))
+			return r.WithContext(contract.WithCaller(r.Context(), contract.Caller{ID: id}))
 		}
 		alice := store.ResolveSessionIdManager(req("alice"))
 		bob := store.ResolveSessionIdManager(req("bob"))
@@ -101,53 +104,6 @@ var _ = Describe("sessions", Label("unit"), func() {
 	})
 })
 
-var _ = Describe("StaticTokens", Label("unit"), func() {
-	It("authenticates, reloads on rotation and keeps the tokens of a broken file", func() {
-		f := filepath.Join(GinkgoT().TempDir(), "tokens")
-		write := func(s string) {
-			GinkgoHelper()
-			Expect(os.WriteFile(f, []byte(s), 0o600)).To(Succeed())
-		}
-		write("# comment\n\naaaaaaaaaaaaaaaaaaaa alice\nbbbbbbbbbbbbbbbbbbbb bob\n")
-		st, err := NewStaticTokens(f, slog.New(slog.DiscardHandler))
-		Expect(err).NotTo(HaveOccurred())
-		ctx := context.Background()
-		c, err := st.Authenticate(ctx, "bbbbbbbbbbbbbbbbbbbb")
-		Expect(err).NotTo(HaveOccurred(), "got %+v", c)
-		Expect(c.ID).To(Equal("bob"), "got %+v", c)
-		_, err = st.Authenticate(ctx, "cccccccccccccccccccc")
-		Expect(err).To(MatchError(ErrUnauthenticated), "unknown token")
-		// Rotation: the file changes, the old token stops working.
-		write("cccccccccccccccccccc carol\n")
-		future := time.Now().Add(2 * time.Second)
-		_ = os.Chtimes(f, future, future)
-		st.checkedAt = time.Time{}
-		c, err = st.Authenticate(ctx, "cccccccccccccccccccc")
-		Expect(err).NotTo(HaveOccurred(), "after reload: %+v", c)
-		Expect(c.ID).To(Equal("carol"), "after reload: %+v", c)
-		_, err = st.Authenticate(ctx, "aaaaaaaaaaaaaaaaaaaa")
-		Expect(err).To(HaveOccurred(), "rotated-out token still works")
-		// A broken file keeps the previous tokens.
-		write("short carol\n")
-		future = future.Add(2 * time.Second)
-		_ = os.Chtimes(f, future, future)
-		st.checkedAt = time.Time{}
-		_, err = st.Authenticate(ctx, "cccccccccccccccccccc")
-		Expect(err).NotTo(HaveOccurred(), "broken file dropped the tokens")
-	})
-
-	DescribeTable("parseTokens refuses a malformed file",
-		func(bad string) {
-			_, err := parseTokens([]byte(bad))
-			Expect(err).To(HaveOccurred(), "parseTokens(%q) accepted", bad)
-		},
-		Entry("empty", ""),
-		Entry("short token", "short alice\n"),
-		Entry("no identity", "aaaaaaaaaaaaaaaaaaaa\n"),
-		Entry("duplicate token", "aaaaaaaaaaaaaaaaaaaa a\naaaaaaaaaaaaaaaaaaaa b\n"),
-	)
-})
-
 type fakeReviewer struct {
 	calls  int
 	status authnv1.TokenReviewStatus
@@ -160,34 +116,13 @@ func (f *fakeReviewer) Create(_ context.Context, r *authnv1.TokenReview, _ metav
 	return out, nil
 }
 
-var _ = Describe("TokenReview authentication", Label("unit"), func() {
-	It("accepts reviewed tokens for the audience, caches them and refuses the rest", func() {
-		fr := &fakeReviewer{status: authnv1.TokenReviewStatus{Authenticated: true, User: authnv1.UserInfo{Username: "system:serviceaccount:team-a:agent", Groups: []string{"g"}}, Audiences: []string{"code-sandbox-mcp"}}}
-		a := NewTokenReviewAuthWith(fr, []string{"code-sandbox-mcp"})
-		ctx := context.Background()
-		c, err := a.Authenticate(ctx, "tok")
-		Expect(err).NotTo(HaveOccurred(), "got %+v", c)
-		Expect(c.ID).To(Equal("kube:system:serviceaccount:team-a:agent"), "got %+v", c)
-		Expect(c.Groups).To(HaveLen(1), "got %+v", c)
-		_, err = a.Authenticate(ctx, "tok")
-		Expect(err).NotTo(HaveOccurred(), "cache not used")
-		Expect(fr.calls).To(Equal(1), "cache not used")
-		fr.status.Audiences = []string{"https://kubernetes.default.svc"}
-		_, err = a.Authenticate(ctx, "other")
-		Expect(err).To(MatchError(ErrUnauthenticated), "wrong audience accepted")
-		fr.status = authnv1.TokenReviewStatus{Authenticated: false, Error: "expired"}
-		_, err = a.Authenticate(ctx, "third")
-		Expect(err).To(MatchError(ErrUnauthenticated), "unauthenticated token accepted")
-	})
-})
-
 var _ = Describe("the HTTP middleware", Label("unit"), func() {
 	It("checks the host, origin, token and body size, and serves /healthz", func() {
 		s, err := New(Config{}, nil, slog.New(slog.DiscardHandler))
 		Expect(err).NotTo(HaveOccurred())
 		f := filepath.Join(GinkgoT().TempDir(), "tokens")
 		_ = os.WriteFile(f, []byte("aaaaaaaaaaaaaaaaaaaa alice\n"), 0o600)
-		auth, err := NewStaticTokens(f, nil)
+		auth, err := auth.NewStaticTokens(f, nil)
 		Expect(err).NotTo(HaveOccurred())
 		h, err := NewHTTPServer(s, HTTPOptions{
 			ResourceURL:  "http://127.0.0.1:8080/mcp",
@@ -231,7 +166,7 @@ var _ = Describe("the HTTP middleware", Label("unit"), func() {
 		Expect(err).NotTo(HaveOccurred())
 		f := filepath.Join(GinkgoT().TempDir(), "tokens")
 		_ = os.WriteFile(f, []byte("aaaaaaaaaaaaaaaaaaaa alice\nbbbbbbbbbbbbbbbbbbbb bob\n"), 0o600)
-		auth, err := NewStaticTokens(f, nil)
+		auth, err := auth.NewStaticTokens(f, nil)
 		Expect(err).NotTo(HaveOccurred())
 		h, err := NewHTTPServer(s, HTTPOptions{
 			ResourceURL:       "http://127.0.0.1:8080/mcp",
@@ -325,11 +260,11 @@ const (
 	initJSON   = `{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"t","version":"1"}}}`
 )
 
-func staticAuth() Authenticator {
+func staticAuth() auth.Authenticator {
 	GinkgoHelper()
 	f := filepath.Join(GinkgoT().TempDir(), "tokens")
 	Expect(os.WriteFile(f, []byte(aliceToken+" alice\n"+bobToken+" bob\n"), 0o600)).To(Succeed())
-	auth, err := NewStaticTokens(f, nil)
+	auth, err := auth.NewStaticTokens(f, nil)
 	Expect(err).NotTo(HaveOccurred())
 	return auth
 }
@@ -462,7 +397,7 @@ var _ = Describe("the HTTP transport refuses before it reads", Label("unit"), fu
 	It("rate-limits failed authentications per peer before any TokenReview", func() {
 		rev := &countingReviewer{}
 		h := newTestHTTP(testMCP(nil, nil, 0), HTTPOptions{
-			Auth:                  NewTokenReviewAuthWith(rev, nil),
+			Auth:                  auth.NewTokenReviewAuthWith(rev, nil),
 			AuthFailuresPerMinute: 5,
 		})
 		const attacker = "192.0.2.1:1000"

@@ -7,6 +7,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/code-sandbox/code-sandbox-operator/internal/mcpserver/contract"
+
 	"github.com/mark3labs/mcp-go/mcp"
 	"github.com/mark3labs/mcp-go/server"
 )
@@ -27,7 +29,7 @@ func logsResource(d *deps) (mcp.ResourceTemplate, server.ResourceTemplateHandler
 		mcp.WithTemplateMIMEType("text/plain"),
 	)
 	return tmpl, func(ctx context.Context, req mcp.ReadResourceRequest) ([]mcp.ResourceContents, error) {
-		caller, ok := CallerFrom(ctx)
+		caller, ok := contract.CallerFrom(ctx)
 		if !ok {
 			return nil, errors.New("unauthenticated request: no caller identity")
 		}
@@ -39,8 +41,8 @@ func logsResource(d *deps) (mcp.ResourceTemplate, server.ResourceTemplateHandler
 		if err := checkContainerID(id); err != nil {
 			return nil, err
 		}
-		logs, err := d.backend.Logs(ctx, caller, id, LogsOptions{TailLines: logsTailLines, MaxBytes: logsMaxBytes, HistoryRecords: logsHistory})
-		if errors.Is(err, ErrNotFound) {
+		logs, err := d.backend.Logs(ctx, caller, id, contract.LogsOptions{TailLines: logsTailLines, MaxBytes: logsMaxBytes, HistoryRecords: logsHistory})
+		if errors.Is(err, contract.ErrNotFound) {
 			return nil, fmt.Errorf("sandbox %q not found (list_sandboxes shows yours): %w", id, err)
 		}
 		if err != nil {
@@ -50,7 +52,7 @@ func logsResource(d *deps) (mcp.ResourceTemplate, server.ResourceTemplateHandler
 	}
 }
 
-func renderLogs(l Logs) string {
+func renderLogs(l contract.Logs) string {
 	var b strings.Builder
 	b.WriteString("== sandbox output ==\n")
 	if l.Truncated {

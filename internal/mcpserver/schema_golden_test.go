@@ -11,6 +11,8 @@ import (
 	"path/filepath"
 	"strings"
 
+	"github.com/code-sandbox/code-sandbox-operator/internal/mcpserver/contract"
+
 	"github.com/mark3labs/mcp-go/server"
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
@@ -35,7 +37,7 @@ func goldenConfig() Config { return Config{Version: "golden"} }
 // member of the response, failing on a protocol error.
 func rpc(srv *server.MCPServer, caller, method, params string) json.RawMessage {
 	GinkgoHelper()
-	ctx := WithCaller(context.Background(), Caller{ID: caller})
+	ctx := contract.WithCaller(context.Background(), contract.Caller{ID: caller})
 	if params == "" {
 		params = "{}"
 	}

@@ -1,3 +1,12 @@
+// Package mcpserver is the Model Context Protocol server that gives agents
+// disposable, hardened sandboxes: the tools (sandbox_initialize,
+// sandbox_exec, file transfer…), the logs resource, and the stdio and
+// streamable HTTP transports with their checks (Origin and Host,
+// identity-bound sessions, message caps). Authentication is package auth's;
+// what the server and its backends agree on (Caller, Backend, the error
+// kinds) is package contract's, which imports no protocol library. Where
+// sandboxes live is a Backend's business: a session.Manager on the Docker
+// driver (dockerbackend) or the Kubernetes one (kubebackend).
 package mcpserver
 
 import (
@@ -13,6 +22,7 @@ import (
 	"github.com/mark3labs/mcp-go/server"
 
 	"github.com/code-sandbox/code-sandbox-operator/internal/execio"
+	"github.com/code-sandbox/code-sandbox-operator/internal/mcpserver/contract"
 )
 
 // ServerName is the implementation name announced to clients.
@@ -24,14 +34,14 @@ Call sandbox_initialize first; it returns a container_id that every other tool t
 // deps is what every tool handler closes over.
 type deps struct {
 	cfg     Config
-	backend Backend
+	backend contract.Backend
 	log     *slog.Logger
 }
 
 // New builds the MCP server with every tool and the logs resource. The
 // transports (ServeStdio, HTTPHandler) put the caller's identity in the
 // context; a request without one is refused.
-func New(cfg Config, backend Backend, logger *slog.Logger) (*server.MCPServer, error) {
+func New(cfg Config, backend contract.Backend, logger *slog.Logger) (*server.MCPServer, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
@@ -70,21 +80,21 @@ func New(cfg Config, backend Backend, logger *slog.Logger) (*server.MCPServer, e
 // sandboxes down), and logs each call to stderr.
 func (d *deps) wrap(name string, h server.ToolHandlerFunc) server.ToolHandlerFunc {
 	return func(ctx context.Context, req mcp.CallToolRequest) (res *mcp.CallToolResult, err error) {
-		caller, ok := CallerFrom(ctx)
+		caller, ok := contract.CallerFrom(ctx)
 		if !ok {
 			return mcp.NewToolResultError("unauthenticated request: no caller identity"), nil
 		}
 		if s := server.ClientSessionFromContext(ctx); s != nil && caller.Session == "" {
 			caller.Session = s.SessionID()
 		}
-		ctx = WithCaller(ctx, caller)
+		ctx = contract.WithCaller(ctx, caller)
 		start := time.Now()
 		defer func() {
 			if p := recover(); p != nil {
 				d.log.Error("tool panicked", "tool", name, "panic", p, "stack", string(debug.Stack()))
 				res, err = mcp.NewToolResultError(fmt.Sprintf("internal error in %s; the server logged the details", name)), nil
 			}
-			attrs := []any{"tool", name, "caller", IdentityHash(caller.ID), "duration", time.Since(start).Round(time.Millisecond)}
+			attrs := []any{"tool", name, "caller", contract.IdentityHash(caller.ID), "duration", time.Since(start).Round(time.Millisecond)}
 			if res != nil && res.IsError {
 				attrs = append(attrs, "error", firstText(res))
 			}
@@ -94,13 +104,19 @@ func (d *deps) wrap(name string, h server.ToolHandlerFunc) server.ToolHandlerFun
 	}
 }
 
-func firstText(res *mcp.CallToolResult) string {
+func firstText(res *mcp.CallToolResult) string { return truncate(resultText(res), 300) }
+
+// resultText is the text of a tool result: its text contents, one per line
+// (the tools write one). Results are read through it, never by asserting
+// the type of Content[0].
+func resultText(res *mcp.CallToolResult) string {
+	var text []string
 	for _, c := range res.Content {
 		if t, ok := c.(mcp.TextContent); ok {
-			return truncate(t.Text, 300)
+			text = append(text, t.Text)
 		}
 	}
-	return ""
+	return strings.Join(text, "\n")
 }
 
 // toolError turns an error into a tool result that tells the caller what
@@ -110,20 +126,20 @@ func (d *deps) toolError(containerID string, err error) *mcp.CallToolResult {
 	switch {
 	case errors.Is(err, errArgs):
 		msg = "Invalid arguments: " + strings.TrimPrefix(msg, errArgs.Error()+": ")
-	case errors.Is(err, ErrNotFound):
+	case errors.Is(err, contract.ErrNotFound):
 		msg = fmt.Sprintf("Sandbox %q not found: it does not exist, belongs to another client, or was removed (stopped, idle too long, or past its lifetime). Call list_sandboxes to see yours, or sandbox_initialize to create a new one.", containerID)
-	case errors.Is(err, ErrQuota):
+	case errors.Is(err, contract.ErrQuota):
 		msg += ". Stop a sandbox you no longer need with sandbox_stop (list_sandboxes shows yours), or, if the limit reached is CPU or memory, ask for less."
-	case errors.Is(err, ErrImageNotFound):
+	case errors.Is(err, contract.ErrImageNotFound):
 		msg += ". Use an image that is present where sandboxes run, or have it made available there (with the Docker backend, `docker pull IMAGE` or build it on the host, unless the server's pull policy pulls it; on Kubernetes, the nodes must have it or be able to pull it)."
-	case errors.Is(err, ErrUnavailable):
+	case errors.Is(err, contract.ErrUnavailable):
 		msg += ". The sandbox backend (the Docker Engine, or the Kubernetes API, its admission webhook and the sandbox's node) is not reachable or not ready right now; retry in a moment."
-	case errors.Is(err, ErrNotRunning):
+	case errors.Is(err, contract.ErrNotRunning):
 		msg += ". The sandbox is no longer running (it may have run out of memory); stop it with sandbox_stop and create a new one."
 	case errors.Is(err, execio.ErrTooLarge):
 		msg += ". Move less data at once, or split it."
 	case errors.Is(err, execio.ErrInvalidPath), errors.Is(err, execio.ErrPathNotFound),
-		errors.Is(err, execio.ErrInvalidRequest), errors.Is(err, execio.ErrUnsupportedEntry), errors.Is(err, ErrInvalid):
+		errors.Is(err, execio.ErrInvalidRequest), errors.Is(err, execio.ErrUnsupportedEntry), errors.Is(err, contract.ErrInvalid):
 	case errors.Is(err, context.Canceled):
 		msg = "The request was cancelled."
 	case errors.Is(err, context.DeadlineExceeded):

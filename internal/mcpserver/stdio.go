@@ -10,6 +10,8 @@ import (
 	"log/slog"
 	"sync"
 
+	"github.com/code-sandbox/code-sandbox-operator/internal/mcpserver/contract"
+
 	"github.com/mark3labs/mcp-go/server"
 )
 
@@ -31,7 +33,7 @@ func ServeStdio(ctx context.Context, s *server.MCPServer, in io.Reader, out io.W
 	server.WithWorkerPoolSize(stdioWorkers)(ss)
 	ss.SetErrorLogger(slog.NewLogLogger(logger.Handler(), slog.LevelError))
 	ss.SetContextFunc(func(ctx context.Context) context.Context {
-		return WithCaller(ctx, Caller{ID: LocalIdentity, Session: "stdio"})
+		return contract.WithCaller(ctx, contract.Caller{ID: contract.LocalIdentity, Session: "stdio"})
 	})
 	w := &lockedWriter{w: out}
 	pr, pw := io.Pipe()

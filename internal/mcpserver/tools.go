@@ -21,6 +21,7 @@ import (
 
 	"github.com/code-sandbox/code-sandbox-operator/internal/execio"
 	"github.com/code-sandbox/code-sandbox-operator/internal/hostfs"
+	"github.com/code-sandbox/code-sandbox-operator/internal/mcpserver/contract"
 )
 
 // rawArgs returns a call's arguments as JSON.
@@ -40,7 +41,7 @@ func rawArgs(req mcp.CallToolRequest) []byte {
 // strictly and, when they name a sandbox, its container_id is well-formed.
 // A returned error becomes the call's error result (see deps.toolError),
 // about the sandbox args name; the error is never a protocol error.
-type toolFunc[A any] func(ctx context.Context, req mcp.CallToolRequest, caller Caller, args A) (*mcp.CallToolResult, error)
+type toolFunc[A any] func(ctx context.Context, req mcp.CallToolRequest, caller contract.Caller, args A) (*mcp.CallToolResult, error)
 
 // sandboxArgs is implemented by the arguments of every tool that acts on
 // one sandbox.
@@ -53,7 +54,7 @@ type sandboxArgs interface{ containerID() string }
 // model to act on.
 func typedTool[A any](d *deps, tool mcp.Tool, h toolFunc[A]) (mcp.Tool, server.ToolHandlerFunc) {
 	return tool, func(ctx context.Context, req mcp.CallToolRequest) (*mcp.CallToolResult, error) {
-		caller, _ := CallerFrom(ctx)
+		caller, _ := contract.CallerFrom(ctx)
 		var args A
 		if err := bindArgs(rawArgs(req), &args); err != nil {
 			return d.toolError("", err), nil
@@ -87,9 +88,9 @@ type InitializeResult struct {
 }
 
 func sandboxInitializeTool(d *deps) (mcp.Tool, server.ToolHandlerFunc) {
-	networks := []string{NetworkNone}
+	networks := []string{contract.NetworkNone}
 	if d.cfg.AllowEgress {
-		networks = append(networks, NetworkEgress)
+		networks = append(networks, contract.NetworkEgress)
 	}
 	tool := mcp.NewTool("sandbox_initialize",
 		mcp.WithDescription(fmt.Sprintf("Create a new hardened sandbox and return its container_id. Default image: %s. The sandbox has no network unless network is \"egress\" (when this server allows it), runs as a non-root user with a read-only root filesystem, and its working directory (/app), /tmp and /var/tmp are writable. It is removed after a period without use, at the end of its lifetime, on sandbox_stop, or when this server exits.", d.cfg.DefaultImage)),
@@ -101,7 +102,7 @@ func sandboxInitializeTool(d *deps) (mcp.Tool, server.ToolHandlerFunc) {
 		mcp.WithOutputSchema[InitializeResult](),
 		annotations("Create sandbox", false, false, false, false),
 	)
-	return typedTool(d, tool, func(ctx context.Context, _ mcp.CallToolRequest, caller Caller, args initializeArgs) (*mcp.CallToolResult, error) {
+	return typedTool(d, tool, func(ctx context.Context, _ mcp.CallToolRequest, caller contract.Caller, args initializeArgs) (*mcp.CallToolResult, error) {
 		creq, err := args.createRequest(d.cfg)
 		if err != nil {
 			return nil, err
@@ -185,7 +186,7 @@ func sandboxExecTool(d *deps) (mcp.Tool, server.ToolHandlerFunc) {
 		mcp.WithOutputSchema[ExecResult](),
 		annotations("Run commands", false, true, false, d.cfg.AllowEgress),
 	)
-	return typedTool(d, tool, func(ctx context.Context, req mcp.CallToolRequest, caller Caller, args execArgs) (*mcp.CallToolResult, error) {
+	return typedTool(d, tool, func(ctx context.Context, req mcp.CallToolRequest, caller contract.Caller, args execArgs) (*mcp.CallToolResult, error) {
 		reqs, err := args.requests(d.cfg)
 		if err != nil {
 			return nil, err
@@ -233,7 +234,7 @@ func sandboxExecTool(d *deps) (mcp.Tool, server.ToolHandlerFunc) {
 				TimedOut:   res.TimedOut,
 			}
 			if err != nil {
-				cr.Error = d.toolError(args.ContainerID, err).Content[0].(mcp.TextContent).Text
+				cr.Error = resultText(d.toolError(args.ContainerID, err))
 				cr.ExitCode = -1
 			}
 			out.Results = append(out.Results, cr)
@@ -322,7 +323,7 @@ func (t TransferResult) text(verb string) string {
 // upload streams a tar produced by produce into the sandbox. A producer
 // error (a cap, a vanished file) is reported in preference to the
 // backend's error it causes.
-func (d *deps) upload(ctx context.Context, caller Caller, id, destDir string, limits execio.UploadLimits, produce func(io.Writer) error) (execio.TransferStats, error) {
+func (d *deps) upload(ctx context.Context, caller contract.Caller, id, destDir string, limits execio.UploadLimits, produce func(io.Writer) error) (execio.TransferStats, error) {
 	pr, pw := io.Pipe()
 	produced := make(chan error, 1)
 	go func() {
@@ -353,7 +354,7 @@ func copyProjectTool(d *deps) (mcp.Tool, server.ToolHandlerFunc) {
 		mcp.WithOutputSchema[TransferResult](),
 		annotations("Copy host directory into sandbox", false, true, true, false),
 	)
-	return typedTool(d, tool, func(ctx context.Context, _ mcp.CallToolRequest, caller Caller, args copyProjectArgs) (*mcp.CallToolResult, error) {
+	return typedTool(d, tool, func(ctx context.Context, _ mcp.CallToolRequest, caller contract.Caller, args copyProjectArgs) (*mcp.CallToolResult, error) {
 		dest := args.DestDir
 		if dest == "" {
 			dest = "."
@@ -398,7 +399,7 @@ func describeRoots(h *HostRoots) string {
 
 // hostRoots returns the host directories caller may use; an error becomes
 // their openers' error.
-func (d *deps) hostRoots(caller Caller) hostOpener {
+func (d *deps) hostRoots(caller contract.Caller) hostOpener {
 	roots, err := d.cfg.HostRoots.ForCaller(caller)
 	if err != nil {
 		return hostOpener{err: err}
@@ -434,7 +435,7 @@ func copyFileTool(d *deps) (mcp.Tool, server.ToolHandlerFunc) {
 		mcp.WithOutputSchema[TransferResult](),
 		annotations("Copy host file into sandbox", false, true, true, false),
 	)
-	return typedTool(d, tool, func(ctx context.Context, _ mcp.CallToolRequest, caller Caller, args copyFileArgs) (*mcp.CallToolResult, error) {
+	return typedTool(d, tool, func(ctx context.Context, _ mcp.CallToolRequest, caller contract.Caller, args copyFileArgs) (*mcp.CallToolResult, error) {
 		root, rel, err := d.hostRoots(caller).openExisting("local_src_file", args.LocalSrcFile)
 		if err != nil {
 			return nil, err
@@ -486,7 +487,7 @@ func writeFileTool(d *deps) (mcp.Tool, server.ToolHandlerFunc) {
 		mcp.WithOutputSchema[TransferResult](),
 		annotations("Write file in sandbox", false, true, true, false),
 	)
-	return typedTool(d, tool, func(ctx context.Context, _ mcp.CallToolRequest, caller Caller, args writeFileArgs) (*mcp.CallToolResult, error) {
+	return typedTool(d, tool, func(ctx context.Context, _ mcp.CallToolRequest, caller contract.Caller, args writeFileArgs) (*mcp.CallToolResult, error) {
 		if args.FileContents == nil {
 			return nil, argError(`"file_contents" is required (it may be an empty string)`)
 		}
@@ -532,7 +533,7 @@ func copyFileFromSandboxTool(d *deps) (mcp.Tool, server.ToolHandlerFunc) {
 		mcp.WithOutputSchema[TransferResult](),
 		annotations("Copy file from sandbox to host", false, true, true, false),
 	)
-	return typedTool(d, tool, func(ctx context.Context, _ mcp.CallToolRequest, caller Caller, args copyFromSandboxArgs) (*mcp.CallToolResult, error) {
+	return typedTool(d, tool, func(ctx context.Context, _ mcp.CallToolRequest, caller contract.Caller, args copyFromSandboxArgs) (*mcp.CallToolResult, error) {
 		if err := checkSandboxPath("container_src_path", args.ContainerSrcPath, true); err != nil {
 			return nil, err
 		}
@@ -601,7 +602,7 @@ func readFileTool(d *deps) (mcp.Tool, server.ToolHandlerFunc) {
 		mcp.WithOutputSchema[ReadFileResult](),
 		annotations("Read file from sandbox", true, false, true, false),
 	)
-	return typedTool(d, tool, func(ctx context.Context, _ mcp.CallToolRequest, caller Caller, args readFileArgs) (*mcp.CallToolResult, error) {
+	return typedTool(d, tool, func(ctx context.Context, _ mcp.CallToolRequest, caller contract.Caller, args readFileArgs) (*mcp.CallToolResult, error) {
 		if err := checkSandboxPath("path", args.Path, true); err != nil {
 			return nil, err
 		}
@@ -642,7 +643,7 @@ func readFileTool(d *deps) (mcp.Tool, server.ToolHandlerFunc) {
 
 // ListResult is list_sandboxes' structured result.
 type ListResult struct {
-	Sandboxes []Sandbox `json:"sandboxes"`
+	Sandboxes []contract.Sandbox `json:"sandboxes"`
 }
 
 func listSandboxesTool(d *deps) (mcp.Tool, server.ToolHandlerFunc) {
@@ -651,13 +652,13 @@ func listSandboxesTool(d *deps) (mcp.Tool, server.ToolHandlerFunc) {
 		mcp.WithOutputSchema[ListResult](),
 		annotations("List sandboxes", true, false, true, false),
 	)
-	return typedTool(d, tool, func(ctx context.Context, _ mcp.CallToolRequest, caller Caller, _ struct{}) (*mcp.CallToolResult, error) {
+	return typedTool(d, tool, func(ctx context.Context, _ mcp.CallToolRequest, caller contract.Caller, _ struct{}) (*mcp.CallToolResult, error) {
 		list, err := d.backend.List(ctx, caller)
 		if err != nil {
 			return nil, err
 		}
 		if list == nil {
-			list = []Sandbox{}
+			list = []contract.Sandbox{}
 		}
 		var b strings.Builder
 		if len(list) == 0 {
@@ -683,7 +684,7 @@ func sandboxStopTool(d *deps) (mcp.Tool, server.ToolHandlerFunc) {
 		mcp.WithOutputSchema[StopResult](),
 		annotations("Stop sandbox", false, true, true, false),
 	)
-	return typedTool(d, tool, func(ctx context.Context, _ mcp.CallToolRequest, caller Caller, args containerArgs) (*mcp.CallToolResult, error) {
+	return typedTool(d, tool, func(ctx context.Context, _ mcp.CallToolRequest, caller contract.Caller, args containerArgs) (*mcp.CallToolResult, error) {
 		if err := d.backend.Stop(ctx, caller, args.ContainerID); err != nil {
 			return nil, err
 		}

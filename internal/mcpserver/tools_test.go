@@ -16,6 +16,7 @@ import (
 
 	"github.com/code-sandbox/code-sandbox-operator/internal/execio"
 	"github.com/code-sandbox/code-sandbox-operator/internal/history"
+	"github.com/code-sandbox/code-sandbox-operator/internal/mcpserver/contract"
 )
 
 // toolHarness is an MCP server on a fakeBackend, with one allowed host
@@ -79,7 +80,7 @@ func (h *toolHarness) call(caller, tool, args string) toolResult {
 // error's message.
 func (h *toolHarness) readLogs(caller, id string) (text string, errMsg string) {
 	GinkgoHelper()
-	ctx := WithCaller(context.Background(), Caller{ID: caller})
+	ctx := contract.WithCaller(context.Background(), contract.Caller{ID: caller})
 	msg := fmt.Sprintf(`{"jsonrpc":"2.0","id":1,"method":"resources/read","params":{"uri":"containers://%s/logs"}}`, id)
 	raw, err := json.Marshal(h.srv.HandleMessage(ctx, json.RawMessage(msg)))
 	Expect(err).NotTo(HaveOccurred())
@@ -192,7 +193,7 @@ var _ = Describe("the tools on a fake backend", Label("unit"), func() {
 			Expect(out.Image).To(Equal("python:3"))
 			Expect(out.WorkingDir).To(Equal("/app"))
 			Expect(res.Text).To(ContainSubstring("container_id: sbx-2"))
-			sb, err := h.fake.Get(context.Background(), Caller{ID: "alice"}, "sbx-2")
+			sb, err := h.fake.Get(context.Background(), contract.Caller{ID: "alice"}, "sbx-2")
 			Expect(err).NotTo(HaveOccurred())
 			Expect(sb.NanoCPUs).To(Equal(int64(5e8)))
 			Expect(sb.MemoryBytes).To(Equal(int64(256 << 20)))
@@ -200,7 +201,7 @@ var _ = Describe("the tools on a fake backend", Label("unit"), func() {
 		})
 
 		It("sandbox_exec runs the commands in order, stops at the first failure and says how many did not run", func() {
-			h.fake.exec = func(req execio.Request, out OutputFunc) (execio.Result, error) {
+			h.fake.exec = func(req execio.Request, out contract.OutputFunc) (execio.Result, error) {
 				out("stdout", []byte("ran "+req.Shell+"\n"))
 				if req.Shell == "false" {
 					out("stderr", []byte("it failed\n"))
@@ -225,7 +226,7 @@ var _ = Describe("the tools on a fake backend", Label("unit"), func() {
 		})
 
 		It("sandbox_exec reports a timeout, and an error after output as the command's error", func() {
-			h.fake.exec = func(req execio.Request, out OutputFunc) (execio.Result, error) {
+			h.fake.exec = func(req execio.Request, out contract.OutputFunc) (execio.Result, error) {
 				return execio.Result{TimedOut: true, ExitCode: -1}, nil
 			}
 			res := h.call("alice", "sandbox_exec", fmt.Sprintf(`{"container_id":%q,"commands":["sleep 100"]}`, id))
@@ -233,9 +234,9 @@ var _ = Describe("the tools on a fake backend", Label("unit"), func() {
 			Expect(res.Text).To(ContainSubstring("timed out after 60 s"))
 			Expect(res.Text).To(ContainSubstring("Command 1 of 1 failed (timed out)."))
 
-			h.fake.exec = func(req execio.Request, out OutputFunc) (execio.Result, error) {
+			h.fake.exec = func(req execio.Request, out contract.OutputFunc) (execio.Result, error) {
 				out("stdout", []byte("partial\n"))
-				return execio.Result{}, fmt.Errorf("%w: the container exited", ErrNotRunning)
+				return execio.Result{}, fmt.Errorf("%w: the container exited", contract.ErrNotRunning)
 			}
 			res = h.call("alice", "sandbox_exec", fmt.Sprintf(`{"container_id":%q,"commands":["x"]}`, id))
 			Expect(res.IsError).To(BeTrue())
@@ -327,7 +328,7 @@ var _ = Describe("the tools on a fake backend", Label("unit"), func() {
 		})
 
 		It("the logs resource shows the output and the exec history", func() {
-			h.fake.logs = Logs{Output: "booted", Truncated: true, History: []history.Record{{Shell: "make test", ExitCode: 2, DurationMillis: 30}}}
+			h.fake.logs = contract.Logs{Output: "booted", Truncated: true, History: []history.Record{{Shell: "make test", ExitCode: 2, DurationMillis: 30}}}
 			text, errMsg := h.readLogs("alice", id)
 			Expect(errMsg).To(BeEmpty())
 			Expect(text).To(ContainSubstring("== sandbox output ==\n[earlier output omitted]\nbooted\n"))
@@ -441,12 +442,12 @@ var _ = Describe("the tools on a fake backend", Label("unit"), func() {
 			want string
 		}
 		kinds := map[string]kind{
-			"not found":     {fmt.Errorf("%w: %q", ErrNotFound, "sbx-1"), `not found: it does not exist, belongs to another client, or was removed`},
-			"quota":         {fmt.Errorf("%w: you already have 5 sandboxes; the limit is 5", ErrQuota), "the limit is 5. Stop a sandbox you no longer need with sandbox_stop"},
-			"image":         {fmt.Errorf("%w: python:9 is absent and the pull policy is Never", ErrImageNotFound), "is absent and the pull policy is Never. Use an image that is present"},
-			"unavailable":   {fmt.Errorf("%w: Docker Engine: connection refused", ErrUnavailable), "connection refused. The sandbox backend"},
-			"not running":   {fmt.Errorf("%w: exited (OOM-killed)", ErrNotRunning), "stop it with sandbox_stop and create a new one"},
-			"invalid":       {fmt.Errorf("%w: egress firewall not in place", ErrInvalid), "invalid request: egress firewall not in place"},
+			"not found":     {fmt.Errorf("%w: %q", contract.ErrNotFound, "sbx-1"), `not found: it does not exist, belongs to another client, or was removed`},
+			"quota":         {fmt.Errorf("%w: you already have 5 sandboxes; the limit is 5", contract.ErrQuota), "the limit is 5. Stop a sandbox you no longer need with sandbox_stop"},
+			"image":         {fmt.Errorf("%w: python:9 is absent and the pull policy is Never", contract.ErrImageNotFound), "is absent and the pull policy is Never. Use an image that is present"},
+			"unavailable":   {fmt.Errorf("%w: Docker Engine: connection refused", contract.ErrUnavailable), "connection refused. The sandbox backend"},
+			"not running":   {fmt.Errorf("%w: exited (OOM-killed)", contract.ErrNotRunning), "stop it with sandbox_stop and create a new one"},
+			"invalid":       {fmt.Errorf("%w: egress firewall not in place", contract.ErrInvalid), "invalid request: egress firewall not in place"},
 			"too large":     {fmt.Errorf("%w: more than 5 bytes", execio.ErrTooLarge), "Move less data at once, or split it."},
 			"path":          {fmt.Errorf("%w: /app/x", execio.ErrPathNotFound), "/app/x"},
 			"cancelled":     {context.Canceled, "The request was cancelled."},
@@ -508,7 +509,7 @@ var _ = Describe("the tools on a fake backend", Label("unit"), func() {
 		It("keeps the end of a command's output within the call's budget", func() {
 			h = newToolHarness(Config{ExecOutputBudget: MinExecOutputBudget})
 			id = h.fake.add("alice")
-			h.fake.exec = func(req execio.Request, out OutputFunc) (execio.Result, error) {
+			h.fake.exec = func(req execio.Request, out contract.OutputFunc) (execio.Result, error) {
 				for _, stream := range []string{"stdout", "stderr"} {
 					for range 64 {
 						out(stream, []byte(strings.Repeat("x", 1023)+"\n"))
@@ -532,7 +533,7 @@ var _ = Describe("the tools on a fake backend", Label("unit"), func() {
 		It("holds a backend that ignores the per-stream limit to it", func() {
 			h = newToolHarness(Config{OutputLimit: 1024})
 			id = h.fake.add("alice")
-			h.fake.exec = func(req execio.Request, out OutputFunc) (execio.Result, error) {
+			h.fake.exec = func(req execio.Request, out contract.OutputFunc) (execio.Result, error) {
 				Expect(req.OutputLimitBytes).To(Equal(int64(1024)))
 				for range 1024 {
 					out("stderr", []byte(strings.Repeat("e", 1024)))

@@ -15,7 +15,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strconv"
-	"strings"
 	"testing"
 	"time"
 
@@ -26,6 +25,7 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/code-sandbox/code-sandbox-operator/internal/dockerruntime"
+	"github.com/code-sandbox/code-sandbox-operator/internal/testenv/mcpclient"
 )
 
 const (
@@ -217,13 +217,7 @@ func startMCP(b *testing.B, bin, image string, args ...string) func(name string,
 			return nil, err
 		}
 		if res.IsError {
-			var t strings.Builder
-			for _, c := range res.Content {
-				if tc, ok := c.(*mcp.TextContent); ok {
-					t.WriteString(tc.Text)
-				}
-			}
-			return nil, fmt.Errorf("%s: %s", name, t.String())
+			return nil, fmt.Errorf("%s: %s", name, mcpclient.Text(res))
 		}
 		m, _ := res.StructuredContent.(map[string]any)
 		return m, nil

@@ -16,6 +16,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/code-sandbox/code-sandbox-operator/internal/testenv/mcpclient"
+
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
@@ -226,15 +228,7 @@ func mcpCall(ctx context.Context, s *mcp.ClientSession, name string, args map[st
 	return res
 }
 
-func mcpText(res *mcp.CallToolResult) string {
-	var b strings.Builder
-	for _, c := range res.Content {
-		if t, ok := c.(*mcp.TextContent); ok {
-			b.WriteString(t.Text)
-		}
-	}
-	return b.String()
-}
+func mcpText(res *mcp.CallToolResult) string { return mcpclient.Text(res) }
 
 func mcpInit(ctx context.Context, s *mcp.ClientSession) string {
 	GinkgoHelper()

@@ -22,6 +22,8 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/code-sandbox/code-sandbox-operator/internal/testenv/mcpclient"
+
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
@@ -506,15 +508,7 @@ func kmcpCall(ctx context.Context, s *mcp.ClientSession, name string, args map[s
 	return res
 }
 
-func kmcpText(res *mcp.CallToolResult) string {
-	var b strings.Builder
-	for _, c := range res.Content {
-		if t, ok := c.(*mcp.TextContent); ok {
-			b.WriteString(t.Text)
-		}
-	}
-	return b.String()
-}
+func kmcpText(res *mcp.CallToolResult) string { return mcpclient.Text(res) }
 
 func kmcpStructured(res *mcp.CallToolResult) map[string]any {
 	GinkgoHelper()

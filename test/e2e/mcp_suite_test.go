@@ -31,6 +31,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/code-sandbox/code-sandbox-operator/internal/testenv/mcpclient"
+
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
@@ -216,15 +218,7 @@ func call(ctx context.Context, s *mcp.ClientSession, name string, args map[strin
 	return res
 }
 
-func text(res *mcp.CallToolResult) string {
-	var b strings.Builder
-	for _, c := range res.Content {
-		if t, ok := c.(*mcp.TextContent); ok {
-			b.WriteString(t.Text)
-		}
-	}
-	return b.String()
-}
+func text(res *mcp.CallToolResult) string { return mcpclient.Text(res) }
 
 func structured(res *mcp.CallToolResult) map[string]any {
 	m, ok := res.StructuredContent.(map[string]any)

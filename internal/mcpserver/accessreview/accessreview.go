@@ -27,7 +27,8 @@ import (
 	"k8s.io/client-go/rest"
 
 	sandboxv1alpha1 "github.com/code-sandbox/code-sandbox-operator/api/v1alpha1"
-	"github.com/code-sandbox/code-sandbox-operator/internal/mcpserver"
+	"github.com/code-sandbox/code-sandbox-operator/internal/mcpserver/auth"
+	"github.com/code-sandbox/code-sandbox-operator/internal/mcpserver/contract"
 )
 
 // Decision cache lifetimes: a revoked RoleBinding takes effect within
@@ -112,7 +113,7 @@ func (e *DeniedError) Error() string {
 // Sandbox name (empty for create and list) in namespace: the user, UID,
 // groups and extra of the TokenReview, so the API server decides for
 // exactly that user.
-func ReviewFor(caller mcpserver.Caller, namespace string, p Permission, name string) *authzv1.SubjectAccessReview {
+func ReviewFor(caller contract.Caller, namespace string, p Permission, name string) *authzv1.SubjectAccessReview {
 	sar := &authzv1.SubjectAccessReview{Spec: authzv1.SubjectAccessReviewSpec{
 		User:   caller.Username,
 		UID:    caller.UID,
@@ -138,10 +139,10 @@ func ReviewFor(caller mcpserver.Caller, namespace string, p Permission, name str
 
 // Check returns nil when caller may do p on name in namespace, a
 // *DeniedError when RBAC says no, and an error matching
-// mcpserver.ErrUnavailable when the API server cannot say. The caller must
+// contract.ErrUnavailable when the API server cannot say. The caller must
 // be a Kubernetes identity (Caller.IsKubernetesUser); anyone else is
 // denied.
-func (a *Authorizer) Check(ctx context.Context, caller mcpserver.Caller, namespace string, p Permission, name string) error {
+func (a *Authorizer) Check(ctx context.Context, caller contract.Caller, namespace string, p Permission, name string) error {
 	if !caller.IsKubernetesUser() {
 		return &DeniedError{User: caller.ID, Permission: p, Namespace: namespace, Name: name, Reason: "not a Kubernetes identity"}
 	}
@@ -160,7 +161,7 @@ func (a *Authorizer) Check(ctx context.Context, caller mcpserver.Caller, namespa
 			if errors.Is(err, context.Canceled) && ctx.Err() != nil {
 				return ctx.Err()
 			}
-			return fmt.Errorf("%w: SubjectAccessReview for %s failed: %w", mcpserver.ErrUnavailable, caller.Username, err)
+			return fmt.Errorf("%w: SubjectAccessReview for %s failed: %w", contract.ErrUnavailable, caller.Username, err)
 		}
 		st = res.Status
 		a.cache.Add(key, st, TTL)
@@ -182,7 +183,7 @@ func cacheKey(sar *authzv1.SubjectAccessReview) ([sha256.Size]byte, error) {
 }
 
 // Gate admits to the whole server the callers who have Permission in
-// Namespace. It implements mcpserver.CallerAuthorizer: the docker backend's
+// Namespace. It implements auth.CallerAuthorizer: the docker backend's
 // authorization under --auth kubernetes when no allow-list is given, since
 // its containers are no Kubernetes objects that RBAC could guard one by
 // one.
@@ -192,15 +193,15 @@ type Gate struct {
 	Permission Permission
 }
 
-// Authorize implements mcpserver.CallerAuthorizer: nil, an error matching
-// mcpserver.ErrForbidden naming the missing permission, or one matching
-// mcpserver.ErrUnavailable.
-func (g Gate) Authorize(ctx context.Context, caller mcpserver.Caller) error {
+// Authorize implements auth.CallerAuthorizer: nil, an error matching
+// auth.ErrForbidden naming the missing permission, or one matching
+// contract.ErrUnavailable.
+func (g Gate) Authorize(ctx context.Context, caller contract.Caller) error {
 	err := g.Authorizer.Check(ctx, caller, g.Namespace, g.Permission, "")
 	var denied *DeniedError
 	if errors.As(err, &denied) {
 		return fmt.Errorf("%w: %w; this server admits callers who may %s (group %s) in namespace %q: ask a cluster administrator for that permission (RBAC), for example a RoleBinding to the sandbox editor ClusterRole there",
-			mcpserver.ErrForbidden, denied, g.Permission, sandboxv1alpha1.GroupVersion.Group, g.Namespace)
+			auth.ErrForbidden, denied, g.Permission, sandboxv1alpha1.GroupVersion.Group, g.Namespace)
 	}
 	return err
 }

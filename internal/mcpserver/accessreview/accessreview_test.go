@@ -11,12 +11,13 @@ import (
 	"errors"
 	"testing"
 
+	"github.com/code-sandbox/code-sandbox-operator/internal/mcpserver/auth"
+	"github.com/code-sandbox/code-sandbox-operator/internal/mcpserver/contract"
+
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
 	authzv1 "k8s.io/api/authorization/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-
-	"github.com/code-sandbox/code-sandbox-operator/internal/mcpserver"
 )
 
 func TestAccessReview(t *testing.T) {
@@ -42,7 +43,7 @@ func (r *reviewer) Create(_ context.Context, sar *authzv1.SubjectAccessReview, _
 
 var _ = Describe("Gate", Label("unit"), func() {
 	ctx := context.Background()
-	alice := mcpserver.Caller{ID: "kube:alice", Username: "alice", UID: "u", Groups: []string{"devs"}}
+	alice := contract.Caller{ID: "kube:alice", Username: "alice", UID: "u", Groups: []string{"devs"}}
 	gate := func(r *reviewer) Gate {
 		return Gate{Authorizer: New(r), Namespace: "team-a", Permission: Permission{Verb: "create"}}
 	}
@@ -64,19 +65,19 @@ var _ = Describe("Gate", Label("unit"), func() {
 	It("caches a denial too, and reviews another namespace or caller afresh", func() {
 		r := &reviewer{}
 		g := gate(r)
-		Expect(g.Authorize(ctx, alice)).To(MatchError(mcpserver.ErrForbidden))
+		Expect(g.Authorize(ctx, alice)).To(MatchError(auth.ErrForbidden))
 		r.allow = true
-		Expect(g.Authorize(ctx, alice)).To(MatchError(mcpserver.ErrForbidden), "the denial was not cached")
+		Expect(g.Authorize(ctx, alice)).To(MatchError(auth.ErrForbidden), "the denial was not cached")
 		Expect(r.reviews).To(HaveLen(1))
 		g.Namespace = "team-b"
 		Expect(g.Authorize(ctx, alice)).To(Succeed())
-		Expect(g.Authorize(ctx, mcpserver.Caller{ID: "kube:alice", Username: "alice", UID: "u", Groups: []string{"devs", "admins"}})).To(Succeed())
+		Expect(g.Authorize(ctx, contract.Caller{ID: "kube:alice", Username: "alice", UID: "u", Groups: []string{"devs", "admins"}})).To(Succeed())
 		Expect(r.reviews).To(HaveLen(3), "a decision was taken for another namespace or group set")
 	})
 
 	It("refuses with ErrForbidden naming the missing permission", func() {
 		err := gate(&reviewer{}).Authorize(ctx, alice)
-		Expect(err).To(MatchError(mcpserver.ErrForbidden))
+		Expect(err).To(MatchError(auth.ErrForbidden))
 		Expect(err.Error()).To(And(ContainSubstring(`user "alice" may not create sandboxes in namespace "team-a"`), ContainSubstring("sandbox.code-sandbox.dev")))
 		var denied *DeniedError
 		Expect(errors.As(err, &denied)).To(BeTrue())
@@ -84,14 +85,14 @@ var _ = Describe("Gate", Label("unit"), func() {
 
 	It("refuses a caller that is not a Kubernetes identity without asking", func() {
 		r := &reviewer{allow: true}
-		err := gate(r).Authorize(ctx, mcpserver.Caller{ID: mcpserver.AnonymousIdentity})
-		Expect(err).To(MatchError(mcpserver.ErrForbidden))
+		err := gate(r).Authorize(ctx, contract.Caller{ID: auth.AnonymousIdentity})
+		Expect(err).To(MatchError(auth.ErrForbidden))
 		Expect(r.reviews).To(BeEmpty())
 	})
 
 	It("reports an API server that does not answer as unavailable, not forbidden", func() {
 		err := gate(&reviewer{fail: errors.New("connection refused")}).Authorize(ctx, alice)
-		Expect(err).To(MatchError(mcpserver.ErrUnavailable))
-		Expect(err).NotTo(MatchError(mcpserver.ErrForbidden))
+		Expect(err).To(MatchError(contract.ErrUnavailable))
+		Expect(err).NotTo(MatchError(auth.ErrForbidden))
 	})
 })

@@ -25,7 +25,7 @@ import (
 	"github.com/code-sandbox/code-sandbox-operator/internal/egress"
 	"github.com/code-sandbox/code-sandbox-operator/internal/execio"
 	"github.com/code-sandbox/code-sandbox-operator/internal/history"
-	"github.com/code-sandbox/code-sandbox-operator/internal/mcpserver"
+	"github.com/code-sandbox/code-sandbox-operator/internal/mcpserver/contract"
 	"github.com/code-sandbox/code-sandbox-operator/internal/mcpserver/session"
 )
 
@@ -73,12 +73,12 @@ type Options struct {
 	// most MaxWarmPool.
 	WarmPool int
 	// DefaultImage is the image sandbox_initialize uses when none is given
-	// (mcpserver.Config.DefaultImage); the warm pool's members run it.
-	// Default mcpserver.DefaultImage.
+	// (the tools' Config.DefaultImage); the warm pool's members run it.
+	// Default contract.DefaultImage.
 	DefaultImage string
 }
 
-// Backend implements mcpserver.Backend on Docker: a session.Manager on the
+// Backend implements contract.Backend on Docker: a session.Manager on the
 // Docker driver.
 type Backend struct {
 	*session.Manager
@@ -112,8 +112,8 @@ type driver struct {
 }
 
 var (
-	_ mcpserver.Backend = (*Backend)(nil)
-	_ session.Starter   = (*driver)(nil)
+	_ contract.Backend = (*Backend)(nil)
+	_ session.Starter  = (*driver)(nil)
 )
 
 // New returns a backend; Start sweeps the orphans of dead server runs and
@@ -139,7 +139,7 @@ func New(opts Options) (*Backend, error) {
 		return nil, fmt.Errorf("dockerbackend: warm pool size %d: want 0 (off) to %d", opts.WarmPool, MaxWarmPool)
 	}
 	if opts.DefaultImage == "" {
-		opts.DefaultImage = mcpserver.DefaultImage
+		opts.DefaultImage = contract.DefaultImage
 	}
 	hist, err := history.New(opts.HistoryDir, 0)
 	if err != nil {
@@ -208,27 +208,27 @@ func mapErr(err error) error {
 	case errors.Is(err, dockerruntime.ErrImageNotAllowed):
 		// The server's registry policy (--allowed-registries) refuses the
 		// image's registry; nothing was pulled.
-		return fmt.Errorf("%w: %w", mcpserver.ErrInvalid, err)
+		return fmt.Errorf("%w: %w", contract.ErrInvalid, err)
 	case errors.Is(err, dockerruntime.ErrImageNotFound):
 		// A failed pull's text names the failure class only; the daemon's
 		// own error (which may quote the registry) is logged by Create.
-		return fmt.Errorf("%w: %w", mcpserver.ErrImageNotFound, err)
+		return fmt.Errorf("%w: %w", contract.ErrImageNotFound, err)
 	case errors.Is(err, dockerruntime.ErrUnavailable):
-		return fmt.Errorf("%w: %w", mcpserver.ErrUnavailable, err)
+		return fmt.Errorf("%w: %w", contract.ErrUnavailable, err)
 	case errors.Is(err, dockerruntime.ErrRuntimeUnavailable):
-		return fmt.Errorf("%w: %w", mcpserver.ErrUnavailable, err)
+		return fmt.Errorf("%w: %w", contract.ErrUnavailable, err)
 	case errors.Is(err, dockerruntime.ErrInvalidSpec):
-		return fmt.Errorf("%w: %w", mcpserver.ErrInvalid, err)
+		return fmt.Errorf("%w: %w", contract.ErrInvalid, err)
 	case errors.Is(err, dockerruntime.ErrNotFound):
-		return fmt.Errorf("%w: %w", mcpserver.ErrNotFound, err)
+		return fmt.Errorf("%w: %w", contract.ErrNotFound, err)
 	case errors.Is(err, dockerruntime.ErrPaused):
 		// Frozen outside this server (docker pause); the server thaws
 		// only the sandboxes it paused itself (--idle-pause).
-		return fmt.Errorf("%w: %w", mcpserver.ErrNotRunning, err)
+		return fmt.Errorf("%w: %w", contract.ErrNotRunning, err)
 	case cerrdefs.IsConflict(err):
 		// Docker answers 409 Conflict to an exec in a container that is
 		// not running, paused or restarting.
-		return fmt.Errorf("%w: %w", mcpserver.ErrNotRunning, err)
+		return fmt.Errorf("%w: %w", contract.ErrNotRunning, err)
 	}
 	return err
 }
@@ -241,7 +241,7 @@ func (b *driver) forgetHistory(id string) {
 }
 
 // Create implements session.Driver.
-func (b *driver) Create(ctx context.Context, caller mcpserver.Caller, req mcpserver.CreateRequest) (string, mcpserver.Sandbox, error) {
+func (b *driver) Create(ctx context.Context, caller contract.Caller, req contract.CreateRequest) (string, contract.Sandbox, error) {
 	warm := b.pool.matches(req)
 	if warm {
 		// A default create takes a warm pool member; with none, it
@@ -255,29 +255,29 @@ func (b *driver) Create(ctx context.Context, caller mcpserver.Caller, req mcpser
 		}
 	}
 	uid := newUID()
-	spec := b.spec(uid, mcpserver.IdentityHash(caller.ID), req)
+	spec := b.spec(uid, contract.IdentityHash(caller.ID), req)
 	// The container must not outlive a cancelled request half-made: the
 	// create runs to completion and is undone below if the caller left.
 	ct, err := b.docker.CreateAndStart(context.WithoutCancel(ctx), spec)
 	if err != nil {
 		if pe := (*dockerruntime.PullError)(nil); errors.As(err, &pe) {
-			b.log.Warn("image pull failed", "image", req.Image, "class", string(pe.Class), "error", pe.Detail, "owner", mcpserver.IdentityHash(caller.ID))
+			b.log.Warn("image pull failed", "image", req.Image, "class", string(pe.Class), "error", pe.Detail, "owner", contract.IdentityHash(caller.ID))
 		}
 		b.cleanupFailedCreate(uid)
-		return "", mcpserver.Sandbox{}, mapErr(err)
+		return "", contract.Sandbox{}, mapErr(err)
 	}
 	if ctx.Err() != nil {
 		b.removeContainer(ct.ID, 0, "request cancelled during create")
-		return "", mcpserver.Sandbox{}, ctx.Err()
+		return "", contract.Sandbox{}, ctx.Err()
 	}
-	sb := mcpserver.Sandbox{
+	sb := contract.Sandbox{
 		ID: uid, Image: req.Image, Network: req.Network, WorkingDir: dockerruntime.DefaultWorkingDir,
 		NanoCPUs: orDefault(req.NanoCPUs, dockerruntime.DefaultNanoCPUs), MemoryBytes: orDefault(req.MemoryBytes, dockerruntime.DefaultMemoryBytes),
 	}
 	if sb.Network == "" {
-		sb.Network = mcpserver.NetworkNone
+		sb.Network = contract.NetworkNone
 	}
-	b.log.Info("sandbox created", "sandbox", uid, "container", dockerruntime.ShortID(ct.ID), "image", req.Image, "owner", mcpserver.IdentityHash(caller.ID))
+	b.log.Info("sandbox created", "sandbox", uid, "container", dockerruntime.ShortID(ct.ID), "image", req.Image, "owner", contract.IdentityHash(caller.ID))
 	if warm {
 		// The default image is on the host now: the pool may fill.
 		b.pool.wake()
@@ -287,9 +287,9 @@ func (b *driver) Create(ctx context.Context, caller mcpserver.Caller, req mcpser
 
 // spec is the container spec of a sandbox for req (a warm pool member's
 // too, so that it is made exactly as a default create would make it).
-func (b *driver) spec(uid, namespace string, req mcpserver.CreateRequest) dockerruntime.Spec {
+func (b *driver) spec(uid, namespace string, req contract.CreateRequest) dockerruntime.Spec {
 	network := dockerruntime.NetworkNone
-	if req.Network == mcpserver.NetworkEgress {
+	if req.Network == contract.NetworkEgress {
 		network = dockerruntime.NetworkEgress
 	}
 	return dockerruntime.Spec{
@@ -339,7 +339,7 @@ func (b *driver) removeContainer(dockerID string, grace time.Duration, why strin
 }
 
 // view is sb, as recorded at create, in container state st.
-func view(sb mcpserver.Sandbox, st dockerruntime.ContainerState) mcpserver.Sandbox {
+func view(sb contract.Sandbox, st dockerruntime.ContainerState) contract.Sandbox {
 	sb.Status = st.Status
 	if st.OOMKilled {
 		sb.Status += " (OOM-killed)"
@@ -348,23 +348,23 @@ func view(sb mcpserver.Sandbox, st dockerruntime.ContainerState) mcpserver.Sandb
 }
 
 // Get implements session.Driver.
-func (b *driver) Get(ctx context.Context, h session.Handle) (mcpserver.Sandbox, error) {
+func (b *driver) Get(ctx context.Context, h session.Handle) (contract.Sandbox, error) {
 	if err := b.thawed(ctx, h); err != nil {
-		return mcpserver.Sandbox{}, err
+		return contract.Sandbox{}, err
 	}
 	ct, err := b.docker.Inspect(ctx, h.Ref)
 	if errors.Is(err, dockerruntime.ErrNotFound) {
 		b.forgetHistory(h.ID)
-		return mcpserver.Sandbox{}, session.Gone(fmt.Errorf("%w: %q (its container was removed outside this server)", mcpserver.ErrNotFound, h.ID))
+		return contract.Sandbox{}, session.Gone(fmt.Errorf("%w: %q (its container was removed outside this server)", contract.ErrNotFound, h.ID))
 	}
 	if err != nil {
-		return mcpserver.Sandbox{}, mapErr(err)
+		return contract.Sandbox{}, mapErr(err)
 	}
 	return view(h.Sandbox, ct.State), nil
 }
 
 // List implements session.Driver: the state of each of mine.
-func (b *driver) List(ctx context.Context, _ mcpserver.Caller, mine []session.Handle) ([]mcpserver.Sandbox, error) {
+func (b *driver) List(ctx context.Context, _ contract.Caller, mine []session.Handle) ([]contract.Sandbox, error) {
 	list, err := b.docker.ListManaged(ctx, dockerruntime.ListFilter{Node: b.node})
 	if err != nil {
 		return nil, mapErr(err)
@@ -373,7 +373,7 @@ func (b *driver) List(ctx context.Context, _ mcpserver.Caller, mine []session.Ha
 	for _, c := range list {
 		states[c.ID] = c.State
 	}
-	out := make([]mcpserver.Sandbox, 0, len(mine))
+	out := make([]contract.Sandbox, 0, len(mine))
 	for _, h := range mine {
 		st, ok := states[h.Ref]
 		if !ok {
@@ -386,7 +386,7 @@ func (b *driver) List(ctx context.Context, _ mcpserver.Caller, mine []session.Ha
 
 // Exec implements session.Driver, and records the command in the
 // sandbox's exec history.
-func (b *driver) Exec(ctx context.Context, h session.Handle, req execio.Request, out mcpserver.OutputFunc) (execio.Result, error) {
+func (b *driver) Exec(ctx context.Context, h session.Handle, req execio.Request, out contract.OutputFunc) (execio.Result, error) {
 	if err := b.thawed(ctx, h); err != nil {
 		return execio.Result{}, err
 	}
@@ -395,7 +395,7 @@ func (b *driver) Exec(ctx context.Context, h session.Handle, req execio.Request,
 	rec := history.Record{
 		ID: newUID()[:16], Command: req.Command, Shell: req.Shell, WorkingDir: req.WorkingDir, StartedAt: started,
 		DurationMillis: res.DurationMillis, ExitCode: res.ExitCode, TimedOut: res.TimedOut, Truncated: res.Truncated(),
-		Caller: mcpserver.IdentityHash(h.Caller.ID),
+		Caller: contract.IdentityHash(h.Caller.ID),
 	}
 	if err != nil {
 		rec.Error = err.Error()
@@ -440,7 +440,7 @@ func (b *driver) Download(ctx context.Context, h session.Handle, src string, w i
 }
 
 // Logs implements session.Driver.
-func (b *driver) Logs(ctx context.Context, h session.Handle, opts mcpserver.LogsOptions) (mcpserver.Logs, error) {
+func (b *driver) Logs(ctx context.Context, h session.Handle, opts contract.LogsOptions) (contract.Logs, error) {
 	maxBytes := opts.MaxBytes
 	if maxBytes <= 0 {
 		maxBytes = 1 << 20
@@ -449,13 +449,13 @@ func (b *driver) Logs(ctx context.Context, h session.Handle, opts mcpserver.Logs
 	lctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
 	if err := b.docker.Logs(lctx, h.Ref, dockerruntime.LogsOptions{Tail: opts.TailLines}, tb, tb); err != nil {
-		return mcpserver.Logs{}, mapErr(err)
+		return contract.Logs{}, mapErr(err)
 	}
 	recs, err := b.history.Tail(h.ID, opts.HistoryRecords)
 	if err != nil {
-		return mcpserver.Logs{}, err
+		return contract.Logs{}, err
 	}
-	return mcpserver.Logs{Output: tb.String(), Truncated: tb.Truncated(), History: recs}, nil
+	return contract.Logs{Output: tb.String(), Truncated: tb.Truncated(), History: recs}, nil
 }
 
 // Remove implements session.Driver. sandbox_stop gives the container its

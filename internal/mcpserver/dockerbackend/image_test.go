@@ -23,6 +23,7 @@ import (
 	"github.com/code-sandbox/code-sandbox-operator/internal/dockerruntime"
 	"github.com/code-sandbox/code-sandbox-operator/internal/imagepolicy"
 	"github.com/code-sandbox/code-sandbox-operator/internal/mcpserver"
+	"github.com/code-sandbox/code-sandbox-operator/internal/mcpserver/contract"
 )
 
 // registrySecret is what the fake registry answers with; it must never
@@ -84,7 +85,7 @@ func initialize(policy *imagepolicy.Policy, image string) string {
 	DeferCleanup(func(ctx context.Context) { _ = b.Close(ctx) })
 	srv, err := mcpserver.New(mcpserver.Config{}, b, logger)
 	Expect(err).NotTo(HaveOccurred())
-	ctx, cancel := context.WithTimeout(mcpserver.WithCaller(context.Background(), mcpserver.Caller{ID: "image-test"}), time.Minute)
+	ctx, cancel := context.WithTimeout(contract.WithCaller(context.Background(), contract.Caller{ID: "image-test"}), time.Minute)
 	defer cancel()
 	msg := fmt.Sprintf(`{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"sandbox_initialize","arguments":{"image":%q}}}`, image)
 	resp := srv.HandleMessage(ctx, json.RawMessage(msg))

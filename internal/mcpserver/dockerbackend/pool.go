@@ -8,7 +8,7 @@ import (
 	"time"
 
 	"github.com/code-sandbox/code-sandbox-operator/internal/dockerruntime"
-	"github.com/code-sandbox/code-sandbox-operator/internal/mcpserver"
+	"github.com/code-sandbox/code-sandbox-operator/internal/mcpserver/contract"
 	"github.com/code-sandbox/code-sandbox-operator/internal/mcpserver/session"
 )
 
@@ -119,12 +119,12 @@ func (p *pool) close(ctx context.Context) {
 }
 
 // matches reports whether req is a default create, which a member serves.
-func (p *pool) matches(req mcpserver.CreateRequest) bool {
+func (p *pool) matches(req contract.CreateRequest) bool {
 	return p != nil &&
 		(req.Image == "" || req.Image == p.image) &&
 		(req.NanoCPUs == 0 || req.NanoCPUs == dockerruntime.DefaultNanoCPUs) &&
 		(req.MemoryBytes == 0 || req.MemoryBytes == dockerruntime.DefaultMemoryBytes) &&
-		(req.Network == "" || req.Network == mcpserver.NetworkNone)
+		(req.Network == "" || req.Network == contract.NetworkNone)
 }
 
 // take removes one idle member from the pool, or reports that there is
@@ -147,11 +147,11 @@ func (p *pool) take() (poolMember, bool) {
 // unpause: the sandbox's first operation does, if it comes sooner. ok is
 // false when the pool has no usable member (the caller then creates cold);
 // err is set only when ctx ended.
-func (p *pool) claim(ctx context.Context, caller mcpserver.Caller) (ref string, sb mcpserver.Sandbox, ok bool, err error) {
+func (p *pool) claim(ctx context.Context, caller contract.Caller) (ref string, sb contract.Sandbox, ok bool, err error) {
 	for {
 		m, found := p.take()
 		if !found {
-			return "", mcpserver.Sandbox{}, false, nil
+			return "", contract.Sandbox{}, false, nil
 		}
 		p.wake()
 		ct, ierr := p.d.docker.Inspect(context.WithoutCancel(ctx), m.ref)
@@ -165,15 +165,15 @@ func (p *pool) claim(ctx context.Context, caller mcpserver.Caller) (ref string, 
 		}
 		if ctx.Err() != nil {
 			go p.d.removeContainer(m.ref, 0, "request cancelled during claim")
-			return "", mcpserver.Sandbox{}, false, ctx.Err()
+			return "", contract.Sandbox{}, false, ctx.Err()
 		}
 		p.d.thaw(m.ref)
-		sb := mcpserver.Sandbox{
-			ID: m.uid, Image: p.image, Network: mcpserver.NetworkNone, WorkingDir: dockerruntime.DefaultWorkingDir,
+		sb := contract.Sandbox{
+			ID: m.uid, Image: p.image, Network: contract.NetworkNone, WorkingDir: dockerruntime.DefaultWorkingDir,
 			NanoCPUs: dockerruntime.DefaultNanoCPUs, MemoryBytes: dockerruntime.DefaultMemoryBytes,
 			Status: "running", // being thawed; every operation waits for it
 		}
-		p.d.log.Info("sandbox created from the warm pool", "sandbox", m.uid, "container", dockerruntime.ShortID(m.ref), "image", p.image, "owner", mcpserver.IdentityHash(caller.ID))
+		p.d.log.Info("sandbox created from the warm pool", "sandbox", m.uid, "container", dockerruntime.ShortID(m.ref), "image", p.image, "owner", contract.IdentityHash(caller.ID))
 		return m.ref, sb, true, nil
 	}
 }
@@ -223,7 +223,7 @@ func (b *driver) thawed(ctx context.Context, h session.Handle) error {
 		b.forgetHistory(h.ID)
 		return session.Gone(mapErr(t.err))
 	}
-	return fmt.Errorf("%w: the sandbox could not be resumed from the warm pool: %w", mcpserver.ErrUnavailable, t.err)
+	return fmt.Errorf("%w: the sandbox could not be resumed from the warm pool: %w", contract.ErrUnavailable, t.err)
 }
 
 // loop refills the pool, one member at a time, with backoff on failures,
@@ -289,7 +289,7 @@ func (p *pool) loop() {
 // leaves nothing behind.
 func (p *pool) make() (poolMember, error) {
 	uid := newUID()
-	spec := p.d.spec(uid, PoolNamespace, mcpserver.CreateRequest{Image: p.image, Network: mcpserver.NetworkNone})
+	spec := p.d.spec(uid, PoolNamespace, contract.CreateRequest{Image: p.image, Network: contract.NetworkNone})
 	// The pool never pulls (see loop).
 	spec.PullPolicy = dockerruntime.PullNever
 	// The create runs to completion even when close cancels p.ctx, so

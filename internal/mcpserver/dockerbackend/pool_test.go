@@ -20,7 +20,7 @@ import (
 
 	"github.com/code-sandbox/code-sandbox-operator/internal/dockerruntime"
 	"github.com/code-sandbox/code-sandbox-operator/internal/execio"
-	"github.com/code-sandbox/code-sandbox-operator/internal/mcpserver"
+	"github.com/code-sandbox/code-sandbox-operator/internal/mcpserver/contract"
 	"github.com/code-sandbox/code-sandbox-operator/internal/testenv"
 )
 
@@ -104,7 +104,7 @@ func refOf(ctx context.Context, b *Backend, id string) string {
 }
 
 // run runs a shell command in a sandbox and returns its stdout.
-func run(ctx context.Context, b *Backend, caller mcpserver.Caller, id, shell string) string {
+func run(ctx context.Context, b *Backend, caller contract.Caller, id, shell string) string {
 	GinkgoHelper()
 	var out bytes.Buffer
 	res, err := b.Exec(ctx, caller, id, execio.Request{Shell: shell}, func(stream string, p []byte) {
@@ -117,10 +117,10 @@ func run(ctx context.Context, b *Backend, caller mcpserver.Caller, id, shell str
 	return out.String()
 }
 
-var defaultReq = mcpserver.CreateRequest{Image: testenv.BusyboxImage, Network: mcpserver.NetworkNone, Lifetime: time.Hour}
+var defaultReq = contract.CreateRequest{Image: testenv.BusyboxImage, Network: contract.NetworkNone, Lifetime: time.Hour}
 
 var _ = Describe("the warm pool", Label("docker"), func() {
-	caller := mcpserver.Caller{ID: "pool-test"}
+	caller := contract.Caller{ID: "pool-test"}
 
 	It("refuses a negative or absurd size", func() {
 		client, err := dockerruntime.New(dockerruntime.Options{ManagedBy: dockerruntime.ManagedByMCP})
@@ -175,7 +175,7 @@ var _ = Describe("the warm pool", Label("docker"), func() {
 		Expect(err).NotTo(HaveOccurred())
 		Expect(members).NotTo(ContainElement(refOf(ctx, b, cold.ID)))
 
-		logs, err := b.Logs(ctx, caller, warm.ID, mcpserver.LogsOptions{})
+		logs, err := b.Logs(ctx, caller, warm.ID, contract.LogsOptions{})
 		Expect(err).NotTo(HaveOccurred())
 		Expect(logs.History).To(BeEmpty(), "the health check is in the history")
 		Expect(logs.Output).To(BeEmpty())
@@ -189,7 +189,7 @@ var _ = Describe("the warm pool", Label("docker"), func() {
 		procs := "ls -d /proc/[0-9]* | wc -l"
 		Eventually(func() string { return run(ctx, b, caller, warm.ID, procs) }).WithContext(ctx).WithTimeout(30*time.Second).
 			Should(Equal(run(ctx, b, caller, cold.ID, procs)), "a process is left over in the claimed member")
-		logs, err = b.Logs(ctx, caller, warm.ID, mcpserver.LogsOptions{})
+		logs, err = b.Logs(ctx, caller, warm.ID, contract.LogsOptions{})
 		Expect(err).NotTo(HaveOccurred())
 		Expect(logs.History).NotTo(BeEmpty())
 		Expect(logs.History[0].Shell).To(Equal("ls -A /app /tmp"), "the first record is the caller's first command")
@@ -201,7 +201,7 @@ var _ = Describe("the warm pool", Label("docker"), func() {
 	It("creates a non-default sandbox cold, leaving the pool alone", func(ctx SpecContext) {
 		b := poolBackend(2)
 		members := waitFull(ctx, b)
-		for _, req := range []mcpserver.CreateRequest{
+		for _, req := range []contract.CreateRequest{
 			{Image: testenv.BusyboxImage, MemoryBytes: 256 << 20, Lifetime: time.Hour},
 			{Image: testenv.BusyboxImage, NanoCPUs: 500_000_000, Lifetime: time.Hour},
 		} {
@@ -210,7 +210,7 @@ var _ = Describe("the warm pool", Label("docker"), func() {
 			Expect(members).NotTo(ContainElement(refOf(ctx, b, sb.ID)))
 			ct, err := b.driver.docker.Inspect(ctx, refOf(ctx, b, sb.ID))
 			Expect(err).NotTo(HaveOccurred())
-			Expect(ct.Labels[dockerruntime.LabelNamespace]).To(Equal(mcpserver.IdentityHash(caller.ID)))
+			Expect(ct.Labels[dockerruntime.LabelNamespace]).To(Equal(contract.IdentityHash(caller.ID)))
 		}
 		Expect(idleMembers(b)).To(ConsistOf(members))
 	}, SpecTimeout(3*time.Minute))
@@ -253,7 +253,7 @@ var _ = Describe("the warm pool", Label("docker"), func() {
 			go func() {
 				defer GinkgoRecover()
 				defer wg.Done()
-				sb, err := b.Create(ctx, mcpserver.Caller{ID: fmt.Sprintf("concurrent-%d", i)}, defaultReq)
+				sb, err := b.Create(ctx, contract.Caller{ID: fmt.Sprintf("concurrent-%d", i)}, defaultReq)
 				mu.Lock()
 				defer mu.Unlock()
 				if err != nil {

@@ -13,7 +13,7 @@ import (
 
 	"github.com/code-sandbox/code-sandbox-operator/internal/dockerruntime"
 	"github.com/code-sandbox/code-sandbox-operator/internal/execio"
-	"github.com/code-sandbox/code-sandbox-operator/internal/mcpserver"
+	"github.com/code-sandbox/code-sandbox-operator/internal/mcpserver/contract"
 	"github.com/code-sandbox/code-sandbox-operator/internal/mcpserver/session"
 )
 
@@ -29,7 +29,7 @@ type stubDriver struct {
 	removeGate chan struct{}
 }
 
-func (s *stubDriver) Create(ctx context.Context, caller mcpserver.Caller, req mcpserver.CreateRequest) (string, mcpserver.Sandbox, error) {
+func (s *stubDriver) Create(ctx context.Context, caller contract.Caller, req contract.CreateRequest) (string, contract.Sandbox, error) {
 	s.mu.Lock()
 	if !s.stub {
 		s.mu.Unlock()
@@ -38,7 +38,7 @@ func (s *stubDriver) Create(ctx context.Context, caller mcpserver.Caller, req mc
 	s.next++
 	id := fmt.Sprintf("%s%d", caller.ID, s.next)
 	s.mu.Unlock()
-	return "code-sandbox-test-absent-" + id, mcpserver.Sandbox{ID: id, Image: req.Image, Network: mcpserver.NetworkNone}, nil
+	return "code-sandbox-test-absent-" + id, contract.Sandbox{ID: id, Image: req.Image, Network: contract.NetworkNone}, nil
 }
 
 func (s *stubDriver) Remove(ctx context.Context, h session.Handle, how session.Removal) error {
@@ -69,22 +69,22 @@ func stubbedBackend(opts Options) (*Backend, *stubDriver) {
 	return b, stub
 }
 
-func createStub(b *Backend, caller mcpserver.Caller) string {
+func createStub(b *Backend, caller contract.Caller) string {
 	GinkgoHelper()
-	sb, err := b.Create(context.Background(), caller, mcpserver.CreateRequest{Image: "img:1", Lifetime: time.Hour})
+	sb, err := b.Create(context.Background(), caller, contract.CreateRequest{Image: "img:1", Lifetime: time.Hour})
 	Expect(err).NotTo(HaveOccurred())
 	return sb.ID
 }
 
 var _ = Describe("the Docker backend's registry", Label("unit"), func() {
-	alice, bob := mcpserver.Caller{ID: "alice"}, mcpserver.Caller{ID: "bob"}
+	alice, bob := contract.Caller{ID: "alice"}, contract.Caller{ID: "bob"}
 
 	It("counts an identity's sandboxes against MaxSandboxes", func(ctx SpecContext) {
 		b, _ := stubbedBackend(Options{MaxSandboxes: 2})
 		createStub(b, alice)
 		createStub(b, alice)
-		_, err := b.Create(ctx, alice, mcpserver.CreateRequest{Image: "img:1"})
-		Expect(err).To(MatchError(mcpserver.ErrQuota))
+		_, err := b.Create(ctx, alice, contract.CreateRequest{Image: "img:1"})
+		Expect(err).To(MatchError(contract.ErrQuota))
 		Expect(err).To(MatchError(ContainSubstring("you already have 2 sandboxes; the limit is 2")))
 		Expect(err.Error()).To(Equal("sandbox quota exceeded: you already have 2 sandboxes; the limit is 2"))
 	})
@@ -105,15 +105,15 @@ var _ = Describe("the Docker backend's registry", Label("unit"), func() {
 		Eventually(func() error {
 			_, err := b.Get(ctx, alice, a1)
 			return err
-		}).Should(MatchError(mcpserver.ErrNotFound))
+		}).Should(MatchError(contract.ErrNotFound))
 		stub.mu.Lock()
 		stub.stub = false
 		stub.mu.Unlock()
 		// Past the quota, Create reaches Docker, which has no such image.
-		_, err := b.Create(ctx, alice, mcpserver.CreateRequest{Image: "code-sandbox-test/absent-image:1"})
-		Expect(err).To(MatchError(mcpserver.ErrImageNotFound))
-		_, err = b.Create(ctx, bob, mcpserver.CreateRequest{Image: "code-sandbox-test/absent-image:1"})
-		Expect(err).To(MatchError(mcpserver.ErrQuota))
+		_, err := b.Create(ctx, alice, contract.CreateRequest{Image: "code-sandbox-test/absent-image:1"})
+		Expect(err).To(MatchError(contract.ErrImageNotFound))
+		_, err = b.Create(ctx, bob, contract.CreateRequest{Image: "code-sandbox-test/absent-image:1"})
+		Expect(err).To(MatchError(contract.ErrQuota))
 		stub.mu.Lock()
 		stub.stub = true
 		stub.mu.Unlock()
@@ -126,22 +126,22 @@ var _ = Describe("the Docker backend's registry", Label("unit"), func() {
 		a1 := createStub(b, alice)
 		var sink strings.Builder
 		_, err := b.Get(ctx, bob, a1)
-		Expect(err).To(MatchError(mcpserver.ErrNotFound))
+		Expect(err).To(MatchError(contract.ErrNotFound))
 		_, err = b.Exec(ctx, bob, a1, execio.Request{Shell: "true"}, nil)
-		Expect(err).To(MatchError(mcpserver.ErrNotFound))
+		Expect(err).To(MatchError(contract.ErrNotFound))
 		_, err = b.Upload(ctx, bob, a1, "/app", strings.NewReader(""), execio.UploadLimits{MaxBytes: 1, MaxEntries: 1})
-		Expect(err).To(MatchError(mcpserver.ErrNotFound))
+		Expect(err).To(MatchError(contract.ErrNotFound))
 		_, err = b.Download(ctx, bob, a1, "/app/x", &sink, 1)
-		Expect(err).To(MatchError(mcpserver.ErrNotFound))
-		_, err = b.Logs(ctx, bob, a1, mcpserver.LogsOptions{})
-		Expect(err).To(MatchError(mcpserver.ErrNotFound))
-		Expect(b.Stop(ctx, bob, a1)).To(MatchError(mcpserver.ErrNotFound))
+		Expect(err).To(MatchError(contract.ErrNotFound))
+		_, err = b.Logs(ctx, bob, a1, contract.LogsOptions{})
+		Expect(err).To(MatchError(contract.ErrNotFound))
+		Expect(b.Stop(ctx, bob, a1)).To(MatchError(contract.ErrNotFound))
 		list, err := b.List(ctx, bob)
 		Expect(err).NotTo(HaveOccurred())
 		Expect(list).To(BeEmpty())
 		// Still alice's: she stops it (the stubbed removal) exactly once.
 		Expect(b.Stop(ctx, alice, a1)).To(Succeed(), "bob's sandbox_stop touched alice's sandbox")
-		Expect(b.Stop(ctx, alice, a1)).To(MatchError(mcpserver.ErrNotFound))
+		Expect(b.Stop(ctx, alice, a1)).To(MatchError(contract.ErrNotFound))
 	})
 
 	It("reports a container removed outside the server as not found, and forgets it", func(ctx SpecContext) {
@@ -153,7 +153,7 @@ var _ = Describe("the Docker backend's registry", Label("unit"), func() {
 		}
 		a1 := createStub(b, alice)
 		_, err := b.Get(ctx, alice, a1)
-		Expect(err).To(MatchError(mcpserver.ErrNotFound))
+		Expect(err).To(MatchError(contract.ErrNotFound))
 		Expect(err).To(MatchError(ContainSubstring("its container was removed outside this server")))
 		list, err := b.List(ctx, alice)
 		Expect(err).NotTo(HaveOccurred())

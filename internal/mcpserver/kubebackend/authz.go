@@ -4,8 +4,8 @@ import (
 	"context"
 	"errors"
 
-	"github.com/code-sandbox/code-sandbox-operator/internal/mcpserver"
 	"github.com/code-sandbox/code-sandbox-operator/internal/mcpserver/accessreview"
+	"github.com/code-sandbox/code-sandbox-operator/internal/mcpserver/contract"
 )
 
 // permission is one RBAC check: a verb on sandboxes or one of their
@@ -46,13 +46,13 @@ type forbiddenError struct{ msg string }
 
 func (e *forbiddenError) Error() string { return e.msg }
 
-func (e *forbiddenError) Is(target error) bool { return target == mcpserver.ErrInvalid }
+func (e *forbiddenError) Is(target error) bool { return target == contract.ErrInvalid }
 
 // check returns nil when caller may do p on name in namespace, a *forbiddenError when
 // RBAC says no, and ErrUnavailable when the API server cannot say. Callers
 // that are not Kubernetes identities are not reviewed: the server's own
 // RBAC is all that applies to them.
-func (a *authorizer) check(ctx context.Context, caller mcpserver.Caller, namespace string, p permission, name string) error {
+func (a *authorizer) check(ctx context.Context, caller contract.Caller, namespace string, p permission, name string) error {
 	if !caller.IsKubernetesUser() {
 		return nil
 	}

@@ -36,7 +36,7 @@ import (
 	sandboxv1alpha1 "github.com/code-sandbox/code-sandbox-operator/api/v1alpha1"
 	"github.com/code-sandbox/code-sandbox-operator/internal/execio"
 	"github.com/code-sandbox/code-sandbox-operator/internal/history"
-	"github.com/code-sandbox/code-sandbox-operator/internal/mcpserver"
+	"github.com/code-sandbox/code-sandbox-operator/internal/mcpserver/contract"
 	"github.com/code-sandbox/code-sandbox-operator/internal/mcpserver/session"
 	"github.com/code-sandbox/code-sandbox-operator/internal/sandboxclient"
 	"github.com/code-sandbox/code-sandbox-operator/internal/warmpool"
@@ -46,7 +46,7 @@ import (
 const (
 	LabelManagedBy = "app.kubernetes.io/managed-by"
 	ManagedBy      = "code-sandbox-mcp"
-	// LabelOwner is mcpserver.IdentityHash of the identity that created
+	// LabelOwner is contract.IdentityHash of the identity that created
 	// the Sandbox: the ownership record.
 	LabelOwner = "sandbox.code-sandbox.dev/mcp-owner"
 	// LabelInstance is the server instance that created it, which removes
@@ -115,7 +115,7 @@ type Options struct {
 	Logger       *slog.Logger
 }
 
-// Backend implements mcpserver.Backend on Sandbox resources: a
+// Backend implements contract.Backend on Sandbox resources: a
 // session.Manager on the Kubernetes driver.
 type Backend struct {
 	*session.Manager
@@ -137,7 +137,7 @@ type driver struct {
 }
 
 var (
-	_ mcpserver.Backend    = (*Backend)(nil)
+	_ contract.Backend     = (*Backend)(nil)
 	_ session.SharedDriver = (*driver)(nil)
 	_ session.Authorizer   = (*driver)(nil)
 )
@@ -146,7 +146,7 @@ var (
 const serviceAccountPrefix = "system:serviceaccount:"
 
 // namespaceFor is where caller's Sandboxes live.
-func (b *driver) namespaceFor(caller mcpserver.Caller) string {
+func (b *driver) namespaceFor(caller contract.Caller) string {
 	if b.opts.NamespaceFromServiceAccount && caller.IsKubernetesUser() {
 		if rest, ok := strings.CutPrefix(caller.Username, serviceAccountPrefix); ok {
 			if ns, _, ok := strings.Cut(rest, ":"); ok && len(validation.IsDNS1123Label(ns)) == 0 {
@@ -218,7 +218,7 @@ func newBackend(d *driver) *Backend {
 		IdlePause:    d.opts.IdlePause,
 		Logger:       d.opts.Logger,
 		LimitError: func(have, limit int) error {
-			return &messageError{kind: mcpserver.ErrQuota, msg: fmt.Sprintf("you already have %d sandboxes; the limit is %d", have, limit)}
+			return &messageError{kind: contract.ErrQuota, msg: fmt.Sprintf("you already have %d sandboxes; the limit is %d", have, limit)}
 		},
 	})}
 }
@@ -233,15 +233,15 @@ func randomHex(n int) string {
 }
 
 func notFound(id string) error {
-	return fmt.Errorf("%w: %q", mcpserver.ErrNotFound, id)
+	return fmt.Errorf("%w: %q", contract.ErrNotFound, id)
 }
 
 // owns reports whether sbx is a live Sandbox of this backend that caller
 // created.
-func owns(caller mcpserver.Caller, sbx *sandboxv1alpha1.Sandbox) bool {
+func owns(caller contract.Caller, sbx *sandboxv1alpha1.Sandbox) bool {
 	return sbx.DeletionTimestamp == nil &&
 		sbx.Labels[LabelManagedBy] == ManagedBy &&
-		sbx.Labels[LabelOwner] == mcpserver.IdentityHash(caller.ID)
+		sbx.Labels[LabelOwner] == contract.IdentityHash(caller.ID)
 }
 
 // permissions are what each operation needs.
@@ -258,7 +258,7 @@ var permissions = map[session.Op]permission{
 
 // Authorize implements session.Authorizer: a SubjectAccessReview for the
 // caller, in the namespace of its Sandboxes.
-func (b *driver) Authorize(ctx context.Context, caller mcpserver.Caller, op session.Op, id string) error {
+func (b *driver) Authorize(ctx context.Context, caller contract.Caller, op session.Op, id string) error {
 	return b.authz.check(ctx, caller, b.namespaceFor(caller), permissions[op], id)
 }
 
@@ -290,19 +290,19 @@ func (b *driver) lookup(ctx context.Context, h session.Handle) (*sandboxv1alpha1
 }
 
 // ownerSelector selects the Sandboxes of one identity.
-func ownerSelector(caller mcpserver.Caller) client.MatchingLabels {
-	return client.MatchingLabels{LabelManagedBy: ManagedBy, LabelOwner: mcpserver.IdentityHash(caller.ID)}
+func ownerSelector(caller contract.Caller) client.MatchingLabels {
+	return client.MatchingLabels{LabelManagedBy: ManagedBy, LabelOwner: contract.IdentityHash(caller.ID)}
 }
 
 // sandboxSpec is the Sandbox a CreateRequest asks for.
-func (b *driver) sandboxSpec(caller mcpserver.Caller, name string, req mcpserver.CreateRequest) *sandboxv1alpha1.Sandbox {
+func (b *driver) sandboxSpec(caller contract.Caller, name string, req contract.CreateRequest) *sandboxv1alpha1.Sandbox {
 	sbx := &sandboxv1alpha1.Sandbox{
 		ObjectMeta: metav1.ObjectMeta{
 			Name:      name,
 			Namespace: b.namespaceFor(caller),
 			Labels: map[string]string{
 				LabelManagedBy: ManagedBy,
-				LabelOwner:     mcpserver.IdentityHash(caller.ID),
+				LabelOwner:     contract.IdentityHash(caller.ID),
 				LabelInstance:  b.instance,
 			},
 			Annotations: map[string]string{AnnotationIdentity: caller.ID},
@@ -328,7 +328,7 @@ func (b *driver) sandboxSpec(caller mcpserver.Caller, name string, req mcpserver
 		}
 		return sbx
 	}
-	if req.Network == mcpserver.NetworkEgress {
+	if req.Network == contract.NetworkEgress {
 		sbx.Spec.Network.Mode = sandboxv1alpha1.NetworkEgress
 	}
 	if req.NanoCPUs > 0 {
@@ -342,16 +342,16 @@ func (b *driver) sandboxSpec(caller mcpserver.Caller, name string, req mcpserver
 
 // claimsFromPool reports whether req is a default create, which the warm
 // pool serves.
-func (b *driver) claimsFromPool(req mcpserver.CreateRequest) bool {
+func (b *driver) claimsFromPool(req contract.CreateRequest) bool {
 	return b.opts.WarmPool != "" &&
 		(req.Image == "" || req.Image == b.opts.DefaultImage) &&
 		req.NanoCPUs == 0 && req.MemoryBytes == 0 &&
-		(req.Network == "" || req.Network == mcpserver.NetworkNone)
+		(req.Network == "" || req.Network == contract.NetworkNone)
 }
 
 // CountOthers implements session.SharedDriver: the caller's live Sandboxes
 // that other server instances created.
-func (b *driver) CountOthers(ctx context.Context, caller mcpserver.Caller) (int, error) {
+func (b *driver) CountOthers(ctx context.Context, caller contract.Caller) (int, error) {
 	actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), apiTimeout)
 	defer cancel()
 	var list sandboxv1alpha1.SandboxList
@@ -369,24 +369,24 @@ func (b *driver) CountOthers(ctx context.Context, caller mcpserver.Caller) (int,
 
 // Create implements session.Driver: it creates the Sandbox, waits until it
 // is Ready, and deletes it again if it cannot start.
-func (b *driver) Create(ctx context.Context, caller mcpserver.Caller, req mcpserver.CreateRequest) (string, mcpserver.Sandbox, error) {
+func (b *driver) Create(ctx context.Context, caller contract.Caller, req contract.CreateRequest) (string, contract.Sandbox, error) {
 	sbx, err := b.createObject(ctx, caller, req)
 	if err != nil {
-		return "", mcpserver.Sandbox{}, err
+		return "", contract.Sandbox{}, err
 	}
 	name := sbx.Name
-	b.log.Info("sandbox created; waiting for it to become ready", "sandbox", name, "image", req.Image, "owner", mcpserver.IdentityHash(caller.ID))
+	b.log.Info("sandbox created; waiting for it to become ready", "sandbox", name, "image", req.Image, "owner", contract.IdentityHash(caller.ID))
 	ready, err := b.waitReady(ctx, sbx)
 	if err != nil {
 		b.deleteQuietly(sbx.Namespace, name, "did not start")
-		return "", mcpserver.Sandbox{}, err
+		return "", contract.Sandbox{}, err
 	}
 	b.log.Info("sandbox ready", "sandbox", name, "node", ready.Status.NodeName)
 	return sbx.Namespace, view(ready), nil
 }
 
 // createObject creates a new Sandbox with a fresh random name.
-func (b *driver) createObject(ctx context.Context, caller mcpserver.Caller, req mcpserver.CreateRequest) (*sandboxv1alpha1.Sandbox, error) {
+func (b *driver) createObject(ctx context.Context, caller contract.Caller, req contract.CreateRequest) (*sandboxv1alpha1.Sandbox, error) {
 	// Finished even if the caller leaves: a create cut off half-way could
 	// leave a Sandbox nobody knows about.
 	actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), apiTimeout)
@@ -426,11 +426,11 @@ func (b *driver) waitReady(ctx context.Context, sbx *sandboxv1alpha1.Sandbox) (*
 			if ctx.Err() != nil {
 				return nil, ctx.Err()
 			}
-			return nil, &messageError{kind: mcpserver.ErrUnavailable, msg: fmt.Sprintf(
+			return nil, &messageError{kind: contract.ErrUnavailable, msg: fmt.Sprintf(
 				"sandbox %s did not become ready within %s; last status: %v (the Sandbox was deleted)", name, b.opts.ReadyTimeout, last)}
 		}
 		if errors.Is(err, errDeleted) {
-			return nil, &messageError{kind: mcpserver.ErrInvalid, msg: fmt.Sprintf("sandbox %s was deleted while it was starting", name)}
+			return nil, &messageError{kind: contract.ErrInvalid, msg: fmt.Sprintf("sandbox %s was deleted while it was starting", name)}
 		}
 		if err != nil {
 			b.log.Debug("watching a starting sandbox", "sandbox", name, "error", err)
@@ -447,7 +447,7 @@ func (b *driver) waitReady(ctx context.Context, sbx *sandboxv1alpha1.Sandbox) (*
 		var fresh sandboxv1alpha1.Sandbox
 		if err := b.kube.Get(wctx, client.ObjectKeyFromObject(sbx), &fresh); err != nil {
 			if apierrors.IsNotFound(err) {
-				return nil, &messageError{kind: mcpserver.ErrInvalid, msg: fmt.Sprintf("sandbox %s was deleted while it was starting", name)}
+				return nil, &messageError{kind: contract.ErrInvalid, msg: fmt.Sprintf("sandbox %s was deleted while it was starting", name)}
 			}
 			if wctx.Err() == nil {
 				b.log.Debug("reading a starting sandbox", "sandbox", name, "error", err)
@@ -523,16 +523,16 @@ func (b *driver) delete(ctx context.Context, namespace, name string) error {
 
 // view is what the caller may know about its Sandbox. A Sandbox claimed
 // from a warm pool is shown with the template it was made from.
-func view(sbx *sandboxv1alpha1.Sandbox) mcpserver.Sandbox {
+func view(sbx *sandboxv1alpha1.Sandbox) contract.Sandbox {
 	if spec, ok := warmpool.Effective(sbx); ok {
 		sbx = sbx.DeepCopy()
 		sbx.Spec = spec
 	}
-	s := mcpserver.Sandbox{
+	s := contract.Sandbox{
 		ID:          sbx.Name,
 		Image:       sbx.Spec.Image,
 		Status:      statusText(sbx),
-		Network:     mcpserver.NetworkNone,
+		Network:     contract.NetworkNone,
 		WorkingDir:  sbx.Spec.WorkingDir,
 		NanoCPUs:    1e9,
 		MemoryBytes: 512 << 20,
@@ -540,7 +540,7 @@ func view(sbx *sandboxv1alpha1.Sandbox) mcpserver.Sandbox {
 		LastUsedAt:  sbx.CreationTimestamp.Time,
 	}
 	if sbx.Spec.Network.Mode == sandboxv1alpha1.NetworkEgress {
-		s.Network = mcpserver.NetworkEgress
+		s.Network = contract.NetworkEgress
 	}
 	if s.WorkingDir == "" {
 		s.WorkingDir = "/app"
@@ -580,22 +580,22 @@ func statusText(sbx *sandboxv1alpha1.Sandbox) string {
 }
 
 // Get implements session.Driver.
-func (b *driver) Get(ctx context.Context, h session.Handle) (mcpserver.Sandbox, error) {
+func (b *driver) Get(ctx context.Context, h session.Handle) (contract.Sandbox, error) {
 	sbx, err := b.lookup(ctx, h)
 	if err != nil {
-		return mcpserver.Sandbox{}, err
+		return contract.Sandbox{}, err
 	}
 	return view(sbx), nil
 }
 
 // List implements session.Driver: the caller's Sandboxes, whichever
 // server instance made them.
-func (b *driver) List(ctx context.Context, caller mcpserver.Caller, _ []session.Handle) ([]mcpserver.Sandbox, error) {
+func (b *driver) List(ctx context.Context, caller contract.Caller, _ []session.Handle) ([]contract.Sandbox, error) {
 	var list sandboxv1alpha1.SandboxList
 	if err := b.kube.List(ctx, &list, client.InNamespace(b.namespaceFor(caller)), ownerSelector(caller)); err != nil {
 		return nil, apiError("listing your sandboxes", err)
 	}
-	out := make([]mcpserver.Sandbox, 0, len(list.Items))
+	out := make([]contract.Sandbox, 0, len(list.Items))
 	for i := range list.Items {
 		if owns(caller, &list.Items[i]) {
 			out = append(out, view(&list.Items[i]))
@@ -606,7 +606,7 @@ func (b *driver) List(ctx context.Context, caller mcpserver.Caller, _ []session.
 
 // Exec implements session.Driver. The node API records the command in the
 // Sandbox's exec history (under the MCP server's identity).
-func (b *driver) Exec(ctx context.Context, h session.Handle, req execio.Request, out mcpserver.OutputFunc) (execio.Result, error) {
+func (b *driver) Exec(ctx context.Context, h session.Handle, req execio.Request, out contract.OutputFunc) (execio.Result, error) {
 	sbx, err := b.lookup(ctx, h)
 	if err == nil {
 		sbx, err = b.running(ctx, sbx)
@@ -691,10 +691,10 @@ func (b *driver) Download(ctx context.Context, h session.Handle, src string, w i
 
 // Logs implements session.Driver: the container's output and the exec
 // history, both from the node API.
-func (b *driver) Logs(ctx context.Context, h session.Handle, opts mcpserver.LogsOptions) (mcpserver.Logs, error) {
+func (b *driver) Logs(ctx context.Context, h session.Handle, opts contract.LogsOptions) (contract.Logs, error) {
 	sbx, err := b.lookup(ctx, h)
 	if err != nil {
-		return mcpserver.Logs{}, err
+		return contract.Logs{}, err
 	}
 	maxBytes := opts.MaxBytes
 	if maxBytes <= 0 {
@@ -704,7 +704,7 @@ func (b *driver) Logs(ctx context.Context, h session.Handle, opts mcpserver.Logs
 	defer cancel()
 	tb := execio.NewTailBuffer(int(maxBytes))
 	if err := b.nodes.Logs(lctx, sandboxclient.For(sbx), sandboxclient.LogOptions{Tail: opts.TailLines}, tb); err != nil {
-		return mcpserver.Logs{}, clientError(err)
+		return contract.Logs{}, clientError(err)
 	}
 	var recs []history.Record
 	err = b.nodes.History(lctx, sandboxclient.For(sbx), sandboxclient.LogOptions{Tail: opts.HistoryRecords}, func(r history.Record) error {
@@ -712,9 +712,9 @@ func (b *driver) Logs(ctx context.Context, h session.Handle, opts mcpserver.Logs
 		return nil
 	})
 	if err != nil {
-		return mcpserver.Logs{}, clientError(err)
+		return contract.Logs{}, clientError(err)
 	}
-	return mcpserver.Logs{Output: tb.String(), Truncated: tb.Truncated(), History: recs}, nil
+	return contract.Logs{Output: tb.String(), Truncated: tb.Truncated(), History: recs}, nil
 }
 
 // Remove implements session.Driver. sandbox_stop deletes the Sandbox and

@@ -23,7 +23,7 @@ import (
 
 	sandboxv1alpha1 "github.com/code-sandbox/code-sandbox-operator/api/v1alpha1"
 	"github.com/code-sandbox/code-sandbox-operator/internal/execio"
-	"github.com/code-sandbox/code-sandbox-operator/internal/mcpserver"
+	"github.com/code-sandbox/code-sandbox-operator/internal/mcpserver/contract"
 	"github.com/code-sandbox/code-sandbox-operator/internal/mcpserver/session"
 	"github.com/code-sandbox/code-sandbox-operator/internal/nodeapi/wire"
 	"github.com/code-sandbox/code-sandbox-operator/internal/sandboxclient"
@@ -58,14 +58,14 @@ var _ = Describe("startStatus", Label("unit"), func() {
 		Entry("provisioning", withReady(metav1.ConditionFalse, "Provisioning", "pulling"), starting, nil, []string{"Provisioning"}),
 		Entry("node at capacity", withReady(metav1.ConditionFalse, "NodeAtCapacity", "full"), starting, nil, []string{"NodeAtCapacity"}),
 		Entry("docker unavailable", withReady(metav1.ConditionFalse, "DockerUnavailable", "no answer"), starting, nil, []string{"DockerUnavailable"}),
-		Entry("image not found", withReady(metav1.ConditionFalse, "ImageNotFound", "no such image: nope:1"), failed, mcpserver.ErrImageNotFound, []string{"ImageNotFound", "no such image: nope:1", "mcp-abc"}),
-		Entry("runtime unavailable", withReady(metav1.ConditionFalse, "RuntimeUnavailable", "runsc"), failed, mcpserver.ErrUnavailable, []string{"RuntimeUnavailable"}),
-		Entry("create failed", withReady(metav1.ConditionFalse, "CreateFailed", "docker said no"), failed, mcpserver.ErrInvalid, []string{"CreateFailed", "docker said no"}),
-		Entry("exited", withReady(metav1.ConditionFalse, "ContainerExited", "exit code 1"), failed, mcpserver.ErrInvalid, []string{"ContainerExited"}),
-		Entry("oom", withReady(metav1.ConditionFalse, "OOMKilled", "memory"), failed, mcpserver.ErrInvalid, []string{"OOMKilled"}),
-		Entry("multiple", withReady(metav1.ConditionFalse, "MultipleContainers", "two"), failed, mcpserver.ErrInvalid, []string{"MultipleContainers"}),
-		Entry("member invalid", withReady(metav1.ConditionFalse, "WarmPoolMemberInvalid", "not its member"), failed, mcpserver.ErrInvalid, []string{"WarmPoolMemberInvalid"}),
-		Entry("expired", withReady(metav1.ConditionFalse, "Expired", "deadline"), failed, mcpserver.ErrInvalid, []string{"Expired"}),
+		Entry("image not found", withReady(metav1.ConditionFalse, "ImageNotFound", "no such image: nope:1"), failed, contract.ErrImageNotFound, []string{"ImageNotFound", "no such image: nope:1", "mcp-abc"}),
+		Entry("runtime unavailable", withReady(metav1.ConditionFalse, "RuntimeUnavailable", "runsc"), failed, contract.ErrUnavailable, []string{"RuntimeUnavailable"}),
+		Entry("create failed", withReady(metav1.ConditionFalse, "CreateFailed", "docker said no"), failed, contract.ErrInvalid, []string{"CreateFailed", "docker said no"}),
+		Entry("exited", withReady(metav1.ConditionFalse, "ContainerExited", "exit code 1"), failed, contract.ErrInvalid, []string{"ContainerExited"}),
+		Entry("oom", withReady(metav1.ConditionFalse, "OOMKilled", "memory"), failed, contract.ErrInvalid, []string{"OOMKilled"}),
+		Entry("multiple", withReady(metav1.ConditionFalse, "MultipleContainers", "two"), failed, contract.ErrInvalid, []string{"MultipleContainers"}),
+		Entry("member invalid", withReady(metav1.ConditionFalse, "WarmPoolMemberInvalid", "not its member"), failed, contract.ErrInvalid, []string{"WarmPoolMemberInvalid"}),
+		Entry("expired", withReady(metav1.ConditionFalse, "Expired", "deadline"), failed, contract.ErrInvalid, []string{"Expired"}),
 	)
 
 	It("keeps waiting for the node API when Ready has no endpoint", func() {
@@ -93,11 +93,11 @@ var _ = Describe("apiError", Label("unit"), func() {
 			Expect(err).To(MatchError(kind), "%v is not %v", err, kind)
 			Expect(err.Error()).To(ContainSubstring(text), "%q does not carry %q", err, text)
 		},
-		Entry("rbac", apierrors.NewForbidden(gr, "", errors.New(`User "x" cannot create resource "sandboxes"`)), mcpserver.ErrInvalid, `cannot create resource "sandboxes"`),
-		Entry("validation", apierrors.NewInvalid(schema.GroupKind{Group: gr.Group, Kind: "Sandbox"}, "mcp-x", nil), mcpserver.ErrInvalid, "mcp-x"),
-		Entry("not found", apierrors.NewNotFound(gr, "mcp-x"), mcpserver.ErrNotFound, "mcp-x"),
-		Entry("unavailable", apierrors.NewServiceUnavailable("down"), mcpserver.ErrUnavailable, "down"),
-		Entry("no answer", errors.New("dial tcp 127.0.0.1:6443: connect: connection refused"), mcpserver.ErrUnavailable, "connection refused"),
+		Entry("rbac", apierrors.NewForbidden(gr, "", errors.New(`User "x" cannot create resource "sandboxes"`)), contract.ErrInvalid, `cannot create resource "sandboxes"`),
+		Entry("validation", apierrors.NewInvalid(schema.GroupKind{Group: gr.Group, Kind: "Sandbox"}, "mcp-x", nil), contract.ErrInvalid, "mcp-x"),
+		Entry("not found", apierrors.NewNotFound(gr, "mcp-x"), contract.ErrNotFound, "mcp-x"),
+		Entry("unavailable", apierrors.NewServiceUnavailable("down"), contract.ErrUnavailable, "down"),
+		Entry("no answer", errors.New("dial tcp 127.0.0.1:6443: connect: connection refused"), contract.ErrUnavailable, "connection refused"),
 	)
 
 	// What the API server returns when the SandboxQuota webhook refuses: the
@@ -115,7 +115,7 @@ var _ = Describe("apiError", Label("unit"), func() {
 		func(in, kind error, text string) {
 			err := apiError("creating the sandbox", in)
 			Expect(err).To(MatchError(kind), "%v is not %v", err, kind)
-			for _, other := range []error{mcpserver.ErrQuota, mcpserver.ErrInvalid, mcpserver.ErrUnavailable} {
+			for _, other := range []error{contract.ErrQuota, contract.ErrInvalid, contract.ErrUnavailable} {
 				if other != kind {
 					Expect(err).NotTo(MatchError(other), "%v is also %v", err, other)
 				}
@@ -124,38 +124,38 @@ var _ = Describe("apiError", Label("unit"), func() {
 			Expect(err.Error()).To(ContainSubstring(text), "%q does not carry %q", err, text)
 		},
 		Entry("usage", denied(wire.CauseQuotaExceeded, "", `sandbox quota "team-a" exceeded: sandboxes: requested 1, used 3, limit 3 (1 over)`),
-			mcpserver.ErrQuota, `admission webhook "sandbox-quota.code-sandbox.dev" denied the request: sandbox quota "team-a" exceeded: sandboxes: requested 1, used 3, limit 3 (1 over)`),
+			contract.ErrQuota, `admission webhook "sandbox-quota.code-sandbox.dev" denied the request: sandbox quota "team-a" exceeded: sandboxes: requested 1, used 3, limit 3 (1 over)`),
 		Entry("usage of several limits", denied(wire.CauseQuotaExceeded, "", `sandbox quota "team-a" exceeded: cpu: requested 2, used 3, limit 4 (1 over); memory: requested 1Gi, used 4Gi, limit 4Gi (1Gi over)`),
-			mcpserver.ErrQuota, `cpu: requested 2, used 3, limit 4 (1 over); memory: requested 1Gi, used 4Gi, limit 4Gi (1Gi over)`),
+			contract.ErrQuota, `cpu: requested 2, used 3, limit 4 (1 over); memory: requested 1Gi, used 4Gi, limit 4Gi (1Gi over)`),
 		Entry("image rule", denied(wire.CauseQuotaRule, "", `sandbox quota "team-a" does not allow image "evil/x:1" (docker.io/evil/x:1); allowed images: docker.io/library/python:*, code-sandbox-test/*`),
-			mcpserver.ErrInvalid, `does not allow image "evil/x:1" (docker.io/evil/x:1); allowed images: docker.io/library/python:*, code-sandbox-test/*`),
+			contract.ErrInvalid, `does not allow image "evil/x:1" (docker.io/evil/x:1); allowed images: docker.io/library/python:*, code-sandbox-test/*`),
 		Entry("image rule naming an image that says exceeded", denied(wire.CauseQuotaRule, "", `sandbox quota "team-a" does not allow image "quota/exceeded:1" (docker.io/quota/exceeded:1); allowed images: code-sandbox-test/*`),
-			mcpserver.ErrInvalid, `"quota/exceeded:1"`),
+			contract.ErrInvalid, `"quota/exceeded:1"`),
 		Entry("runtime rule", denied(wire.CauseQuotaRule, "", `sandbox quota "team-a" does not allow runtime "gvisor"; allowed runtimes: runc`),
-			mcpserver.ErrInvalid, `does not allow runtime "gvisor"; allowed runtimes: runc`),
+			contract.ErrInvalid, `does not allow runtime "gvisor"; allowed runtimes: runc`),
 		Entry("egress rule", denied(wire.CauseQuotaRule, "", `sandbox quota "team-a" does not allow network mode Egress (its allowEgress is false); use network mode None`),
-			mcpserver.ErrInvalid, "use network mode None"),
+			contract.ErrInvalid, "use network mode None"),
 		Entry("lifetime required", denied(wire.CauseQuotaRule, "spec.activeDeadlineSeconds", `sandbox quota "team-a" requires spec.activeDeadlineSeconds of at most 3600; the Sandbox sets none`),
-			mcpserver.ErrInvalid, "requires spec.activeDeadlineSeconds of at most 3600; the Sandbox sets none"),
+			contract.ErrInvalid, "requires spec.activeDeadlineSeconds of at most 3600; the Sandbox sets none"),
 		Entry("lifetime too long", denied(wire.CauseQuotaRule, "spec.activeDeadlineSeconds", `sandbox quota "team-a" allows activeDeadlineSeconds of at most 3600; the Sandbox asks for 14400 (10800 over)`),
-			mcpserver.ErrInvalid, "allows activeDeadlineSeconds of at most 3600; the Sandbox asks for 14400 (10800 over)"),
+			contract.ErrInvalid, "allows activeDeadlineSeconds of at most 3600; the Sandbox asks for 14400 (10800 over)"),
 		Entry("usage not counted yet", denied(wire.CauseQuotaNotCounted, "", `sandbox quota "team-a" has not counted its usage yet; retry in a few seconds`),
-			mcpserver.ErrUnavailable, "has not counted its usage yet; retry in a few seconds"),
+			contract.ErrUnavailable, "has not counted its usage yet; retry in a few seconds"),
 		Entry("a refusal whose message reads like a quota but carries no cause (RBAC, ResourceQuota)",
 			apierrors.NewForbidden(gr, "mcp-x", errors.New("exceeded quota: sandboxes, requested: count/sandboxes.sandbox.code-sandbox.dev=1, used: count/sandboxes.sandbox.code-sandbox.dev=2, limited: count/sandboxes.sandbox.code-sandbox.dev=2")),
-			mcpserver.ErrInvalid, "used: count/sandboxes.sandbox.code-sandbox.dev=2, limited: count/sandboxes.sandbox.code-sandbox.dev=2"),
+			contract.ErrInvalid, "used: count/sandboxes.sandbox.code-sandbox.dev=2, limited: count/sandboxes.sandbox.code-sandbox.dev=2"),
 		Entry("webhook failed to record usage", &apierrors.StatusError{ErrStatus: metav1.Status{
 			Status: metav1.StatusFailure, Code: http.StatusInternalServerError, Reason: metav1.StatusReasonInternalError,
 			Message: `admission webhook "sandbox-quota.code-sandbox.dev" denied the request: sandbox quota "team-a": could not record usage: etcdserver: request timed out`,
-		}}, mcpserver.ErrUnavailable, "could not record usage"),
+		}}, contract.ErrUnavailable, "could not record usage"),
 		Entry("webhook failed, no reason", &apierrors.StatusError{ErrStatus: metav1.Status{
 			Status: metav1.StatusFailure, Code: http.StatusInternalServerError,
 			Message: `admission webhook "sandbox-quota.code-sandbox.dev" denied the request: sandbox quota "team-a": could not record usage`,
-		}}, mcpserver.ErrUnavailable, "could not record usage"),
+		}}, contract.ErrUnavailable, "could not record usage"),
 		Entry("webhook down (fail closed)", apierrors.NewInternalError(errors.New(`failed calling webhook "sandbox-quota.code-sandbox.dev": failed to call webhook: Post "https://127.0.0.1:9444/validate-sandbox-code-sandbox-dev-v1alpha1-sandbox?timeout=10s": dial tcp 127.0.0.1:9444: connect: connection refused`)),
-			mcpserver.ErrUnavailable, "failed calling webhook"),
+			contract.ErrUnavailable, "failed calling webhook"),
 		Entry("RBAC on quotas is not a quota refusal", apierrors.NewForbidden(schema.GroupResource{Group: gr.Group, Resource: "sandboxquotas"}, "", errors.New(`User "x" cannot list resource "sandboxquotas"`)),
-			mcpserver.ErrInvalid, `cannot list resource "sandboxquotas"`),
+			contract.ErrInvalid, `cannot list resource "sandboxquotas"`),
 	)
 
 	It("tells the model that its lifetime is what a deadline rule limits", func() {
@@ -187,25 +187,25 @@ var _ = Describe("clientError", Label("unit"), func() {
 			err := clientError(in)
 			Expect(err).To(MatchError(kind), "%v is not %v", err, kind)
 		},
-		Entry("sandbox gone (API server)", &sandboxclient.APIError{Code: 404, Reason: metav1.StatusReasonNotFound, Message: "not found", Source: sandboxclient.SourceAPIServer}, mcpserver.ErrNotFound),
-		Entry("NotFound", node(404, metav1.StatusReasonNotFound, "sandbox ns/mcp-x not found"), mcpserver.ErrNotFound),
-		Entry("NotFound, SandboxNotOnNode", node(404, metav1.StatusReasonNotFound, "not on node", wire.CauseSandboxNotOnNode), mcpserver.ErrNotFound),
+		Entry("sandbox gone (API server)", &sandboxclient.APIError{Code: 404, Reason: metav1.StatusReasonNotFound, Message: "not found", Source: sandboxclient.SourceAPIServer}, contract.ErrNotFound),
+		Entry("NotFound", node(404, metav1.StatusReasonNotFound, "sandbox ns/mcp-x not found"), contract.ErrNotFound),
+		Entry("NotFound, SandboxNotOnNode", node(404, metav1.StatusReasonNotFound, "not on node", wire.CauseSandboxNotOnNode), contract.ErrNotFound),
 		Entry("NotFound, PathNotFound", node(404, metav1.StatusReasonNotFound, "open nope: no such file or directory", wire.CausePathNotFound), execio.ErrPathNotFound),
-		Entry("NotReadyError", &sandboxclient.NotReadyError{Namespace: "ns", Name: "mcp-x", Reason: "OOMKilled", Message: "memory"}, mcpserver.ErrNotRunning),
-		Entry("Conflict, SandboxNotReady", node(409, metav1.StatusReasonConflict, "not Ready", wire.CauseSandboxNotReady), mcpserver.ErrNotRunning),
-		Entry("Conflict, SandboxTerminating", node(409, metav1.StatusReasonConflict, "being deleted", wire.CauseSandboxTerminating), mcpserver.ErrNotRunning),
-		Entry("Conflict, ContainerNotRunning", node(409, metav1.StatusReasonConflict, "container gone", wire.CauseContainerNotRunning), mcpserver.ErrNotRunning),
-		Entry("Conflict without a cause", node(409, metav1.StatusReasonConflict, "container gone"), mcpserver.ErrNotRunning),
-		Entry("ServiceUnavailable, RuntimeUnavailable", node(503, metav1.StatusReasonServiceUnavailable, "docker", wire.CauseRuntimeUnavailable), mcpserver.ErrUnavailable),
-		Entry("ServiceUnavailable, NodeAPIUnavailable", node(503, metav1.StatusReasonServiceUnavailable, "node API", wire.CauseNodeAPIUnavailable), mcpserver.ErrUnavailable),
-		Entry("TooManyRequests, ExecLimit", node(429, metav1.StatusReasonTooManyRequests, "too many", wire.CauseExecLimit), mcpserver.ErrUnavailable),
-		Entry("Timeout", node(504, metav1.StatusReasonTimeout, "deadline"), mcpserver.ErrUnavailable),
+		Entry("NotReadyError", &sandboxclient.NotReadyError{Namespace: "ns", Name: "mcp-x", Reason: "OOMKilled", Message: "memory"}, contract.ErrNotRunning),
+		Entry("Conflict, SandboxNotReady", node(409, metav1.StatusReasonConflict, "not Ready", wire.CauseSandboxNotReady), contract.ErrNotRunning),
+		Entry("Conflict, SandboxTerminating", node(409, metav1.StatusReasonConflict, "being deleted", wire.CauseSandboxTerminating), contract.ErrNotRunning),
+		Entry("Conflict, ContainerNotRunning", node(409, metav1.StatusReasonConflict, "container gone", wire.CauseContainerNotRunning), contract.ErrNotRunning),
+		Entry("Conflict without a cause", node(409, metav1.StatusReasonConflict, "container gone"), contract.ErrNotRunning),
+		Entry("ServiceUnavailable, RuntimeUnavailable", node(503, metav1.StatusReasonServiceUnavailable, "docker", wire.CauseRuntimeUnavailable), contract.ErrUnavailable),
+		Entry("ServiceUnavailable, NodeAPIUnavailable", node(503, metav1.StatusReasonServiceUnavailable, "node API", wire.CauseNodeAPIUnavailable), contract.ErrUnavailable),
+		Entry("TooManyRequests, ExecLimit", node(429, metav1.StatusReasonTooManyRequests, "too many", wire.CauseExecLimit), contract.ErrUnavailable),
+		Entry("Timeout", node(504, metav1.StatusReasonTimeout, "deadline"), contract.ErrUnavailable),
 		Entry("RequestEntityTooLarge", node(413, metav1.StatusReasonRequestEntityTooLarge, "too large"), execio.ErrTooLarge),
 		Entry("a download cut off by its cap", &sandboxclient.TransferError{Namespace: "ns", Name: "mcp-x", Path: "/app", Message: "cap", Reason: metav1.StatusReasonRequestEntityTooLarge}, execio.ErrTooLarge),
-		Entry("a stream cut off by Docker", &sandboxclient.TransferError{Namespace: "ns", Name: "mcp-x", Message: "docker", Reason: metav1.StatusReasonServiceUnavailable}, mcpserver.ErrUnavailable),
-		Entry("an exec cut off by Docker", &sandboxclient.ExecError{Namespace: "ns", Name: "mcp-x", Message: "docker", Reason: metav1.StatusReasonServiceUnavailable}, mcpserver.ErrUnavailable),
-		Entry("BadRequest, InvalidPath", node(400, metav1.StatusReasonBadRequest, "invalid path: ../x", wire.CauseInvalidPath), mcpserver.ErrInvalid),
-		Entry("Invalid", node(422, metav1.StatusReasonInvalid, "invalid"), mcpserver.ErrInvalid),
+		Entry("a stream cut off by Docker", &sandboxclient.TransferError{Namespace: "ns", Name: "mcp-x", Message: "docker", Reason: metav1.StatusReasonServiceUnavailable}, contract.ErrUnavailable),
+		Entry("an exec cut off by Docker", &sandboxclient.ExecError{Namespace: "ns", Name: "mcp-x", Message: "docker", Reason: metav1.StatusReasonServiceUnavailable}, contract.ErrUnavailable),
+		Entry("BadRequest, InvalidPath", node(400, metav1.StatusReasonBadRequest, "invalid path: ../x", wire.CauseInvalidPath), contract.ErrInvalid),
+		Entry("Invalid", node(422, metav1.StatusReasonInvalid, "invalid"), contract.ErrInvalid),
 	)
 
 	It("names the server's own credentials for Unauthorized and Forbidden", func() {
@@ -270,7 +270,7 @@ func testBackend(rev AccessReviewer, objs ...*sandboxv1alpha1.Sandbox) testDrive
 	}}
 }
 
-var alice = mcpserver.Caller{
+var alice = contract.Caller{
 	ID: "kube:system:serviceaccount:team-a:alice", Username: "system:serviceaccount:team-a:alice", UID: "u-1",
 	Groups: []string{"system:serviceaccounts", "system:authenticated"}, Extra: map[string][]string{"authentication.kubernetes.io/pod-name": {"p"}},
 }
@@ -283,7 +283,7 @@ var _ = Describe("access reviews", Label("unit"), func() {
 			rev := &recordingReviewer{allow: func(*authzv1.ResourceAttributes) bool { return false }}
 			b := testBackend(rev).Backend()
 			err := call(b, context.Background())
-			Expect(err).To(MatchError(mcpserver.ErrInvalid), "want a denial naming the user, %q and the namespace", deny)
+			Expect(err).To(MatchError(contract.ErrInvalid), "want a denial naming the user, %q and the namespace", deny)
 			Expect(err.Error()).To(ContainSubstring(deny), "want a denial naming the user, %q and the namespace", deny)
 			Expect(err.Error()).To(ContainSubstring(alice.Username), "want a denial naming the user, %q and the namespace", deny)
 			Expect(err.Error()).To(ContainSubstring(`"team-a"`), "want a denial naming the user, %q and the namespace", deny)
@@ -303,7 +303,7 @@ var _ = Describe("access reviews", Label("unit"), func() {
 			Expect(sar.Spec.Extra["authentication.kubernetes.io/pod-name"][0]).To(Equal("p"), "review subject = %+v", sar.Spec)
 		},
 		Entry("create", func(b *Backend, ctx context.Context) error {
-			_, err := b.Create(ctx, alice, mcpserver.CreateRequest{Image: "python:3"})
+			_, err := b.Create(ctx, alice, contract.CreateRequest{Image: "python:3"})
 			return err
 		}, "create", "", "", "may not create sandboxes in namespace"),
 		Entry("get", func(b *Backend, ctx context.Context) error { _, err := b.Get(ctx, alice, "mcp-1"); return err }, "get", "", "mcp-1", "may not get sandboxes"),
@@ -322,7 +322,7 @@ var _ = Describe("access reviews", Label("unit"), func() {
 			return err
 		}, "get", "files", "mcp-1", "may not get sandboxes/files"),
 		Entry("logs", func(b *Backend, ctx context.Context) error {
-			_, err := b.Logs(ctx, alice, "mcp-1", mcpserver.LogsOptions{})
+			_, err := b.Logs(ctx, alice, "mcp-1", contract.LogsOptions{})
 			return err
 		}, "get", "log", "mcp-1", "may not get sandboxes/log"),
 	)
@@ -336,7 +336,7 @@ var _ = Describe("access reviews", Label("unit"), func() {
 			Expect(err).NotTo(HaveOccurred())
 		}
 		Expect(rev.reviews).To(HaveLen(1), "reviews for three lists; want one (cached)")
-		_, err := b.List(ctx, mcpserver.Caller{ID: mcpserver.LocalIdentity})
+		_, err := b.List(ctx, contract.Caller{ID: contract.LocalIdentity})
 		Expect(err).NotTo(HaveOccurred())
 		Expect(rev.reviews).To(HaveLen(1), "a non-Kubernetes caller was reviewed")
 	})
@@ -345,7 +345,7 @@ var _ = Describe("access reviews", Label("unit"), func() {
 func mcpSandbox(name, ownerID string) *sandboxv1alpha1.Sandbox {
 	return &sandboxv1alpha1.Sandbox{
 		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "team-a", Labels: map[string]string{
-			LabelManagedBy: ManagedBy, LabelOwner: mcpserver.IdentityHash(ownerID), LabelInstance: "mcp-other",
+			LabelManagedBy: ManagedBy, LabelOwner: contract.IdentityHash(ownerID), LabelInstance: "mcp-other",
 		}},
 		Spec: sandboxv1alpha1.SandboxSpec{Image: "python:3"},
 	}
@@ -354,24 +354,24 @@ func mcpSandbox(name, ownerID string) *sandboxv1alpha1.Sandbox {
 var _ = Describe("Backend", Label("unit"), func() {
 	It("lets callers see and stop only their own sandboxes, within the quota", func() {
 		rev := &recordingReviewer{allow: func(*authzv1.ResourceAttributes) bool { return true }}
-		bob := mcpserver.Caller{ID: "kube:bob", Username: "bob"}
+		bob := contract.Caller{ID: "kube:bob", Username: "bob"}
 		d := testBackend(rev, mcpSandbox("mcp-a1", alice.ID), mcpSandbox("mcp-b1", bob.ID))
 		b := d.Backend()
 		ctx := context.Background()
 		_, err := b.Get(ctx, alice, "mcp-a1")
 		Expect(err).NotTo(HaveOccurred(), "alice cannot get her sandbox")
 		_, err = b.Get(ctx, alice, "mcp-b1")
-		Expect(err).To(MatchError(mcpserver.ErrNotFound), "alice got bob's sandbox")
+		Expect(err).To(MatchError(contract.ErrNotFound), "alice got bob's sandbox")
 		err = b.Stop(ctx, alice, "mcp-b1")
-		Expect(err).To(MatchError(mcpserver.ErrNotFound), "alice stopped bob's sandbox")
+		Expect(err).To(MatchError(contract.ErrNotFound), "alice stopped bob's sandbox")
 		list, err := b.List(ctx, bob)
 		Expect(err).NotTo(HaveOccurred(), "bob's list = %+v", list)
 		Expect(list).To(HaveLen(1), "bob's list = %+v", list)
 		Expect(list[0].ID).To(Equal("mcp-b1"), "bob's list = %+v", list)
 		// Quota: MaxSandboxes is 2 and bob has one.
 		d.opts.MaxSandboxes = 1
-		_, err = d.Backend().Create(ctx, bob, mcpserver.CreateRequest{Image: "python:3"})
-		Expect(err).To(MatchError(mcpserver.ErrQuota), "create past the quota")
+		_, err = d.Backend().Create(ctx, bob, contract.CreateRequest{Image: "python:3"})
+		Expect(err).To(MatchError(contract.ErrQuota), "create past the quota")
 		Expect(err.Error()).To(Equal("you already have 1 sandboxes; the limit is 1"))
 	})
 
@@ -419,7 +419,7 @@ var _ = Describe("Backend", Label("unit"), func() {
 		Expect(d.Pause(ctx, h)).To(Succeed())
 		setReady(metav1.ConditionFalse, sandboxv1alpha1.SandboxReasonPaused)
 		_, err := d.Exec(ctx, h, execio.Request{Shell: "true"}, nil)
-		Expect(err).To(MatchError(mcpserver.ErrUnavailable))
+		Expect(err).To(MatchError(contract.ErrUnavailable))
 		Expect(err.Error()).To(ContainSubstring("did not become ready"))
 		Expect(get().Spec.Paused).To(BeFalse(), "the exec cleared spec.paused")
 	})
@@ -427,8 +427,8 @@ var _ = Describe("Backend", Label("unit"), func() {
 	It("builds the Sandbox spec from the request", func() {
 		b := testBackend(&recordingReviewer{allow: func(*authzv1.ResourceAttributes) bool { return true }})
 		b.opts.NodeName = "n1"
-		sbx := b.sandboxSpec(alice, "mcp-x", mcpserver.CreateRequest{
-			Image: "python:3", NanoCPUs: 1_500_000_000, MemoryBytes: 256 << 20, Network: mcpserver.NetworkEgress, Lifetime: 90 * time.Second,
+		sbx := b.sandboxSpec(alice, "mcp-x", contract.CreateRequest{
+			Image: "python:3", NanoCPUs: 1_500_000_000, MemoryBytes: 256 << 20, Network: contract.NetworkEgress, Lifetime: 90 * time.Second,
 		})
 		Expect(sbx.Spec.Resources.CPU.String()).To(Equal("1500m"), "resources")
 		Expect(sbx.Spec.Resources.Memory.String()).To(Equal("256Mi"), "resources")
@@ -436,7 +436,7 @@ var _ = Describe("Backend", Label("unit"), func() {
 		Expect(sbx.Spec.ActiveDeadlineSeconds).NotTo(BeNil(), "activeDeadlineSeconds")
 		Expect(*sbx.Spec.ActiveDeadlineSeconds).To(Equal(int64(90)), "activeDeadlineSeconds")
 		Expect(sbx.Spec.NodeName).To(Equal("n1"), "nodeName")
-		Expect(sbx.Labels[LabelOwner]).To(Equal(mcpserver.IdentityHash(alice.ID)), "labels = %v", sbx.Labels)
+		Expect(sbx.Labels[LabelOwner]).To(Equal(contract.IdentityHash(alice.ID)), "labels = %v", sbx.Labels)
 		Expect(sbx.Labels[LabelInstance]).To(Equal("mcp-test"), "labels = %v", sbx.Labels)
 		Expect(sbx.Labels[LabelManagedBy]).To(Equal(ManagedBy), "labels = %v", sbx.Labels)
 		Expect(sbx.Annotations[AnnotationIdentity]).To(Equal(alice.ID), "annotations = %v", sbx.Annotations)
@@ -479,7 +479,7 @@ var _ = Describe("namespace per ServiceAccount", Label("unit"), func() {
 		rev := &recordingReviewer{allow: allowAll}
 		b := perSA(rev)
 		Expect(b.namespaceFor(alice)).To(Equal("team-a"))
-		Expect(b.sandboxSpec(alice, "mcp-x", mcpserver.CreateRequest{Image: "busybox"}).Namespace).To(Equal("team-a"))
+		Expect(b.sandboxSpec(alice, "mcp-x", contract.CreateRequest{Image: "busybox"}).Namespace).To(Equal("team-a"))
 		_, err := b.Backend().List(context.Background(), alice)
 		Expect(err).NotTo(HaveOccurred())
 		Expect(rev.last().Spec.ResourceAttributes.Namespace).To(Equal("team-a"))
@@ -487,9 +487,9 @@ var _ = Describe("namespace per ServiceAccount", Label("unit"), func() {
 
 	It("finds a ServiceAccount's Sandbox in its namespace and not in another", func() {
 		own := &sandboxv1alpha1.Sandbox{ObjectMeta: metav1.ObjectMeta{Namespace: "team-a", Name: NamePrefix + "aaaa",
-			Labels: map[string]string{LabelManagedBy: ManagedBy, LabelOwner: mcpserver.IdentityHash(alice.ID)}}}
+			Labels: map[string]string{LabelManagedBy: ManagedBy, LabelOwner: contract.IdentityHash(alice.ID)}}}
 		elsewhere := &sandboxv1alpha1.Sandbox{ObjectMeta: metav1.ObjectMeta{Namespace: "shared", Name: NamePrefix + "bbbb",
-			Labels: map[string]string{LabelManagedBy: ManagedBy, LabelOwner: mcpserver.IdentityHash(alice.ID)}}}
+			Labels: map[string]string{LabelManagedBy: ManagedBy, LabelOwner: contract.IdentityHash(alice.ID)}}}
 		b := testBackend(&recordingReviewer{allow: allowAll}, own, elsewhere)
 		b.ns = "shared"
 		b.opts.NamespaceFromServiceAccount = true
@@ -497,7 +497,7 @@ var _ = Describe("namespace per ServiceAccount", Label("unit"), func() {
 		_, err := bk.Get(context.Background(), alice, own.Name)
 		Expect(err).NotTo(HaveOccurred())
 		_, err = bk.Get(context.Background(), alice, elsewhere.Name)
-		Expect(err).To(MatchError(mcpserver.ErrNotFound))
+		Expect(err).To(MatchError(contract.ErrNotFound))
 		list, err := bk.List(context.Background(), alice)
 		Expect(err).NotTo(HaveOccurred())
 		Expect(list).To(HaveLen(1))
@@ -506,13 +506,13 @@ var _ = Describe("namespace per ServiceAccount", Label("unit"), func() {
 
 	It("keeps other callers, and every caller when it is off, in --namespace", func() {
 		b := perSA(&recordingReviewer{allow: allowAll})
-		user := mcpserver.Caller{ID: "kube:bob", Username: "bob", Groups: []string{"system:authenticated"}}
+		user := contract.Caller{ID: "kube:bob", Username: "bob", Groups: []string{"system:authenticated"}}
 		Expect(b.namespaceFor(user)).To(Equal("shared"))
 		for _, name := range []string{"system:serviceaccount:", "system:serviceaccount:Bad_NS:x", "system:serviceaccount:no-name"} {
-			odd := mcpserver.Caller{ID: "kube:" + name, Username: name}
+			odd := contract.Caller{ID: "kube:" + name, Username: name}
 			Expect(b.namespaceFor(odd)).To(Equal("shared"), name)
 		}
-		token := mcpserver.Caller{ID: "token:ci"}
+		token := contract.Caller{ID: "token:ci"}
 		Expect(b.namespaceFor(token)).To(Equal("shared"), "a static-token caller has no ServiceAccount")
 		b.opts.NamespaceFromServiceAccount = false
 		Expect(b.namespaceFor(alice)).To(Equal("shared"))

@@ -12,7 +12,7 @@ import (
 
 	sandboxv1alpha1 "github.com/code-sandbox/code-sandbox-operator/api/v1alpha1"
 	"github.com/code-sandbox/code-sandbox-operator/internal/execio"
-	"github.com/code-sandbox/code-sandbox-operator/internal/mcpserver"
+	"github.com/code-sandbox/code-sandbox-operator/internal/mcpserver/contract"
 	"github.com/code-sandbox/code-sandbox-operator/internal/nodeapi/wire"
 	"github.com/code-sandbox/code-sandbox-operator/internal/sandboxclient"
 )
@@ -45,16 +45,16 @@ const (
 // manager retries some of them (ImageNotFound, CreateFailed), but not in a
 // way that helps a model waiting for its sandbox.
 var terminalReasons = map[string]error{
-	sandboxv1alpha1.SandboxReasonImageNotFound:           mcpserver.ErrImageNotFound,
-	sandboxv1alpha1.SandboxReasonImageRegistryNotAllowed: mcpserver.ErrInvalid,
-	sandboxv1alpha1.SandboxReasonRuntimeUnavailable:      mcpserver.ErrUnavailable,
-	sandboxv1alpha1.SandboxReasonCreateFailed:            mcpserver.ErrInvalid,
-	sandboxv1alpha1.SandboxReasonContainerExited:         mcpserver.ErrInvalid,
-	sandboxv1alpha1.SandboxReasonOOMKilled:               mcpserver.ErrInvalid,
-	sandboxv1alpha1.SandboxReasonMultipleContainers:      mcpserver.ErrInvalid,
-	sandboxv1alpha1.SandboxReasonExpired:                 mcpserver.ErrInvalid,
-	sandboxv1alpha1.SandboxReasonTerminating:             mcpserver.ErrInvalid,
-	sandboxv1alpha1.SandboxReasonWarmPoolMemberInvalid:   mcpserver.ErrInvalid,
+	sandboxv1alpha1.SandboxReasonImageNotFound:           contract.ErrImageNotFound,
+	sandboxv1alpha1.SandboxReasonImageRegistryNotAllowed: contract.ErrInvalid,
+	sandboxv1alpha1.SandboxReasonRuntimeUnavailable:      contract.ErrUnavailable,
+	sandboxv1alpha1.SandboxReasonCreateFailed:            contract.ErrInvalid,
+	sandboxv1alpha1.SandboxReasonContainerExited:         contract.ErrInvalid,
+	sandboxv1alpha1.SandboxReasonOOMKilled:               contract.ErrInvalid,
+	sandboxv1alpha1.SandboxReasonMultipleContainers:      contract.ErrInvalid,
+	sandboxv1alpha1.SandboxReasonExpired:                 contract.ErrInvalid,
+	sandboxv1alpha1.SandboxReasonTerminating:             contract.ErrInvalid,
+	sandboxv1alpha1.SandboxReasonWarmPoolMemberInvalid:   contract.ErrInvalid,
 }
 
 // startStatus reads a Sandbox's status for a create that waits on it. For
@@ -63,10 +63,10 @@ var terminalReasons = map[string]error{
 // names the reason and carries the manager's message.
 func startStatus(sbx *sandboxv1alpha1.Sandbox) (startState, error) {
 	if sbx.DeletionTimestamp != nil {
-		return failed, &messageError{kind: mcpserver.ErrInvalid, msg: fmt.Sprintf("sandbox %s was deleted while it was starting", sbx.Name)}
+		return failed, &messageError{kind: contract.ErrInvalid, msg: fmt.Sprintf("sandbox %s was deleted while it was starting", sbx.Name)}
 	}
 	if c := meta.FindStatusCondition(sbx.Status.Conditions, string(sandboxv1alpha1.SandboxConditionExpired)); c != nil && c.Status == metav1.ConditionTrue {
-		return failed, conditionError(sbx.Name, mcpserver.ErrInvalid, sandboxv1alpha1.SandboxReasonExpired, c.Message)
+		return failed, conditionError(sbx.Name, contract.ErrInvalid, sandboxv1alpha1.SandboxReasonExpired, c.Message)
 	}
 	ready := meta.FindStatusCondition(sbx.Status.Conditions, string(sandboxv1alpha1.SandboxConditionReady))
 	switch {
@@ -104,14 +104,14 @@ func apiError(what string, err error) error {
 	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
 		return err
 	case apierrors.IsNotFound(err):
-		return fmt.Errorf("%w: %s: %w", mcpserver.ErrNotFound, what, err)
+		return fmt.Errorf("%w: %s: %w", contract.ErrNotFound, what, err)
 	case apierrors.IsForbidden(err):
 		return refusedError(what, err)
 	case apierrors.IsInvalid(err), apierrors.IsBadRequest(err), apierrors.IsAlreadyExists(err), apierrors.IsConflict(err):
-		return &messageError{kind: mcpserver.ErrInvalid, msg: fmt.Sprintf("%s: the API server refused: %s", what, statusMessage(err))}
+		return &messageError{kind: contract.ErrInvalid, msg: fmt.Sprintf("%s: the API server refused: %s", what, statusMessage(err))}
 	case apierrors.IsServiceUnavailable(err), apierrors.IsServerTimeout(err), apierrors.IsTimeout(err),
 		apierrors.IsTooManyRequests(err), apierrors.IsUnexpectedServerError(err), apierrors.IsInternalError(err):
-		return fmt.Errorf("%w: %s: %w", mcpserver.ErrUnavailable, what, err)
+		return fmt.Errorf("%w: %s: %w", contract.ErrUnavailable, what, err)
 	}
 	var st apierrors.APIStatus
 	if errors.As(err, &st) {
@@ -119,12 +119,12 @@ func apiError(what string, err error) error {
 		// with a 5xx status, for example the quota webhook when it could
 		// not record usage: worth a retry.
 		if st.Status().Code >= http.StatusInternalServerError {
-			return &messageError{kind: mcpserver.ErrUnavailable, msg: fmt.Sprintf("%s: %s", what, statusMessage(err))}
+			return &messageError{kind: contract.ErrUnavailable, msg: fmt.Sprintf("%s: %s", what, statusMessage(err))}
 		}
 		return fmt.Errorf("%s: %w", what, err)
 	}
 	// No answer at all: the connection failed.
-	return fmt.Errorf("%w: %s: the API server did not answer: %w", mcpserver.ErrUnavailable, what, err)
+	return fmt.Errorf("%w: %s: the API server did not answer: %w", contract.ErrUnavailable, what, err)
 }
 
 // refusedError classifies a 403 from the API server by the causes the
@@ -147,13 +147,13 @@ func refusedError(what string, err error) error {
 				break
 			}
 		}
-		return &messageError{kind: mcpserver.ErrInvalid, msg: fmt.Sprintf("%s: the API server refused: %s", what, msg)}
+		return &messageError{kind: contract.ErrInvalid, msg: fmt.Sprintf("%s: the API server refused: %s", what, msg)}
 	case wire.HasCause(st, wire.CauseQuotaNotCounted):
-		return &messageError{kind: mcpserver.ErrUnavailable, msg: fmt.Sprintf("%s: %s", what, msg)}
+		return &messageError{kind: contract.ErrUnavailable, msg: fmt.Sprintf("%s: %s", what, msg)}
 	case wire.HasCause(st, wire.CauseQuotaExceeded):
-		return &messageError{kind: mcpserver.ErrQuota, msg: fmt.Sprintf("%s: %s", what, msg)}
+		return &messageError{kind: contract.ErrQuota, msg: fmt.Sprintf("%s: %s", what, msg)}
 	}
-	return &messageError{kind: mcpserver.ErrInvalid, msg: fmt.Sprintf("%s: the API server refused: %s", what, msg)}
+	return &messageError{kind: contract.ErrInvalid, msg: fmt.Sprintf("%s: the API server refused: %s", what, msg)}
 }
 
 func statusMessage(err error) string {
@@ -172,7 +172,7 @@ func clientError(err error) error {
 	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
 		return err
 	case sandboxclient.IsSandboxNotReady(err):
-		return fmt.Errorf("%w: %w", mcpserver.ErrNotRunning, err)
+		return fmt.Errorf("%w: %w", contract.ErrNotRunning, err)
 	case sandboxclient.IsTooLarge(err):
 		return fmt.Errorf("%w: %w", execio.ErrTooLarge, err)
 	case sandboxclient.IsPathNotFound(err):
@@ -180,13 +180,13 @@ func clientError(err error) error {
 	}
 	switch apierrors.ReasonForError(err) {
 	case metav1.StatusReasonNotFound:
-		return fmt.Errorf("%w: %w", mcpserver.ErrNotFound, err)
+		return fmt.Errorf("%w: %w", contract.ErrNotFound, err)
 	case metav1.StatusReasonConflict:
-		return fmt.Errorf("%w: %w", mcpserver.ErrNotRunning, err)
+		return fmt.Errorf("%w: %w", contract.ErrNotRunning, err)
 	case metav1.StatusReasonBadRequest, metav1.StatusReasonInvalid:
-		return &messageError{kind: mcpserver.ErrInvalid, msg: statusMessage(err)}
+		return &messageError{kind: contract.ErrInvalid, msg: statusMessage(err)}
 	case metav1.StatusReasonServiceUnavailable, metav1.StatusReasonTooManyRequests, metav1.StatusReasonTimeout:
-		return fmt.Errorf("%w: %w", mcpserver.ErrUnavailable, err)
+		return fmt.Errorf("%w: %w", contract.ErrUnavailable, err)
 	case metav1.StatusReasonUnauthorized, metav1.StatusReasonForbidden:
 		return fmt.Errorf("the MCP server's own credentials were refused (check its RBAC: sandboxes/exec, sandboxes/files, sandboxes/log): %w", err)
 	}

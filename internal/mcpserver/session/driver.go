@@ -1,5 +1,5 @@
 // Package session is the MCP server's backend-neutral sandbox bookkeeping.
-// A Manager implements mcpserver.Backend on top of a Driver: it keeps the
+// A Manager implements contract.Backend on top of a Driver: it keeps the
 // registry of the sandboxes this server instance created and who owns them
 // (only the creating identity finds a sandbox), holds each identity to
 // MaxSandboxes (counting creates in flight), marks sandboxes busy while an
@@ -14,14 +14,14 @@ import (
 	"io"
 
 	"github.com/code-sandbox/code-sandbox-operator/internal/execio"
-	"github.com/code-sandbox/code-sandbox-operator/internal/mcpserver"
+	"github.com/code-sandbox/code-sandbox-operator/internal/mcpserver/contract"
 )
 
 // Op is what a caller is about to do, for drivers that authorize each
 // operation (Authorizer).
 type Op string
 
-// The operations of mcpserver.Backend.
+// The operations of contract.Backend.
 const (
 	OpCreate   Op = "create"
 	OpGet      Op = "get"
@@ -38,7 +38,7 @@ type Handle struct {
 	// ID is the sandbox's ID as callers see it (container_id).
 	ID string
 	// Caller is who acts: the owner, when the Manager holds the sandbox.
-	Caller mcpserver.Caller
+	Caller contract.Caller
 	// Ref is what the driver's Create returned for the sandbox, or "" for
 	// a sandbox the Manager does not hold (a SharedDriver's, made by
 	// another server instance).
@@ -46,7 +46,7 @@ type Handle struct {
 	// Sandbox is what Create returned, as the Manager recorded it (zero
 	// when the Manager does not hold the sandbox). LastUsedAt is the
 	// Manager's and overrides what a driver reports.
-	Sandbox mcpserver.Sandbox
+	Sandbox contract.Sandbox
 }
 
 // Removal says why a driver removes a sandbox.
@@ -75,21 +75,21 @@ type Driver interface {
 	// in it, with the driver's reference to it. On failure, or when ctx
 	// ends, it leaves nothing behind. A zero CreatedAt or ExpiresAt in the
 	// returned Sandbox is the Manager's to fill (its clock, the lifetime).
-	Create(ctx context.Context, caller mcpserver.Caller, req mcpserver.CreateRequest) (ref string, sb mcpserver.Sandbox, err error)
+	Create(ctx context.Context, caller contract.Caller, req contract.CreateRequest) (ref string, sb contract.Sandbox, err error)
 	// Get returns the sandbox's current state.
-	Get(ctx context.Context, h Handle) (mcpserver.Sandbox, error)
+	Get(ctx context.Context, h Handle) (contract.Sandbox, error)
 	// List returns the caller's sandboxes; mine are those the Manager
 	// holds for it. A SharedDriver lists the caller's sandboxes wherever
 	// they come from, and the Manager forgets its own that are missing.
-	List(ctx context.Context, caller mcpserver.Caller, mine []Handle) ([]mcpserver.Sandbox, error)
-	// Exec runs one normalized command (mcpserver.Backend.Exec).
-	Exec(ctx context.Context, h Handle, req execio.Request, out mcpserver.OutputFunc) (execio.Result, error)
-	// Upload extracts archive into destDir (mcpserver.Backend.Upload).
+	List(ctx context.Context, caller contract.Caller, mine []Handle) ([]contract.Sandbox, error)
+	// Exec runs one normalized command (contract.Backend.Exec).
+	Exec(ctx context.Context, h Handle, req execio.Request, out contract.OutputFunc) (execio.Result, error)
+	// Upload extracts archive into destDir (contract.Backend.Upload).
 	Upload(ctx context.Context, h Handle, destDir string, archive io.Reader, limits execio.UploadLimits) (execio.TransferStats, error)
-	// Download writes a tar of src to w (mcpserver.Backend.Download).
+	// Download writes a tar of src to w (contract.Backend.Download).
 	Download(ctx context.Context, h Handle, src string, w io.Writer, maxBytes int64) (execio.TransferStats, error)
-	// Logs returns output and exec history (mcpserver.Backend.Logs).
-	Logs(ctx context.Context, h Handle, opts mcpserver.LogsOptions) (mcpserver.Logs, error)
+	// Logs returns output and exec history (contract.Backend.Logs).
+	Logs(ctx context.Context, h Handle, opts contract.LogsOptions) (contract.Logs, error)
 	// Remove removes one sandbox (see Removal).
 	Remove(ctx context.Context, h Handle, how Removal) error
 	// RemoveAll removes every sandbox of this server instance, including
@@ -110,7 +110,7 @@ type Driver interface {
 // the Manager looks anything up (the Kubernetes backend's access reviews).
 // id is "" for OpCreate and OpList.
 type Authorizer interface {
-	Authorize(ctx context.Context, caller mcpserver.Caller, op Op, id string) error
+	Authorize(ctx context.Context, caller contract.Caller, op Op, id string) error
 }
 
 // SharedDriver is a Driver whose sandboxes outlive this server instance
@@ -122,7 +122,7 @@ type SharedDriver interface {
 	Driver
 	// CountOthers counts the caller's live sandboxes that other server
 	// instances made.
-	CountOthers(ctx context.Context, caller mcpserver.Caller) (int, error)
+	CountOthers(ctx context.Context, caller contract.Caller) (int, error)
 }
 
 // Pauser is a Driver that can freeze a sandbox and thaw it again with its

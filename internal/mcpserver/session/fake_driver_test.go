@@ -8,7 +8,7 @@ import (
 	"time"
 
 	"github.com/code-sandbox/code-sandbox-operator/internal/execio"
-	"github.com/code-sandbox/code-sandbox-operator/internal/mcpserver"
+	"github.com/code-sandbox/code-sandbox-operator/internal/mcpserver/contract"
 )
 
 // fakeClock is a clock tests move by hand.
@@ -99,7 +99,7 @@ func (f *fakeDriver) isPaused(ref string) bool {
 // frozen fails an operation in a paused sandbox.
 func (f *fakeDriver) frozen(h Handle) error {
 	if f.isPaused(h.Ref) {
-		return fmt.Errorf("%w: sandbox %s is paused", mcpserver.ErrNotRunning, h.ID)
+		return fmt.Errorf("%w: sandbox %s is paused", contract.ErrNotRunning, h.ID)
 	}
 	return nil
 }
@@ -127,7 +127,7 @@ func (f *fakeDriver) isLive(ref string) bool {
 	return f.live[ref]
 }
 
-func (f *fakeDriver) Create(ctx context.Context, caller mcpserver.Caller, req mcpserver.CreateRequest) (string, mcpserver.Sandbox, error) {
+func (f *fakeDriver) Create(ctx context.Context, caller contract.Caller, req contract.CreateRequest) (string, contract.Sandbox, error) {
 	f.record("Create", nil)
 	f.mu.Lock()
 	gate, signal := f.createGate, f.creating
@@ -139,7 +139,7 @@ func (f *fakeDriver) Create(ctx context.Context, caller mcpserver.Caller, req mc
 		select {
 		case <-gate:
 		case <-ctx.Done():
-			return "", mcpserver.Sandbox{}, ctx.Err()
+			return "", contract.Sandbox{}, ctx.Err()
 		}
 	}
 	f.mu.Lock()
@@ -147,29 +147,29 @@ func (f *fakeDriver) Create(ctx context.Context, caller mcpserver.Caller, req mc
 	f.next++
 	ref := fmt.Sprintf("ref-%d", f.next)
 	f.live[ref] = true
-	return ref, mcpserver.Sandbox{ID: fmt.Sprintf("sbx-%d", f.next), Image: req.Image, Status: "running", Network: mcpserver.NetworkNone, WorkingDir: "/app"}, nil
+	return ref, contract.Sandbox{ID: fmt.Sprintf("sbx-%d", f.next), Image: req.Image, Status: "running", Network: contract.NetworkNone, WorkingDir: "/app"}, nil
 }
 
-func (f *fakeDriver) Get(_ context.Context, h Handle) (mcpserver.Sandbox, error) {
+func (f *fakeDriver) Get(_ context.Context, h Handle) (contract.Sandbox, error) {
 	f.record("Get", &h)
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if f.getErr != nil {
-		return mcpserver.Sandbox{}, f.getErr
+		return contract.Sandbox{}, f.getErr
 	}
 	return h.Sandbox, nil
 }
 
-func (f *fakeDriver) List(_ context.Context, _ mcpserver.Caller, mine []Handle) ([]mcpserver.Sandbox, error) {
+func (f *fakeDriver) List(_ context.Context, _ contract.Caller, mine []Handle) ([]contract.Sandbox, error) {
 	f.record("List", nil)
-	out := make([]mcpserver.Sandbox, 0, len(mine))
+	out := make([]contract.Sandbox, 0, len(mine))
 	for _, h := range mine {
 		out = append(out, h.Sandbox)
 	}
 	return out, nil
 }
 
-func (f *fakeDriver) Exec(ctx context.Context, h Handle, req execio.Request, out mcpserver.OutputFunc) (execio.Result, error) {
+func (f *fakeDriver) Exec(ctx context.Context, h Handle, req execio.Request, out contract.OutputFunc) (execio.Result, error) {
 	f.record("Exec", &h)
 	if err := f.frozen(h); err != nil {
 		return execio.Result{}, err
@@ -208,9 +208,9 @@ func (f *fakeDriver) Download(_ context.Context, h Handle, _ string, _ io.Writer
 	return execio.TransferStats{}, nil
 }
 
-func (f *fakeDriver) Logs(_ context.Context, h Handle, _ mcpserver.LogsOptions) (mcpserver.Logs, error) {
+func (f *fakeDriver) Logs(_ context.Context, h Handle, _ contract.LogsOptions) (contract.Logs, error) {
 	f.record("Logs", &h)
-	return mcpserver.Logs{}, nil
+	return contract.Logs{}, nil
 }
 
 func (f *fakeDriver) Remove(_ context.Context, h Handle, how Removal) error {
@@ -268,42 +268,42 @@ var (
 	_ Authorizer   = (*sharedDriver)(nil)
 )
 
-func (s *sharedDriver) Authorize(_ context.Context, caller mcpserver.Caller, op Op, id string) error {
+func (s *sharedDriver) Authorize(_ context.Context, caller contract.Caller, op Op, id string) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.authz = append(s.authz, fmt.Sprintf("%s %s %s", caller.ID, op, id))
 	if s.deny[op] {
-		return fmt.Errorf("%w: %s may not %s", mcpserver.ErrInvalid, caller.ID, op)
+		return fmt.Errorf("%w: %s may not %s", contract.ErrInvalid, caller.ID, op)
 	}
 	return nil
 }
 
-func (s *sharedDriver) CountOthers(_ context.Context, caller mcpserver.Caller) (int, error) {
+func (s *sharedDriver) CountOthers(_ context.Context, caller contract.Caller) (int, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.others[caller.ID], nil
 }
 
-func (s *sharedDriver) Get(ctx context.Context, h Handle) (mcpserver.Sandbox, error) {
+func (s *sharedDriver) Get(ctx context.Context, h Handle) (contract.Sandbox, error) {
 	if h.Ref == "" {
 		s.record("Get", &h)
 		s.mu.Lock()
 		defer s.mu.Unlock()
 		if s.foreign[h.ID] != h.Caller.ID {
-			return mcpserver.Sandbox{}, fmt.Errorf("%w: %q", mcpserver.ErrNotFound, h.ID)
+			return contract.Sandbox{}, fmt.Errorf("%w: %q", contract.ErrNotFound, h.ID)
 		}
-		return mcpserver.Sandbox{ID: h.ID, Status: "running"}, nil
+		return contract.Sandbox{ID: h.ID, Status: "running"}, nil
 	}
 	return s.fakeDriver.Get(ctx, h)
 }
 
 // List lists the Manager's sandboxes that are live, and the caller's
 // foreign ones.
-func (s *sharedDriver) List(_ context.Context, caller mcpserver.Caller, mine []Handle) ([]mcpserver.Sandbox, error) {
+func (s *sharedDriver) List(_ context.Context, caller contract.Caller, mine []Handle) ([]contract.Sandbox, error) {
 	s.record("List", nil)
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	var out []mcpserver.Sandbox
+	var out []contract.Sandbox
 	for _, h := range mine {
 		if s.live[h.Ref] {
 			out = append(out, h.Sandbox)
@@ -311,7 +311,7 @@ func (s *sharedDriver) List(_ context.Context, caller mcpserver.Caller, mine []H
 	}
 	for id, owner := range s.foreign {
 		if owner == caller.ID {
-			out = append(out, mcpserver.Sandbox{ID: id})
+			out = append(out, contract.Sandbox{ID: id})
 		}
 	}
 	return out, nil

@@ -11,7 +11,7 @@ import (
 	"time"
 
 	"github.com/code-sandbox/code-sandbox-operator/internal/execio"
-	"github.com/code-sandbox/code-sandbox-operator/internal/mcpserver"
+	"github.com/code-sandbox/code-sandbox-operator/internal/mcpserver/contract"
 )
 
 // Defaults for Options.
@@ -37,12 +37,12 @@ type Options struct {
 	// (default time.Now); tests set a fake one.
 	Clock func() time.Time
 	// LimitError words the refusal of a create past MaxSandboxes (default:
-	// mcpserver.ErrQuota, "you already have N sandboxes; the limit is M").
+	// contract.ErrQuota, "you already have N sandboxes; the limit is M").
 	LimitError func(have, limit int) error
 	Logger     *slog.Logger
 }
 
-// Manager implements mcpserver.Backend on a Driver (see the package doc).
+// Manager implements contract.Backend on a Driver (see the package doc).
 type Manager struct {
 	d      Driver
 	shared SharedDriver // d, when it is one
@@ -71,16 +71,16 @@ type key struct{ owner, id string }
 
 // entry is one sandbox this server instance created: the ownership record.
 type entry struct {
-	owner   mcpserver.Caller
+	owner   contract.Caller
 	id      string
 	ref     string
-	sandbox mcpserver.Sandbox
+	sandbox contract.Sandbox
 	// state serialises pausing and resuming the sandbox.
 	state sync.Mutex
 	Activity
 }
 
-var _ mcpserver.Backend = (*Manager)(nil)
+var _ contract.Backend = (*Manager)(nil)
 
 // New returns a Manager for d. Start starts its reaper.
 func New(d Driver, opts Options) *Manager {
@@ -95,7 +95,7 @@ func New(d Driver, opts Options) *Manager {
 	}
 	if opts.LimitError == nil {
 		opts.LimitError = func(have, limit int) error {
-			return fmt.Errorf("%w: you already have %d sandboxes; the limit is %d", mcpserver.ErrQuota, have, limit)
+			return fmt.Errorf("%w: you already have %d sandboxes; the limit is %d", contract.ErrQuota, have, limit)
 		}
 	}
 	if opts.Logger == nil {
@@ -125,10 +125,10 @@ func (m *Manager) Start(ctx context.Context) {
 }
 
 func notFound(id string) error {
-	return fmt.Errorf("%w: %q", mcpserver.ErrNotFound, id)
+	return fmt.Errorf("%w: %q", contract.ErrNotFound, id)
 }
 
-func (m *Manager) authorize(ctx context.Context, caller mcpserver.Caller, op Op, id string) error {
+func (m *Manager) authorize(ctx context.Context, caller contract.Caller, op Op, id string) error {
 	if a, ok := m.d.(Authorizer); ok {
 		return a.Authorize(ctx, caller, op, id)
 	}
@@ -142,7 +142,7 @@ func (e *entry) handle() Handle {
 // open authorizes op and finds the caller's sandbox, marking it used. A
 // sandbox of someone else is reported exactly like one that never existed.
 // The entry is nil for a SharedDriver's sandbox the Manager does not hold.
-func (m *Manager) open(ctx context.Context, caller mcpserver.Caller, op Op, id string) (*entry, Handle, error) {
+func (m *Manager) open(ctx context.Context, caller contract.Caller, op Op, id string) (*entry, Handle, error) {
 	if err := m.authorize(ctx, caller, op, id); err != nil {
 		return nil, Handle{}, err
 	}
@@ -197,7 +197,7 @@ func (m *Manager) forget(e *entry) {
 }
 
 // view is sb with the Manager's record of its use.
-func (m *Manager) view(sb mcpserver.Sandbox, e *entry) mcpserver.Sandbox {
+func (m *Manager) view(sb contract.Sandbox, e *entry) contract.Sandbox {
 	if e != nil {
 		m.mu.Lock()
 		sb.LastUsedAt = e.LastUsedAt
@@ -206,17 +206,17 @@ func (m *Manager) view(sb mcpserver.Sandbox, e *entry) mcpserver.Sandbox {
 	return sb
 }
 
-// Create implements mcpserver.Backend: it holds the caller to MaxSandboxes,
+// Create implements contract.Backend: it holds the caller to MaxSandboxes,
 // counting its creates in flight, then has the driver make the sandbox.
-func (m *Manager) Create(ctx context.Context, caller mcpserver.Caller, req mcpserver.CreateRequest) (mcpserver.Sandbox, error) {
+func (m *Manager) Create(ctx context.Context, caller contract.Caller, req contract.CreateRequest) (contract.Sandbox, error) {
 	if err := m.authorize(ctx, caller, OpCreate, ""); err != nil {
-		return mcpserver.Sandbox{}, err
+		return contract.Sandbox{}, err
 	}
 	others := 0
 	if m.shared != nil {
 		var err error
 		if others, err = m.shared.CountOthers(ctx, caller); err != nil {
-			return mcpserver.Sandbox{}, err
+			return contract.Sandbox{}, err
 		}
 	}
 	m.mu.Lock()
@@ -228,7 +228,7 @@ func (m *Manager) Create(ctx context.Context, caller mcpserver.Caller, req mcpse
 	}
 	if n >= m.opts.MaxSandboxes {
 		m.mu.Unlock()
-		return mcpserver.Sandbox{}, m.opts.LimitError(n, m.opts.MaxSandboxes)
+		return contract.Sandbox{}, m.opts.LimitError(n, m.opts.MaxSandboxes)
 	}
 	m.pending[caller.ID]++
 	m.mu.Unlock()
@@ -243,7 +243,7 @@ func (m *Manager) Create(ctx context.Context, caller mcpserver.Caller, req mcpse
 		m.mu.Lock()
 		unpend()
 		m.mu.Unlock()
-		return mcpserver.Sandbox{}, err
+		return contract.Sandbox{}, err
 	}
 	now := m.opts.Clock()
 	e := &entry{owner: caller, id: sb.ID, ref: ref, Activity: Activity{LastUsedAt: now, ExpiresAt: now.Add(req.Lifetime)}}
@@ -266,22 +266,22 @@ func (m *Manager) Create(ctx context.Context, caller mcpserver.Caller, req mcpse
 	return sb, nil
 }
 
-// Get implements mcpserver.Backend.
-func (m *Manager) Get(ctx context.Context, caller mcpserver.Caller, id string) (mcpserver.Sandbox, error) {
+// Get implements contract.Backend.
+func (m *Manager) Get(ctx context.Context, caller contract.Caller, id string) (contract.Sandbox, error) {
 	e, h, err := m.open(ctx, caller, OpGet, id)
 	if err != nil {
-		return mcpserver.Sandbox{}, err
+		return contract.Sandbox{}, err
 	}
 	sb, err := m.d.Get(ctx, h)
 	m.done(e, err)
 	if err != nil {
-		return mcpserver.Sandbox{}, err
+		return contract.Sandbox{}, err
 	}
 	return m.view(sb, e), nil
 }
 
-// List implements mcpserver.Backend, oldest first.
-func (m *Manager) List(ctx context.Context, caller mcpserver.Caller) ([]mcpserver.Sandbox, error) {
+// List implements contract.Backend, oldest first.
+func (m *Manager) List(ctx context.Context, caller contract.Caller) ([]contract.Sandbox, error) {
 	if err := m.authorize(ctx, caller, OpList, ""); err != nil {
 		return nil, err
 	}
@@ -323,7 +323,7 @@ func (m *Manager) List(ctx context.Context, caller mcpserver.Caller) ([]mcpserve
 // openRunning is open for an operation that runs in the sandbox: it marks
 // the sandbox busy (so the reaper cannot pause or remove it meanwhile) and
 // resumes it if the reaper paused it. release ends the busy mark.
-func (m *Manager) openRunning(ctx context.Context, caller mcpserver.Caller, op Op, id string) (*entry, Handle, func(), error) {
+func (m *Manager) openRunning(ctx context.Context, caller contract.Caller, op Op, id string) (*entry, Handle, func(), error) {
 	e, h, err := m.open(ctx, caller, op, id)
 	if err != nil {
 		return nil, Handle{}, nil, err
@@ -337,8 +337,8 @@ func (m *Manager) openRunning(ctx context.Context, caller mcpserver.Caller, op O
 	return e, h, release, nil
 }
 
-// Exec implements mcpserver.Backend.
-func (m *Manager) Exec(ctx context.Context, caller mcpserver.Caller, id string, req execio.Request, out mcpserver.OutputFunc) (execio.Result, error) {
+// Exec implements contract.Backend.
+func (m *Manager) Exec(ctx context.Context, caller contract.Caller, id string, req execio.Request, out contract.OutputFunc) (execio.Result, error) {
 	req, err := req.Normalize()
 	if err != nil {
 		return execio.Result{}, err
@@ -353,8 +353,8 @@ func (m *Manager) Exec(ctx context.Context, caller mcpserver.Caller, id string, 
 	return res, err
 }
 
-// Upload implements mcpserver.Backend.
-func (m *Manager) Upload(ctx context.Context, caller mcpserver.Caller, id, destDir string, archive io.Reader, limits execio.UploadLimits) (execio.TransferStats, error) {
+// Upload implements contract.Backend.
+func (m *Manager) Upload(ctx context.Context, caller contract.Caller, id, destDir string, archive io.Reader, limits execio.UploadLimits) (execio.TransferStats, error) {
 	e, h, release, err := m.openRunning(ctx, caller, OpUpload, id)
 	if err != nil {
 		return execio.TransferStats{}, err
@@ -365,8 +365,8 @@ func (m *Manager) Upload(ctx context.Context, caller mcpserver.Caller, id, destD
 	return stats, err
 }
 
-// Download implements mcpserver.Backend.
-func (m *Manager) Download(ctx context.Context, caller mcpserver.Caller, id, src string, w io.Writer, maxBytes int64) (execio.TransferStats, error) {
+// Download implements contract.Backend.
+func (m *Manager) Download(ctx context.Context, caller contract.Caller, id, src string, w io.Writer, maxBytes int64) (execio.TransferStats, error) {
 	e, h, release, err := m.openRunning(ctx, caller, OpDownload, id)
 	if err != nil {
 		return execio.TransferStats{}, err
@@ -377,20 +377,20 @@ func (m *Manager) Download(ctx context.Context, caller mcpserver.Caller, id, src
 	return stats, err
 }
 
-// Logs implements mcpserver.Backend.
-func (m *Manager) Logs(ctx context.Context, caller mcpserver.Caller, id string, opts mcpserver.LogsOptions) (mcpserver.Logs, error) {
+// Logs implements contract.Backend.
+func (m *Manager) Logs(ctx context.Context, caller contract.Caller, id string, opts contract.LogsOptions) (contract.Logs, error) {
 	e, h, err := m.open(ctx, caller, OpLogs, id)
 	if err != nil {
-		return mcpserver.Logs{}, err
+		return contract.Logs{}, err
 	}
 	logs, err := m.d.Logs(ctx, h, opts)
 	m.done(e, err)
 	return logs, err
 }
 
-// Stop implements mcpserver.Backend. The sandbox is unusable while it is
+// Stop implements contract.Backend. The sandbox is unusable while it is
 // being removed, and usable again if the removal fails.
-func (m *Manager) Stop(ctx context.Context, caller mcpserver.Caller, id string) error {
+func (m *Manager) Stop(ctx context.Context, caller contract.Caller, id string) error {
 	if err := m.authorize(ctx, caller, OpStop, id); err != nil {
 		return err
 	}
@@ -425,14 +425,14 @@ func (m *Manager) Stop(ctx context.Context, caller mcpserver.Caller, id string) 
 	if err != nil {
 		return err
 	}
-	m.log.Info("sandbox stopped", "sandbox", id, "owner", mcpserver.IdentityHash(caller.ID))
+	m.log.Info("sandbox stopped", "sandbox", id, "owner", contract.IdentityHash(caller.ID))
 	return nil
 }
 
-// Ready implements mcpserver.Backend.
+// Ready implements contract.Backend.
 func (m *Manager) Ready(ctx context.Context) error { return m.d.Ready(ctx) }
 
-// Close implements mcpserver.Backend: it stops the reaper, has the driver
+// Close implements contract.Backend: it stops the reaper, has the driver
 // remove every sandbox of this server instance (including any the registry
 // does not know), forgets them all and closes the driver.
 func (m *Manager) Close(ctx context.Context) error {

@@ -13,12 +13,12 @@ import (
 	. "github.com/onsi/gomega"
 
 	"github.com/code-sandbox/code-sandbox-operator/internal/execio"
-	"github.com/code-sandbox/code-sandbox-operator/internal/mcpserver"
+	"github.com/code-sandbox/code-sandbox-operator/internal/mcpserver/contract"
 )
 
 var (
-	alice = mcpserver.Caller{ID: "alice"}
-	bob   = mcpserver.Caller{ID: "bob"}
+	alice = contract.Caller{ID: "alice"}
+	bob   = contract.Caller{ID: "bob"}
 	t0    = time.Date(2026, 11, 24, 12, 0, 0, 0, time.UTC)
 )
 
@@ -28,9 +28,9 @@ func newManager(d Driver, clock *fakeClock, opts Options) *Manager {
 	return New(d, opts)
 }
 
-func create(m *Manager, caller mcpserver.Caller, lifetime time.Duration) mcpserver.Sandbox {
+func create(m *Manager, caller contract.Caller, lifetime time.Duration) contract.Sandbox {
 	GinkgoHelper()
-	sb, err := m.Create(context.Background(), caller, mcpserver.CreateRequest{Image: "img:1", Lifetime: lifetime})
+	sb, err := m.Create(context.Background(), caller, contract.CreateRequest{Image: "img:1", Lifetime: lifetime})
 	Expect(err).NotTo(HaveOccurred())
 	return sb
 }
@@ -80,16 +80,16 @@ var _ = Describe("Manager", Label("unit"), func() {
 		clock.Advance(time.Minute)
 		var sink strings.Builder
 		_, err := m.Get(ctx, bob, id)
-		Expect(err).To(MatchError(mcpserver.ErrNotFound))
+		Expect(err).To(MatchError(contract.ErrNotFound))
 		_, err = m.Exec(ctx, bob, id, execio.Request{Shell: "true"}, nil)
-		Expect(err).To(MatchError(mcpserver.ErrNotFound))
+		Expect(err).To(MatchError(contract.ErrNotFound))
 		_, err = m.Upload(ctx, bob, id, "/app", strings.NewReader(""), execio.UploadLimits{MaxBytes: 1, MaxEntries: 1})
-		Expect(err).To(MatchError(mcpserver.ErrNotFound))
+		Expect(err).To(MatchError(contract.ErrNotFound))
 		_, err = m.Download(ctx, bob, id, "/app/x", &sink, 1)
-		Expect(err).To(MatchError(mcpserver.ErrNotFound))
-		_, err = m.Logs(ctx, bob, id, mcpserver.LogsOptions{})
-		Expect(err).To(MatchError(mcpserver.ErrNotFound))
-		Expect(m.Stop(ctx, bob, id)).To(MatchError(mcpserver.ErrNotFound))
+		Expect(err).To(MatchError(contract.ErrNotFound))
+		_, err = m.Logs(ctx, bob, id, contract.LogsOptions{})
+		Expect(err).To(MatchError(contract.ErrNotFound))
+		Expect(m.Stop(ctx, bob, id)).To(MatchError(contract.ErrNotFound))
 		list, err := m.List(ctx, bob)
 		Expect(err).NotTo(HaveOccurred())
 		Expect(list).To(BeEmpty())
@@ -136,13 +136,13 @@ var _ = Describe("Manager", Label("unit"), func() {
 			go func() {
 				defer wg.Done()
 				defer GinkgoRecover()
-				_, err := m.Create(ctx, alice, mcpserver.CreateRequest{Image: "img:1", Lifetime: time.Hour})
+				_, err := m.Create(ctx, alice, contract.CreateRequest{Image: "img:1", Lifetime: time.Hour})
 				mu.Lock()
 				defer mu.Unlock()
 				switch {
 				case err == nil:
 					ok++
-				case errors.Is(err, mcpserver.ErrQuota):
+				case errors.Is(err, contract.ErrQuota):
 					quota++
 					messages = append(messages, err.Error())
 				default:
@@ -165,8 +165,8 @@ var _ = Describe("Manager", Label("unit"), func() {
 		Expect(ok).To(Equal(limit))
 		Expect(m.pending).To(BeEmpty(), "pending creates are counted back")
 
-		_, err := m.Create(ctx, alice, mcpserver.CreateRequest{Image: "img:1"})
-		Expect(err).To(MatchError(mcpserver.ErrQuota), "the created sandboxes count")
+		_, err := m.Create(ctx, alice, contract.CreateRequest{Image: "img:1"})
+		Expect(err).To(MatchError(contract.ErrQuota), "the created sandboxes count")
 		create(m, bob, time.Hour)
 	})
 
@@ -175,7 +175,7 @@ var _ = Describe("Manager", Label("unit"), func() {
 			return errors.New("custom refusal")
 		}})
 		id := create(m, alice, time.Hour).ID
-		_, err := m.Create(ctx, alice, mcpserver.CreateRequest{Image: "img:1"})
+		_, err := m.Create(ctx, alice, contract.CreateRequest{Image: "img:1"})
 		Expect(err).To(MatchError("custom refusal"))
 
 		// A create that fails leaves no pending count behind.
@@ -183,7 +183,7 @@ var _ = Describe("Manager", Label("unit"), func() {
 		d.createGate = make(chan struct{})
 		Expect(m.Stop(ctx, alice, id)).To(Succeed())
 		cancel()
-		_, err = m.Create(cctx, alice, mcpserver.CreateRequest{Image: "img:1"})
+		_, err = m.Create(cctx, alice, contract.CreateRequest{Image: "img:1"})
 		Expect(err).To(MatchError(context.Canceled))
 		d.createGate = nil
 		create(m, alice, time.Hour)
@@ -220,7 +220,7 @@ var _ = Describe("Manager", Label("unit"), func() {
 		Expect(m.holds("alice", used)).To(BeTrue(), "used 5m ago")
 		Expect(m.holds("alice", expiring)).To(BeTrue())
 		_, err = m.Get(ctx, alice, idle)
-		Expect(err).To(MatchError(mcpserver.ErrNotFound))
+		Expect(err).To(MatchError(contract.ErrNotFound))
 
 		clock.Advance(5 * time.Minute) // t0+16m
 		m.reap(clock.Now())
@@ -361,7 +361,7 @@ var _ = Describe("Manager", Label("unit"), func() {
 		Expect(m.Stop(ctx, alice, id)).To(Succeed())
 		Expect(m.holds("alice", id)).To(BeFalse())
 		Expect(d.isLive("ref-1")).To(BeFalse())
-		Expect(m.Stop(ctx, alice, id)).To(MatchError(mcpserver.ErrNotFound))
+		Expect(m.Stop(ctx, alice, id)).To(MatchError(contract.ErrNotFound))
 		Expect(d.callList()).To(HaveEach(Not(Equal("Reap " + id))))
 	})
 
@@ -372,8 +372,8 @@ var _ = Describe("Manager", Label("unit"), func() {
 		m.entries[key{"alice", id}].Removing = true
 		m.mu.Unlock()
 		_, err := m.Exec(ctx, alice, id, execio.Request{Shell: "true"}, nil)
-		Expect(err).To(MatchError(mcpserver.ErrNotFound))
-		Expect(m.Stop(ctx, alice, id)).To(MatchError(mcpserver.ErrNotFound))
+		Expect(err).To(MatchError(contract.ErrNotFound))
+		Expect(m.Stop(ctx, alice, id)).To(MatchError(contract.ErrNotFound))
 		m.reap(clock.Now().Add(1000 * time.Hour))
 		Expect(d.callList()).To(Equal([]string{"Create"}))
 	})
@@ -400,7 +400,7 @@ var _ = Describe("Manager", Label("unit"), func() {
 		Expect(m.Close(ctx)).To(MatchError("one container is stuck"))
 		Expect(d.callList()[len(d.callList())-2:]).To(Equal([]string{"RemoveAll", "Close"}))
 		_, err := m.Get(ctx, alice, a)
-		Expect(err).To(MatchError(mcpserver.ErrNotFound))
+		Expect(err).To(MatchError(contract.ErrNotFound))
 		list, err := m.List(ctx, bob)
 		Expect(err).NotTo(HaveOccurred())
 		Expect(list).To(BeEmpty())
@@ -424,7 +424,7 @@ var _ = Describe("Manager on a shared driver", Label("unit"), func() {
 			s.deny[op] = true
 		}
 		calls := map[Op]func() error{
-			OpCreate: func() error { _, err := m.Create(ctx, alice, mcpserver.CreateRequest{}); return err },
+			OpCreate: func() error { _, err := m.Create(ctx, alice, contract.CreateRequest{}); return err },
 			OpGet:    func() error { _, err := m.Get(ctx, alice, "x"); return err },
 			OpList:   func() error { _, err := m.List(ctx, alice); return err },
 			OpExec: func() error {
@@ -436,7 +436,7 @@ var _ = Describe("Manager on a shared driver", Label("unit"), func() {
 				return err
 			},
 			OpDownload: func() error { _, err := m.Download(ctx, alice, "x", "/app/x", io.Discard, 1); return err },
-			OpLogs:     func() error { _, err := m.Logs(ctx, alice, "x", mcpserver.LogsOptions{}); return err },
+			OpLogs:     func() error { _, err := m.Logs(ctx, alice, "x", contract.LogsOptions{}); return err },
 			OpStop:     func() error { return m.Stop(ctx, alice, "x") },
 		}
 		for op, call := range calls {
@@ -454,9 +454,9 @@ var _ = Describe("Manager on a shared driver", Label("unit"), func() {
 		Expect(sb.ID).To(Equal("mcp-b1"))
 		Expect(s.handles[len(s.handles)-1].Ref).To(BeEmpty(), "not the Manager's: no Ref")
 		_, err = m.Get(ctx, alice, "mcp-b1")
-		Expect(err).To(MatchError(mcpserver.ErrNotFound), "the driver's ownership check")
+		Expect(err).To(MatchError(contract.ErrNotFound), "the driver's ownership check")
 		create(m, bob, time.Hour)
-		_, err = m.Create(ctx, bob, mcpserver.CreateRequest{Image: "img:1"})
+		_, err = m.Create(ctx, bob, contract.CreateRequest{Image: "img:1"})
 		Expect(err).To(MatchError("sandbox quota exceeded: you already have 2 sandboxes; the limit is 2"))
 		list, err := m.List(ctx, bob)
 		Expect(err).NotTo(HaveOccurred())

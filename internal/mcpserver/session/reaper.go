@@ -4,7 +4,7 @@ import (
 	"context"
 	"time"
 
-	"github.com/code-sandbox/code-sandbox-operator/internal/mcpserver"
+	"github.com/code-sandbox/code-sandbox-operator/internal/mcpserver/contract"
 )
 
 // Activity is what the reaper knows about one sandbox, guarded by the
@@ -118,7 +118,7 @@ func (m *Manager) reap(now time.Time) {
 		m.pauseIdle(s.e, now)
 	}
 	for _, v := range victims {
-		m.log.Info("removing sandbox", "sandbox", v.e.id, "reason", v.why, "owner", mcpserver.IdentityHash(v.e.owner.ID))
+		m.log.Info("removing sandbox", "sandbox", v.e.id, "reason", v.why, "owner", contract.IdentityHash(v.e.owner.ID))
 		ctx, cancel := context.WithTimeout(context.WithoutCancel(m.sweepCtx), removeTimeout)
 		if err := m.d.Remove(ctx, v.e.handle(), RemoveReap); err != nil {
 			m.log.Warn("removing sandbox", "sandbox", v.e.id, "reason", v.why, "error", err)
@@ -155,7 +155,7 @@ func (m *Manager) pauseIdle(e *entry, now time.Time) {
 	m.mu.Lock()
 	e.Paused = true
 	m.mu.Unlock()
-	m.log.Info("paused an idle sandbox", "sandbox", e.id, "owner", mcpserver.IdentityHash(e.owner.ID))
+	m.log.Info("paused an idle sandbox", "sandbox", e.id, "owner", contract.IdentityHash(e.owner.ID))
 }
 
 // resume thaws e before an operation that needs it running; the caller has
@@ -178,6 +178,6 @@ func (m *Manager) resume(ctx context.Context, e *entry, h Handle) error {
 	m.mu.Lock()
 	e.Paused = false
 	m.mu.Unlock()
-	m.log.Info("resumed a paused sandbox", "sandbox", e.id, "owner", mcpserver.IdentityHash(e.owner.ID))
+	m.log.Info("resumed a paused sandbox", "sandbox", e.id, "owner", contract.IdentityHash(e.owner.ID))
 	return nil
 }

@@ -1,4 +1,4 @@
-package mcpserver
+package auth
 
 import (
 	"context"
@@ -9,6 +9,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/code-sandbox/code-sandbox-operator/internal/mcpserver/contract"
 
 	authnv1 "k8s.io/api/authentication/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -147,7 +149,7 @@ func (a *TokenReviewAuth) cached(audiences []string) authenticator.Token {
 // server's own audiences; only when that review refuses it, and
 // AcceptAPIServerAudience is set, is it reviewed again for the API server's
 // audiences.
-func (a *TokenReviewAuth) Authenticate(ctx context.Context, token string) (Caller, error) {
+func (a *TokenReviewAuth) Authenticate(ctx context.Context, token string) (contract.Caller, error) {
 	a.mu.Lock()
 	a.reviewing[token]++
 	a.mu.Unlock()
@@ -164,27 +166,27 @@ func (a *TokenReviewAuth) Authenticate(ctx context.Context, token string) (Calle
 	aud := strings.Join(a.audiences, " or ")
 	err := fmt.Errorf("%w: the token is not valid for this server's audience, or not valid at all (this server wants a token for audience %s)", ErrUnauthenticated, aud)
 	if a.api == nil {
-		return Caller{}, err
+		return contract.Caller{}, err
 	}
 	if c, ok, apiErr := lookup(ctx, a.api, token); ok || apiErr != nil {
 		return c, apiErr
 	}
-	return Caller{}, fmt.Errorf("%w; nor for the API server's audiences", err)
+	return contract.Caller{}, fmt.Errorf("%w; nor for the API server's audiences", err)
 }
 
 // lookup asks the cache t. A miss joins a lookup already under way for
 // the token; when that was Recognizes', which reviews nothing, it asks
 // once more, and then the review happens.
-func lookup(ctx context.Context, t authenticator.Token, token string) (Caller, bool, error) {
+func lookup(ctx context.Context, t authenticator.Token, token string) (contract.Caller, bool, error) {
 	resp, ok, err := t.AuthenticateToken(ctx, token)
 	if errors.Is(err, errNotReviewed) {
 		resp, ok, err = t.AuthenticateToken(ctx, token)
 	}
 	switch {
-	case err != nil && !errors.Is(err, ErrUnavailable):
-		return Caller{}, false, fmt.Errorf("%w: TokenReview: %w", ErrUnavailable, err)
+	case err != nil && !errors.Is(err, contract.ErrUnavailable):
+		return contract.Caller{}, false, fmt.Errorf("%w: TokenReview: %w", contract.ErrUnavailable, err)
 	case err != nil || !ok:
-		return Caller{}, false, err
+		return contract.Caller{}, false, err
 	}
 	return resp.User.(reviewedCaller).Caller, true, nil
 }
@@ -219,7 +221,7 @@ func (a *TokenReviewAuth) review(ctx context.Context, audiences []string, token 
 	defer cancel()
 	res, err := a.reviewer.Create(ctx, &authnv1.TokenReview{Spec: authnv1.TokenReviewSpec{Token: token, Audiences: audiences}}, metav1.CreateOptions{})
 	if err != nil {
-		return nil, false, fmt.Errorf("%w: TokenReview failed: %w", ErrUnavailable, err)
+		return nil, false, fmt.Errorf("%w: TokenReview failed: %w", contract.ErrUnavailable, err)
 	}
 	st := res.Status
 	if !st.Authenticated || st.User.Username == "" ||
@@ -232,13 +234,13 @@ func (a *TokenReviewAuth) review(ctx context.Context, audiences []string, token 
 	c := kubeCaller(st.User)
 	if audiences == nil && a.log != nil {
 		a.log.Info("accepted a token for the API server's audience (--accept-apiserver-audience); ask the caller for one with --audience "+a.audiences[0],
-			"caller", IdentityHash(c.ID))
+			"caller", contract.IdentityHash(c.ID))
 	}
 	return &authenticator.Response{User: reviewedCaller{c}}, true, nil
 }
 
 // reviewedCaller carries a reviewed Caller through the cache.
-type reviewedCaller struct{ Caller }
+type reviewedCaller struct{ contract.Caller }
 
 func (c reviewedCaller) GetName() string               { return c.Username }
 func (c reviewedCaller) GetUID() string                { return c.UID }
@@ -247,8 +249,8 @@ func (c reviewedCaller) GetExtra() map[string][]string { return c.Extra }
 
 // kubeCaller keeps everything a SubjectAccessReview needs to decide for
 // the reviewed user, not just the name.
-func kubeCaller(u authnv1.UserInfo) Caller {
-	c := Caller{ID: "kube:" + u.Username, Username: u.Username, UID: u.UID, Groups: u.Groups}
+func kubeCaller(u authnv1.UserInfo) contract.Caller {
+	c := contract.Caller{ID: "kube:" + u.Username, Username: u.Username, UID: u.UID, Groups: u.Groups}
 	if len(u.Extra) > 0 {
 		c.Extra = make(map[string][]string, len(u.Extra))
 		for k, v := range u.Extra {

@@ -1,15 +1,15 @@
-package mcpserver
+package auth
 
 import (
 	"context"
 	"errors"
 	"log/slog"
-	"net/http"
-	"net/http/httptest"
 	"slices"
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/code-sandbox/code-sandbox-operator/internal/mcpserver/contract"
 
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
@@ -199,54 +199,11 @@ var _ = Describe("TokenReview audiences", Label("unit"), func() {
 		r.fail = errors.New("connection refused")
 		a := NewTokenReviewAuthWithOptions(r, TokenReviewOptions{AcceptAPIServerAudience: true})
 		_, err := a.Authenticate(ctx, "api")
-		Expect(err).To(MatchError(ErrUnavailable))
+		Expect(err).To(MatchError(contract.ErrUnavailable))
 		Expect(err).NotTo(MatchError(ErrUnauthenticated))
 		Expect(r.count()).To(Equal(1), "fell back to the API server's audiences after an outage: %v", r.reviews)
 		r.fail = nil
 		_, err = a.Authenticate(ctx, "api")
 		Expect(err).NotTo(HaveOccurred(), "the outage was cached")
-	})
-})
-
-var _ = Describe("caller authorization", Label("unit"), func() {
-	ctx := context.Background()
-	alice := Caller{ID: "kube:alice", Username: "alice", Groups: []string{"devs", "system:authenticated"}}
-	bob := Caller{ID: "kube:bob", Username: "bob", Groups: []string{"system:authenticated"}}
-
-	It("admits the users and groups of an allow-list and no one else", func() {
-		Expect(AllowList{Users: []string{"alice"}}.Authorize(ctx, alice)).To(Succeed())
-		Expect(AllowList{Groups: []string{"devs"}}.Authorize(ctx, alice)).To(Succeed())
-		err := AllowList{Users: []string{"alice"}, Groups: []string{"devs"}}.Authorize(ctx, bob)
-		Expect(err).To(MatchError(ErrForbidden))
-		Expect(err.Error()).To(ContainSubstring(`"bob"`))
-		Expect(AllowList{Users: []string{"anonymous"}}.Authorize(ctx, Caller{ID: AnonymousIdentity})).To(MatchError(ErrForbidden), "a non-Kubernetes caller was admitted")
-		Expect(AllowList{Users: []string{"Alice"}}.Authorize(ctx, alice)).To(MatchError(ErrForbidden), "names are not compared exactly")
-	})
-
-	It("answers 403 naming what is missing, after authentication", func() {
-		fr := &fakeReviewer{status: authnv1.TokenReviewStatus{Authenticated: true, User: authnv1.UserInfo{Username: "bob"}, Audiences: []string{DefaultTokenAudience}}}
-		auth := WithAuthorization(NewTokenReviewAuthWith(fr, nil), AllowList{Users: []string{"alice"}})
-		s, err := New(Config{}, nil, slog.New(slog.DiscardHandler))
-		Expect(err).NotTo(HaveOccurred())
-		h, err := NewHTTPServer(s, HTTPOptions{ResourceURL: "http://127.0.0.1:8080/mcp", AllowedHosts: []string{"127.0.0.1:8080"}, Auth: auth, Logger: slog.New(slog.DiscardHandler)})
-		Expect(err).NotTo(HaveOccurred())
-		do := func(token string) *httptest.ResponseRecorder {
-			r := httptest.NewRequest(http.MethodPost, "/mcp", strings.NewReader(`{"jsonrpc":"2.0","id":1,"method":"ping"}`))
-			r.Host = "127.0.0.1:8080"
-			r.Header.Set("Content-Type", "application/json")
-			r.Header.Set("Authorization", "Bearer "+token)
-			w := httptest.NewRecorder()
-			h.ServeHTTP(w, r)
-			return w
-		}
-		w := do("bobs-token")
-		Expect(w.Code).To(Equal(http.StatusForbidden), "body %s", w.Body)
-		Expect(w.Body.String()).To(And(HavePrefix("Forbidden: user \"bob\""), ContainSubstring("--allow-user")))
-
-		fr.status.User.Username = "alice"
-		Expect(do("alices-token").Code).NotTo(BeElementOf(http.StatusForbidden, http.StatusUnauthorized))
-
-		fr.status = authnv1.TokenReviewStatus{Error: "expired"}
-		Expect(do("expired-token").Code).To(Equal(http.StatusUnauthorized), "a failed authentication is no longer 401")
 	})
 })

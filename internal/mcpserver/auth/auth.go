@@ -1,4 +1,9 @@
-package mcpserver
+// Package auth is the MCP server's authentication and the check of who may
+// use it at all: static tokens, Kubernetes TokenReview, and the allow-list
+// (internal/mcpserver/accessreview is the RBAC one). It turns a bearer token
+// into a contract.Caller and knows nothing of the protocol or the transport:
+// the HTTP transport (internal/mcpserver/httptransport) calls it.
+package auth
 
 import (
 	"bufio"
@@ -14,6 +19,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/code-sandbox/code-sandbox-operator/internal/mcpserver/contract"
 )
 
 // ErrUnauthenticated: the bearer token is missing, unknown, expired or for
@@ -28,7 +35,7 @@ var ErrForbidden = errors.New("forbidden")
 // Authenticator turns a bearer token into a caller. Implementations must
 // be safe for concurrent use and must not log or forward the token.
 type Authenticator interface {
-	Authenticate(ctx context.Context, token string) (Caller, error)
+	Authenticate(ctx context.Context, token string) (contract.Caller, error)
 }
 
 // TokenRecognizer is implemented by authenticators that can tell, without
@@ -42,7 +49,9 @@ type TokenRecognizer interface {
 	Recognizes(token string) bool
 }
 
-func recognizes(a Authenticator, token string) bool {
+// Recognizes reports whether a recognizes token as one it accepted
+// recently (see TokenRecognizer).
+func Recognizes(a Authenticator, token string) bool {
 	r, ok := a.(TokenRecognizer)
 	return ok && r.Recognizes(token)
 }
@@ -55,8 +64,8 @@ type AnonymousAuthenticator struct{}
 const AnonymousIdentity = "anonymous"
 
 // Authenticate implements Authenticator.
-func (AnonymousAuthenticator) Authenticate(context.Context, string) (Caller, error) {
-	return Caller{ID: AnonymousIdentity}, nil
+func (AnonymousAuthenticator) Authenticate(context.Context, string) (contract.Caller, error) {
+	return contract.Caller{ID: AnonymousIdentity}, nil
 }
 
 // MinTokenLength refuses guessable static tokens.
@@ -156,7 +165,7 @@ func (t *StaticTokens) reload(initial bool) error {
 }
 
 // Authenticate implements Authenticator.
-func (t *StaticTokens) Authenticate(_ context.Context, token string) (Caller, error) {
+func (t *StaticTokens) Authenticate(_ context.Context, token string) (contract.Caller, error) {
 	t.mu.Lock()
 	if time.Since(t.checkedAt) >= tokenReloadInterval {
 		t.checkedAt = time.Now()
@@ -176,16 +185,16 @@ func (t *StaticTokens) Authenticate(_ context.Context, token string) (Caller, er
 		}
 	}
 	if identity == "" {
-		return Caller{}, fmt.Errorf("%w: unknown token", ErrUnauthenticated)
+		return contract.Caller{}, fmt.Errorf("%w: unknown token", ErrUnauthenticated)
 	}
-	return Caller{ID: identity}, nil
+	return contract.Caller{ID: identity}, nil
 }
 
 // CallerAuthorizer decides whether an authenticated caller may use the
 // server at all. It returns nil, an error matching ErrForbidden (403) or
 // one matching ErrUnavailable (503).
 type CallerAuthorizer interface {
-	Authorize(ctx context.Context, caller Caller) error
+	Authorize(ctx context.Context, caller contract.Caller) error
 }
 
 // WithAuthorization returns an Authenticator that authenticates with authn,
@@ -203,12 +212,12 @@ type authorizingAuthenticator struct {
 
 // Recognizes implements TokenRecognizer: the token is recognized when the
 // wrapped authenticator recognizes it; the authorization still runs.
-func (a authorizingAuthenticator) Recognizes(token string) bool { return recognizes(a.authn, token) }
+func (a authorizingAuthenticator) Recognizes(token string) bool { return Recognizes(a.authn, token) }
 
-func (a authorizingAuthenticator) Authenticate(ctx context.Context, token string) (Caller, error) {
+func (a authorizingAuthenticator) Authenticate(ctx context.Context, token string) (contract.Caller, error) {
 	c, err := a.authn.Authenticate(ctx, token)
 	if err != nil {
-		return Caller{}, err
+		return contract.Caller{}, err
 	}
 	if err := a.authz.Authorize(ctx, c); err != nil {
 		return c, err
@@ -225,7 +234,7 @@ type AllowList struct {
 }
 
 // Authorize implements CallerAuthorizer.
-func (l AllowList) Authorize(_ context.Context, c Caller) error {
+func (l AllowList) Authorize(_ context.Context, c contract.Caller) error {
 	if c.IsKubernetesUser() && (slices.Contains(l.Users, c.Username) || slices.ContainsFunc(c.Groups, func(g string) bool { return slices.Contains(l.Groups, g) })) {
 		return nil
 	}

@@ -4,7 +4,7 @@ Copyright 2026 The code-sandbox-operator Authors.
 Licensed under the MIT License; see the LICENSE file.
 */
 
-package main
+package mcpmain
 
 import (
 	"net/http"
@@ -14,6 +14,7 @@ import (
 	. "github.com/onsi/gomega"
 
 	"github.com/code-sandbox/code-sandbox-operator/internal/mcpserver"
+	"github.com/code-sandbox/code-sandbox-operator/internal/mcpserver/auth"
 	"github.com/code-sandbox/code-sandbox-operator/internal/testenv"
 )
 
@@ -64,7 +65,7 @@ var _ = Describe("the HTTP transport's limits", Ordered, func() {
 	})
 
 	It("limits failed authentications per address before reviewing tokens, but not a token already accepted; and caps sessions per identity", func(ctx SpecContext) {
-		aud := mcpserver.DefaultTokenAudience
+		aud := auth.DefaultTokenAudience
 		alice := saToken(ns, "alice", aud)
 		bob := saToken(ns, "bob", aud)
 		url := startServer("--backend", "docker", "--kubeconfig", reviewerKubeconfig,

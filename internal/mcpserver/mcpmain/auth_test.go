@@ -4,7 +4,7 @@ Copyright 2026 The code-sandbox-operator Authors.
 Licensed under the MIT License; see the LICENSE file.
 */
 
-package main
+package mcpmain
 
 import (
 	"context"
@@ -19,8 +19,9 @@ import (
 	rbacv1 "k8s.io/api/rbac/v1"
 
 	sandboxv1alpha1 "github.com/code-sandbox/code-sandbox-operator/api/v1alpha1"
-	"github.com/code-sandbox/code-sandbox-operator/internal/mcpserver"
+	"github.com/code-sandbox/code-sandbox-operator/internal/mcpserver/auth"
 	"github.com/code-sandbox/code-sandbox-operator/internal/testenv"
+	"github.com/code-sandbox/code-sandbox-operator/internal/testenv/mcpclient"
 )
 
 const initializeBody = `{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"test","version":"1"}}}`
@@ -68,13 +69,7 @@ func callTool(ctx context.Context, s *mcp.ClientSession, name string, args map[s
 	GinkgoHelper()
 	res, err := s.CallTool(ctx, &mcp.CallToolParams{Name: name, Arguments: args})
 	Expect(err).NotTo(HaveOccurred(), "calling %s", name)
-	var b strings.Builder
-	for _, c := range res.Content {
-		if t, ok := c.(*mcp.TextContent); ok {
-			b.WriteString(t.Text)
-		}
-	}
-	return res, b.String()
+	return res, mcpclient.Text(res)
 }
 
 // Tokens for the server's own audience are MCP credentials; tokens for the
@@ -84,9 +79,9 @@ var _ = Describe("--auth kubernetes token audiences", Ordered, func() {
 
 	BeforeAll(func() {
 		ns = cp.NewNamespace("mcp-aud-")
-		mcpToken = saToken(ns, "agent", mcpserver.DefaultTokenAudience)
+		mcpToken = saToken(ns, "agent", auth.DefaultTokenAudience)
 		apiToken = saToken(ns, "agent")
-		bothToken = saToken(ns, "agent", mcpserver.DefaultTokenAudience, cp.Config.Host)
+		bothToken = saToken(ns, "agent", auth.DefaultTokenAudience, cp.Config.Host)
 		vaultToken = saToken(ns, "agent", "https://vault.example")
 	})
 
@@ -174,7 +169,7 @@ var _ = Describe("--auth kubernetes on the docker backend", Ordered, func() {
 			APIGroups: []string{sandboxv1alpha1.GroupVersion.Group}, Resources: []string{"sandboxes"}, Verbs: []string{"create"}})
 		cp.CreateClusterRole("mcp-test-sandbox-viewer", rbacv1.PolicyRule{
 			APIGroups: []string{sandboxv1alpha1.GroupVersion.Group}, Resources: []string{"sandboxes"}, Verbs: []string{"get", "list", "watch"}})
-		aud := mcpserver.DefaultTokenAudience
+		aud := auth.DefaultTokenAudience
 		outsider := saToken(ns, "outsider", aud)
 		viewer := saToken(ns, "viewer", aud)
 		cp.Bind(ns, "mcp-test-sandbox-viewer", testenv.ServiceAccountSubject(ns, "viewer"))
@@ -206,7 +201,7 @@ var _ = Describe("--auth kubernetes on the docker backend", Ordered, func() {
 	}, NodeTimeout(3*time.Minute))
 
 	It("admits exactly the users and groups of --allow-user and --allow-group, without RBAC", func(ctx SpecContext) {
-		aud := mcpserver.DefaultTokenAudience
+		aud := auth.DefaultTokenAudience
 		alice := saToken(ns, "alice", aud)
 		bob := saToken(ns, "bob", aud)
 		carol := saToken(otherNS, "carol", aud)

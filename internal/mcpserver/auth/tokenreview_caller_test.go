@@ -1,6 +1,7 @@
-package mcpserver
+package auth
 
 import (
+	"github.com/code-sandbox/code-sandbox-operator/internal/mcpserver/contract"
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
 	authnv1 "k8s.io/api/authentication/v1"
@@ -23,6 +24,6 @@ var _ = Describe("kubeCaller", Label("unit"), func() {
 	})
 
 	It("does not count the stdio caller as a Kubernetes user", func() {
-		Expect((Caller{ID: LocalIdentity}).IsKubernetesUser()).To(BeFalse(), "the stdio caller counts as a Kubernetes user")
+		Expect((contract.Caller{ID: contract.LocalIdentity}).IsKubernetesUser()).To(BeFalse(), "the stdio caller counts as a Kubernetes user")
 	})
 })

@@ -1,11 +1,10 @@
-// Package mcpserver is the Model Context Protocol server that gives agents
-// disposable, hardened sandboxes: the tools (sandbox_initialize,
-// sandbox_exec, file transfer…), the logs resource, the stdio and streamable
-// HTTP transports and their security (authentication, Origin and Host
-// checks, identity-bound sessions). Where sandboxes live is a Backend's
-// business: the Docker backend (package dockerbackend) runs them on the
-// local Docker Engine; a Kubernetes backend runs them as Sandbox resources.
-package mcpserver
+// Package contract is what the MCP server and its backends agree on: the
+// Caller a request acts for, the Backend interface, its request and result
+// types and the error kinds a backend wraps. It imports no protocol library,
+// so that the session core (internal/mcpserver/session) and the drivers
+// (dockerbackend, kubebackend) stay protocol-free; a test in this package
+// checks that none of them links mcp-go, even indirectly.
+package contract
 
 import (
 	"context"
@@ -37,6 +36,11 @@ type Caller struct {
 	// when the transport has none.
 	Session string
 }
+
+// DefaultImage is the image of a sandbox whose request names none, unless
+// the server is configured with another: the tools' default and the Docker
+// backend's warm pool agree on it.
+const DefaultImage = "python:3.12-slim-bookworm"
 
 // Network modes a caller may ask for.
 const (

@@ -4,7 +4,7 @@ Copyright 2026 The code-sandbox-operator Authors.
 Licensed under the MIT License; see the LICENSE file.
 */
 
-package main
+package mcpmain
 
 import (
 	"context"
@@ -49,6 +49,9 @@ func TestCodeSandboxMCP(t *testing.T) {
 }
 
 var _ = BeforeSuite(func() {
+	if !tier.NeedsIntegration() {
+		return // unit specs only: no Docker, no API server
+	}
 	cp = testenv.StartControlPlane()
 	dir := GinkgoT().TempDir()
 	adminKubeconfig = writeKubeconfig(dir, envtest.User{Name: "mcp-admin", Groups: []string{"system:masters"}})
@@ -61,7 +64,9 @@ var _ = BeforeSuite(func() {
 })
 
 var _ = AfterSuite(func() {
-	cp.Stop()
+	if cp != nil {
+		cp.Stop()
+	}
 })
 
 func writeKubeconfig(dir string, u envtest.User) string {

@@ -1,0 +1,75 @@
+package mcpmain
+
+// The config subcommand: client configuration snippets.
+
+import (
+	"encoding/json"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"github.com/code-sandbox/code-sandbox-operator/internal/mcpserver"
+)
+
+// printConfig prints client configuration snippets: the stdio form with
+// this binary's absolute path (and any server flags given after
+// "config"), and the HTTP form.
+func printConfig(args []string, w io.Writer) int {
+	var o options
+	fs := newFlagSet(&o)
+	fs.SetOutput(os.Stderr)
+	if err := fs.Parse(args); err != nil {
+		return exitUsage
+	}
+	exe, err := os.Executable()
+	if err == nil {
+		exe, err = filepath.EvalSymlinks(exe)
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "cannot determine the binary's path:", err)
+		return 1
+	}
+	serverArgs := []string{}
+	fs.Visit(func(f *flag.Flag) {
+		if f.Name != "http" {
+			serverArgs = append(serverArgs, "--"+f.Name+"="+f.Value.String())
+		}
+	})
+	endpoint := o.publicURL
+	if endpoint == "" {
+		addr := o.httpAddr
+		if addr == "" {
+			addr = "127.0.0.1:8080"
+		}
+		endpoint = "http://" + addr + mcpserver.EndpointPath
+	}
+	out := map[string]any{
+		"stdio": map[string]any{
+			"mcpServers": map[string]any{
+				"code-sandbox": map[string]any{"command": exe, "args": serverArgs},
+			},
+		},
+		"http": map[string]any{
+			"mcpServers": map[string]any{
+				"code-sandbox": map[string]any{
+					"type":    "http",
+					"url":     endpoint,
+					"headers": map[string]string{"Authorization": "Bearer <token from --token-file>"},
+				},
+			},
+		},
+	}
+	// Explanations go to stderr so that stdout is one JSON document.
+	fmt.Fprintln(os.Stderr, `"stdio": for Claude Desktop (claude_desktop_config.json) and other clients that start the server themselves.`)
+	fmt.Fprintf(os.Stderr, "\"http\": for clients that speak streamable HTTP; start the server with --http %s --auth token --token-file FILE.\n", strings.TrimSuffix(strings.TrimPrefix(endpoint, "http://"), mcpserver.EndpointPath))
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	enc.SetEscapeHTML(false)
+	if err := enc.Encode(out); err != nil {
+		return 1
+	}
+	return 0
+}
