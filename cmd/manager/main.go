@@ -38,7 +38,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/manager"
 
 	sandboxv1alpha1 "github.com/code-sandbox/code-sandbox-operator/api/v1alpha1"
-	"github.com/code-sandbox/code-sandbox-operator/controllers"
+	sandboxcontroller "github.com/code-sandbox/code-sandbox-operator/controllers/sandbox"
 	"github.com/code-sandbox/code-sandbox-operator/internal/dockerruntime"
 	"github.com/code-sandbox/code-sandbox-operator/internal/egress"
 	"github.com/code-sandbox/code-sandbox-operator/internal/execio"
@@ -174,7 +174,7 @@ func run() error {
 		// replica is active; there is nothing to elect.
 		LeaderElection: false,
 		// Full objects only for this node's Sandboxes.
-		Cache: controllers.CacheOptions(nodeName),
+		Cache: sandboxcontroller.CacheOptions(nodeName),
 	})
 	if err != nil {
 		return fmt.Errorf("creating manager: %w", err)
@@ -214,8 +214,8 @@ func run() error {
 		log.Info("no --operator-namespace: no node Lease, so warm pool members are not spread over nodes")
 	}
 
-	reconciler, err := controllers.NewSandboxReconciler(mgr.GetClient(), mgr.GetAPIReader(), docker,
-		mgr.GetEventRecorder("sandbox-manager-"+nodeName), clock.RealClock{}, controllers.Options{
+	reconciler, err := sandboxcontroller.NewSandboxReconciler(mgr.GetClient(), mgr.GetAPIReader(), docker,
+		mgr.GetEventRecorder("sandbox-manager-"+nodeName), clock.RealClock{}, sandboxcontroller.Options{
 			NodeName:                nodeName,
 			MaxSandboxes:            maxSandboxes,
 			StopGracePeriod:         stopGrace,

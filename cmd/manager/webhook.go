@@ -28,7 +28,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/manager"
 	"sigs.k8s.io/controller-runtime/pkg/webhook"
 
-	"github.com/code-sandbox/code-sandbox-operator/controllers"
+	sandboxcontroller "github.com/code-sandbox/code-sandbox-operator/controllers/sandbox"
 	"github.com/code-sandbox/code-sandbox-operator/controllers/sandboxquota"
 	"github.com/code-sandbox/code-sandbox-operator/controllers/sandboxwarmpool"
 	"github.com/code-sandbox/code-sandbox-operator/internal/admission"
@@ -208,8 +208,8 @@ func runWebhook(f webhookFlags, metricsAddr, probeAddr string) error {
 		LeaderElectionNamespace:       f.namespace,
 		LeaderElectionReleaseOnCancel: true,
 		// No Sandbox's command or env: the quota and pool controllers
-		// and the aggregated API never read them (controllers.CacheOptions).
-		Cache: controllers.CacheOptions(""),
+		// and the aggregated API never read them (sandboxcontroller.CacheOptions).
+		Cache: sandboxcontroller.CacheOptions(""),
 		WebhookServer: webhook.NewServer(webhook.Options{
 			Host:    host,
 			Port:    port,

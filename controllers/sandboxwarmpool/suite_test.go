@@ -27,7 +27,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/webhook"
 
 	sandboxv1alpha1 "github.com/code-sandbox/code-sandbox-operator/api/v1alpha1"
-	"github.com/code-sandbox/code-sandbox-operator/controllers"
+	sandboxcontroller "github.com/code-sandbox/code-sandbox-operator/controllers/sandbox"
 	"github.com/code-sandbox/code-sandbox-operator/controllers/sandboxquota"
 	"github.com/code-sandbox/code-sandbox-operator/controllers/sandboxwarmpool"
 	"github.com/code-sandbox/code-sandbox-operator/internal/admission"
@@ -91,7 +91,7 @@ func startWebhook() *webhookProcess {
 		Controller: config.Controller{SkipNameValidation: ptr.To(true)},
 		// The webhook role's cache, as cmd/manager wires it: every
 		// Sandbox without command and env.
-		Cache: controllers.CacheOptions(""),
+		Cache: sandboxcontroller.CacheOptions(""),
 	})
 	Expect(err).NotTo(HaveOccurred())
 	// The pool controller below runs as cp.Config's user, as in

@@ -4,9 +4,9 @@ Copyright 2026 The code-sandbox-operator Authors.
 Licensed under the MIT License; see the LICENSE file.
 */
 
-// Package controllers holds the Sandbox reconciler, which runs on every node
+// Package sandbox holds the Sandbox reconciler, which runs on every node
 // and turns Sandboxes bound to that node into hardened Docker containers.
-package controllers
+package sandbox
 
 import (
 	"context"
