@@ -62,7 +62,7 @@ var _ = AfterSuite(func() {
 	cp.Stop()
 })
 
-// webhookProcess is the webhook role as cmd/manager wires it, minus the
+// webhookProcess is the control-plane role as cmd/manager wires it, minus the
 // certificates and the aggregated API: the validators (so that quota
 // refusals are real), the quota controller (which admission waits for) and
 // the warm pool controller.
@@ -89,7 +89,7 @@ func startWebhook() *webhookProcess {
 			TLSOpts: []func(*tls.Config){clientAuth},
 		}),
 		Controller: config.Controller{SkipNameValidation: ptr.To(true)},
-		// The webhook role's cache, as cmd/manager wires it: every
+		// The control-plane role's cache, as cmd/manager wires it: every
 		// Sandbox without command and env.
 		Cache: sandboxcontroller.CacheOptions(""),
 	})
