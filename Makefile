@@ -54,8 +54,9 @@ vet: helper ## Run go vet (including the e2e and benchmark build tags).
 	$(GO) vet -tags image ./test/image/
 
 .PHONY: lint
-lint: helper golangci-lint ## Run golangci-lint (.golangci.yml: linters, formatting, and the package layering of docs/design.md), with the e2e, mcp_e2e, cluster and image build tags.
+lint: helper golangci-lint ## Run golangci-lint (.golangci.yml: linters, formatting, and the package layering of docs/design.md), with the e2e, mcp_e2e, cluster and image build tags, and check that every package under internal/ and controllers/ has a depguard rule (test/layering).
 	$(GOLANGCI_LINT) run
+	go test ./test/layering/
 
 .PHONY: lint-fix
 lint-fix: helper golangci-lint ## Run golangci-lint and apply its fixes (formatting, imports).
