@@ -1,7 +1,7 @@
 # The manager image: one static binary and iptables, no shell, no package
 # manager. It runs as the manager DaemonSet (as root, for the Docker socket
 # and the egress firewall; see config/manager/manager.yaml) and as the
-# admission webhook Deployment (--role=webhook, as 65532). `make
+# admission webhook Deployment (--role=control-plane, as 65532). `make
 # docker-build` compiles bin/manager first (CGO_ENABLED=0) and stages
 # Debian's iptables (nft and legacy, with their libraries, the loader and
 # the xtables modules; hack/image-iptables.sh) in bin/image/manager-root,

@@ -35,7 +35,7 @@ help: ## Display this help.
 .PHONY: manifests
 manifests: controller-gen ## Generate the CRDs and the manager's and the webhook's RBAC roles.
 	$(CONTROLLER_GEN) crd paths="./api/..." output:crd:artifacts:config=config/crd/bases
-	$(CONTROLLER_GEN) rbac:roleName=manager-role paths="./controllers;./internal/nodeapi/...;./internal/nodelease;./internal/operatorca/noderbac" output:rbac:artifacts:config=config/rbac
+	$(CONTROLLER_GEN) rbac:roleName=manager-role paths="./controllers/sandbox;./internal/nodeapi/...;./internal/nodelease;./internal/operatorca/noderbac" output:rbac:artifacts:config=config/rbac
 	$(CONTROLLER_GEN) rbac:roleName=webhook-role paths="./controllers/sandboxquota/...;./controllers/sandboxwarmpool/...;./internal/admission/...;./internal/webhookcert/...;./internal/operatorca;./internal/aggregatedapi" output:rbac:artifacts:config=config/webhook
 
 .PHONY: generate
@@ -54,8 +54,9 @@ vet: helper ## Run go vet (including the e2e and benchmark build tags).
 	$(GO) vet -tags image ./test/image/
 
 .PHONY: lint
-lint: helper golangci-lint ## Run golangci-lint (.golangci.yml: linters, formatting, and the package layering of docs/design.md), with the e2e, mcp_e2e, cluster and image build tags.
+lint: helper golangci-lint ## Run golangci-lint (.golangci.yml: linters, formatting, and the package layering of docs/design.md), with the e2e, mcp_e2e, cluster and image build tags, and check that every package under internal/ and controllers/ has a depguard rule (test/layering).
 	$(GOLANGCI_LINT) run
+	go test ./test/layering/
 
 .PHONY: lint-fix
 lint-fix: helper golangci-lint ## Run golangci-lint and apply its fixes (formatting, imports).

@@ -9,7 +9,7 @@
 #     ClusterRoles, the SandboxQuota webhook configuration (calling
 #     https://127.0.0.1:9444) and the APIService of the aggregated API (an
 #     ExternalName Service for localhost, port 9445);
-#   - the operator's control-plane component, `bin/manager --role webhook`
+#   - the operator's control-plane component, `bin/manager --role control-plane`
 #     (bin/dev/webhook.{pid,log}): it keeps the operator CA (Secret
 #     code-sandbox-operator-ca, bundle ConfigMap
 #     code-sandbox-operator-ca-bundle), signs the node managers' node API
@@ -213,7 +213,7 @@ apiservice_available() {
   [[ "$(kc get apiservice "${APISERVICE}" -o jsonpath='{.status.conditions[?(@.type=="Available")].status}' 2>/dev/null)" == True ]]
 }
 
-# ensure_operator: starts `bin/manager --role webhook` unless it runs, and
+# ensure_operator: starts `bin/manager --role control-plane` unless it runs, and
 # waits until it is healthy, its CA is injected, the API server calls its
 # webhook and serves its aggregated API. Apply config/dev/operator first.
 ensure_operator() {
@@ -225,7 +225,7 @@ ensure_operator() {
       port_free "${addr##*:}" || { log "${addr} is taken by another process"; exit 1; }
     done
     health=$(health_addr webhook 18091)
-    start webhook bin/manager --role webhook --kubeconfig "${KUBECONFIG_PATH}" \
+    start webhook bin/manager --role control-plane --kubeconfig "${KUBECONFIG_PATH}" \
       --webhook-namespace "${OPERATOR_NAMESPACE}" \
       --webhook-bind-address "${WEBHOOK_ADDR}" --webhook-service "" \
       --webhook-client-ca "${DEV_DIR}/webhook-client/webhook-client-ca.crt" \

@@ -5,7 +5,7 @@
 # then adds the node's name to every request made with it (the user's extra
 # authentication.kubernetes.io/node-name), which is what the Sandbox status
 # policy (config/policy) and the node certificate signer (`bin/manager
-# --role webhook`) check.
+# --role control-plane`) check.
 #
 #   hack/dev-node-kubeconfig.sh ADMIN_KUBECONFIG NODE OUT [DURATION]
 #

@@ -3,7 +3,7 @@
 # against the local control plane (make dev-up), with its node API on
 # 127.0.0.1:9443. What it needs runs as in a cluster (hack/dev-lib.sh): the
 # operator's objects (config/dev/operator) are applied, the operator's
-# control-plane component (`bin/manager --role webhook`: the operator CA,
+# control-plane component (`bin/manager --role control-plane`: the operator CA,
 # the node certificate signer, the quota webhook and the aggregated API
 # that kubectl sandbox goes through) is started in the background unless it
 # runs, and the manager authenticates with a token bound to a Pod on its

@@ -10,7 +10,7 @@
 #      aggregated API (served on 127.0.0.1:9445), ServiceAccount
 #      default/agent bound to the editor role, and the demo SandboxQuota
 #      default/demo;
-#   2. the operator's control-plane component, `bin/manager --role webhook`:
+#   2. the operator's control-plane component, `bin/manager --role control-plane`:
 #      the operator CA, the node certificate signer, the SandboxQuota webhook
 #      and the aggregated API (sandboxes/exec, files, log, history through
 #      kube-apiserver); it goes first, since the managers need its CA;

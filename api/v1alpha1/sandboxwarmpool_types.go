@@ -230,7 +230,7 @@ type SandboxWarmPoolClaimStatus struct {
 // from an empty status (a manager of another node may have written the
 // status of the Sandbox while it was unbound), and the manager adopts a
 // member's container only if its labels name a Sandbox of the same
-// namespace on its node (controllers, verifyMemberContainer). A Sandbox
+// namespace on its node (controllers/sandbox, verifyMemberContainer). A Sandbox
 // without spec.warmPoolRef never runs in another one's container, whatever
 // its status says.
 func (s *Sandbox) ContainerUID() types.UID {

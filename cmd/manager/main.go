@@ -7,9 +7,10 @@ Licensed under the MIT License; see the LICENSE file.
 // Command manager runs the operator. In its default role, node, it runs the
 // Sandbox controller for one node: run one per node (a DaemonSet in a
 // cluster), each with its own --node-name and access to that node's Docker
-// Engine. In the webhook role it serves the SandboxQuota admission webhook
-// and runs the quota and warm pool controllers instead (a Deployment), and
-// needs no Docker.
+// Engine. In the control-plane role (a Deployment, no Docker) it serves the
+// SandboxQuota admission webhook and the aggregated API, keeps the operator
+// CA, signs the node managers' certificates and runs the quota and warm pool
+// controllers instead. --role webhook is that role's deprecated former name.
 package main
 
 import (
@@ -38,7 +39,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/manager"
 
 	sandboxv1alpha1 "github.com/code-sandbox/code-sandbox-operator/api/v1alpha1"
-	"github.com/code-sandbox/code-sandbox-operator/controllers"
+	sandboxcontroller "github.com/code-sandbox/code-sandbox-operator/controllers/sandbox"
 	"github.com/code-sandbox/code-sandbox-operator/internal/dockerruntime"
 	"github.com/code-sandbox/code-sandbox-operator/internal/egress"
 	"github.com/code-sandbox/code-sandbox-operator/internal/execio"
@@ -80,10 +81,10 @@ func run() error {
 		stateDir         string
 		nodeAPI          nodeAPIFlags
 		role             string
-		webhook          webhookFlags
+		controlPlane     controlPlaneFlags
 		egressOpts       egressFlags
 	)
-	flag.StringVar(&role, "role", "node", "What this process does: node (the Sandbox controller and node API for --node-name) or webhook (the SandboxQuota admission webhook and quota controller).")
+	flag.StringVar(&role, "role", roleNode, "What this process does: node (the Sandbox controller and node API for --node-name) or control-plane (the SandboxQuota admission webhook, the aggregated API, the operator CA and node certificate signer, and the quota and warm pool controllers). webhook is a deprecated alias of control-plane.")
 	flag.StringVar(&nodeName, "node-name", os.Getenv("NODE_NAME"), "Name of the node this manager runs on (default $NODE_NAME). Required.")
 	flag.StringVar(&dockerHost, "docker-host", os.Getenv("DOCKER_HOST"), "Docker Engine endpoint (default $DOCKER_HOST, else unix:///var/run/docker.sock).")
 	flag.IntVar(&maxSandboxes, "max-sandboxes", 50, "Most Sandboxes this node runs at once; unbound Sandboxes beyond it are left to other nodes.")
@@ -100,7 +101,7 @@ func run() error {
 	allowedRegistries := flag.String("allowed-registries", "", "Comma-separated image registries sandboxes may use besides public ones: host (any port), host:port or CIDR, for example 127.0.0.1:5000,registry.corp,10.0.0.0/8. Without them loopback, private, link-local and single-label registry hosts and localhost are refused (see docs/security.md).")
 	allowPublicRegistries := flag.Bool("allow-public-registries", true, "Allow any public registry host (and images without one, which are Docker Hub's). false makes --allowed-registries a strict allow-list (list docker.io to keep Docker Hub).")
 	nodeAPI.bind(flag.CommandLine)
-	webhook.bind(flag.CommandLine)
+	controlPlane.bind(flag.CommandLine)
 	egressOpts.bind(flag.CommandLine)
 	zapOpts := zap.Options{}
 	zapOpts.BindFlags(flag.CommandLine)
@@ -110,14 +111,17 @@ func run() error {
 		fmt.Println(version.Version)
 		return nil
 	}
-	switch role {
-	case "node":
-	case "webhook":
+	role, deprecation, err := parseRole(role)
+	if err != nil {
+		return err
+	}
+	if role == roleControlPlane {
 		ctrl.SetLogger(zap.New(zap.UseFlagOptions(&zapOpts)))
-		webhook.caBundle = nodeAPI.bundleConfigMap
-		return runWebhook(webhook, metricsAddr, probeAddr)
-	default:
-		return fmt.Errorf("--role must be node or webhook, got %q", role)
+		if deprecation != "" {
+			ctrl.Log.WithName("setup").Info("Deprecated: " + deprecation)
+		}
+		controlPlane.caBundle = nodeAPI.bundleConfigMap
+		return runControlPlane(controlPlane, metricsAddr, probeAddr)
 	}
 	if egressOpts.detect {
 		return runEgressDetect(egressOpts)
@@ -174,7 +178,7 @@ func run() error {
 		// replica is active; there is nothing to elect.
 		LeaderElection: false,
 		// Full objects only for this node's Sandboxes.
-		Cache: controllers.CacheOptions(nodeName),
+		Cache: sandboxcontroller.CacheOptions(nodeName),
 	})
 	if err != nil {
 		return fmt.Errorf("creating manager: %w", err)
@@ -214,8 +218,8 @@ func run() error {
 		log.Info("no --operator-namespace: no node Lease, so warm pool members are not spread over nodes")
 	}
 
-	reconciler, err := controllers.NewSandboxReconciler(mgr.GetClient(), mgr.GetAPIReader(), docker,
-		mgr.GetEventRecorder("sandbox-manager-"+nodeName), clock.RealClock{}, controllers.Options{
+	reconciler, err := sandboxcontroller.NewSandboxReconciler(mgr.GetClient(), mgr.GetAPIReader(), docker,
+		mgr.GetEventRecorder("sandbox-manager-"+nodeName), clock.RealClock{}, sandboxcontroller.Options{
 			NodeName:                nodeName,
 			MaxSandboxes:            maxSandboxes,
 			StopGracePeriod:         stopGrace,
@@ -277,7 +281,7 @@ func (f *nodeAPIFlags) bind(fs *flag.FlagSet) {
 	fs.StringVar(&f.bindAddress, "node-api-bind-address", ":9443", "Address of the node API (HTTPS with mutual TLS: exec, files, logs for the operator's aggregated API server); 0 disables it.")
 	fs.StringVar(&f.advertiseAddress, "node-api-advertise-address", advertise, "Host or IP the aggregated API server uses to reach the node API, published in status.nodeAPIEndpoint (default $POD_IP, else the node name).")
 	fs.StringVar(&f.namespace, "operator-namespace", os.Getenv("POD_NAMESPACE"), "Namespace of the operator CA bundle ConfigMap and of the node managers' Leases (default $POD_NAMESPACE).")
-	fs.StringVar(&f.bundleConfigMap, "ca-bundle-configmap", operatorca.DefaultBundleConfigMap, "ConfigMap with the operator CA bundle: the webhook role publishes it in --webhook-namespace, node managers read it from --operator-namespace to check node API clients.")
+	fs.StringVar(&f.bundleConfigMap, "ca-bundle-configmap", operatorca.DefaultBundleConfigMap, "ConfigMap with the operator CA bundle: the control-plane role publishes it in --webhook-namespace, node managers read it from --operator-namespace to check node API clients.")
 	fs.StringVar(&f.allowedClients, "node-api-allowed-clients", operatorca.AggregatorCommonName, "Comma-separated client certificate names (issued by the operator CA) the node API serves.")
 	fs.Var(&quantityFlag{&f.execOutputLimit}, "exec-output-limit", "Largest output of one exec, per stream (stdout and stderr each); a request may ask for less.")
 	fs.Var(&quantityFlag{&f.fileTransferLimit}, "file-transfer-limit", "Largest file content of one upload or download.")
@@ -413,4 +417,32 @@ func (f *quantityFlag) Set(v string) error {
 	}
 	*f.q = q
 	return nil
+}
+
+// The manager's roles: which process this is.
+const (
+	// roleNode runs one node's Sandboxes: the Sandbox controller and the
+	// node API (a DaemonSet).
+	roleNode = "node"
+	// roleControlPlane runs the cluster-wide parts: the SandboxQuota
+	// webhook, the aggregated API, the operator CA and the node certificate
+	// signer, and the quota and warm pool controllers (a Deployment).
+	roleControlPlane = "control-plane"
+	// roleWebhookDeprecated is roleControlPlane's former name, accepted so
+	// that existing Deployments keep working; it ran far more than the
+	// webhook, which the name hid.
+	roleWebhookDeprecated = "webhook"
+)
+
+// parseRole returns the role that the --role value names, and for a
+// deprecated name the warning to log.
+func parseRole(value string) (role, deprecation string, err error) {
+	switch value {
+	case roleNode, roleControlPlane:
+		return value, "", nil
+	case roleWebhookDeprecated:
+		return roleControlPlane, "--role webhook is deprecated and will be removed; use --role control-plane (the same role)", nil
+	default:
+		return "", "", fmt.Errorf("--role must be %s or %s, got %q", roleNode, roleControlPlane, value)
+	}
 }

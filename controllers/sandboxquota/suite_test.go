@@ -71,7 +71,7 @@ var _ = AfterSuite(func() {
 	cp.Stop()
 })
 
-// webhookProcess is the webhook role, as cmd/manager wires it, in this
+// webhookProcess is the control-plane role, as cmd/manager wires it, in this
 // process: the validator on envtest's webhook address and the quota
 // controller.
 type webhookProcess struct {

@@ -27,7 +27,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/webhook"
 
 	sandboxv1alpha1 "github.com/code-sandbox/code-sandbox-operator/api/v1alpha1"
-	"github.com/code-sandbox/code-sandbox-operator/controllers"
+	sandboxcontroller "github.com/code-sandbox/code-sandbox-operator/controllers/sandbox"
 	"github.com/code-sandbox/code-sandbox-operator/controllers/sandboxquota"
 	"github.com/code-sandbox/code-sandbox-operator/controllers/sandboxwarmpool"
 	"github.com/code-sandbox/code-sandbox-operator/internal/admission"
@@ -62,7 +62,7 @@ var _ = AfterSuite(func() {
 	cp.Stop()
 })
 
-// webhookProcess is the webhook role as cmd/manager wires it, minus the
+// webhookProcess is the control-plane role as cmd/manager wires it, minus the
 // certificates and the aggregated API: the validators (so that quota
 // refusals are real), the quota controller (which admission waits for) and
 // the warm pool controller.
@@ -89,9 +89,9 @@ func startWebhook() *webhookProcess {
 			TLSOpts: []func(*tls.Config){clientAuth},
 		}),
 		Controller: config.Controller{SkipNameValidation: ptr.To(true)},
-		// The webhook role's cache, as cmd/manager wires it: every
+		// The control-plane role's cache, as cmd/manager wires it: every
 		// Sandbox without command and env.
-		Cache: controllers.CacheOptions(""),
+		Cache: sandboxcontroller.CacheOptions(""),
 	})
 	Expect(err).NotTo(HaveOccurred())
 	// The pool controller below runs as cp.Config's user, as in

@@ -16,7 +16,7 @@ Licensed under the MIT License; see the LICENSE file.
 // request-header flags, which it publishes in
 // kube-system/extension-apiserver-authentication. The operator's aggregated
 // API (sandboxes/exec, files, log, history) is served that way by the local
-// `bin/manager --role webhook` (hack/dev-up-system.sh).
+// `bin/manager --role control-plane` (hack/dev-up-system.sh).
 //
 // It runs until SIGINT or SIGTERM, then stops etcd and kube-apiserver and
 // removes their data, so every start is a fresh cluster.

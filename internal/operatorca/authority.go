@@ -25,7 +25,7 @@ import (
 	logf "sigs.k8s.io/controller-runtime/pkg/log"
 )
 
-// The CA holder (the --role webhook Deployment) reads and writes the CA
+// The CA holder (the --role control-plane Deployment) reads and writes the CA
 // Secret and the bundle ConfigMap in its own namespace ("system" before
 // kustomize's namespace transform); create cannot be limited by name.
 // +kubebuilder:rbac:groups="",namespace=system,resources=secrets;configmaps,verbs=get;create;update

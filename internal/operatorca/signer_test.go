@@ -33,7 +33,7 @@ import (
 )
 
 // operatorEnv is an operator namespace as the shipped manifests make it:
-// the webhook's ServiceAccount with the generated webhook role (it holds the
+// the webhook's ServiceAccount with the generated control-plane role (it holds the
 // CA and runs the signer) and the manager's ServiceAccount with the
 // generated manager role.
 type operatorEnv struct {

@@ -151,7 +151,7 @@ func Matches(spec *sandboxv1alpha1.SandboxSpec, t sandboxv1alpha1.SandboxTemplat
 }
 
 // MatchesStripped is Matches for a Sandbox read from a cache that drops
-// command and env (controllers.StripForeign: the webhook role's cache, and
+// command and env (sandbox.StripForeign in controllers/sandbox: the control-plane role's cache, and
 // a node manager's for Sandboxes of other nodes): everything else of the
 // shape is compared. It serves bookkeeping (the pool controller's fresh
 // members, the count of idle members elsewhere); the manager that hands a

@@ -65,7 +65,7 @@ func TestMatches(t *testing.T) {
 }
 
 // TestMatchesStripped: a member read from a cache that dropped command and
-// env (controllers.StripForeign) still matches a template with a command,
+// env (sandbox.StripForeign in controllers/sandbox) still matches a template with a command,
 // and still does not match a template of another shape.
 func TestMatchesStripped(t *testing.T) {
 	tmpl := sandboxv1alpha1.SandboxTemplate{Image: "busybox:1", Command: []string{"sleep", "infinity"}}

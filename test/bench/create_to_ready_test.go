@@ -45,7 +45,7 @@ import (
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	sandboxv1alpha1 "github.com/code-sandbox/code-sandbox-operator/api/v1alpha1"
-	"github.com/code-sandbox/code-sandbox-operator/controllers"
+	sandboxcontroller "github.com/code-sandbox/code-sandbox-operator/controllers/sandbox"
 	"github.com/code-sandbox/code-sandbox-operator/internal/dockerruntime"
 )
 
@@ -227,8 +227,8 @@ func setup() (_ *benchEnv, skip string, err error) {
 	if err != nil {
 		return nil, "", fmt.Errorf("creating manager: %w", err)
 	}
-	reconciler, err := controllers.NewSandboxReconciler(mgr.GetClient(), mgr.GetAPIReader(), docker,
-		mgr.GetEventRecorder("bench"), clock.RealClock{}, controllers.Options{
+	reconciler, err := sandboxcontroller.NewSandboxReconciler(mgr.GetClient(), mgr.GetAPIReader(), docker,
+		mgr.GetEventRecorder("bench"), clock.RealClock{}, sandboxcontroller.Options{
 			NodeName:     benchNode,
 			MaxSandboxes: 100,
 		})
@@ -427,7 +427,7 @@ func (e *benchEnv) createToReady(ctx context.Context, b *testing.B, name string,
 			if s.claimSeen == 0 && got.Status.NodeName != "" {
 				s.claimSeen = now
 			}
-			if s.finalizerSeen == 0 && controllerutil.ContainsFinalizer(got, controllers.Finalizer) {
+			if s.finalizerSeen == 0 && controllerutil.ContainsFinalizer(got, sandboxcontroller.Finalizer) {
 				s.finalizerSeen = now
 			}
 			cond := meta.FindStatusCondition(got.Status.Conditions, string(sandboxv1alpha1.SandboxConditionReady))

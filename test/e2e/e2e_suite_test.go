@@ -17,7 +17,7 @@ Licensed under the MIT License; see the LICENSE file.
 // objects from config/dev/operator (the status policy, the manager
 // ServiceAccount and its RBAC, the user roles, the quota webhook
 // configuration and the APIService), the operator's control-plane component
-// (`manager --role webhook`: operator CA, node certificate signer, quota
+// (`manager --role control-plane`: operator CA, node certificate signer, quota
 // webhook, aggregated API) and node managers that authenticate with tokens
 // bound to a Pod on their node and get their node API certificates from the
 // signer.
@@ -147,7 +147,7 @@ var _ = BeforeSuite(func(ctx SpecContext) {
 	kubeconfig = filepath.Join(workDir, "kubeconfig")
 	Expect(os.WriteFile(kubeconfig, kc, 0o600)).To(Succeed())
 
-	By("installing the operator's objects (config/dev/operator) and starting manager --role webhook")
+	By("installing the operator's objects (config/dev/operator) and starting manager --role control-plane")
 	Expect(installOperator(ctx)).To(Succeed())
 	operator, err = startOperator(ctx)
 	Expect(err).NotTo(HaveOccurred())
@@ -168,7 +168,7 @@ var _ = BeforeSuite(func(ctx SpecContext) {
 // died, instead of a puzzling timeout somewhere else.
 var _ = JustBeforeEach(func() {
 	Expect(manager.exitErr()).NotTo(HaveOccurred(), "the manager exited")
-	Expect(operator.exitErr()).NotTo(HaveOccurred(), "the operator (manager --role webhook) exited")
+	Expect(operator.exitErr()).NotTo(HaveOccurred(), "the operator (manager --role control-plane) exited")
 })
 
 // managerProcess is the manager binary running as a child of the test.

@@ -20,7 +20,7 @@ import (
 	. "github.com/onsi/gomega"
 )
 
-// SandboxQuota end to end: the suite's `manager --role webhook` (the
+// SandboxQuota end to end: the suite's `manager --role control-plane` (the
 // operator's control-plane component, with its self-managed certificate),
 // registered with kube-apiserver through config/dev/operator's
 // ValidatingWebhookConfiguration (config/webhook's, pointed at 127.0.0.1
@@ -229,7 +229,7 @@ spec:
 		_, err = kubectl(ctx, "wait", "--for=condition=Ready", "sandbox/kept", "-n", quotaNS, "--timeout=90s")
 		Expect(err).NotTo(HaveOccurred())
 
-		By("stopping the webhook (the operator's manager --role webhook)")
+		By("stopping the webhook (the operator's manager --role control-plane)")
 		Expect(operator.stop(15 * time.Second)).To(Succeed())
 		// Whatever happens below, the window in which creates fail ends
 		// with this spec: the operator is started again.

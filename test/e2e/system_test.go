@@ -146,12 +146,12 @@ func installOperator(ctx context.Context) error {
 	return err
 }
 
-// startOperator starts `manager --role webhook` as hack/dev-lib.sh does and
+// startOperator starts `manager --role control-plane` as hack/dev-lib.sh does and
 // waits until the API server calls its webhook and serves its aggregated
 // API.
 func startOperator(ctx context.Context) (*managerProcess, error) {
 	p, err := startManager(filepath.Join(workDir, "manager"),
-		"--role", "webhook",
+		"--role", "control-plane",
 		"--kubeconfig", kubeconfig,
 		"--webhook-namespace", operatorNamespace,
 		"--webhook-bind-address", webhookAddr,

@@ -27,7 +27,7 @@ import (
 )
 
 // A SandboxWarmPool driven with kubectl as a user would: the pool controller
-// (manager --role webhook) keeps its members created, started and paused on
+// (manager --role control-plane) keeps its members created, started and paused on
 // whichever node managers run (nothing is pinned: a member may land on any
 // node, and the claimant is claimed by the node that holds an idle member);
 // a Sandbox naming the pool takes over an idle member's container, gets its

@@ -338,7 +338,7 @@ var _ = Describe("The default overlay (make deploy, make build-installer)", func
 		Expect(c.Image).To(Equal(managerImage), "the webhook runs the manager's image")
 		Expect(c.Command).To(Equal([]string{"/manager"}))
 		args := flags(c.Args)
-		Expect(args).To(HaveKeyWithValue("--role", "webhook"))
+		Expect(args).To(HaveKeyWithValue("--role", "control-plane"))
 		Expect(args).To(HaveKeyWithValue("--webhook-bind-address", ":9443"))
 		Expect(args).To(HaveKeyWithValue("--webhook-namespace", "$(POD_NAMESPACE)"))
 		Expect(args).To(HaveKeyWithValue("--webhook-service", "code-sandbox-webhook-service"))

@@ -49,7 +49,7 @@ const (
 	leasePolicyDenied = "ValidatingAdmissionPolicy '" + leasePolicyName + "' with binding '" + leasePolicyName + "' denied request"
 	leasePrefix       = "code-sandbox-node-"
 	coordination      = "coordination.k8s.io"
-	// The manager's finalizer (controllers.Finalizer; spelled out, as the
+	// The manager's finalizer (sandbox.Finalizer in controllers/sandbox; spelled out, as the
 	// specs test the rendered manifests).
 	managerFinalizer = "sandbox.code-sandbox.dev/container"
 	// The node managers' nodes in these specs.

@@ -97,7 +97,8 @@ type driver struct {
 	// pool is the warm pool (pool.go); nil when Options.WarmPool is 0.
 	pool *pool
 	// thaws holds the unpauses of claimed warm pool members still under
-	// way, by container ID (*thawing, pool.go).
+	// way, by container ID (*thawing, pool.go): dockerruntime.BeginUnpause
+	// keeps the thaw; this map keeps a failed one, which fails the sandbox.
 	thaws sync.Map
 
 	mu sync.Mutex

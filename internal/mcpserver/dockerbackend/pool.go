@@ -178,28 +178,20 @@ func (p *pool) claim(ctx context.Context, caller contract.Caller) (ref string, s
 	}
 }
 
-// thawing is an unpause under way in the background (driver.thaw).
+// thawing is a claimed member's unpause, started with
+// dockerruntime.BeginUnpause (which also makes the runtime's own commands
+// and transfers on the container wait for it).
 type thawing struct {
-	done chan struct{}
-	err  error
+	wait func(context.Context) error
+	// warned logs a failed thaw once, however many operations meet it.
+	warned sync.Once
 }
 
 // thaw unpauses a claimed member's container in the background. The
 // unpause runs to completion whatever happens to the request that claimed
 // it, so the container is never left half-thawed.
 func (b *driver) thaw(ref string) {
-	t := &thawing{done: make(chan struct{})}
-	b.thaws.Store(ref, t)
-	go func() {
-		defer close(t.done)
-		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-		defer cancel()
-		if t.err = b.docker.Unpause(ctx, ref); t.err != nil {
-			b.log.Warn("thawing a claimed warm pool member", "container", dockerruntime.ShortID(ref), "error", t.err)
-			return
-		}
-		b.thaws.CompareAndDelete(ref, t)
-	}()
+	b.thaws.Store(ref, &thawing{wait: b.docker.BeginUnpause(ref)})
 }
 
 // thawed waits until a claimed member's container has been unpaused (at
@@ -211,19 +203,22 @@ func (b *driver) thawed(ctx context.Context, h session.Handle) error {
 		return nil
 	}
 	t := v.(*thawing)
-	select {
-	case <-t.done:
-	case <-ctx.Done():
-		return ctx.Err()
+	err := t.wait(ctx)
+	if ctxErr := ctx.Err(); err != nil && ctxErr != nil {
+		return ctxErr
 	}
-	switch {
-	case t.err == nil:
+	if err == nil {
+		b.thaws.CompareAndDelete(h.Ref, t)
 		return nil
-	case errors.Is(t.err, dockerruntime.ErrNotFound):
-		b.forgetHistory(h.ID)
-		return session.Gone(mapErr(t.err))
 	}
-	return fmt.Errorf("%w: the sandbox could not be resumed from the warm pool: %w", contract.ErrUnavailable, t.err)
+	t.warned.Do(func() {
+		b.log.Warn("thawing a claimed warm pool member", "container", dockerruntime.ShortID(h.Ref), "error", err)
+	})
+	if errors.Is(err, dockerruntime.ErrNotFound) {
+		b.forgetHistory(h.ID)
+		return session.Gone(mapErr(err))
+	}
+	return fmt.Errorf("%w: the sandbox could not be resumed from the warm pool: %w", contract.ErrUnavailable, err)
 }
 
 // loop refills the pool, one member at a time, with backoff on failures,

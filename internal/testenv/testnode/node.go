@@ -23,7 +23,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
-	"github.com/code-sandbox/code-sandbox-operator/controllers"
+	sandboxcontroller "github.com/code-sandbox/code-sandbox-operator/controllers/sandbox"
 	"github.com/code-sandbox/code-sandbox-operator/internal/dockerruntime"
 	"github.com/code-sandbox/code-sandbox-operator/internal/history"
 	"github.com/code-sandbox/code-sandbox-operator/internal/nodeapi"
@@ -163,7 +163,7 @@ func Start(cp *testenv.ControlPlane, op *Operator, opts NodeOptions) *Node {
 		Scheme:                 cp.Scheme,
 		Metrics:                metricsserver.Options{BindAddress: "0"},
 		HealthProbeBindAddress: "0",
-		Cache:                  controllers.CacheOptions(opts.Name),
+		Cache:                  sandboxcontroller.CacheOptions(opts.Name),
 	})
 	Expect(err).NotTo(HaveOccurred())
 	endpoint := ""
@@ -177,8 +177,8 @@ func Start(cp *testenv.ControlPlane, op *Operator, opts NodeOptions) *Node {
 		endpoint = n.API.Endpoint
 		Expect(n.Manager.Add(n.API.Runnable)).To(Succeed())
 	}
-	r, err := controllers.NewSandboxReconciler(n.Manager.GetClient(), n.Manager.GetAPIReader(), n.Docker,
-		n.Manager.GetEventRecorder("sandbox-manager-"+opts.Name), clock.RealClock{}, controllers.Options{
+	r, err := sandboxcontroller.NewSandboxReconciler(n.Manager.GetClient(), n.Manager.GetAPIReader(), n.Docker,
+		n.Manager.GetEventRecorder("sandbox-manager-"+opts.Name), clock.RealClock{}, sandboxcontroller.Options{
 			NodeName:           opts.Name,
 			StopGracePeriod:    time.Second,
 			RetryBackoffBase:   200 * time.Millisecond,

@@ -4,7 +4,7 @@ Copyright 2026 The code-sandbox-operator Authors.
 Licensed under the MIT License; see the LICENSE file.
 */
 
-package controllers
+package sandbox
 
 import (
 	"context"
@@ -22,7 +22,6 @@ import (
 	logf "sigs.k8s.io/controller-runtime/pkg/log"
 
 	sandboxv1alpha1 "github.com/code-sandbox/code-sandbox-operator/api/v1alpha1"
-	"github.com/code-sandbox/code-sandbox-operator/internal/dockerruntime"
 	"github.com/code-sandbox/code-sandbox-operator/internal/warmpool"
 )
 
@@ -319,27 +318,4 @@ func (r *SandboxReconciler) idleMember(ctx context.Context, pool *sandboxv1alpha
 		mine = m
 	}
 	return mine, elsewhere, nil
-}
-
-// settleClaimedMember handles a member whose container a claimant took
-// over: it records that, and leaves the container alone (it is the
-// claimant's now). The pool controller deletes the member. A member that
-// was once claimed stays claimed even when its claimant is gone: its
-// container may hold that claimant's work and must never be handed out
-// again.
-func (r *SandboxReconciler) settleClaimedMember(sbx *sandboxv1alpha1.Sandbox, claimant types.NamespacedName, known bool) ctrl.Result {
-	msg := fmt.Sprintf("its container %s was handed to sandbox %s", dockerruntime.ShortID(sbx.Status.ContainerID), claimant.Name)
-	if !known {
-		if c := meta.FindStatusCondition(sbx.Status.Conditions, string(sandboxv1alpha1.SandboxConditionReady)); c != nil {
-			msg = c.Message
-		}
-	}
-	r.setReady(sbx, metav1.ConditionFalse, sandboxv1alpha1.SandboxReasonClaimed, msg)
-	return ctrl.Result{}
-}
-
-// wasClaimed reports whether the member recorded a claim of its container.
-func wasClaimed(sbx *sandboxv1alpha1.Sandbox) bool {
-	c := meta.FindStatusCondition(sbx.Status.Conditions, string(sandboxv1alpha1.SandboxConditionReady))
-	return c != nil && c.Reason == sandboxv1alpha1.SandboxReasonClaimed && warmpool.PoolOf(sbx) != ""
 }

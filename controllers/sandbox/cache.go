@@ -4,7 +4,7 @@ Copyright 2026 The code-sandbox-operator Authors.
 Licensed under the MIT License; see the LICENSE file.
 */
 
-package controllers
+package sandbox
 
 import (
 	"context"
@@ -40,7 +40,7 @@ func CacheOptions(node string) cache.Options {
 }
 
 // StripForeign is the Sandbox cache transform of CacheOptions. With node
-// empty it strips every Sandbox: the webhook role (quota and pool
+// empty it strips every Sandbox: the control-plane role (quota and pool
 // controllers, aggregated API) never reads a command or env.
 func StripForeign(node string) toolscache.TransformFunc {
 	strip := cache.TransformStripManagedFields()

@@ -4,9 +4,9 @@ Copyright 2026 The code-sandbox-operator Authors.
 Licensed under the MIT License; see the LICENSE file.
 */
 
-// Package controllers holds the Sandbox reconciler, which runs on every node
+// Package sandbox holds the Sandbox reconciler, which runs on every node
 // and turns Sandboxes bound to that node into hardened Docker containers.
-package controllers
+package sandbox
 
 import (
 	"context"
@@ -258,17 +258,18 @@ func (r *SandboxReconciler) reconcile(ctx context.Context, sbx *sandboxv1alpha1.
 	sbx.Status.NodeName = r.opts.NodeName
 	sbx.Status.ObservedGeneration = sbx.Generation
 
-	if _, committed, reserved := r.members.get(sbx.UID); reserved && !committed {
-		// A claim of this member is being made: its container is being
-		// thawed for a claimant whose claim is not written yet. Whether it
-		// stays a member or becomes the claimant's is known in a moment.
-		return ctrl.Result{RequeueAfter: 100 * time.Millisecond}, nil
+	role, err := r.poolRoleOf(ctx, sbx)
+	if err != nil {
+		return ctrl.Result{}, err
 	}
-	if claimant, claimed, err := r.claimantOf(ctx, sbx.UID); err != nil || claimed || wasClaimed(sbx) {
-		if err != nil {
-			return ctrl.Result{}, err
-		}
-		return r.settleClaimedMember(sbx, claimant, claimed), nil
+	switch role.kind {
+	case memberBeingClaimed:
+		// Its container is being thawed for a claimant whose claim is not
+		// written yet. Whether it stays a member or becomes the claimant's
+		// is known in a moment.
+		return ctrl.Result{RequeueAfter: 100 * time.Millisecond}, nil
+	case claimedMember:
+		return r.settleClaimedMember(sbx, role.claimant, role.claimantKnown), nil
 	}
 	if meta.IsStatusConditionTrue(sbx.Status.Conditions, string(sandboxv1alpha1.SandboxConditionExpired)) {
 		// Expired is final; make sure nothing was left running.
@@ -288,12 +289,8 @@ func (r *SandboxReconciler) reconcile(ctx context.Context, sbx *sandboxv1alpha1.
 	switch {
 	case err == nil:
 	case errors.Is(err, dockerruntime.ErrNotFound):
-		if sbx.Status.ContainerID != "" && warmpool.PoolOf(sbx) != "" {
-			// A pool member is never recreated in place: the pool
-			// controller replaces it with a fresh one.
-			r.setReady(sbx, metav1.ConditionFalse, sandboxv1alpha1.SandboxReasonContainerMissing,
-				fmt.Sprintf("container %s disappeared; the warm pool replaces this member", dockerruntime.ShortID(sbx.Status.ContainerID)))
-			return ctrl.Result{}, nil
+		if sbx.Status.ContainerID != "" && role.kind == poolMember {
+			return r.memberContainerMissing(sbx), nil
 		}
 		if sbx.Status.ContainerID != "" {
 			// It existed and is gone: someone removed it behind our back.
@@ -307,20 +304,22 @@ func (r *SandboxReconciler) reconcile(ctx context.Context, sbx *sandboxv1alpha1.
 		if wait := r.backoff.remaining(sbx.UID); wait > 0 {
 			return ctrl.Result{RequeueAfter: wait}, nil
 		}
-		return r.create(ctx, sbx, requeueAfter)
+		return r.create(ctx, sbx, role, requeueAfter)
 	default:
 		return r.dockerFailure(ctx, sbx, err)
 	}
 
-	if err := r.verifyMemberContainer(sbx, ct); err != nil {
-		r.setReady(sbx, metav1.ConditionFalse, sandboxv1alpha1.SandboxReasonWarmPoolMemberInvalid, err.Error())
-		log.Error(err, "refusing to adopt a container")
-		return ctrl.Result{}, nil
+	if role.kind == poolClaimant {
+		if err := r.verifyMemberContainer(sbx, ct); err != nil {
+			r.setReady(sbx, metav1.ConditionFalse, sandboxv1alpha1.SandboxReasonWarmPoolMemberInvalid, err.Error())
+			log.Error(err, "refusing to adopt a container")
+			return ctrl.Result{}, nil
+		}
 	}
 	sbx.Status.ContainerID = ct.ID
 	switch ct.State.Status {
 	case "running", "paused":
-		return r.settlePaused(ctx, sbx, ct, requeueAfter)
+		return r.settlePaused(ctx, sbx, ct, role, requeueAfter)
 	case "created":
 		// A manager died between create and start; adopt and start it.
 		log.Info("starting adopted container", "container", dockerruntime.ShortID(ct.ID))
@@ -349,7 +348,7 @@ func (r *SandboxReconciler) reconcile(ctx context.Context, sbx *sandboxv1alpha1.
 }
 
 // create provisions the container and reports why it could not.
-func (r *SandboxReconciler) create(ctx context.Context, sbx *sandboxv1alpha1.Sandbox, requeueAfter time.Duration) (ctrl.Result, error) {
+func (r *SandboxReconciler) create(ctx context.Context, sbx *sandboxv1alpha1.Sandbox, role poolRole, requeueAfter time.Duration) (ctrl.Result, error) {
 	spec, err := dockerSpecFor(sbx, r.opts)
 	if err != nil {
 		r.setReady(sbx, metav1.ConditionFalse, sandboxv1alpha1.SandboxReasonCreateFailed, err.Error())
@@ -364,7 +363,7 @@ func (r *SandboxReconciler) create(ctx context.Context, sbx *sandboxv1alpha1.San
 	// The start event will requeue us; checking state right away keeps the
 	// create-to-Ready path short.
 	if ct.State.Running {
-		return r.settlePaused(ctx, sbx, ct, requeueAfter)
+		return r.settlePaused(ctx, sbx, ct, role, requeueAfter)
 	}
 	return ctrl.Result{RequeueAfter: 100 * time.Millisecond}, nil
 }
@@ -373,14 +372,12 @@ func (r *SandboxReconciler) create(ctx context.Context, sbx *sandboxv1alpha1.San
 // spec.paused, then records it: Ready and Running when thawed, Ready=False
 // and Paused when frozen. The lifetime counts from the first start either
 // way, so a Sandbox created paused still expires on time.
-func (r *SandboxReconciler) settlePaused(ctx context.Context, sbx *sandboxv1alpha1.Sandbox, ct dockerruntime.Container, requeueAfter time.Duration) (ctrl.Result, error) {
+func (r *SandboxReconciler) settlePaused(ctx context.Context, sbx *sandboxv1alpha1.Sandbox, ct dockerruntime.Container, role poolRole, requeueAfter time.Duration) (ctrl.Result, error) {
 	switch {
 	case sbx.Spec.Paused && !ct.State.Paused:
-		if warmpool.PoolOf(sbx) != "" {
-			// A member is frozen only once it passed its health check, so
-			// that a claim never gets a container no command can run in.
-			if err := r.docker.CheckHealth(ctx, ct.ID); err != nil {
-				return r.memberUnhealthy(ctx, sbx, ct, err, requeueAfter)
+		if role.kind == poolMember {
+			if result, healthy, err := r.checkMemberBeforeFreeze(ctx, sbx, ct, requeueAfter); !healthy {
+				return result, err
 			}
 		}
 		if err := r.docker.Pause(ctx, ct.ID); err != nil {
@@ -409,32 +406,6 @@ func (r *SandboxReconciler) settlePaused(ctx context.Context, sbx *sandboxv1alph
 		})
 	}
 	return result, nil
-}
-
-// memberUnhealthy reports a warm pool member whose health check failed and
-// checks it again after a backoff; it stays unfrozen and unclaimable
-// meanwhile. The pool keeps it and reports MembersFailing: a replacement
-// made from the same template would most likely fail the same way.
-func (r *SandboxReconciler) memberUnhealthy(ctx context.Context, sbx *sandboxv1alpha1.Sandbox, ct dockerruntime.Container, err error, untilExpiry time.Duration) (ctrl.Result, error) {
-	if errors.Is(err, dockerruntime.ErrUnavailable) || errors.Is(err, dockerruntime.ErrNotFound) {
-		// Docker could not run it: not the member's fault.
-		return r.dockerFailure(ctx, sbx, err)
-	}
-	sbx.Status.ContainerID = ct.ID
-	if sbx.Status.StartTime == nil {
-		// The lifetime counts from the first start, healthy or not, so
-		// that a member failing its check for good still expires and is
-		// replaced where a quota demands a lifetime.
-		start := metav1.NewTime(r.clock.Now())
-		sbx.Status.StartTime = &start
-	}
-	r.setReady(sbx, metav1.ConditionFalse, sandboxv1alpha1.SandboxReasonHealthCheckFailed, err.Error())
-	delay := r.backoff.next(sbx.UID)
-	if untilExpiry > 0 && untilExpiry < delay {
-		delay = untilExpiry
-	}
-	logf.FromContext(ctx).Info("warm pool member failed its health check; checking again", "after", delay, "error", err.Error())
-	return ctrl.Result{RequeueAfter: delay}, nil
 }
 
 // verifyMemberContainer checks, before a Sandbox adopts the container of

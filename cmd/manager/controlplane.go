@@ -28,7 +28,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/manager"
 	"sigs.k8s.io/controller-runtime/pkg/webhook"
 
-	"github.com/code-sandbox/code-sandbox-operator/controllers"
+	sandboxcontroller "github.com/code-sandbox/code-sandbox-operator/controllers/sandbox"
 	"github.com/code-sandbox/code-sandbox-operator/controllers/sandboxquota"
 	"github.com/code-sandbox/code-sandbox-operator/controllers/sandboxwarmpool"
 	"github.com/code-sandbox/code-sandbox-operator/internal/admission"
@@ -41,8 +41,8 @@ import (
 	"github.com/code-sandbox/code-sandbox-operator/internal/webhookclient"
 )
 
-// webhookFlags configure the webhook role.
-type webhookFlags struct {
+// controlPlaneFlags configure the control-plane role.
+type controlPlaneFlags struct {
 	bindAddress      string
 	apiserverAddress string
 	apiserverService string
@@ -65,25 +65,25 @@ type webhookFlags struct {
 	clientCA string
 }
 
-func (f *webhookFlags) bind(fs *flag.FlagSet) {
-	fs.StringVar(&f.bindAddress, "webhook-bind-address", ":9443", "webhook role: address of the HTTPS admission webhook.")
-	fs.StringVar(&f.certDir, "webhook-cert-dir", "", "webhook role: directory with tls.crt and tls.key issued by you or cert-manager. Empty: the webhook keeps its own CA and certificate in --webhook-cert-secret and injects the CA into --webhook-configuration.")
-	fs.StringVar(&f.namespace, "webhook-namespace", os.Getenv("POD_NAMESPACE"), "webhook role: namespace of the certificate Secret and the leader-election Lease (default $POD_NAMESPACE).")
-	fs.StringVar(&f.certSecret, "webhook-cert-secret", "code-sandbox-webhook-server-cert", "webhook role: Secret holding the self-managed CA and certificate.")
-	fs.StringVar(&f.configuration, "webhook-configuration", "code-sandbox-validating-webhook-configuration", "webhook role: ValidatingWebhookConfiguration that receives the self-managed CA; empty leaves it alone.")
-	fs.StringVar(&f.service, "webhook-service", "code-sandbox-webhook-service", "webhook role: Service in front of the webhook; its cluster DNS names go into the certificate.")
-	fs.StringVar(&f.clientCA, "webhook-client-ca", "", "webhook role: PEM file with the CA that signs the client certificate kube-apiserver presents to admission webhooks (its AdmissionConfiguration; see docs/deploy.md); the webhook then refuses every caller without one. Empty: any peer that reaches the port can send AdmissionReviews (a warning is logged; only the NetworkPolicy limits who).")
-	fs.StringVar(&f.certHosts, "webhook-cert-hosts", "", "webhook role: more comma-separated DNS names or IPs for the certificate (127.0.0.1 for a local run).")
-	fs.BoolVar(&f.leaderElect, "leader-elect", false, "webhook role: elect one replica to run the quota and warm pool controllers (every replica serves the webhook).")
-	fs.StringVar(&f.apiserverAddress, "apiserver-bind-address", ":8443", "webhook role: address of the aggregated API server (sandboxes/exec, files, log, history through kube-apiserver); 0 disables it.")
-	fs.StringVar(&f.apiserverService, "apiserver-service", "code-sandbox-apiserver", "webhook role: Service in front of the aggregated API server; its cluster DNS names go into the serving certificate.")
-	fs.StringVar(&f.apiService, "apiservice", "v1alpha1."+wire.AggregatedGroup, "webhook role: APIService that receives the operator CA as its caBundle; empty leaves it alone.")
-	fs.StringVar(&f.caSecret, "ca-secret", operatorca.DefaultCASecret, "webhook role: Secret (in --webhook-namespace) holding the operator CA; readable only by this component.")
-	fs.StringVar(&f.managerUsername, "node-manager-username", "", "webhook role: the node managers' ServiceAccount user (system:serviceaccount:NS:NAME), the only identity whose node-bound CSRs are signed. Default: system:serviceaccount:<--webhook-namespace>:code-sandbox-controller-manager.")
-	fs.DurationVar(&f.reservationTimeout, "quota-reservation-timeout", sandboxquota.DefaultReservationTimeout, "webhook role: how long quota charged at admission waits for its Sandbox to appear before the API server is asked whether the create failed.")
+func (f *controlPlaneFlags) bind(fs *flag.FlagSet) {
+	fs.StringVar(&f.bindAddress, "webhook-bind-address", ":9443", "control-plane role: address of the HTTPS admission webhook.")
+	fs.StringVar(&f.certDir, "webhook-cert-dir", "", "control-plane role: directory with tls.crt and tls.key issued by you or cert-manager. Empty: the webhook keeps its own CA and certificate in --webhook-cert-secret and injects the CA into --webhook-configuration.")
+	fs.StringVar(&f.namespace, "webhook-namespace", os.Getenv("POD_NAMESPACE"), "control-plane role: namespace of the certificate Secret and the leader-election Lease (default $POD_NAMESPACE).")
+	fs.StringVar(&f.certSecret, "webhook-cert-secret", "code-sandbox-webhook-server-cert", "control-plane role: Secret holding the self-managed CA and certificate.")
+	fs.StringVar(&f.configuration, "webhook-configuration", "code-sandbox-validating-webhook-configuration", "control-plane role: ValidatingWebhookConfiguration that receives the self-managed CA; empty leaves it alone.")
+	fs.StringVar(&f.service, "webhook-service", "code-sandbox-webhook-service", "control-plane role: Service in front of the webhook; its cluster DNS names go into the certificate.")
+	fs.StringVar(&f.clientCA, "webhook-client-ca", "", "control-plane role: PEM file with the CA that signs the client certificate kube-apiserver presents to admission webhooks (its AdmissionConfiguration; see docs/deploy.md); the webhook then refuses every caller without one. Empty: any peer that reaches the port can send AdmissionReviews (a warning is logged; only the NetworkPolicy limits who).")
+	fs.StringVar(&f.certHosts, "webhook-cert-hosts", "", "control-plane role: more comma-separated DNS names or IPs for the certificate (127.0.0.1 for a local run).")
+	fs.BoolVar(&f.leaderElect, "leader-elect", false, "control-plane role: elect one replica to run the quota and warm pool controllers (every replica serves the webhook).")
+	fs.StringVar(&f.apiserverAddress, "apiserver-bind-address", ":8443", "control-plane role: address of the aggregated API server (sandboxes/exec, files, log, history through kube-apiserver); 0 disables it.")
+	fs.StringVar(&f.apiserverService, "apiserver-service", "code-sandbox-apiserver", "control-plane role: Service in front of the aggregated API server; its cluster DNS names go into the serving certificate.")
+	fs.StringVar(&f.apiService, "apiservice", "v1alpha1."+wire.AggregatedGroup, "control-plane role: APIService that receives the operator CA as its caBundle; empty leaves it alone.")
+	fs.StringVar(&f.caSecret, "ca-secret", operatorca.DefaultCASecret, "control-plane role: Secret (in --webhook-namespace) holding the operator CA; readable only by this component.")
+	fs.StringVar(&f.managerUsername, "node-manager-username", "", "control-plane role: the node managers' ServiceAccount user (system:serviceaccount:NS:NAME), the only identity whose node-bound CSRs are signed. Default: system:serviceaccount:<--webhook-namespace>:code-sandbox-controller-manager.")
+	fs.DurationVar(&f.reservationTimeout, "quota-reservation-timeout", sandboxquota.DefaultReservationTimeout, "control-plane role: how long quota charged at admission waits for its Sandbox to appear before the API server is asked whether the create failed.")
 }
 
-func (f *webhookFlags) hosts() []string {
+func (f *controlPlaneFlags) hosts() []string {
 	var hosts []string
 	for _, service := range []string{f.service, f.apiserverService} {
 		if service != "" && f.namespace != "" {
@@ -99,10 +99,10 @@ func (f *webhookFlags) hosts() []string {
 	return hosts
 }
 
-// runWebhook serves the SandboxQuota admission webhook and the aggregated
+// runControlPlane serves the SandboxQuota admission webhook and the aggregated
 // API, keeps the operator CA, signs the node managers' certificates and
 // runs the quota and warm pool controllers.
-func runWebhook(f webhookFlags, metricsAddr, probeAddr string) error {
+func runControlPlane(f controlPlaneFlags, metricsAddr, probeAddr string) error {
 	log := ctrl.Log.WithName("setup")
 	host, portStr, err := net.SplitHostPort(f.bindAddress)
 	if err != nil {
@@ -208,8 +208,8 @@ func runWebhook(f webhookFlags, metricsAddr, probeAddr string) error {
 		LeaderElectionNamespace:       f.namespace,
 		LeaderElectionReleaseOnCancel: true,
 		// No Sandbox's command or env: the quota and pool controllers
-		// and the aggregated API never read them (controllers.CacheOptions).
-		Cache: controllers.CacheOptions(""),
+		// and the aggregated API never read them (sandboxcontroller.CacheOptions).
+		Cache: sandboxcontroller.CacheOptions(""),
 		WebhookServer: webhook.NewServer(webhook.Options{
 			Host:    host,
 			Port:    port,
@@ -264,7 +264,7 @@ func runWebhook(f webhookFlags, metricsAddr, probeAddr string) error {
 // the certificate in certDir (the same one as the webhook: it covers both
 // Services) and reaches the node APIs with the operator CA's client
 // certificate.
-func (f *webhookFlags) serveAggregatedAPI(mgr ctrl.Manager, cfg *rest.Config, authority *operatorca.Authority, certDir string) error {
+func (f *controlPlaneFlags) serveAggregatedAPI(mgr ctrl.Manager, cfg *rest.Config, authority *operatorca.Authority, certDir string) error {
 	if f.apiserverAddress == "" || f.apiserverAddress == "0" {
 		return nil
 	}
