@@ -34,7 +34,7 @@ import (
 	"github.com/code-sandbox/code-sandbox-operator/internal/admission"
 	"github.com/code-sandbox/code-sandbox-operator/internal/aggregatedapi"
 	"github.com/code-sandbox/code-sandbox-operator/internal/nodeapi"
-	"github.com/code-sandbox/code-sandbox-operator/internal/nodeapi/wire"
+	"github.com/code-sandbox/code-sandbox-operator/internal/subresource"
 	"github.com/code-sandbox/code-sandbox-operator/internal/operatorca"
 	"github.com/code-sandbox/code-sandbox-operator/internal/version"
 	"github.com/code-sandbox/code-sandbox-operator/internal/webhookcert"
@@ -77,7 +77,7 @@ func (f *webhookFlags) bind(fs *flag.FlagSet) {
 	fs.BoolVar(&f.leaderElect, "leader-elect", false, "webhook role: elect one replica to run the quota and warm pool controllers (every replica serves the webhook).")
 	fs.StringVar(&f.apiserverAddress, "apiserver-bind-address", ":8443", "webhook role: address of the aggregated API server (sandboxes/exec, files, log, history through kube-apiserver); 0 disables it.")
 	fs.StringVar(&f.apiserverService, "apiserver-service", "code-sandbox-apiserver", "webhook role: Service in front of the aggregated API server; its cluster DNS names go into the serving certificate.")
-	fs.StringVar(&f.apiService, "apiservice", "v1alpha1."+wire.AggregatedGroup, "webhook role: APIService that receives the operator CA as its caBundle; empty leaves it alone.")
+	fs.StringVar(&f.apiService, "apiservice", "v1alpha1."+subresource.AggregatedGroup, "webhook role: APIService that receives the operator CA as its caBundle; empty leaves it alone.")
 	fs.StringVar(&f.caSecret, "ca-secret", operatorca.DefaultCASecret, "webhook role: Secret (in --webhook-namespace) holding the operator CA; readable only by this component.")
 	fs.StringVar(&f.managerUsername, "node-manager-username", "", "webhook role: the node managers' ServiceAccount user (system:serviceaccount:NS:NAME), the only identity whose node-bound CSRs are signed. Default: system:serviceaccount:<--webhook-namespace>:code-sandbox-controller-manager.")
 	fs.DurationVar(&f.reservationTimeout, "quota-reservation-timeout", sandboxquota.DefaultReservationTimeout, "webhook role: how long quota charged at admission waits for its Sandbox to appear before the API server is asked whether the create failed.")

@@ -20,7 +20,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/code-sandbox/code-sandbox-operator/internal/nodeapi/wire"
+	"github.com/code-sandbox/code-sandbox-operator/internal/subresource"
 
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -92,7 +92,7 @@ func New(cfg *rest.Config, opts Options) (*Client, error) {
 // then checks from it, with no read and no round trip of its own, that the
 // Sandbox is Ready before an exec or a file transfer (CheckReady). Without
 // it, whether the Sandbox is Ready is the server's to say (a Conflict with
-// the cause wire.CauseSandboxNotReady).
+// the cause subresource.CauseSandboxNotReady).
 type Ref struct {
 	Namespace, Name string
 	Sandbox         *sandboxv1alpha1.Sandbox
@@ -171,7 +171,7 @@ func CheckReady(sbx *sandboxv1alpha1.Sandbox) error {
 	if sbx.Status.NodeAPIEndpoint == "" {
 		return &APIError{Namespace: ns, Name: name, Code: http.StatusServiceUnavailable,
 			Reason: metav1.StatusReasonServiceUnavailable, Source: SourceClient,
-			Details: wire.FailureStatus(0, "", name, "", metav1.StatusCause{Type: wire.CauseNodeAPIUnavailable}).Details,
+			Details: subresource.FailureStatus(0, "", name, "", metav1.StatusCause{Type: subresource.CauseNodeAPIUnavailable}).Details,
 			Message: fmt.Sprintf("the manager on node %q has not published its node API yet", sbx.Status.NodeName)}
 	}
 	return nil
@@ -229,7 +229,7 @@ type request struct {
 // needsReady: exec and file transfers act on the container; logs and
 // history are served for Sandboxes that are not Ready too.
 func (r request) needsReady() bool {
-	return r.subresource == wire.SubresourceExec || r.subresource == wire.SubresourceFiles
+	return r.subresource == subresource.SubresourceExec || r.subresource == subresource.SubresourceFiles
 }
 
 // do performs req on the Sandbox's subresource through the API server. On
@@ -249,7 +249,7 @@ func (c *Client) do(ctx context.Context, ref Ref, req request) (*http.Response, 
 	}
 	u := *c.base
 	prefix := strings.TrimSuffix(u.Path, "/")
-	u.Path = prefix + wire.AggregatedPathPrefix + ns + "/sandboxes/" + name + "/" + req.subresource
+	u.Path = prefix + subresource.AggregatedPathPrefix + ns + "/sandboxes/" + name + "/" + req.subresource
 	u.RawPath = ""
 	u.RawQuery = ""
 	if len(req.query) > 0 {
