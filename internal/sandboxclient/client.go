@@ -153,28 +153,32 @@ func validateNames(ns, name string) error {
 }
 
 // CheckReady says, from a Sandbox already read, whether it can take
-// commands and files: nil, a *NotReadyError (not Ready, or being deleted),
-// or an unavailable *APIError (Ready, but its node has not published its
-// node API yet).
+// commands and files, deciding as the servers do (subresource.CheckServed
+// for an exec): nil, a *NotReadyError (not Ready, paused, or being
+// deleted), an unavailable *APIError (Ready, but its node has not published
+// its node API yet), or the servers' Conflict as an *APIError (a warm pool
+// member, which is never used directly).
 func CheckReady(sbx *sandboxv1alpha1.Sandbox) error {
+	refusal := subresource.CheckServed(sbx, subresource.SubresourceExec)
+	if refusal == nil {
+		return nil
+	}
 	ns, name := sbx.Namespace, sbx.Name
-	if sbx.DeletionTimestamp != nil {
-		return &NotReadyError{Namespace: ns, Name: name, Reason: sandboxv1alpha1.SandboxReasonTerminating, Message: "the Sandbox is being deleted"}
-	}
+	st := refusal.Status(name)
 	ready := meta.FindStatusCondition(sbx.Status.Conditions, string(sandboxv1alpha1.SandboxConditionReady))
-	if ready == nil {
+	switch {
+	case subresource.HasCause(st, subresource.CauseSandboxTerminating):
+		return &NotReadyError{Namespace: ns, Name: name, Reason: sandboxv1alpha1.SandboxReasonTerminating, Message: "the Sandbox is being deleted"}
+	case ready == nil && subresource.HasCause(st, subresource.CauseSandboxNotReady):
 		return &NotReadyError{Namespace: ns, Name: name}
-	}
-	if ready.Status != metav1.ConditionTrue {
+	case ready != nil && ready.Status != metav1.ConditionTrue &&
+		(subresource.HasCause(st, subresource.CauseSandboxNotReady) || subresource.HasCause(st, subresource.CauseSandboxPaused)):
 		return &NotReadyError{Namespace: ns, Name: name, Reason: ready.Reason, Message: ready.Message}
-	}
-	if sbx.Status.NodeAPIEndpoint == "" {
-		return &APIError{Namespace: ns, Name: name, Code: http.StatusServiceUnavailable,
-			Reason: metav1.StatusReasonServiceUnavailable, Source: SourceClient,
-			Details: subresource.FailureStatus(0, "", name, "", metav1.StatusCause{Type: subresource.CauseNodeAPIUnavailable}).Details,
+	case subresource.HasCause(st, subresource.CauseNodeAPIUnavailable):
+		return &APIError{Namespace: ns, Name: name, Code: st.Code, Reason: st.Reason, Source: SourceClient, Details: st.Details,
 			Message: fmt.Sprintf("the manager on node %q has not published its node API yet", sbx.Status.NodeName)}
 	}
-	return nil
+	return &APIError{Namespace: ns, Name: name, Code: st.Code, Reason: st.Reason, Message: st.Message, Details: st.Details, Source: SourceClient}
 }
 
 // WaitReady polls the Sandbox until it is Ready with a node API endpoint,

@@ -23,10 +23,11 @@ import (
 // CheckReady is the one answer to "can this Sandbox take commands and file
 // transfers?", from the Sandbox alone: nil, or a Conflict whose cause says
 // why not:
+//   - CauseSandboxTerminating: it is being deleted (whatever else is true
+//     of it, as it cannot leave that state);
 //   - CauseSandboxNotReady: no node has claimed it, or its Ready condition
 //     is missing or not True (the message gives the condition's reason and
 //     message);
-//   - CauseSandboxTerminating: it is being deleted;
 //   - CauseWarmPoolMember: it is an idle member of a SandboxWarmPool, which
 //     is never used directly, so that a claimed member is as clean as a
 //     fresh sandbox;
@@ -37,11 +38,11 @@ import (
 // it. The node API then checks the container itself.
 func CheckReady(sbx *sandboxv1alpha1.Sandbox) *Error {
 	key := sbx.Namespace + "/" + sbx.Name
-	if sbx.Status.NodeName == "" {
-		return notClaimed(key)
-	}
 	if !sbx.DeletionTimestamp.IsZero() {
 		return Conflict(CauseSandboxTerminating, "sandbox %s is not Ready: it is being deleted", key)
+	}
+	if sbx.Status.NodeName == "" {
+		return notClaimed(key)
 	}
 	if pool := warmpool.PoolOf(sbx); pool != "" {
 		return Conflict(CauseWarmPoolMember,
@@ -68,13 +69,12 @@ func CheckReady(sbx *sandboxv1alpha1.Sandbox) *Error {
 // CauseNodeAPIUnavailable).
 func CheckServed(sbx *sandboxv1alpha1.Sandbox, sub string) *Error {
 	key := sbx.Namespace + "/" + sbx.Name
-	if sbx.Status.NodeName == "" {
-		return notClaimed(key)
-	}
 	if NeedsReady(sub) {
 		if err := CheckReady(sbx); err != nil {
 			return err
 		}
+	} else if sbx.Status.NodeName == "" {
+		return notClaimed(key)
 	}
 	if sbx.Status.NodeAPIEndpoint == "" {
 		return NewError(http.StatusServiceUnavailable, metav1.StatusReasonServiceUnavailable,
