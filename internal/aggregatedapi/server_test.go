@@ -602,8 +602,10 @@ func TestParseEndpoint(t *testing.T) {
 func TestNewRequiresItsParts(t *testing.T) {
 	full := Config{
 		Sandboxes: fake.NewClientBuilder().Build(), Nodes: fake.NewClientBuilder().Build(),
-		Authenticator:     authenticator.RequestFunc(func(*http.Request) (*authenticator.Response, bool, error) { return nil, false, nil }),
-		Authorizer:        authorizer.AuthorizerFunc(func(context.Context, authorizer.Attributes) (authorizer.Decision, string, error) { return authorizer.DecisionDeny, "", nil }),
+		Authenticator: authenticator.RequestFunc(func(*http.Request) (*authenticator.Response, bool, error) { return nil, false, nil }),
+		Authorizer: authorizer.AuthorizerFunc(func(context.Context, authorizer.Attributes) (authorizer.Decision, string, error) {
+			return authorizer.DecisionDeny, "", nil
+		}),
 		ClientCertificate: func(*tls.CertificateRequestInfo) (*tls.Certificate, error) { return nil, nil },
 		NodeCAs:           func() *x509.CertPool { return nil },
 	}

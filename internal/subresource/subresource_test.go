@@ -159,12 +159,16 @@ func TestGetSandbox(t *testing.T) {
 	ctx := context.Background()
 	key := types.NamespacedName{Namespace: "ns", Name: "box"}
 	gr := schema.GroupResource{Group: StatusGroup, Resource: StatusKind}
-	missing := func(context.Context, types.NamespacedName, *sandboxv1alpha1.Sandbox) error { return apierrors.NewNotFound(gr, "box") }
+	missing := func(context.Context, types.NamespacedName, *sandboxv1alpha1.Sandbox) error {
+		return apierrors.NewNotFound(gr, "box")
+	}
 	found := func(_ context.Context, k types.NamespacedName, sbx *sandboxv1alpha1.Sandbox) error {
 		*sbx = *sandbox()
 		return nil
 	}
-	broken := func(context.Context, types.NamespacedName, *sandboxv1alpha1.Sandbox) error { return fmt.Errorf("etcd is on fire") }
+	broken := func(context.Context, types.NamespacedName, *sandboxv1alpha1.Sandbox) error {
+		return fmt.Errorf("etcd is on fire")
+	}
 
 	if sbx, err := GetSandbox(ctx, found, nil, key); err != nil || sbx.Name != "box" {
 		t.Errorf("from the cache: %v, %v", sbx, err)
