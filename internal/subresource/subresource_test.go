@@ -38,7 +38,7 @@ func TestParseRoute(t *testing.T) {
 		{method: "GET", path: PathPrefix + "ns/sandboxes/box/log", want: Route{"ns", "box", "log", "log", "get"}},
 		// history is authorised as log.
 		{method: "GET", path: PathPrefix + "ns/sandboxes/box/history", want: Route{"ns", "box", "history", "log", "get"}},
-		{method: "GET", path: AggregatedPathPrefix + "ns/sandboxes/box/log", code: 404, cause: CauseNoSuchEndpoint},
+		{method: "GET", path: "/apis/" + AggregatedGroup + "/" + AggregatedVersion + "/namespaces/ns/sandboxes/box/log", code: 404, cause: CauseNoSuchEndpoint},
 		{method: "POST", path: PathPrefix + "ns/sandboxes/box/attach", code: 404, cause: CauseNoSuchEndpoint},
 		{method: "POST", path: PathPrefix + "ns/pods/box/exec", code: 404, cause: CauseNoSuchEndpoint},
 		{method: "POST", path: PathPrefix + "ns/sandboxes/box/exec/", code: 404, cause: CauseNoSuchEndpoint},
