@@ -34,8 +34,8 @@ import (
 	"github.com/code-sandbox/code-sandbox-operator/internal/admission"
 	"github.com/code-sandbox/code-sandbox-operator/internal/aggregatedapi"
 	"github.com/code-sandbox/code-sandbox-operator/internal/nodeapi"
-	"github.com/code-sandbox/code-sandbox-operator/internal/nodeapi/wire"
 	"github.com/code-sandbox/code-sandbox-operator/internal/operatorca"
+	"github.com/code-sandbox/code-sandbox-operator/internal/subresource"
 	"github.com/code-sandbox/code-sandbox-operator/internal/version"
 	"github.com/code-sandbox/code-sandbox-operator/internal/webhookcert"
 	"github.com/code-sandbox/code-sandbox-operator/internal/webhookclient"
@@ -77,7 +77,7 @@ func (f *controlPlaneFlags) bind(fs *flag.FlagSet) {
 	fs.BoolVar(&f.leaderElect, "leader-elect", false, "control-plane role: elect one replica to run the quota and warm pool controllers (every replica serves the webhook).")
 	fs.StringVar(&f.apiserverAddress, "apiserver-bind-address", ":8443", "control-plane role: address of the aggregated API server (sandboxes/exec, files, log, history through kube-apiserver); 0 disables it.")
 	fs.StringVar(&f.apiserverService, "apiserver-service", "code-sandbox-apiserver", "control-plane role: Service in front of the aggregated API server; its cluster DNS names go into the serving certificate.")
-	fs.StringVar(&f.apiService, "apiservice", "v1alpha1."+wire.AggregatedGroup, "control-plane role: APIService that receives the operator CA as its caBundle; empty leaves it alone.")
+	fs.StringVar(&f.apiService, "apiservice", "v1alpha1."+subresource.AggregatedGroup, "control-plane role: APIService that receives the operator CA as its caBundle; empty leaves it alone.")
 	fs.StringVar(&f.caSecret, "ca-secret", operatorca.DefaultCASecret, "control-plane role: Secret (in --webhook-namespace) holding the operator CA; readable only by this component.")
 	fs.StringVar(&f.managerUsername, "node-manager-username", "", "control-plane role: the node managers' ServiceAccount user (system:serviceaccount:NS:NAME), the only identity whose node-bound CSRs are signed. Default: system:serviceaccount:<--webhook-namespace>:code-sandbox-controller-manager.")
 	fs.DurationVar(&f.reservationTimeout, "quota-reservation-timeout", sandboxquota.DefaultReservationTimeout, "control-plane role: how long quota charged at admission waits for its Sandbox to appear before the API server is asked whether the create failed.")

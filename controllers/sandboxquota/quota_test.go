@@ -23,7 +23,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	sandboxv1alpha1 "github.com/code-sandbox/code-sandbox-operator/api/v1alpha1"
-	"github.com/code-sandbox/code-sandbox-operator/internal/nodeapi/wire"
+	"github.com/code-sandbox/code-sandbox-operator/internal/subresource"
 	"github.com/code-sandbox/code-sandbox-operator/internal/testenv"
 )
 
@@ -170,7 +170,7 @@ var _ = Describe("SandboxQuota accounting", func() {
 		var status apierrors.APIStatus
 		Expect(errors.As(err, &status)).To(BeTrue())
 		Expect(status.Status().Details).NotTo(BeNil(), "kube-apiserver dropped the webhook's details: %#v", status.Status())
-		Expect(status.Status().Details.Causes).To(ContainElement(HaveField("Type", wire.CauseQuotaExceeded)))
+		Expect(status.Status().Details.Causes).To(ContainElement(HaveField("Type", subresource.CauseQuotaExceeded)))
 
 		Expect(create(newSandbox(ns, withResources("500m", "128Mi", "32Mi")))).To(Succeed())
 		full := settled(q, 2)

@@ -20,7 +20,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	sandboxv1alpha1 "github.com/code-sandbox/code-sandbox-operator/api/v1alpha1"
-	"github.com/code-sandbox/code-sandbox-operator/internal/nodeapi/wire"
+	"github.com/code-sandbox/code-sandbox-operator/internal/subresource"
 	"github.com/code-sandbox/code-sandbox-operator/internal/testenv"
 	"github.com/code-sandbox/code-sandbox-operator/internal/warmpool"
 )
@@ -86,7 +86,7 @@ func hasCause(err error, t metav1.CauseType) bool {
 		return false
 	}
 	st := status.Status()
-	return wire.HasCause(&st, t)
+	return subresource.HasCause(&st, t)
 }
 
 var _ = Describe("SandboxQuota and warm pools", func() {
@@ -139,7 +139,7 @@ var _ = Describe("SandboxQuota and warm pools", func() {
 			return cp.Client.Update(ctx, cur)
 		}()
 		Expect(err).To(beForbidden("cannot join a warm pool or move to another one"))
-		Expect(hasCause(err, wire.CauseWarmPoolMembership)).To(BeTrue(), "%v", err)
+		Expect(hasCause(err, subresource.CauseWarmPoolMembership)).To(BeTrue(), "%v", err)
 		err = func() error {
 			cur := &sandboxv1alpha1.Sandbox{}
 			Expect(cp.Client.Get(ctx, client.ObjectKeyFromObject(claim), cur)).To(Succeed())
@@ -167,7 +167,7 @@ var _ = Describe("SandboxQuota and warm pools", func() {
 		newQuota(ns, "q", sandboxv1alpha1.SandboxQuotaSpec{})
 		err := create(newClaimant(ns, "missing"))
 		Expect(err).To(beForbidden(`SandboxWarmPool "missing" does not exist in namespace ` + ns))
-		Expect(hasCause(err, wire.CauseWarmPoolNotFound)).To(BeTrue(), "%v", err)
+		Expect(hasCause(err, subresource.CauseWarmPoolNotFound)).To(BeTrue(), "%v", err)
 	})
 
 	It("refuses a pool whose template a quota does not allow, on create and on a template change", func() {
@@ -175,7 +175,7 @@ var _ = Describe("SandboxQuota and warm pools", func() {
 		newQuota(ns, "images", sandboxv1alpha1.SandboxQuotaSpec{AllowedImages: []string{"code-sandbox-test/*"}})
 		err := cp.Client.Create(ctx, newPool(ns, "bad", "python:3.12"))
 		Expect(err).To(beForbidden(`sandbox quota "images" does not allow image "python:3.12" (docker.io/library/python:3.12); allowed images: code-sandbox-test/*`))
-		Expect(hasCause(err, wire.CauseQuotaRule)).To(BeTrue(), "%v", err)
+		Expect(hasCause(err, subresource.CauseQuotaRule)).To(BeTrue(), "%v", err)
 
 		pool := newPool(ns, "good", testenv.BusyboxImage)
 		Expect(cp.Client.Create(ctx, pool)).To(Succeed())

@@ -17,7 +17,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	sandboxv1alpha1 "github.com/code-sandbox/code-sandbox-operator/api/v1alpha1"
-	"github.com/code-sandbox/code-sandbox-operator/internal/nodeapi/wire"
+	"github.com/code-sandbox/code-sandbox-operator/internal/subresource"
 	"github.com/code-sandbox/code-sandbox-operator/internal/testenv"
 	"github.com/code-sandbox/code-sandbox-operator/internal/warmpool"
 )
@@ -64,7 +64,7 @@ var _ = Describe("SandboxWarmPool admission", Ordered, func() {
 		Expect(err).To(MatchError(ContainSubstring("only the warm pool controller creates warm pool members: a Sandbox created by eve may not carry")))
 		status := err.(apierrors.APIStatus).Status()
 		Expect(status.Details).NotTo(BeNil())
-		Expect(status.Details.Causes).To(ConsistOf(HaveField("Type", wire.CauseWarmPoolMembership)))
+		Expect(status.Details.Causes).To(ConsistOf(HaveField("Type", subresource.CauseWarmPoolMembership)))
 		// The pool controller's member (created as this process's user)
 		// is admitted.
 		Expect(waitMembers(pool, 1)).To(HaveLen(1))

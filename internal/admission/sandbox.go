@@ -39,8 +39,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
 
 	sandboxv1alpha1 "github.com/code-sandbox/code-sandbox-operator/api/v1alpha1"
-	"github.com/code-sandbox/code-sandbox-operator/internal/nodeapi/wire"
 	"github.com/code-sandbox/code-sandbox-operator/internal/quota"
+	"github.com/code-sandbox/code-sandbox-operator/internal/subresource"
 	"github.com/code-sandbox/code-sandbox-operator/internal/warmpool"
 )
 
@@ -58,14 +58,14 @@ const fieldReservations = "status.reservations"
 // fieldDeadline is the field a lifetime rule's QuotaRule cause names.
 const fieldDeadline = "spec.activeDeadlineSeconds"
 
-// denied refuses the Sandbox name for causes (wire.CauseQuota*): a 403
+// denied refuses the Sandbox name for causes (subresource.CauseQuota*): a 403
 // Forbidden Status whose message is the causes' messages joined by "; ",
 // exactly as people read it, and whose details carry the causes, so that
 // clients tell quota usage from quota rules without reading the message.
 // kube-apiserver passes the Status on, prefixing the message with
 // `admission webhook "…" denied the request: `.
 func denied(name string, causes []metav1.StatusCause) admission.Response {
-	return deniedKind(wire.StatusKind, name, causes)
+	return deniedKind(subresource.StatusKind, name, causes)
 }
 
 // deniedKind is denied for an object of another resource (details.kind).
@@ -75,7 +75,7 @@ func deniedKind(kind, name string, causes []metav1.StatusCause) admission.Respon
 		msgs[i] = c.Message
 	}
 	resp := admission.Denied(strings.Join(msgs, "; "))
-	resp.Result.Details = &metav1.StatusDetails{Name: name, Group: wire.StatusGroup, Kind: kind, Causes: causes}
+	resp.Result.Details = &metav1.StatusDetails{Name: name, Group: subresource.StatusGroup, Kind: kind, Causes: causes}
 	return resp
 }
 
@@ -176,7 +176,7 @@ func (v *SandboxValidator) update(ctx context.Context, req admission.Request, sb
 	var causes []metav1.StatusCause
 	for i := range quotas {
 		if msg := quota.DeadlineViolation(&quotas[i], sbx.Spec.ActiveDeadlineSeconds); msg != "" {
-			causes = append(causes, metav1.StatusCause{Type: wire.CauseQuotaRule, Field: fieldDeadline, Message: msg})
+			causes = append(causes, metav1.StatusCause{Type: subresource.CauseQuotaRule, Field: fieldDeadline, Message: msg})
 		}
 	}
 	if len(causes) > 0 {
@@ -218,7 +218,7 @@ func (v *SandboxValidator) create(ctx context.Context, req admission.Request, sb
 		pool = &sandboxv1alpha1.SandboxWarmPool{}
 		if err := v.reader.Get(ctx, client.ObjectKey{Namespace: sbx.Namespace, Name: ref.Name}, pool); err != nil {
 			if apierrors.IsNotFound(err) {
-				return denied(sbx.Name, []metav1.StatusCause{{Type: wire.CauseWarmPoolNotFound, Field: "spec.warmPoolRef.name",
+				return denied(sbx.Name, []metav1.StatusCause{{Type: subresource.CauseWarmPoolNotFound, Field: "spec.warmPoolRef.name",
 					Message: fmt.Sprintf("SandboxWarmPool %q does not exist in namespace %s, so the Sandbox cannot be checked against the namespace's sandbox quotas; create the pool first",
 						ref.Name, sbx.Namespace)}})
 			}
@@ -234,7 +234,7 @@ func (v *SandboxValidator) create(ctx context.Context, req admission.Request, sb
 	for i := range quotas {
 		deadline := quota.DeadlineViolation(&quotas[i], sbx.Spec.ActiveDeadlineSeconds)
 		for _, msg := range quota.Violations(&quotas[i], checked) {
-			c := metav1.StatusCause{Type: wire.CauseQuotaRule, Message: msg}
+			c := metav1.StatusCause{Type: subresource.CauseQuotaRule, Message: msg}
 			switch {
 			case msg == deadline:
 				c.Field = fieldDeadline
@@ -252,7 +252,7 @@ func (v *SandboxValidator) create(ctx context.Context, req admission.Request, sb
 	dryRun := req.DryRun != nil && *req.DryRun
 	refusal, resp := v.chargeAll(ctx, quotas, sbx, usage, dryRun, nil, nil)
 	// Evicting a warm pool member frees usage, not reservations.
-	if refusal != nil && refusal.Type == wire.CauseQuotaExceeded && refusal.Field != fieldReservations && pool != nil {
+	if refusal != nil && refusal.Type == subresource.CauseQuotaExceeded && refusal.Field != fieldReservations && pool != nil {
 		return v.makeRoom(ctx, sbx, pool, usage, dryRun, *refusal)
 	}
 	return resp
@@ -325,7 +325,7 @@ func (v *SandboxValidator) charge(ctx context.Context, q *sandboxv1alpha1.Sandbo
 		if q.Status.ObservedGeneration == 0 {
 			// Like ResourceQuota's "status unknown for quota": a quota
 			// whose usage has never been counted cannot say what fits.
-			return &metav1.StatusCause{Type: wire.CauseQuotaNotCounted,
+			return &metav1.StatusCause{Type: subresource.CauseQuotaNotCounted,
 				Message: fmt.Sprintf("sandbox quota %q has not counted its usage yet; retry in a few seconds", q.Name)}, nil
 		}
 		used := q.Status.Used
@@ -339,7 +339,7 @@ func (v *SandboxValidator) charge(ctx context.Context, q *sandboxv1alpha1.Sandbo
 			checked = quota.Sub(used, *room)
 		}
 		if over := quota.Exceeds(q.Spec.Hard, checked, usage); len(over) > 0 {
-			return &metav1.StatusCause{Type: wire.CauseQuotaExceeded, Message: quota.ExceededMessage(q.Name, over)}, nil
+			return &metav1.StatusCause{Type: subresource.CauseQuotaExceeded, Message: quota.ExceededMessage(q.Name, over)}, nil
 		}
 		if len(q.Status.Reservations) >= MaxReservations {
 			// Every reservation is a few hundred bytes of the quota's
@@ -347,7 +347,7 @@ func (v *SandboxValidator) charge(ctx context.Context, q *sandboxv1alpha1.Sandbo
 			// requests) faster than the controller counts would grow the
 			// object toward etcd's size limit, after which no charge,
 			// count or spec change of the quota could be written.
-			return &metav1.StatusCause{Type: wire.CauseQuotaExceeded, Field: fieldReservations,
+			return &metav1.StatusCause{Type: subresource.CauseQuotaExceeded, Field: fieldReservations,
 				Message: fmt.Sprintf("sandbox quota %q has %d Sandboxes admitted but not yet counted, the most it records; retry in a few seconds",
 					q.Name, len(q.Status.Reservations))}, nil
 		}

@@ -38,8 +38,8 @@ import (
 
 	sandboxv1alpha1 "github.com/code-sandbox/code-sandbox-operator/api/v1alpha1"
 	"github.com/code-sandbox/code-sandbox-operator/internal/admission"
-	"github.com/code-sandbox/code-sandbox-operator/internal/nodeapi/wire"
 	"github.com/code-sandbox/code-sandbox-operator/internal/quota"
+	"github.com/code-sandbox/code-sandbox-operator/internal/subresource"
 )
 
 const ns = "team"
@@ -185,8 +185,8 @@ func expectDenied(resp ctrladmission.Response, message string) []metav1.CauseTyp
 	Expect(resp.Result.Reason).To(Equal(metav1.StatusReasonForbidden))
 	Expect(resp.Result.Message).To(Equal(message))
 	Expect(resp.Result.Details).NotTo(BeNil())
-	Expect(resp.Result.Details.Group).To(Equal(wire.StatusGroup))
-	Expect(resp.Result.Details.Kind).To(Equal(wire.StatusKind))
+	Expect(resp.Result.Details.Group).To(Equal(subresource.StatusGroup))
+	Expect(resp.Result.Details.Kind).To(Equal(subresource.StatusKind))
 	var msgs []string
 	var types []metav1.CauseType
 	for _, c := range resp.Result.Details.Causes {
@@ -286,7 +286,7 @@ var _ = Describe("SandboxValidator", func() {
 			q.Status.ObservedGeneration = 0
 			e := newEnv(envOptions{}, q)
 			Expect(expectDenied(e.validator.Handle(ctx, createRequest(newSandbox("sbx", "uid-1"), false)),
-				`sandbox quota "fresh" has not counted its usage yet; retry in a few seconds`)).To(Equal([]metav1.CauseType{wire.CauseQuotaNotCounted}))
+				`sandbox quota "fresh" has not counted its usage yet; retry in a few seconds`)).To(Equal([]metav1.CauseType{subresource.CauseQuotaNotCounted}))
 			expectUncharged(e, "fresh", quota.Zero())
 			Expect(e.statusUpdates.Load()).To(BeZero())
 		})
@@ -294,7 +294,7 @@ var _ = Describe("SandboxValidator", func() {
 		It("refuses a Sandbox that does not fit, saying why", func() {
 			e := newEnv(envOptions{}, newQuota("q", limit(2), usedN(2)))
 			Expect(expectDenied(e.validator.Handle(ctx, createRequest(newSandbox("sbx", "uid-1"), false)),
-				`sandbox quota "q" exceeded: sandboxes: requested 1, used 2, limit 2 (1 over)`)).To(Equal([]metav1.CauseType{wire.CauseQuotaExceeded}))
+				`sandbox quota "q" exceeded: sandboxes: requested 1, used 2, limit 2 (1 over)`)).To(Equal([]metav1.CauseType{subresource.CauseQuotaExceeded}))
 			expectUncharged(e, "q", usedN(2))
 		})
 
@@ -309,7 +309,7 @@ var _ = Describe("SandboxValidator", func() {
 			e := newEnv(envOptions{}, q)
 			resp := e.validator.Handle(ctx, createRequest(newSandbox("sbx", "uid-1"), false))
 			Expect(expectDenied(resp, fmt.Sprintf(`sandbox quota "q" has %d Sandboxes admitted but not yet counted, the most it records; retry in a few seconds`,
-				admission.MaxReservations))).To(Equal([]metav1.CauseType{wire.CauseQuotaExceeded}))
+				admission.MaxReservations))).To(Equal([]metav1.CauseType{subresource.CauseQuotaExceeded}))
 			Expect(resp.Result.Details.Causes[0].Field).To(Equal("status.reservations"))
 			Expect(e.quota("q").Status.Reservations).To(HaveLen(admission.MaxReservations))
 			Expect(e.statusUpdates.Load()).To(BeZero())
@@ -320,7 +320,7 @@ var _ = Describe("SandboxValidator", func() {
 			q.Spec.AllowedImages = []string{"ghcr.io/acme/*"}
 			e := newEnv(envOptions{}, q)
 			Expect(expectDenied(e.validator.Handle(ctx, createRequest(newSandbox("sbx", "uid-1"), false)),
-				`sandbox quota "q" does not allow image "busybox:1" (docker.io/library/busybox:1); allowed images: ghcr.io/acme/*`)).To(Equal([]metav1.CauseType{wire.CauseQuotaRule}))
+				`sandbox quota "q" does not allow image "busybox:1" (docker.io/library/busybox:1); allowed images: ghcr.io/acme/*`)).To(Equal([]metav1.CauseType{subresource.CauseQuotaRule}))
 			expectUncharged(e, "q", quota.Zero())
 			Expect(e.statusUpdates.Load()).To(BeZero())
 		})
@@ -337,7 +337,7 @@ var _ = Describe("SandboxValidator", func() {
 				`sandbox quota "a" does not allow network mode Egress (its allowEgress is false); use network mode None; `+
 					`sandbox quota "a" requires spec.activeDeadlineSeconds of at most 60; the Sandbox sets none; `+
 					`sandbox quota "b" does not allow network mode Egress (its allowEgress is false); use network mode None`)).
-				To(Equal([]metav1.CauseType{wire.CauseQuotaRule, wire.CauseQuotaRule, wire.CauseQuotaRule}))
+				To(Equal([]metav1.CauseType{subresource.CauseQuotaRule, subresource.CauseQuotaRule, subresource.CauseQuotaRule}))
 			// The lifetime rule names its field, so a client can say what to change.
 			Expect(resp.Result.Details.Causes[0].Field).To(BeEmpty())
 			Expect(resp.Result.Details.Causes[1].Field).To(Equal("spec.activeDeadlineSeconds"))
@@ -633,7 +633,7 @@ var _ = Describe("SandboxValidator on the wire", func() {
 		err = &apierrors.StatusError{ErrStatus: *st}
 		Expect(apierrors.IsForbidden(err)).To(BeTrue())
 		Expect(apierrors.ReasonForError(err)).To(Equal(metav1.StatusReasonForbidden))
-		Expect(wire.HasCause(st, wire.CauseQuotaExceeded)).To(BeTrue(), "%+v", st)
+		Expect(subresource.HasCause(st, subresource.CauseQuotaExceeded)).To(BeTrue(), "%+v", st)
 		Expect(st.Details.Name).To(Equal("sbx"))
 		Expect(st.Message).To(HaveSuffix(`sandbox quota "q" exceeded: sandboxes: requested 1, used 1, limit 1 (1 over)`))
 	})

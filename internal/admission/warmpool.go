@@ -26,8 +26,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
 
 	sandboxv1alpha1 "github.com/code-sandbox/code-sandbox-operator/api/v1alpha1"
-	"github.com/code-sandbox/code-sandbox-operator/internal/nodeapi/wire"
 	"github.com/code-sandbox/code-sandbox-operator/internal/quota"
+	"github.com/code-sandbox/code-sandbox-operator/internal/subresource"
 	"github.com/code-sandbox/code-sandbox-operator/internal/warmpool"
 )
 
@@ -155,12 +155,12 @@ func (v *SandboxValidator) membership(ctx context.Context, old, sbx *sandboxv1al
 		if gone {
 			return nil
 		}
-		resp := denied(sbx.Name, []metav1.StatusCause{{Type: wire.CauseWarmPoolMembership, Field: field,
+		resp := denied(sbx.Name, []metav1.StatusCause{{Type: subresource.CauseWarmPoolMembership, Field: field,
 			Message: fmt.Sprintf("Sandbox %q is a member of SandboxWarmPool %q: its %s label and controller ownerReference stay as the pool created them while the pool exists",
 				sbx.Name, oldRef.Name, sandboxv1alpha1.LabelWarmPool)}})
 		return &resp
 	}
-	resp := denied(sbx.Name, []metav1.StatusCause{{Type: wire.CauseWarmPoolMembership, Field: field,
+	resp := denied(sbx.Name, []metav1.StatusCause{{Type: subresource.CauseWarmPoolMembership, Field: field,
 		Message: fmt.Sprintf("Sandbox %q cannot join a warm pool or move to another one: the %s label and the controller ownerReference to a SandboxWarmPool are set only by the pool when it creates a member, which must never have been used",
 			sbx.Name, sandboxv1alpha1.LabelWarmPool)}})
 	return &resp
@@ -192,7 +192,7 @@ func (v *SandboxValidator) newMember(req admission.Request, sbx *sandboxv1alpha1
 	if field == "" || (v.poolController != "" && req.UserInfo.Username == v.poolController) {
 		return nil
 	}
-	resp := denied(sbx.Name, []metav1.StatusCause{{Type: wire.CauseWarmPoolMembership, Field: field,
+	resp := denied(sbx.Name, []metav1.StatusCause{{Type: subresource.CauseWarmPoolMembership, Field: field,
 		Message: fmt.Sprintf("only the warm pool controller creates warm pool members: a Sandbox created by %s may not carry the %s or %s label or an ownerReference to a SandboxWarmPool; claim from a pool with spec.warmPoolRef instead",
 			req.UserInfo.Username, sandboxv1alpha1.LabelWarmPool, sandboxv1alpha1.LabelTemplateHash)}})
 	return &resp
@@ -283,11 +283,11 @@ func (v *WarmPoolValidator) Handle(ctx context.Context, req admission.Request) a
 	var causes []metav1.StatusCause
 	for i := range list.Items {
 		for _, msg := range quota.ShapeViolations(&list.Items[i], &shape) {
-			causes = append(causes, metav1.StatusCause{Type: wire.CauseQuotaRule, Message: msg})
+			causes = append(causes, metav1.StatusCause{Type: subresource.CauseQuotaRule, Message: msg})
 		}
 	}
 	if len(causes) > 0 {
-		return deniedKind(wire.StatusKindWarmPool, pool.Name, causes)
+		return deniedKind(subresource.StatusKindWarmPool, pool.Name, causes)
 	}
 	if len(list.Items) == 0 {
 		return admission.Allowed("")
@@ -301,7 +301,7 @@ func (v *WarmPoolValidator) Handle(ctx context.Context, req admission.Request) a
 		}
 	}
 	if len(causes) > 0 {
-		return deniedKind(wire.StatusKindWarmPool, pool.Name, causes)
+		return deniedKind(subresource.StatusKindWarmPool, pool.Name, causes)
 	}
 	return admission.Allowed("")
 }
@@ -337,7 +337,7 @@ func templateGrowth(quotas []sandboxv1alpha1.SandboxQuota, old, pool *sandboxv1a
 		{"disk", was.Disk, is.Disk, func(h sandboxv1alpha1.SandboxQuotaHard) *resource.Quantity { return h.Disk }},
 	} {
 		if r.is.Cmp(r.was) > 0 && limited(r.limitedF) {
-			causes = append(causes, metav1.StatusCause{Type: wire.CauseQuotaRule, Field: "spec.template.resources." + r.field,
+			causes = append(causes, metav1.StatusCause{Type: subresource.CauseQuotaRule, Field: "spec.template.resources." + r.field,
 				Message: fmt.Sprintf("the template's %s may not grow from %s to %s while a sandbox quota of namespace %s limits %s: Sandboxes admitted at the old size may still claim from the pool; create a new pool for the bigger template",
 					r.field, r.was.String(), r.is.String(), pool.Namespace, r.field)})
 		}
@@ -369,7 +369,7 @@ func (v *WarmPoolValidator) waitingClaimants(ctx context.Context, pool *sandboxv
 	if len(waiting) > 5 {
 		waiting = append(waiting[:5], fmt.Sprintf("and %d more", len(waiting)-5))
 	}
-	return []metav1.StatusCause{{Type: wire.CauseQuotaRule, Field: "metadata.name",
+	return []metav1.StatusCause{{Type: subresource.CauseQuotaRule, Field: "metadata.name",
 		Message: fmt.Sprintf("Sandboxes admitted against an earlier SandboxWarmPool %q still wait to claim from it (%s), charged at its template; delete them, or name the new pool differently",
 			pool.Name, strings.Join(waiting, ", "))}}, nil
 }

@@ -24,8 +24,8 @@ import (
 
 	sandboxv1alpha1 "github.com/code-sandbox/code-sandbox-operator/api/v1alpha1"
 	"github.com/code-sandbox/code-sandbox-operator/internal/admission"
-	"github.com/code-sandbox/code-sandbox-operator/internal/nodeapi/wire"
 	"github.com/code-sandbox/code-sandbox-operator/internal/quota"
+	"github.com/code-sandbox/code-sandbox-operator/internal/subresource"
 	"github.com/code-sandbox/code-sandbox-operator/internal/warmpool"
 )
 
@@ -89,14 +89,14 @@ var _ = Describe("SandboxValidator and warm pools", func() {
 			e := newEnv(envOptions{}, qt, newPool("pool", "busybox:1", "1"))
 			Expect(expectDenied(e.validator.Handle(ctx, createRequest(newClaimant("c", "uid-c", "pool"), false)),
 				`sandbox quota "q" does not allow image "busybox:1" (docker.io/library/busybox:1); allowed images: ghcr.io/acme/* (set by the template of SandboxWarmPool "pool")`)).
-				To(Equal([]metav1.CauseType{wire.CauseQuotaRule}))
+				To(Equal([]metav1.CauseType{subresource.CauseQuotaRule}))
 		})
 
 		It("is refused when its pool does not exist, naming it", func() {
 			e := newEnv(envOptions{}, newQuota("q", limit(5), quota.Zero()))
 			resp := e.validator.Handle(ctx, createRequest(newClaimant("c", "uid-c", "missing"), false))
 			Expect(expectDenied(resp, `SandboxWarmPool "missing" does not exist in namespace team, so the Sandbox cannot be checked against the namespace's sandbox quotas; create the pool first`)).
-				To(Equal([]metav1.CauseType{wire.CauseWarmPoolNotFound}))
+				To(Equal([]metav1.CauseType{subresource.CauseWarmPoolNotFound}))
 			Expect(resp.Result.Details.Causes[0].Field).To(Equal("spec.warmPoolRef.name"))
 			expectUncharged(e, "q", quota.Zero())
 		})
@@ -149,7 +149,7 @@ var _ = Describe("SandboxValidator and warm pools", func() {
 				stranger := idleMember(other, "stranger", now) // idle, but another pool's
 				e := newEnv(envOptions{}, newQuota("q", limit(2), usedN(2)), pool, other, busy, stranger)
 				Expect(expectDenied(e.validator.Handle(ctx, createRequest(newClaimant("c", "uid-c", "pool"), false)),
-					`sandbox quota "q" exceeded: sandboxes: requested 1, used 2, limit 2 (1 over)`)).To(Equal([]metav1.CauseType{wire.CauseQuotaExceeded}))
+					`sandbox quota "q" exceeded: sandboxes: requested 1, used 2, limit 2 (1 over)`)).To(Equal([]metav1.CauseType{subresource.CauseQuotaExceeded}))
 				Expect(exists(e, "busy")).To(BeTrue())
 				Expect(exists(e, "stranger")).To(BeTrue())
 			})
@@ -190,7 +190,7 @@ var _ = Describe("SandboxValidator and warm pools", func() {
 				resp := e.validator.Handle(ctx, updateRequest(c.old, c.new))
 				Expect(resp.Allowed).To(BeFalse())
 				Expect(resp.Result.Code).To(Equal(int32(http.StatusForbidden)))
-				Expect(wire.HasCause(resp.Result, wire.CauseWarmPoolMembership)).To(BeTrue(), "%+v", resp.Result)
+				Expect(subresource.HasCause(resp.Result, subresource.CauseWarmPoolMembership)).To(BeTrue(), "%+v", resp.Result)
 			}
 			other := member()
 			other.Labels["team"] = "blue"
@@ -226,7 +226,7 @@ var _ = Describe("SandboxValidator and warm pools", func() {
 						resp := e.validator.Handle(ctx, req)
 						expectDenied(resp, "only the warm pool controller creates warm pool members: a Sandbox created by "+user+
 							" may not carry the sandbox.code-sandbox.dev/warm-pool or sandbox.code-sandbox.dev/template-hash label or an ownerReference to a SandboxWarmPool; claim from a pool with spec.warmPoolRef instead")
-						Expect(resp.Result.Details.Causes).To(ConsistOf(metav1.StatusCause{Type: wire.CauseWarmPoolMembership, Field: c.field, Message: resp.Result.Message}))
+						Expect(resp.Result.Details.Causes).To(ConsistOf(metav1.StatusCause{Type: subresource.CauseWarmPoolMembership, Field: c.field, Message: resp.Result.Message}))
 					}
 				}
 				Expect(e.statusUpdates.Load()).To(BeZero(), "nothing charged for a refused create")
@@ -295,9 +295,9 @@ var _ = Describe("WarmPoolValidator", func() {
 		Expect(resp.Result.Code).To(Equal(int32(http.StatusForbidden)))
 		Expect(resp.Result.Message).To(Equal(`sandbox quota "q" does not allow image "busybox:1" (docker.io/library/busybox:1); allowed images: ghcr.io/acme/*; ` +
 			`sandbox quota "q" does not allow network mode Egress (its allowEgress is false); use network mode None`))
-		Expect(resp.Result.Details.Kind).To(Equal(wire.StatusKindWarmPool))
+		Expect(resp.Result.Details.Kind).To(Equal(subresource.StatusKindWarmPool))
 		Expect(resp.Result.Details.Name).To(Equal("pool"))
-		Expect(resp.Result.Details.Causes).To(HaveEach(HaveField("Type", wire.CauseQuotaRule)))
+		Expect(resp.Result.Details.Causes).To(HaveEach(HaveField("Type", subresource.CauseQuotaRule)))
 
 		// The lifetime is each claimant's own: a pool is not refused for it.
 		expectAllowed(v.Handle(ctx, request(admissionv1.Create, nil, newPool("pool", "ghcr.io/acme/tool:1", "1"))))
@@ -313,9 +313,9 @@ var _ = Describe("WarmPoolValidator", func() {
 		resp := v.Handle(ctx, request(admissionv1.Update, small, big))
 		Expect(resp.Allowed).To(BeFalse())
 		Expect(resp.Result.Code).To(Equal(int32(http.StatusForbidden)))
-		Expect(resp.Result.Details.Kind).To(Equal(wire.StatusKindWarmPool))
+		Expect(resp.Result.Details.Kind).To(Equal(subresource.StatusKindWarmPool))
 		Expect(resp.Result.Details.Causes).To(ConsistOf(
-			metav1.StatusCause{Type: wire.CauseQuotaRule, Field: "spec.template.resources.cpu",
+			metav1.StatusCause{Type: subresource.CauseQuotaRule, Field: "spec.template.resources.cpu",
 				Message: "the template's cpu may not grow from 500m to 2 while a sandbox quota of namespace team limits cpu: Sandboxes admitted at the old size may still claim from the pool; create a new pool for the bigger template"},
 			HaveField("Field", "spec.template.resources.memory"),
 		))
@@ -337,7 +337,7 @@ var _ = Describe("WarmPoolValidator", func() {
 		v := admission.NewWarmPoolValidator(newEnv(envOptions{}, q, waiting, claimed, other).base, scheme)
 		resp := v.Handle(ctx, request(admissionv1.Create, nil, newPool("pool", "busybox:1", "4")))
 		Expect(resp.Allowed).To(BeFalse())
-		Expect(resp.Result.Details.Causes).To(ConsistOf(metav1.StatusCause{Type: wire.CauseQuotaRule, Field: "metadata.name",
+		Expect(resp.Result.Details.Causes).To(ConsistOf(metav1.StatusCause{Type: subresource.CauseQuotaRule, Field: "metadata.name",
 			Message: `Sandboxes admitted against an earlier SandboxWarmPool "pool" still wait to claim from it (waiting), charged at its template; delete them, or name the new pool differently`}))
 		expectAllowed(v.Handle(ctx, request(admissionv1.Create, nil, newPool("another", "busybox:1", "4"))))
 		expectAllowed(admission.NewWarmPoolValidator(newEnv(envOptions{}, waiting).base, scheme).

@@ -41,7 +41,6 @@ import (
 
 	"github.com/go-logr/logr"
 	corev1 "k8s.io/api/core/v1"
-	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apiserver/pkg/authentication/authenticator"
@@ -51,9 +50,8 @@ import (
 	logf "sigs.k8s.io/controller-runtime/pkg/log"
 
 	sandboxv1alpha1 "github.com/code-sandbox/code-sandbox-operator/api/v1alpha1"
-	"github.com/code-sandbox/code-sandbox-operator/internal/nodeapi"
-	"github.com/code-sandbox/code-sandbox-operator/internal/nodeapi/wire"
 	"github.com/code-sandbox/code-sandbox-operator/internal/operatorca"
+	"github.com/code-sandbox/code-sandbox-operator/internal/subresource"
 )
 
 // Config configures a Server.
@@ -129,16 +127,16 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	case "/apis":
 		writeJSON(w, apiGroupList())
 		return
-	case "/apis/" + wire.AggregatedGroup:
+	case "/apis/" + subresource.AggregatedGroup:
 		writeJSON(w, apiGroup())
 		return
-	case "/apis/" + wire.AggregatedGroup + "/" + wire.AggregatedVersion:
+	case "/apis/" + subresource.AggregatedGroup + "/" + subresource.AggregatedVersion:
 		writeJSON(w, apiResourceList())
 		return
 	}
-	rt, err := nodeapi.ParseRoute(wire.AggregatedPathPrefix, r)
-	if err != nil {
-		nodeapi.WriteError(w, err)
+	rt, routeErr := subresource.ParseRoute(subresource.AggregatedPathPrefix, r)
+	if routeErr != nil {
+		subresource.WriteError(w, routeErr)
 		return
 	}
 	resp, ok, err := s.cfg.Authenticator.AuthenticateRequest(r)
@@ -146,21 +144,21 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		if err != nil {
 			s.log.V(1).Info("authentication failed", "path", r.URL.Path, "remote", r.RemoteAddr, "error", err.Error())
 		}
-		nodeapi.WriteError(w, nodeapi.NewError(http.StatusUnauthorized, metav1.StatusReasonUnauthorized, "Unauthorized"))
+		subresource.WriteError(w, subresource.NewError(http.StatusUnauthorized, metav1.StatusReasonUnauthorized, "Unauthorized"))
 		return
 	}
 	u := resp.User
 	ctx := logf.IntoContext(r.Context(), s.log.WithValues("namespace", rt.Namespace, "sandbox", rt.Name,
 		"subresource", rt.Subresource, "user", u.GetName()))
 	// Every answer from here on is about the Sandbox rt.Name.
-	w = nodeapi.NameSandbox(w, rt.Name)
+	w = subresource.NameSandbox(w, rt.Name)
 	if err := s.authorize(ctx, u, rt); err != nil {
-		nodeapi.WriteError(w, err)
+		subresource.WriteError(w, err)
 		return
 	}
 	sbx, err := s.sandbox(ctx, rt)
 	if err != nil {
-		nodeapi.WriteError(w, err)
+		subresource.WriteError(w, err)
 		return
 	}
 	s.forward(w, r.WithContext(ctx), u, rt, sbx)
@@ -169,7 +167,7 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 // authorize asks whether u may do rt on the Sandbox in
 // sandbox.code-sandbox.dev: kube-apiserver already checked the same verb on
 // this aggregated group, and the shipped roles grant both together.
-func (s *Server) authorize(ctx context.Context, u user.Info, rt wire.Route) error {
+func (s *Server) authorize(ctx context.Context, u user.Info, rt subresource.Route) error {
 	attrs := authorizer.AttributesRecord{
 		User:            u,
 		Verb:            rt.Verb,
@@ -193,57 +191,41 @@ func (s *Server) authorize(ctx context.Context, u user.Info, rt wire.Route) erro
 	if reason != "" {
 		msg += ": " + reason
 	}
-	return nodeapi.NewError(http.StatusForbidden, metav1.StatusReasonForbidden, "%s", msg)
+	return subresource.NewError(http.StatusForbidden, metav1.StatusReasonForbidden, "%s", msg)
 }
 
-// sandbox reads the Sandbox and checks that a node serves it and, for exec
-// and files, that it is Ready (the node checks again against the
-// container); logs and history are served for Sandboxes that are not.
-func (s *Server) sandbox(ctx context.Context, rt wire.Route) (*sandboxv1alpha1.Sandbox, error) {
+// sandbox reads the Sandbox and checks that the aggregated API serves it
+// (subresource.CheckServed): a node serves it and has published its node
+// API and, for exec and files, it is Ready (the node checks again against
+// the container); logs and history are served for Sandboxes that are not.
+func (s *Server) sandbox(ctx context.Context, rt subresource.Route) (*sandboxv1alpha1.Sandbox, error) {
 	key := types.NamespacedName{Namespace: rt.Namespace, Name: rt.Name}
-	sbx, err := nodeapi.GetSandbox(ctx, s.cfg.Sandboxes, s.cfg.APIReader, key)
+	sbx, err := subresource.GetSandbox(ctx, getter(s.cfg.Sandboxes), getter(s.cfg.APIReader), key)
 	if err != nil {
 		return nil, err
 	}
-	if sbx.Status.NodeName == "" {
-		return nil, nodeapi.WithCause(nodeapi.NewError(http.StatusConflict, metav1.StatusReasonConflict,
-			"sandbox %s is not Ready: no node has claimed it yet", key), wire.CauseSandboxNotReady)
+	// Refuse a Sandbox for not being Ready only on the API server's word.
+	if sbx.Status.NodeName != "" && subresource.NeedsReady(rt.Subresource) {
+		sbx = subresource.FreshIfNotReady(ctx, getter(s.cfg.APIReader), sbx)
 	}
-	if rt.Subresource == wire.SubresourceExec || rt.Subresource == wire.SubresourceFiles {
-		if sbx = nodeapi.FreshIfNotReady(ctx, s.cfg.APIReader, sbx); sbx.Status.NodeName == "" {
-			return nil, nodeapi.WithCause(nodeapi.NewError(http.StatusConflict, metav1.StatusReasonConflict,
-				"sandbox %s is not Ready: no node has claimed it yet", key), wire.CauseSandboxNotReady)
-		}
-		if !sbx.DeletionTimestamp.IsZero() {
-			return nil, nodeapi.WithCause(nodeapi.NewError(http.StatusConflict, metav1.StatusReasonConflict,
-				"sandbox %s is not Ready: it is being deleted", key), wire.CauseSandboxTerminating)
-		}
-		if err := nodeapi.RefuseWarmPoolMember(sbx); err != nil {
-			return nil, err
-		}
-		ready := meta.FindStatusCondition(sbx.Status.Conditions, string(sandboxv1alpha1.SandboxConditionReady))
-		if ready == nil || ready.Status != metav1.ConditionTrue {
-			why := "no manager has reported on it yet"
-			if ready != nil {
-				why = ready.Reason + ": " + ready.Message
-			}
-			if ready != nil && ready.Reason == sandboxv1alpha1.SandboxReasonPaused {
-				return nil, nodeapi.WithCause(nodeapi.NewError(http.StatusConflict, metav1.StatusReasonConflict,
-					"sandbox %s is paused: %s", key, ready.Message), wire.CauseSandboxPaused)
-			}
-			return nil, nodeapi.WithCause(nodeapi.NewError(http.StatusConflict, metav1.StatusReasonConflict,
-				"sandbox %s is not Ready: %s", key, why), wire.CauseSandboxNotReady)
-		}
-	}
-	if sbx.Status.NodeAPIEndpoint == "" {
-		return nil, nodeapi.WithCause(nodeapi.NewError(http.StatusServiceUnavailable, metav1.StatusReasonServiceUnavailable,
-			"sandbox %s: node %s has not published its node API", key, sbx.Status.NodeName), wire.CauseNodeAPIUnavailable)
+	if err := subresource.CheckServed(sbx, rt.Subresource); err != nil {
+		return nil, err
 	}
 	return sbx, nil
 }
 
+// getter reads Sandboxes with r, or is nil when r is.
+func getter(r client.Reader) subresource.GetFunc {
+	if r == nil {
+		return nil
+	}
+	return func(ctx context.Context, key types.NamespacedName, sbx *sandboxv1alpha1.Sandbox) error {
+		return r.Get(ctx, key, sbx)
+	}
+}
+
 // forward proxies the request to the node API of the Sandbox's node.
-func (s *Server) forward(w http.ResponseWriter, r *http.Request, u user.Info, rt wire.Route, sbx *sandboxv1alpha1.Sandbox) {
+func (s *Server) forward(w http.ResponseWriter, r *http.Request, u user.Info, rt subresource.Route, sbx *sandboxv1alpha1.Sandbox) {
 	node := sbx.Status.NodeName
 	// One error for every way the endpoint is unusable or unreachable:
 	// the status is written by a node's manager, and what this server
@@ -251,8 +233,8 @@ func (s *Server) forward(w http.ResponseWriter, r *http.Request, u user.Info, rt
 	// certificate) would make it a probe of the cluster network for
 	// whoever compromised one. The details go to this server's log.
 	unavailable := func() {
-		nodeapi.WriteError(w, nodeapi.WithCause(nodeapi.NewError(http.StatusServiceUnavailable, metav1.StatusReasonServiceUnavailable,
-			"sandbox %s/%s: the node API of node %s is unavailable", sbx.Namespace, sbx.Name, node), wire.CauseNodeAPIUnavailable))
+		subresource.WriteError(w, subresource.NewError(http.StatusServiceUnavailable, metav1.StatusReasonServiceUnavailable,
+			"sandbox %s/%s: the node API of node %s is unavailable", sbx.Namespace, sbx.Name, node).Because(subresource.CauseNodeAPIUnavailable, ""))
 	}
 	endpoint, err := parseEndpoint(sbx.Status.NodeAPIEndpoint)
 	if err == nil {
@@ -272,7 +254,7 @@ func (s *Server) forward(w http.ResponseWriter, r *http.Request, u user.Info, rt
 			out.URL = &url.URL{
 				Scheme:   "https",
 				Host:     endpoint.Host,
-				Path:     wire.PathPrefix + rt.Namespace + "/sandboxes/" + rt.Name + "/" + rt.Subresource,
+				Path:     subresource.PathPrefix + rt.Namespace + "/sandboxes/" + rt.Name + "/" + rt.Subresource,
 				RawQuery: pr.In.URL.RawQuery,
 			}
 			out.Host = ""
@@ -284,16 +266,16 @@ func (s *Server) forward(w http.ResponseWriter, r *http.Request, u user.Info, rt
 					out.Header.Del(k)
 				}
 			}
-			out.Header.Set(wire.HeaderRemoteUser, u.GetName())
+			out.Header.Set(subresource.HeaderRemoteUser, u.GetName())
 			if uid := u.GetUID(); uid != "" {
-				out.Header.Set(wire.HeaderRemoteUID, uid)
+				out.Header.Set(subresource.HeaderRemoteUID, uid)
 			}
 			for _, g := range u.GetGroups() {
-				out.Header.Add(wire.HeaderRemoteGroup, g)
+				out.Header.Add(subresource.HeaderRemoteGroup, g)
 			}
 			for k, vs := range u.GetExtra() {
 				for _, v := range vs {
-					out.Header.Add(wire.HeaderRemoteExtraPrefix+url.PathEscape(k), v)
+					out.Header.Add(subresource.HeaderRemoteExtraPrefix+url.PathEscape(k), v)
 				}
 			}
 		},
@@ -405,9 +387,9 @@ func apiGroupList() *metav1.APIGroupList {
 }
 
 func apiGroup() *metav1.APIGroup {
-	gv := metav1.GroupVersionForDiscovery{GroupVersion: wire.AggregatedGroup + "/" + wire.AggregatedVersion, Version: wire.AggregatedVersion}
+	gv := metav1.GroupVersionForDiscovery{GroupVersion: subresource.AggregatedGroup + "/" + subresource.AggregatedVersion, Version: subresource.AggregatedVersion}
 	return &metav1.APIGroup{TypeMeta: metav1.TypeMeta{Kind: "APIGroup", APIVersion: "v1"},
-		Name: wire.AggregatedGroup, Versions: []metav1.GroupVersionForDiscovery{gv}, PreferredVersion: gv}
+		Name: subresource.AggregatedGroup, Versions: []metav1.GroupVersionForDiscovery{gv}, PreferredVersion: gv}
 }
 
 // apiResourceList lists the subresources, as the core group lists
@@ -418,12 +400,12 @@ func apiResourceList() *metav1.APIResourceList {
 	}
 	return &metav1.APIResourceList{
 		TypeMeta:     metav1.TypeMeta{Kind: "APIResourceList", APIVersion: "v1"},
-		GroupVersion: wire.AggregatedGroup + "/" + wire.AggregatedVersion,
+		GroupVersion: subresource.AggregatedGroup + "/" + subresource.AggregatedVersion,
 		APIResources: []metav1.APIResource{
-			sub(wire.SubresourceExec, "create"),
-			sub(wire.SubresourceFiles, "create", "get"),
-			sub(wire.SubresourceLog, "get"),
-			sub(wire.SubresourceHistory, "get"),
+			sub(subresource.SubresourceExec, "create"),
+			sub(subresource.SubresourceFiles, "create", "get"),
+			sub(subresource.SubresourceLog, "get"),
+			sub(subresource.SubresourceHistory, "get"),
 		},
 	}
 }

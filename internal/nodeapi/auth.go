@@ -19,7 +19,7 @@ import (
 	"k8s.io/apiserver/pkg/authentication/user"
 	genericrequest "k8s.io/apiserver/pkg/endpoints/request"
 
-	"github.com/code-sandbox/code-sandbox-operator/internal/nodeapi/wire"
+	"github.com/code-sandbox/code-sandbox-operator/internal/subresource"
 )
 
 // NewFrontProxyAuthenticator is the node API's only authenticator. The node
@@ -44,10 +44,10 @@ func NewFrontProxyAuthenticator(pool func() *x509.CertPool, allowedNames []strin
 	}
 	return headerrequest.NewDynamicVerifyOptionsSecure(verify,
 		headerrequest.StaticStringSlice(allowedNames),
-		headerrequest.StaticStringSlice{wire.HeaderRemoteUser},
-		headerrequest.StaticStringSlice{wire.HeaderRemoteUID},
-		headerrequest.StaticStringSlice{wire.HeaderRemoteGroup},
-		headerrequest.StaticStringSlice{wire.HeaderRemoteExtraPrefix},
+		headerrequest.StaticStringSlice{subresource.HeaderRemoteUser},
+		headerrequest.StaticStringSlice{subresource.HeaderRemoteUID},
+		headerrequest.StaticStringSlice{subresource.HeaderRemoteGroup},
+		headerrequest.StaticStringSlice{subresource.HeaderRemoteExtraPrefix},
 	), nil
 }
 

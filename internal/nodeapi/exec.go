@@ -19,7 +19,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/code-sandbox/code-sandbox-operator/internal/nodeapi/wire"
+	"github.com/code-sandbox/code-sandbox-operator/internal/subresource"
 
 	logf "sigs.k8s.io/controller-runtime/pkg/log"
 
@@ -127,7 +127,7 @@ func (s *Server) serveExec(w http.ResponseWriter, r *http.Request, sbx *sandboxv
 	fw := &frameWriter{rc: http.NewResponseController(w), enc: json.NewEncoder(w), cancel: cancel}
 
 	h := w.Header()
-	h.Set("Content-Type", wire.ContentTypeNDJSON)
+	h.Set("Content-Type", subresource.ContentTypeNDJSON)
 	h.Set("X-Content-Type-Options", "nosniff")
 	// Proxies such as nginx would otherwise buffer the stream.
 	h.Set("X-Accel-Buffering", "no")
@@ -147,14 +147,14 @@ func (s *Server) serveExec(w http.ResponseWriter, r *http.Request, sbx *sandboxv
 		Caller:     callerName(ctx),
 	})
 	log.V(1).Info("exec starting", "exec", rec.ID, "command", rec.Command, "shell", rec.Shell)
-	res, runErr := s.cfg.Runtime.RunCommand(ctx, ct.ID, req, fw.stream(wire.StreamStdout), fw.stream(wire.StreamStderr))
+	res, runErr := s.cfg.Runtime.RunCommand(ctx, ct.ID, req, fw.stream(subresource.StreamStdout), fw.stream(subresource.StreamStderr))
 
 	rec.DurationMillis = res.DurationMillis
 	if rec.DurationMillis == 0 {
 		rec.DurationMillis = time.Since(rec.StartedAt).Milliseconds()
 	}
 	rec.ExitCode, rec.TimedOut, rec.Truncated = res.ExitCode, res.TimedOut, res.Truncated()
-	var final wire.Frame
+	var final subresource.Frame
 	if runErr != nil {
 		rec.ExitCode = -1
 		if r.Context().Err() != nil {
@@ -188,7 +188,7 @@ type frameWriter struct {
 	err    error
 }
 
-func (fw *frameWriter) write(f wire.Frame) error {
+func (fw *frameWriter) write(f subresource.Frame) error {
 	fw.mu.Lock()
 	defer fw.mu.Unlock()
 	if fw.err != nil {
@@ -227,7 +227,7 @@ func (s streamWriter) Write(p []byte) (int, error) {
 	}
 	// Encode copies p (as base64) before returning, so the caller may reuse
 	// its buffer.
-	if err := s.fw.write(wire.Frame{Stream: s.name, Data: p}); err != nil {
+	if err := s.fw.write(subresource.Frame{Stream: s.name, Data: p}); err != nil {
 		return 0, err
 	}
 	return len(p), nil

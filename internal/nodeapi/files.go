@@ -14,7 +14,7 @@ import (
 	"net/http"
 	"strconv"
 
-	"github.com/code-sandbox/code-sandbox-operator/internal/nodeapi/wire"
+	"github.com/code-sandbox/code-sandbox-operator/internal/subresource"
 
 	logf "sigs.k8s.io/controller-runtime/pkg/log"
 
@@ -36,7 +36,7 @@ func (s *Server) serveUpload(w http.ResponseWriter, r *http.Request, sbx *sandbo
 		writeError(w, err)
 		return
 	}
-	mediaType := wire.ContentTypeBinary
+	mediaType := subresource.ContentTypeBinary
 	if v := r.Header.Get("Content-Type"); v != "" {
 		if mediaType, _, err = mime.ParseMediaType(v); err != nil {
 			writeError(w, newError(http.StatusUnsupportedMediaType, "UnsupportedMediaType", "bad Content-Type %q: %v", v, err))
@@ -47,9 +47,9 @@ func (s *Server) serveUpload(w http.ResponseWriter, r *http.Request, sbx *sandbo
 
 	var archive io.Reader
 	switch mediaType {
-	case wire.ContentTypeTar:
+	case subresource.ContentTypeTar:
 		if q.Has("mode") {
-			writeError(w, badRequest("mode applies to single-file uploads (%s), not to archives, whose entries carry their own", wire.ContentTypeBinary))
+			writeError(w, badRequest("mode applies to single-file uploads (%s), not to archives, whose entries carry their own", subresource.ContentTypeBinary))
 			return
 		}
 		maxBody := limits.MaxBytes + int64(limits.MaxEntries)*tarOverheadPerEntry
@@ -58,7 +58,7 @@ func (s *Server) serveUpload(w http.ResponseWriter, r *http.Request, sbx *sandbo
 			return
 		}
 		archive = http.MaxBytesReader(unwrapWriter(w), r.Body, maxBody)
-	case wire.ContentTypeBinary:
+	case subresource.ContentTypeBinary:
 		if target.Rel == "" {
 			writeError(w, badRequest("path %q names the directory %s; a single-file upload needs a file path", q.Get("path"), target.Root))
 			return
@@ -102,7 +102,7 @@ func (s *Server) serveUpload(w http.ResponseWriter, r *http.Request, sbx *sandbo
 		archive = pr
 	default:
 		writeError(w, newError(http.StatusUnsupportedMediaType, "UnsupportedMediaType",
-			"Content-Type %q is not supported; send %s (a tree) or %s (one file)", mediaType, wire.ContentTypeTar, wire.ContentTypeBinary))
+			"Content-Type %q is not supported; send %s (a tree) or %s (one file)", mediaType, subresource.ContentTypeTar, subresource.ContentTypeBinary))
 		return
 	}
 
@@ -126,7 +126,7 @@ func (s *Server) serveUpload(w http.ResponseWriter, r *http.Request, sbx *sandbo
 
 // serveDownload streams a tar of a file or tree. An error before the first
 // byte is a normal error answer; one after it (say, the size cap) can only
-// be reported in the wire.TrailerTransferError trailer.
+// be reported in the subresource.TrailerTransferError trailer.
 func (s *Server) serveDownload(w http.ResponseWriter, r *http.Request, sbx *sandboxv1alpha1.Sandbox, ct dockerruntime.Container) {
 	ctx := r.Context()
 	src, err := execio.ResolvePath(workingDir(sbx), r.URL.Query().Get("path"))
@@ -141,8 +141,8 @@ func (s *Server) serveDownload(w http.ResponseWriter, r *http.Request, sbx *sand
 	}
 	defer release()
 
-	w.Header().Set("Trailer", wire.TrailerTransferError+", "+wire.TrailerTransferErrorReason)
-	lw := &lazyWriter{w: w, contentType: wire.ContentTypeTar}
+	w.Header().Set("Trailer", subresource.TrailerTransferError+", "+subresource.TrailerTransferErrorReason)
+	lw := &lazyWriter{w: w, contentType: subresource.ContentTypeTar}
 	stats, err := s.cfg.Runtime.CopyOut(ctx, ct.ID, src, lw, s.cfg.FileTransferLimit)
 	log := logf.FromContext(ctx)
 	if err != nil {
@@ -165,8 +165,8 @@ func (s *Server) serveDownload(w http.ResponseWriter, r *http.Request, sbx *sand
 // began: its message and its reason.
 func setStreamTrailers(w http.ResponseWriter, err error) {
 	e := classify(err)
-	w.Header().Set(wire.TrailerTransferError, e.message)
-	w.Header().Set(wire.TrailerTransferErrorReason, string(e.reason))
+	w.Header().Set(subresource.TrailerTransferError, e.Message)
+	w.Header().Set(subresource.TrailerTransferErrorReason, string(e.Reason))
 }
 
 // lazyWriter commits the response status only on the first write, so that

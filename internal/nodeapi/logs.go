@@ -13,7 +13,7 @@ import (
 	"strconv"
 	"sync"
 
-	"github.com/code-sandbox/code-sandbox-operator/internal/nodeapi/wire"
+	"github.com/code-sandbox/code-sandbox-operator/internal/subresource"
 
 	logf "sigs.k8s.io/controller-runtime/pkg/log"
 
@@ -58,7 +58,7 @@ func (s *Server) serveLog(w http.ResponseWriter, r *http.Request, sbx *sandboxv1
 		}
 		defer release()
 	}
-	w.Header().Set("Trailer", wire.TrailerTransferError+", "+wire.TrailerTransferErrorReason)
+	w.Header().Set("Trailer", subresource.TrailerTransferError+", "+subresource.TrailerTransferErrorReason)
 	lw := &lockedWriter{w: &lazyWriter{w: w, contentType: "text/plain; charset=utf-8", flush: follow}}
 	err := s.cfg.Runtime.Logs(r.Context(), ct.ID, dockerruntime.LogsOptions{Tail: tail, Follow: follow}, lw, lw)
 	if err != nil {
@@ -103,7 +103,7 @@ func (s *Server) serveHistory(w http.ResponseWriter, r *http.Request, sbx *sandb
 			writeError(w, err)
 			return
 		}
-		w.Header().Set("Content-Type", wire.ContentTypeNDJSON)
+		w.Header().Set("Content-Type", subresource.ContentTypeNDJSON)
 		enc := json.NewEncoder(w)
 		for i := range recs {
 			if err := enc.Encode(&recs[i]); err != nil {
@@ -120,7 +120,7 @@ func (s *Server) serveHistory(w http.ResponseWriter, r *http.Request, sbx *sandb
 		return
 	}
 	defer release()
-	lw := &lazyWriter{w: w, contentType: wire.ContentTypeNDJSON, flush: true}
+	lw := &lazyWriter{w: w, contentType: subresource.ContentTypeNDJSON, flush: true}
 	// The headers go out at once, so a follower knows it is connected.
 	lw.start()
 	_ = http.NewResponseController(w).Flush()

@@ -36,7 +36,7 @@ import (
 	"github.com/code-sandbox/code-sandbox-operator/internal/execio"
 	"github.com/code-sandbox/code-sandbox-operator/internal/history"
 	"github.com/code-sandbox/code-sandbox-operator/internal/nodeapi"
-	"github.com/code-sandbox/code-sandbox-operator/internal/nodeapi/wire"
+	"github.com/code-sandbox/code-sandbox-operator/internal/subresource"
 	"github.com/code-sandbox/code-sandbox-operator/internal/operatorca"
 	"github.com/code-sandbox/code-sandbox-operator/internal/testenv"
 )
@@ -71,7 +71,7 @@ var _ = Describe("Node API", Ordered, ContinueOnFailure, func() {
 
 		// touch is an exec that leaves /app/<marker> behind if it runs.
 		touch := func(marker string) request {
-			return request{method: http.MethodPost, namespace: ns, name: sbx.Name, subresource: wire.SubresourceExec,
+			return request{method: http.MethodPost, namespace: ns, name: sbx.Name, subresource: subresource.SubresourceExec,
 				body: strings.NewReader(`{"command":["touch","/app/` + marker + `"]}`)}
 		}
 		exists := func(marker string) bool {
@@ -174,7 +174,7 @@ var _ = Describe("Node API", Ordered, ContinueOnFailure, func() {
 			body, err := json.Marshal(execio.Request{Command: []string{"echo", "as-alice"}})
 			Expect(err).NotTo(HaveOccurred())
 			// An impersonation header means nothing here.
-			resp := guarded.do(request{method: http.MethodPost, namespace: ns, name: sbx.Name, subresource: wire.SubresourceExec, as: alice,
+			resp := guarded.do(request{method: http.MethodPost, namespace: ns, name: sbx.Name, subresource: subresource.SubresourceExec, as: alice,
 				header: http.Header{"Impersonate-User": {"system:admin"}, "Impersonate-Group": {"system:masters"}}, body: bytes.NewReader(body)})
 			Expect(resp.StatusCode).To(Equal(http.StatusOK), lazyBody(resp))
 			Expect(readAll(resp)).To(ContainSubstring(`"result":{`))
@@ -195,7 +195,7 @@ var _ = Describe("Node API", Ordered, ContinueOnFailure, func() {
 		It("needs no Authorization header from the aggregator, ignores one, and strips it before serving", func() {
 			token := cp.ServiceAccountToken(ns, "bystander")
 			for i, authz := range []string{"", "Bearer " + token, "Bearer garbage"} {
-				r := request{method: http.MethodPost, namespace: ns, name: sbx.Name, subresource: wire.SubresourceExec,
+				r := request{method: http.MethodPost, namespace: ns, name: sbx.Name, subresource: subresource.SubresourceExec,
 					body: strings.NewReader(fmt.Sprintf(`{"command":["echo","authz-%d"]}`, i))}
 				if authz != "" {
 					r.header = http.Header{"Authorization": {authz}}
@@ -272,8 +272,8 @@ var _ = Describe("Node API", Ordered, ContinueOnFailure, func() {
 			Expect(res.stdout.String()).To(ContainSubstring("not found"))
 			st := expectStatus(res, metav1.StatusReasonNotFound)
 			Expect(st.Details.Name).To(Equal("does-not-exist"))
-			Expect(st.Details.Group).To(Equal(wire.StatusGroup))
-			Expect(st.Details.Kind).To(Equal(wire.StatusKind))
+			Expect(st.Details.Group).To(Equal(subresource.StatusGroup))
+			Expect(st.Details.Kind).To(Equal(subresource.StatusKind))
 			Expect(st.Details.Causes).To(BeEmpty())
 		})
 
@@ -300,7 +300,7 @@ var _ = Describe("Node API", Ordered, ContinueOnFailure, func() {
 				res := api.exec(ns, other.Name, echo)
 				g.Expect(res.status).To(Equal(http.StatusNotFound))
 				g.Expect(res.stdout.String()).To(ContainSubstring("runs on node " + testNodePrefix + "nobody"))
-				g.Expect(wire.HasCause(expectStatus(res, metav1.StatusReasonNotFound), wire.CauseSandboxNotOnNode)).To(BeTrue())
+				g.Expect(subresource.HasCause(expectStatus(res, metav1.StatusReasonNotFound), subresource.CauseSandboxNotOnNode)).To(BeTrue())
 			}, 5*time.Second, 100*time.Millisecond).Should(Succeed())
 		})
 
@@ -316,7 +316,7 @@ var _ = Describe("Node API", Ordered, ContinueOnFailure, func() {
 				res := api.exec(ns, broken.Name, echo)
 				g.Expect(res.status).To(Equal(http.StatusConflict))
 				g.Expect(res.stdout.String()).To(ContainSubstring("ImageNotFound"))
-				g.Expect(wire.HasCause(expectStatus(res, metav1.StatusReasonConflict), wire.CauseSandboxNotReady)).To(BeTrue())
+				g.Expect(subresource.HasCause(expectStatus(res, metav1.StatusReasonConflict), subresource.CauseSandboxNotReady)).To(BeTrue())
 			}, 5*time.Second, 100*time.Millisecond).Should(Succeed())
 			Expect(historyLen(broken)).To(BeZero())
 		})
@@ -329,7 +329,7 @@ var _ = Describe("Node API", Ordered, ContinueOnFailure, func() {
 				res := api.exec(ns, paused.Name, execio.Request{Command: []string{"touch", "/app/while-paused"}})
 				g.Expect(res.status).To(Equal(http.StatusConflict))
 				g.Expect(res.stdout.String()).To(ContainSubstring("paused"))
-				g.Expect(wire.HasCause(expectStatus(res, metav1.StatusReasonConflict), wire.CauseSandboxPaused)).To(BeTrue())
+				g.Expect(subresource.HasCause(expectStatus(res, metav1.StatusReasonConflict), subresource.CauseSandboxPaused)).To(BeTrue())
 			}, 5*time.Second, 100*time.Millisecond).Should(Succeed())
 			Expect(historyLen(paused)).To(BeZero())
 
@@ -359,7 +359,7 @@ var _ = Describe("Node API", Ordered, ContinueOnFailure, func() {
 			Eventually(func(g Gomega) {
 				res := api.exec(ns, frozen.Name, echo)
 				if res.status == http.StatusConflict {
-					g.Expect(wire.HasCause(expectStatus(res, metav1.StatusReasonConflict), wire.CauseSandboxPaused)).To(BeTrue(), res.stdout.String())
+					g.Expect(subresource.HasCause(expectStatus(res, metav1.StatusReasonConflict), subresource.CauseSandboxPaused)).To(BeTrue(), res.stdout.String())
 				}
 				g.Expect(res.status).To(Equal(http.StatusOK))
 			}, 10*time.Second, 100*time.Millisecond).Should(Succeed())
@@ -376,7 +376,7 @@ var _ = Describe("Node API", Ordered, ContinueOnFailure, func() {
 			res := ghost.exec(ns, forged.Name, execio.Request{Command: []string{"touch", "/app/forged"}})
 			Expect(res.status).To(Equal(http.StatusConflict))
 			Expect(res.stdout.String()).To(ContainSubstring("not the sandbox's own container"))
-			Expect(wire.HasCause(expectStatus(res, metav1.StatusReasonConflict), wire.CauseContainerNotRunning)).To(BeTrue())
+			Expect(subresource.HasCause(expectStatus(res, metav1.StatusReasonConflict), subresource.CauseContainerNotRunning)).To(BeTrue())
 			Expect(historyLen(sbx)).To(Equal(before))
 		})
 
@@ -394,7 +394,7 @@ var _ = Describe("Node API", Ordered, ContinueOnFailure, func() {
 			st := statusOf(resp)
 			Expect(st.Message).To(ContainSubstring("Docker Engine is unavailable"))
 			Expect(st.Reason).To(Equal(metav1.StatusReasonServiceUnavailable))
-			Expect(wire.HasCause(&st, wire.CauseRuntimeUnavailable)).To(BeTrue())
+			Expect(subresource.HasCause(&st, subresource.CauseRuntimeUnavailable)).To(BeTrue())
 			Expect(st.Details.RetryAfterSeconds).To(BeNumerically(">", 0))
 			Expect(st.Details.Name).To(Equal(sbx.Name))
 			for _, sub := range []string{"log", "files"} {
@@ -411,13 +411,13 @@ var _ = Describe("Node API", Ordered, ContinueOnFailure, func() {
 			resp := limited.do(request{method: http.MethodPost, namespace: ns, name: sbx.Name, subresource: "exec", body: bytes.NewReader(body)})
 			Expect(resp.StatusCode).To(Equal(http.StatusOK))
 			defer resp.Body.Close()
-			frames := make(chan wire.Frame, 10)
+			frames := make(chan subresource.Frame, 10)
 			go func() {
 				defer GinkgoRecover()
 				defer close(frames)
-				readFrames(resp.Body, func(f wire.Frame) { frames <- f })
+				readFrames(resp.Body, func(f subresource.Frame) { frames <- f })
 			}()
-			Eventually(frames, 5*time.Second).Should(Receive(HaveField("Stream", wire.StreamStdout)))
+			Eventually(frames, 5*time.Second).Should(Receive(HaveField("Stream", subresource.StreamStdout)))
 			// The first command holds the only slot until it ends.
 			busy := limited.do(request{method: http.MethodPost, namespace: ns, name: sbx.Name, subresource: "exec", body: strings.NewReader(`{"command":["true"]}`)})
 			Expect(busy.StatusCode).To(Equal(http.StatusTooManyRequests))
@@ -425,7 +425,7 @@ var _ = Describe("Node API", Ordered, ContinueOnFailure, func() {
 			busyStatus := statusOf(busy)
 			Expect(busyStatus.Message).To(ContainSubstring("limit"))
 			Expect(busyStatus.Reason).To(Equal(metav1.StatusReasonTooManyRequests))
-			Expect(wire.HasCause(&busyStatus, wire.CauseExecLimit)).To(BeTrue())
+			Expect(subresource.HasCause(&busyStatus, subresource.CauseExecLimit)).To(BeTrue())
 			Eventually(frames, 5*time.Second).Should(Receive(HaveField("Result.ExitCode", 0)))
 			Expect(limited.exec(ns, sbx.Name, echo).status).To(Equal(http.StatusOK))
 		})
@@ -444,7 +444,7 @@ var _ = Describe("Node API", Ordered, ContinueOnFailure, func() {
 			resp.Body.Close()
 			// Uploads are POST; PUT is not an upload.
 			resp = api.do(request{method: http.MethodPut, namespace: ns, name: sbx.Name, subresource: "files", query: "path=put",
-				header: http.Header{"Content-Type": {wire.ContentTypeBinary}}, body: strings.NewReader("x")})
+				header: http.Header{"Content-Type": {subresource.ContentTypeBinary}}, body: strings.NewReader("x")})
 			Expect(resp.StatusCode).To(Equal(http.StatusMethodNotAllowed))
 			Expect(statusOf(resp).Message).To(ContainSubstring("POST"))
 		})
@@ -562,12 +562,12 @@ var _ = Describe("Node API", Ordered, ContinueOnFailure, func() {
 			defer cancel()
 			resp := budgeted.do(request{ctx: ctx, method: http.MethodPost, namespace: ns, name: sbx.Name, subresource: "exec", body: bytes.NewReader(holder)})
 			Expect(resp.StatusCode).To(Equal(http.StatusOK))
-			frames := make(chan wire.Frame, 10)
+			frames := make(chan subresource.Frame, 10)
 			go func() {
 				defer GinkgoRecover()
-				readFrames(resp.Body, func(f wire.Frame) { frames <- f })
+				readFrames(resp.Body, func(f subresource.Frame) { frames <- f })
 			}()
-			Eventually(frames, 10*time.Second).Should(Receive(HaveField("Stream", wire.StreamStdout)))
+			Eventually(frames, 10*time.Second).Should(Receive(HaveField("Stream", subresource.StreamStdout)))
 
 			// A declared body that does not fit is refused before a byte
 			// of it is read: this one's bytes never come.
@@ -577,7 +577,7 @@ var _ = Describe("Node API", Ordered, ContinueOnFailure, func() {
 			Expect(refused.StatusCode).To(Equal(http.StatusTooManyRequests))
 			st := statusOf(refused)
 			Expect(st.Reason).To(Equal(metav1.StatusReasonTooManyRequests))
-			Expect(wire.HasCause(&st, wire.CauseExecLimit)).To(BeTrue())
+			Expect(subresource.HasCause(&st, subresource.CauseExecLimit)).To(BeTrue())
 			Expect(st.Message).To(ContainSubstring("budget"))
 
 			// An undeclared (chunked) body is refused as it crosses the
@@ -753,7 +753,7 @@ var _ = Describe("Node API", Ordered, ContinueOnFailure, func() {
 				Expect(err).NotTo(HaveOccurred())
 			}
 			Expect(tw.Close()).To(Succeed())
-			resp := upload("tree", wire.ContentTypeTar, buf.Bytes(), "")
+			resp := upload("tree", subresource.ContentTypeTar, buf.Bytes(), "")
 			Expect(resp.StatusCode).To(Equal(http.StatusOK), lazyBody(resp))
 			var stats execio.TransferStats
 			Expect(json.NewDecoder(resp.Body).Decode(&stats)).To(Succeed())
@@ -762,10 +762,10 @@ var _ = Describe("Node API", Ordered, ContinueOnFailure, func() {
 
 			resp = get("/app/tree")
 			Expect(resp.StatusCode).To(Equal(http.StatusOK))
-			Expect(resp.Header.Get("Content-Type")).To(Equal(wire.ContentTypeTar))
+			Expect(resp.Header.Get("Content-Type")).To(Equal(subresource.ContentTypeTar))
 			got := untar(resp.Body)
 			resp.Body.Close()
-			Expect(resp.Trailer.Get(wire.TrailerTransferError)).To(BeEmpty())
+			Expect(resp.Trailer.Get(subresource.TrailerTransferError)).To(BeEmpty())
 			for name, data := range files {
 				Expect(got).To(HaveKey("tree/"+name), "entries: %v", keys(got))
 				Expect(bytes.Equal(got["tree/"+name], data)).To(BeTrue(), "content of %s differs", name)
@@ -774,7 +774,7 @@ var _ = Describe("Node API", Ordered, ContinueOnFailure, func() {
 
 		It("writes a single file with its mode and reads it back", func() {
 			data := randomBytes(123457)
-			resp := upload("single/dir/file.bin", wire.ContentTypeBinary, data, "mode=0600")
+			resp := upload("single/dir/file.bin", subresource.ContentTypeBinary, data, "mode=0600")
 			Expect(resp.StatusCode).To(Equal(http.StatusOK), lazyBody(resp))
 			resp.Body.Close()
 			res := api.exec(ns, sbx.Name, execio.Request{Command: []string{"stat", "-c", "%a %s", "/app/single/dir/file.bin"}})
@@ -794,8 +794,8 @@ var _ = Describe("Node API", Ordered, ContinueOnFailure, func() {
 				st := statusOf(resp)
 				Expect(st.Message).To(ContainSubstring("invalid path"))
 				Expect(st.Reason).To(Equal(metav1.StatusReasonBadRequest))
-				Expect(wire.HasCause(&st, wire.CauseInvalidPath)).To(BeTrue())
-				resp = upload(path, wire.ContentTypeBinary, []byte("x"), "")
+				Expect(subresource.HasCause(&st, subresource.CauseInvalidPath)).To(BeTrue())
+				resp = upload(path, subresource.ContentTypeBinary, []byte("x"), "")
 				Expect(resp.StatusCode).To(Equal(http.StatusBadRequest), path)
 				resp.Body.Close()
 			},
@@ -826,7 +826,7 @@ var _ = Describe("Node API", Ordered, ContinueOnFailure, func() {
 			Expect(err).To(Equal(io.EOF))
 			resp.Body.Close()
 			for _, p := range []string{"out/tmp/escaped", "etc-link/escaped"} {
-				resp := upload(p, wire.ContentTypeBinary, []byte("x"), "")
+				resp := upload(p, subresource.ContentTypeBinary, []byte("x"), "")
 				Expect(resp.StatusCode).To(BeNumerically(">=", 400), "POST %s", p)
 				resp.Body.Close()
 			}
@@ -835,7 +835,7 @@ var _ = Describe("Node API", Ordered, ContinueOnFailure, func() {
 		})
 
 		It("refuses uploads and downloads beyond the transfer limit with 413", func() {
-			resp := upload("too-big", wire.ContentTypeBinary, make([]byte, testTransferLimit+1), "")
+			resp := upload("too-big", subresource.ContentTypeBinary, make([]byte, testTransferLimit+1), "")
 			Expect(resp.StatusCode).To(Equal(http.StatusRequestEntityTooLarge))
 			resp.Body.Close()
 			res := api.exec(ns, sbx.Name, execio.Request{Shell: fmt.Sprintf("head -c %d /dev/zero > /app/big && echo ok", testTransferLimit+(1<<20))})
@@ -844,8 +844,8 @@ var _ = Describe("Node API", Ordered, ContinueOnFailure, func() {
 			if resp.StatusCode == http.StatusOK {
 				_, _ = io.Copy(io.Discard, resp.Body)
 				resp.Body.Close()
-				Expect(resp.Trailer.Get(wire.TrailerTransferError)).To(ContainSubstring("too large"))
-				Expect(resp.Trailer.Get(wire.TrailerTransferErrorReason)).To(Equal(string(metav1.StatusReasonRequestEntityTooLarge)))
+				Expect(resp.Trailer.Get(subresource.TrailerTransferError)).To(ContainSubstring("too large"))
+				Expect(resp.Trailer.Get(subresource.TrailerTransferErrorReason)).To(Equal(string(metav1.StatusReasonRequestEntityTooLarge)))
 			} else {
 				Expect(resp.StatusCode).To(Equal(http.StatusRequestEntityTooLarge))
 				resp.Body.Close()
@@ -857,7 +857,7 @@ var _ = Describe("Node API", Ordered, ContinueOnFailure, func() {
 			Expect(resp.StatusCode).To(Equal(http.StatusNotFound), lazyBody(resp))
 			st := statusOf(resp)
 			Expect(st.Reason).To(Equal(metav1.StatusReasonNotFound))
-			Expect(wire.HasCause(&st, wire.CausePathNotFound)).To(BeTrue())
+			Expect(subresource.HasCause(&st, subresource.CausePathNotFound)).To(BeTrue())
 			Expect(st.Details.Name).To(Equal(sbx.Name))
 		})
 	})
@@ -895,7 +895,7 @@ var _ = Describe("Node API", Ordered, ContinueOnFailure, func() {
 				Expect(api.exec(ns, h.Name, execio.Request{Command: []string{"echo", fmt.Sprint(i)}}).status).To(Equal(http.StatusOK))
 			}
 			resp := api.do(request{method: http.MethodGet, namespace: ns, name: h.Name, subresource: "history", query: "tail=2"})
-			Expect(resp.Header.Get("Content-Type")).To(Equal(wire.ContentTypeNDJSON))
+			Expect(resp.Header.Get("Content-Type")).To(Equal(subresource.ContentTypeNDJSON))
 			recs := decodeRecords(resp.Body)
 			resp.Body.Close()
 			Expect(recs).To(HaveLen(2))
@@ -954,7 +954,7 @@ var _ = Describe("Node API", Ordered, ContinueOnFailure, func() {
 				Expect(resp.Header.Get("Retry-After")).To(Equal("1"))
 				st := statusOf(resp)
 				Expect(st.Reason).To(Equal(metav1.StatusReasonTooManyRequests))
-				Expect(wire.HasCause(&st, wire.CauseFollowLimit)).To(BeTrue(), "%+v", st)
+				Expect(subresource.HasCause(&st, subresource.CauseFollowLimit)).To(BeTrue(), "%+v", st)
 				Expect(st.Message).To(ContainSubstring("this " + scope + " already has"))
 			}
 

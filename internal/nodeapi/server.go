@@ -9,19 +9,16 @@ package nodeapi
 import (
 	"context"
 	"errors"
-	"fmt"
 	"io"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"net/http"
 	"sync"
 	"time"
 
-	"github.com/code-sandbox/code-sandbox-operator/internal/nodeapi/wire"
+	"github.com/code-sandbox/code-sandbox-operator/internal/subresource"
 	"github.com/code-sandbox/code-sandbox-operator/internal/warmpool"
 
 	"github.com/go-logr/logr"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	"k8s.io/apimachinery/pkg/api/meta"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apiserver/pkg/authentication/authenticator"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -200,9 +197,9 @@ func NewServer(cfg Config) (*Server, error) {
 	s := &Server{
 		cfg: cfg,
 		log: log,
-		limits: newLimiter(cfg.MaxExecsPerSandbox, cfg.MaxExecs, wire.CauseExecLimit,
+		limits: newLimiter(cfg.MaxExecsPerSandbox, cfg.MaxExecs, subresource.CauseExecLimit,
 			"commands or transfers", "retry when one ends"),
-		followers: newLimiter(cfg.MaxFollowersPerSandbox, cfg.MaxFollowers, wire.CauseFollowLimit,
+		followers: newLimiter(cfg.MaxFollowersPerSandbox, cfg.MaxFollowers, subresource.CauseFollowLimit,
 			"followed log or history streams", "close one, or read without follow"),
 		verified: map[string]verifiedContainer{},
 	}
@@ -217,33 +214,33 @@ func NewServer(cfg Config) (*Server, error) {
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	w.Header().Set("Cache-Control", "no-store")
 	// Routing first: a malformed URL is answered before anything else.
-	rt, err := ParseRoute(wire.PathPrefix, r)
+	rt, err := subresource.ParseRoute(subresource.PathPrefix, r)
 	if err != nil {
 		writeError(w, err)
 		return
 	}
 	r = r.WithContext(context.WithValue(r.Context(), routeKey{}, rt))
-	s.handler.ServeHTTP(NameSandbox(w, rt.Name), r)
+	s.handler.ServeHTTP(subresource.NameSandbox(w, rt.Name), r)
 }
 
 type routeKey struct{}
 
 // serve runs after authentication.
 func (s *Server) serve(w http.ResponseWriter, r *http.Request) {
-	rt := r.Context().Value(routeKey{}).(wire.Route)
+	rt := r.Context().Value(routeKey{}).(subresource.Route)
 	ctx := logf.IntoContext(r.Context(), s.log.WithValues(
 		"namespace", rt.Namespace, "sandbox", rt.Name, "subresource", rt.Subresource, "user", callerName(r.Context())))
 	r = r.WithContext(ctx)
 	// Reading history touches no container, and logs only read one, so
 	// both also serve a Sandbox that is not Ready (to show why it died).
 	// exec and files act on the container and need a Ready Sandbox.
-	needReady := rt.Subresource == wire.SubresourceExec || rt.Subresource == wire.SubresourceFiles
+	needReady := subresource.NeedsReady(rt.Subresource)
 	sbx, err := s.sandbox(ctx, rt, needReady)
 	if err != nil {
 		writeError(w, err)
 		return
 	}
-	if rt.Subresource == wire.SubresourceHistory {
+	if rt.Subresource == subresource.SubresourceHistory {
 		s.serveHistory(w, r, sbx)
 		return
 	}
@@ -253,56 +250,23 @@ func (s *Server) serve(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	switch rt.Subresource {
-	case wire.SubresourceExec:
+	case subresource.SubresourceExec:
 		s.serveExec(w, r, sbx, ct)
-	case wire.SubresourceFiles:
+	case subresource.SubresourceFiles:
 		if r.Method == http.MethodPost {
 			s.serveUpload(w, r, sbx, ct)
 		} else {
 			s.serveDownload(w, r, sbx, ct)
 		}
-	case wire.SubresourceLog:
+	case subresource.SubresourceLog:
 		s.serveLog(w, r, sbx, ct)
 	}
 }
 
-// GetSandbox reads a Sandbox from cache, or from apiReader (when not nil)
-// if the cache has not caught up with it yet. A missing Sandbox is a 404
-// for WriteError.
-func GetSandbox(ctx context.Context, cache, apiReader client.Reader, key types.NamespacedName) (*sandboxv1alpha1.Sandbox, error) {
-	sbx := &sandboxv1alpha1.Sandbox{}
-	err := cache.Get(ctx, key, sbx)
-	if apierrors.IsNotFound(err) && apiReader != nil {
-		err = apiReader.Get(ctx, key, sbx)
-	}
-	switch {
-	case apierrors.IsNotFound(err):
-		return nil, notFound("sandbox %s not found", key)
-	case err != nil:
-		return nil, fmt.Errorf("reading sandbox %s: %w", key, err)
-	}
-	return sbx, nil
-}
-
-// FreshIfNotReady returns sbx, or the API server's copy of it when the
-// cached sbx is not Ready: a cache can lag a status its caller has already
-// seen (an MCP server that resumed a Sandbox and watched it become Ready),
-// so a refusal for not being Ready is only made on the API server's word.
-func FreshIfNotReady(ctx context.Context, apiReader client.Reader, sbx *sandboxv1alpha1.Sandbox) *sandboxv1alpha1.Sandbox {
-	if apiReader == nil || meta.IsStatusConditionTrue(sbx.Status.Conditions, string(sandboxv1alpha1.SandboxConditionReady)) {
-		return sbx
-	}
-	fresh := &sandboxv1alpha1.Sandbox{}
-	if err := apiReader.Get(ctx, client.ObjectKeyFromObject(sbx), fresh); err != nil || fresh.UID != sbx.UID {
-		return sbx
-	}
-	return fresh
-}
-
 // sandbox looks the Sandbox up and checks that this node serves it.
-func (s *Server) sandbox(ctx context.Context, rt wire.Route, needReady bool) (*sandboxv1alpha1.Sandbox, error) {
+func (s *Server) sandbox(ctx context.Context, rt subresource.Route, needReady bool) (*sandboxv1alpha1.Sandbox, error) {
 	key := types.NamespacedName{Namespace: rt.Namespace, Name: rt.Name}
-	sbx, err := GetSandbox(ctx, s.cfg.Sandboxes, s.cfg.APIReader, key)
+	sbx, err := subresource.GetSandbox(ctx, getter(s.cfg.Sandboxes), getter(s.cfg.APIReader), key)
 	if err != nil {
 		return nil, err
 	}
@@ -311,46 +275,28 @@ func (s *Server) sandbox(ctx context.Context, rt wire.Route, needReady bool) (*s
 		if sbx.Status.NodeName != "" {
 			where = "runs on node " + sbx.Status.NodeName
 		}
-		return nil, notFound("sandbox %s is not on node %s: it %s", key, s.cfg.NodeName, where).because(wire.CauseSandboxNotOnNode, "")
+		return nil, notFound("sandbox %s is not on node %s: it %s", key, s.cfg.NodeName, where).Because(subresource.CauseSandboxNotOnNode, "")
 	}
 	if !needReady {
 		return sbx, nil
 	}
-	if sbx = FreshIfNotReady(ctx, s.cfg.APIReader, sbx); sbx.Status.NodeName != s.cfg.NodeName {
-		return nil, notFound("sandbox %s is not on node %s any more", key, s.cfg.NodeName).because(wire.CauseSandboxNotOnNode, "")
+	if sbx = subresource.FreshIfNotReady(ctx, getter(s.cfg.APIReader), sbx); sbx.Status.NodeName != s.cfg.NodeName {
+		return nil, notFound("sandbox %s is not on node %s any more", key, s.cfg.NodeName).Because(subresource.CauseSandboxNotOnNode, "")
 	}
-	if !sbx.DeletionTimestamp.IsZero() {
-		return nil, conflict("sandbox %s is being deleted", key).because(wire.CauseSandboxTerminating, "")
-	}
-	if err := RefuseWarmPoolMember(sbx); err != nil {
+	if err := subresource.CheckReady(sbx); err != nil {
 		return nil, err
-	}
-	cond := meta.FindStatusCondition(sbx.Status.Conditions, string(sandboxv1alpha1.SandboxConditionReady))
-	if cond == nil || cond.Status != metav1.ConditionTrue {
-		why := "it has no Ready condition yet"
-		if cond != nil {
-			why = fmt.Sprintf("Ready is %s, reason %s: %s", cond.Status, cond.Reason, cond.Message)
-		}
-		if cond != nil && cond.Reason == sandboxv1alpha1.SandboxReasonPaused {
-			return nil, conflict("sandbox %s is paused (%s)", key, cond.Message).because(wire.CauseSandboxPaused, "")
-		}
-		return nil, conflict("sandbox %s is not Ready (%s)", key, why).because(wire.CauseSandboxNotReady, "")
 	}
 	return sbx, nil
 }
 
-// RefuseWarmPoolMember is the refusal of exec and file transfers on a warm
-// pool member, or nil for any other Sandbox. Members are never used
-// directly, so that a claimed member is as clean as a fresh sandbox; both
-// the aggregated API server and the node API refuse them.
-func RefuseWarmPoolMember(sbx *sandboxv1alpha1.Sandbox) error {
-	pool := warmpool.PoolOf(sbx)
-	if pool == "" {
+// getter reads Sandboxes with r, or is nil when r is.
+func getter(r client.Reader) subresource.GetFunc {
+	if r == nil {
 		return nil
 	}
-	return WithCause(NewError(http.StatusConflict, metav1.StatusReasonConflict,
-		"sandbox %s/%s is a member of warm pool %s and is not used directly; create a Sandbox with spec.warmPoolRef.name %s to claim one",
-		sbx.Namespace, sbx.Name, pool, pool), wire.CauseWarmPoolMember)
+	return func(ctx context.Context, key types.NamespacedName, sbx *sandboxv1alpha1.Sandbox) error {
+		return r.Get(ctx, key, sbx)
+	}
 }
 
 // container inspects the Sandbox's container and proves it is ours: our
@@ -360,7 +306,7 @@ func RefuseWarmPoolMember(sbx *sandboxv1alpha1.Sandbox) error {
 func (s *Server) container(ctx context.Context, sbx *sandboxv1alpha1.Sandbox, needRunning bool) (dockerruntime.Container, error) {
 	key := client.ObjectKeyFromObject(sbx)
 	if sbx.Status.ContainerID == "" {
-		return dockerruntime.Container{}, conflict("sandbox %s has no container", key).because(wire.CauseContainerNotRunning, "")
+		return dockerruntime.Container{}, conflict("sandbox %s has no container", key).Because(subresource.CauseContainerNotRunning, "")
 	}
 	if needRunning {
 		if ct, ok := s.recentlyVerified(sbx.Status.ContainerID, string(sbx.ContainerUID())); ok {
@@ -373,7 +319,7 @@ func (s *Server) container(ctx context.Context, sbx *sandboxv1alpha1.Sandbox, ne
 	switch {
 	case errors.Is(err, dockerruntime.ErrNotFound):
 		return ct, conflict("sandbox %s: its container %s is gone; the manager is recreating it",
-			key, dockerruntime.ShortID(sbx.Status.ContainerID)).because(wire.CauseContainerNotRunning, "")
+			key, dockerruntime.ShortID(sbx.Status.ContainerID)).Because(subresource.CauseContainerNotRunning, "")
 	case err != nil:
 		return ct, err
 	}
@@ -388,14 +334,14 @@ func (s *Server) container(ctx context.Context, sbx *sandboxv1alpha1.Sandbox, ne
 		logf.FromContext(ctx).Info("refusing a container that is not this sandbox's",
 			"container", dockerruntime.ShortID(ct.ID), "name", ct.Name, "labels", ct.Labels)
 		return ct, conflict("sandbox %s: container %s is not the sandbox's own container; refusing to touch it",
-			key, dockerruntime.ShortID(ct.ID)).because(wire.CauseContainerNotRunning, "")
+			key, dockerruntime.ShortID(ct.ID)).Because(subresource.CauseContainerNotRunning, "")
 	}
 	if needRunning && ct.State.Paused {
 		return ct, conflict("sandbox %s: its container %s is paused; set spec.paused to false to resume it",
-			key, dockerruntime.ShortID(ct.ID)).because(wire.CauseSandboxPaused, "")
+			key, dockerruntime.ShortID(ct.ID)).Because(subresource.CauseSandboxPaused, "")
 	}
 	if needRunning && !ct.State.Running {
-		return ct, conflict("sandbox %s: its container %s is %s, not running", key, dockerruntime.ShortID(ct.ID), ct.State.Status).because(wire.CauseContainerNotRunning, "")
+		return ct, conflict("sandbox %s: its container %s is %s, not running", key, dockerruntime.ShortID(ct.ID), ct.State.Status).Because(subresource.CauseContainerNotRunning, "")
 	}
 	if needRunning {
 		s.rememberVerified(sbx.Status.ContainerID, uid, ct)

@@ -34,8 +34,8 @@ import (
 	"github.com/code-sandbox/code-sandbox-operator/internal/execio"
 	"github.com/code-sandbox/code-sandbox-operator/internal/history"
 	"github.com/code-sandbox/code-sandbox-operator/internal/nodeapi"
-	"github.com/code-sandbox/code-sandbox-operator/internal/nodeapi/wire"
 	"github.com/code-sandbox/code-sandbox-operator/internal/operatorca"
+	"github.com/code-sandbox/code-sandbox-operator/internal/subresource"
 	"github.com/code-sandbox/code-sandbox-operator/internal/testenv"
 	"github.com/code-sandbox/code-sandbox-operator/internal/testenv/testnode"
 	"github.com/code-sandbox/code-sandbox-operator/internal/testenv/tier"
@@ -136,17 +136,17 @@ var anonymous = &caller{}
 // setHeaders writes c as the aggregated API server does.
 func (c *caller) setHeaders(h http.Header) {
 	if c.user != "" {
-		h.Set(wire.HeaderRemoteUser, c.user)
+		h.Set(subresource.HeaderRemoteUser, c.user)
 	}
 	if c.uid != "" {
-		h.Set(wire.HeaderRemoteUID, c.uid)
+		h.Set(subresource.HeaderRemoteUID, c.uid)
 	}
 	for _, g := range c.groups {
-		h.Add(wire.HeaderRemoteGroup, g)
+		h.Add(subresource.HeaderRemoteGroup, g)
 	}
 	for k, vs := range c.extra {
 		for _, v := range vs {
-			h.Add(wire.HeaderRemoteExtraPrefix+k, v)
+			h.Add(subresource.HeaderRemoteExtraPrefix+k, v)
 		}
 	}
 }
@@ -321,7 +321,7 @@ func (ts *testServer) do(r request) *http.Response {
 }
 
 func (ts *testServer) try(r request) (*http.Response, error) {
-	url := fmt.Sprintf("%s%s%s/sandboxes/%s/%s", ts.Endpoint, wire.PathPrefix, r.namespace, r.name, r.subresource)
+	url := fmt.Sprintf("%s%s%s/sandboxes/%s/%s", ts.Endpoint, subresource.PathPrefix, r.namespace, r.name, r.subresource)
 	if r.query != "" {
 		url += "?" + r.query
 	}
@@ -370,23 +370,23 @@ func (ts *testServer) execAs(as *caller, ns, name string, req execio.Request) *e
 	body, err := json.Marshal(req)
 	Expect(err).NotTo(HaveOccurred())
 	start := time.Now()
-	resp := ts.do(request{method: http.MethodPost, namespace: ns, name: name, subresource: wire.SubresourceExec, as: as, body: bytes.NewReader(body)})
+	resp := ts.do(request{method: http.MethodPost, namespace: ns, name: name, subresource: subresource.SubresourceExec, as: as, body: bytes.NewReader(body)})
 	defer resp.Body.Close()
 	out := &execResult{status: resp.StatusCode}
 	if resp.StatusCode != http.StatusOK {
 		_, _ = io.Copy(&out.stdout, resp.Body)
 		return out
 	}
-	Expect(resp.Header.Get("Content-Type")).To(Equal(wire.ContentTypeNDJSON))
-	readFrames(resp.Body, func(f wire.Frame) {
+	Expect(resp.Header.Get("Content-Type")).To(Equal(subresource.ContentTypeNDJSON))
+	readFrames(resp.Body, func(f subresource.Frame) {
 		out.frames++
 		switch {
-		case f.Stream == wire.StreamStdout:
+		case f.Stream == subresource.StreamStdout:
 			if out.firstFrame == 0 {
 				out.firstFrame = time.Since(start)
 			}
 			out.stdout.Write(f.Data)
-		case f.Stream == wire.StreamStderr:
+		case f.Stream == subresource.StreamStderr:
 			if out.firstFrame == 0 {
 				out.firstFrame = time.Since(start)
 			}
@@ -402,12 +402,12 @@ func (ts *testServer) execAs(as *caller, ns, name string, req execio.Request) *e
 }
 
 // readFrames decodes an NDJSON exec response frame by frame.
-func readFrames(r io.Reader, fn func(wire.Frame)) {
+func readFrames(r io.Reader, fn func(subresource.Frame)) {
 	GinkgoHelper()
 	sc := bufio.NewScanner(r)
 	sc.Buffer(make([]byte, 64<<10), 8<<20)
 	for sc.Scan() {
-		var f wire.Frame
+		var f subresource.Frame
 		Expect(json.Unmarshal(sc.Bytes(), &f)).To(Succeed(), "frame %q", sc.Text())
 		fn(f)
 	}
@@ -423,8 +423,8 @@ func expectStatus(res *execResult, reason metav1.StatusReason) *metav1.Status {
 	Expect(int(st.Code)).To(Equal(res.status))
 	Expect(st.Reason).To(Equal(reason), "%+v", st)
 	Expect(st.Details).NotTo(BeNil(), "%+v", st)
-	Expect(st.Details.Group).To(Equal(wire.StatusGroup))
-	Expect(st.Details.Kind).To(Equal(wire.StatusKind))
+	Expect(st.Details.Group).To(Equal(subresource.StatusGroup))
+	Expect(st.Details.Kind).To(Equal(subresource.StatusKind))
 	return st
 }
 

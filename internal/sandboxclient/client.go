@@ -20,7 +20,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/code-sandbox/code-sandbox-operator/internal/nodeapi/wire"
+	"github.com/code-sandbox/code-sandbox-operator/internal/subresource"
 
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -92,7 +92,7 @@ func New(cfg *rest.Config, opts Options) (*Client, error) {
 // then checks from it, with no read and no round trip of its own, that the
 // Sandbox is Ready before an exec or a file transfer (CheckReady). Without
 // it, whether the Sandbox is Ready is the server's to say (a Conflict with
-// the cause wire.CauseSandboxNotReady).
+// the cause subresource.CauseSandboxNotReady).
 type Ref struct {
 	Namespace, Name string
 	Sandbox         *sandboxv1alpha1.Sandbox
@@ -153,28 +153,32 @@ func validateNames(ns, name string) error {
 }
 
 // CheckReady says, from a Sandbox already read, whether it can take
-// commands and files: nil, a *NotReadyError (not Ready, or being deleted),
-// or an unavailable *APIError (Ready, but its node has not published its
-// node API yet).
+// commands and files, deciding as the servers do (subresource.CheckServed
+// for an exec): nil, a *NotReadyError (not Ready, paused, or being
+// deleted), an unavailable *APIError (Ready, but its node has not published
+// its node API yet), or the servers' Conflict as an *APIError (a warm pool
+// member, which is never used directly).
 func CheckReady(sbx *sandboxv1alpha1.Sandbox) error {
+	refusal := subresource.CheckServed(sbx, subresource.SubresourceExec)
+	if refusal == nil {
+		return nil
+	}
 	ns, name := sbx.Namespace, sbx.Name
-	if sbx.DeletionTimestamp != nil {
-		return &NotReadyError{Namespace: ns, Name: name, Reason: sandboxv1alpha1.SandboxReasonTerminating, Message: "the Sandbox is being deleted"}
-	}
+	st := refusal.Status(name)
 	ready := meta.FindStatusCondition(sbx.Status.Conditions, string(sandboxv1alpha1.SandboxConditionReady))
-	if ready == nil {
+	switch {
+	case subresource.HasCause(st, subresource.CauseSandboxTerminating):
+		return &NotReadyError{Namespace: ns, Name: name, Reason: sandboxv1alpha1.SandboxReasonTerminating, Message: "the Sandbox is being deleted"}
+	case ready == nil && subresource.HasCause(st, subresource.CauseSandboxNotReady):
 		return &NotReadyError{Namespace: ns, Name: name}
-	}
-	if ready.Status != metav1.ConditionTrue {
+	case ready != nil && ready.Status != metav1.ConditionTrue &&
+		(subresource.HasCause(st, subresource.CauseSandboxNotReady) || subresource.HasCause(st, subresource.CauseSandboxPaused)):
 		return &NotReadyError{Namespace: ns, Name: name, Reason: ready.Reason, Message: ready.Message}
-	}
-	if sbx.Status.NodeAPIEndpoint == "" {
-		return &APIError{Namespace: ns, Name: name, Code: http.StatusServiceUnavailable,
-			Reason: metav1.StatusReasonServiceUnavailable, Source: SourceClient,
-			Details: wire.FailureStatus(0, "", name, "", metav1.StatusCause{Type: wire.CauseNodeAPIUnavailable}).Details,
+	case subresource.HasCause(st, subresource.CauseNodeAPIUnavailable):
+		return &APIError{Namespace: ns, Name: name, Code: st.Code, Reason: st.Reason, Source: SourceClient, Details: st.Details,
 			Message: fmt.Sprintf("the manager on node %q has not published its node API yet", sbx.Status.NodeName)}
 	}
-	return nil
+	return &APIError{Namespace: ns, Name: name, Code: st.Code, Reason: st.Reason, Message: st.Message, Details: st.Details, Source: SourceClient}
 }
 
 // WaitReady polls the Sandbox until it is Ready with a node API endpoint,
@@ -229,7 +233,7 @@ type request struct {
 // needsReady: exec and file transfers act on the container; logs and
 // history are served for Sandboxes that are not Ready too.
 func (r request) needsReady() bool {
-	return r.subresource == wire.SubresourceExec || r.subresource == wire.SubresourceFiles
+	return r.subresource == subresource.SubresourceExec || r.subresource == subresource.SubresourceFiles
 }
 
 // do performs req on the Sandbox's subresource through the API server. On
@@ -249,7 +253,7 @@ func (c *Client) do(ctx context.Context, ref Ref, req request) (*http.Response, 
 	}
 	u := *c.base
 	prefix := strings.TrimSuffix(u.Path, "/")
-	u.Path = prefix + wire.AggregatedPathPrefix + ns + "/sandboxes/" + name + "/" + req.subresource
+	u.Path = prefix + subresource.AggregatedPathPrefix + ns + "/sandboxes/" + name + "/" + req.subresource
 	u.RawPath = ""
 	u.RawQuery = ""
 	if len(req.query) > 0 {

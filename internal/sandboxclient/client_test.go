@@ -16,7 +16,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/code-sandbox/code-sandbox-operator/internal/nodeapi/wire"
+	"github.com/code-sandbox/code-sandbox-operator/internal/subresource"
 
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
@@ -43,7 +43,7 @@ const (
 	sandboxPath = "/apis/sandbox.code-sandbox.dev/v1alpha1/namespaces/team-a/sandboxes/box"
 )
 
-func writeFrames(w http.ResponseWriter, frames ...wire.Frame) {
+func writeFrames(w http.ResponseWriter, frames ...subresource.Frame) {
 	w.Header().Set("Content-Type", "application/x-ndjson")
 	enc := json.NewEncoder(w)
 	for _, f := range frames {
@@ -55,8 +55,8 @@ func writeFrames(w http.ResponseWriter, frames ...wire.Frame) {
 // answerOK answers every call like a successful exec.
 func answerOK(w http.ResponseWriter, _ *http.Request, _ []byte) {
 	writeFrames(w,
-		wire.Frame{Stream: "stdout", Data: []byte("hello\n")},
-		wire.Frame{Result: &execio.Result{ExitCode: 0}})
+		subresource.Frame{Stream: "stdout", Data: []byte("hello\n")},
+		subresource.Frame{Result: &execio.Result{ExitCode: 0}})
 }
 
 // answerAll answers each subresource as the aggregated API would.
@@ -68,7 +68,7 @@ func answerAll(w http.ResponseWriter, r *http.Request, body []byte) {
 	case sub == "files" && r.Method == http.MethodPost:
 		_ = json.NewEncoder(w).Encode(execio.TransferStats{Files: 1, Bytes: int64(len(body))})
 	case sub == "files":
-		w.Header().Set("Trailer", wire.TrailerTransferError)
+		w.Header().Set("Trailer", subresource.TrailerTransferError)
 		w.Header().Set("Content-Type", "application/x-tar")
 		_, _ = w.Write([]byte("archive bytes"))
 	case sub == "log":
@@ -459,7 +459,7 @@ var _ = Describe("Client", Label("unit"), func() {
 				cluster.Handle(func(w http.ResponseWriter, _ *http.Request, _ []byte) {
 					w.Header().Set("Content-Type", "application/json")
 					w.WriteHeader(code)
-					_ = json.NewEncoder(w).Encode(wire.FailureStatus(int32(code), reason, name, "the server says no", metav1.StatusCause{Type: cause}))
+					_ = json.NewEncoder(w).Encode(subresource.FailureStatus(int32(code), reason, name, "the server says no", metav1.StatusCause{Type: cause}))
 				})
 				_, err := execHello(newClient(cluster.RESTConfig("t"), sandboxclient.Options{}))
 				Expect(is(err)).To(BeTrue(), "%v", err)
@@ -471,13 +471,13 @@ var _ = Describe("Client", Label("unit"), func() {
 				Expect(st.Details.Group).To(Equal("sandbox.code-sandbox.dev"))
 				Expect(st.Details.Kind).To(Equal("sandboxes"))
 			},
-			Entry("SandboxNotReady", http.StatusConflict, metav1.StatusReasonConflict, wire.CauseSandboxNotReady, sandboxclient.IsSandboxNotReady),
-			Entry("SandboxTerminating", http.StatusConflict, metav1.StatusReasonConflict, wire.CauseSandboxTerminating, sandboxclient.IsSandboxNotReady),
-			Entry("ContainerNotRunning", http.StatusConflict, metav1.StatusReasonConflict, wire.CauseContainerNotRunning, sandboxclient.IsSandboxNotReady),
-			Entry("PathNotFound", http.StatusNotFound, metav1.StatusReasonNotFound, wire.CausePathNotFound, sandboxclient.IsPathNotFound),
-			Entry("SandboxNotOnNode", http.StatusNotFound, metav1.StatusReasonNotFound, wire.CauseSandboxNotOnNode, sandboxclient.IsSandboxGone),
-			Entry("ExecLimit", http.StatusTooManyRequests, metav1.StatusReasonTooManyRequests, wire.CauseExecLimit, sandboxclient.IsExecLimit),
-			Entry("NodeAPIUnavailable", http.StatusServiceUnavailable, metav1.StatusReasonServiceUnavailable, wire.CauseNodeAPIUnavailable, sandboxclient.IsUnavailable),
+			Entry("SandboxNotReady", http.StatusConflict, metav1.StatusReasonConflict, subresource.CauseSandboxNotReady, sandboxclient.IsSandboxNotReady),
+			Entry("SandboxTerminating", http.StatusConflict, metav1.StatusReasonConflict, subresource.CauseSandboxTerminating, sandboxclient.IsSandboxNotReady),
+			Entry("ContainerNotRunning", http.StatusConflict, metav1.StatusReasonConflict, subresource.CauseContainerNotRunning, sandboxclient.IsSandboxNotReady),
+			Entry("PathNotFound", http.StatusNotFound, metav1.StatusReasonNotFound, subresource.CausePathNotFound, sandboxclient.IsPathNotFound),
+			Entry("SandboxNotOnNode", http.StatusNotFound, metav1.StatusReasonNotFound, subresource.CauseSandboxNotOnNode, sandboxclient.IsSandboxGone),
+			Entry("ExecLimit", http.StatusTooManyRequests, metav1.StatusReasonTooManyRequests, subresource.CauseExecLimit, sandboxclient.IsExecLimit),
+			Entry("NodeAPIUnavailable", http.StatusServiceUnavailable, metav1.StatusReasonServiceUnavailable, subresource.CauseNodeAPIUnavailable, sandboxclient.IsUnavailable),
 		)
 
 		It("checks readiness from the Sandbox the caller read, without a round trip", func() {
@@ -540,10 +540,10 @@ var _ = Describe("Client", Label("unit"), func() {
 		It("sends the request and returns the result", func() {
 			cluster.Handle(func(w http.ResponseWriter, _ *http.Request, _ []byte) {
 				writeFrames(w,
-					wire.Frame{Stream: "stdout", Data: []byte("a")},
-					wire.Frame{Stream: "stderr", Data: []byte("b")},
-					wire.Frame{Stream: "stdout", Data: []byte("c")},
-					wire.Frame{Result: &execio.Result{ExitCode: 7, DurationMillis: 5, StdoutBytes: 2, StderrBytes: 1}})
+					subresource.Frame{Stream: "stdout", Data: []byte("a")},
+					subresource.Frame{Stream: "stderr", Data: []byte("b")},
+					subresource.Frame{Stream: "stdout", Data: []byte("c")},
+					subresource.Frame{Result: &execio.Result{ExitCode: 7, DurationMillis: 5, StdoutBytes: 2, StderrBytes: 1}})
 			})
 			var stdout, stderr bytes.Buffer
 			req := execio.Request{Command: []string{"sh", "-c", "x"}, Stdin: []byte("in"), Env: []string{"A=1"}, WorkingDir: "/tmp", TimeoutSeconds: 5}
@@ -570,9 +570,9 @@ var _ = Describe("Client", Label("unit"), func() {
 			unblock := func() { once.Do(func() { close(release) }) }
 			DeferCleanup(unblock)
 			cluster.Handle(func(w http.ResponseWriter, _ *http.Request, _ []byte) {
-				writeFrames(w, wire.Frame{Stream: "stdout", Data: []byte("first")})
+				writeFrames(w, subresource.Frame{Stream: "stdout", Data: []byte("first")})
 				<-release
-				writeFrames(w, wire.Frame{Stream: "stdout", Data: []byte(" second")}, wire.Frame{Result: &execio.Result{ExitCode: 0}})
+				writeFrames(w, subresource.Frame{Stream: "stdout", Data: []byte(" second")}, subresource.Frame{Result: &execio.Result{ExitCode: 0}})
 			})
 			c := newClient(cluster.RESTConfig("t"), sandboxclient.Options{})
 			stdout := &gbytesBuffer{}
@@ -590,7 +590,7 @@ var _ = Describe("Client", Label("unit"), func() {
 
 		It("returns an ExecError when the stream ends with an error frame", func() {
 			cluster.Handle(func(w http.ResponseWriter, _ *http.Request, _ []byte) {
-				writeFrames(w, wire.Frame{Stream: "stdout", Data: []byte("x")}, wire.Frame{Error: "docker went away"})
+				writeFrames(w, subresource.Frame{Stream: "stdout", Data: []byte("x")}, subresource.Frame{Error: "docker went away"})
 			})
 			_, err := execHello(newClient(cluster.RESTConfig("t"), sandboxclient.Options{}))
 			var ee *sandboxclient.ExecError
@@ -600,19 +600,19 @@ var _ = Describe("Client", Label("unit"), func() {
 
 		It("types an error frame by its Status reason", func() {
 			cluster.Handle(func(w http.ResponseWriter, _ *http.Request, _ []byte) {
-				writeFrames(w, wire.Frame{Error: "docker went away", Status: wire.FailureStatus(503, metav1.StatusReasonServiceUnavailable, name,
-					"docker went away", metav1.StatusCause{Type: wire.CauseRuntimeUnavailable}, metav1.StatusCause{Type: wire.CauseStreamFailed})})
+				writeFrames(w, subresource.Frame{Error: "docker went away", Status: subresource.FailureStatus(503, metav1.StatusReasonServiceUnavailable, name,
+					"docker went away", metav1.StatusCause{Type: subresource.CauseRuntimeUnavailable}, metav1.StatusCause{Type: subresource.CauseStreamFailed})})
 			})
 			_, err := execHello(newClient(cluster.RESTConfig("t"), sandboxclient.Options{}))
 			var ee *sandboxclient.ExecError
 			Expect(errors.As(err, &ee)).To(BeTrue())
 			Expect(apierrors.IsServiceUnavailable(err)).To(BeTrue(), "%v", err)
-			Expect(sandboxclient.HasCause(err, wire.CauseStreamFailed)).To(BeTrue())
+			Expect(sandboxclient.HasCause(err, subresource.CauseStreamFailed)).To(BeTrue())
 		})
 
 		It("fails when the stream is cut before the result", func() {
 			cluster.Handle(func(w http.ResponseWriter, _ *http.Request, _ []byte) {
-				writeFrames(w, wire.Frame{Stream: "stdout", Data: []byte("x")})
+				writeFrames(w, subresource.Frame{Stream: "stdout", Data: []byte("x")})
 			})
 			_, err := execHello(newClient(cluster.RESTConfig("t"), sandboxclient.Options{}))
 			Expect(err).To(MatchError(io.ErrUnexpectedEOF))
@@ -632,10 +632,10 @@ var _ = Describe("Client", Label("unit"), func() {
 				done <- res
 			}()
 			enc := json.NewEncoder(pw)
-			Expect(enc.Encode(wire.Frame{Stream: "stdout", Data: []byte("first")})).To(Succeed())
+			Expect(enc.Encode(subresource.Frame{Stream: "stdout", Data: []byte("first")})).To(Succeed())
 			Eventually(stdout.String).Should(Equal("first"), "the first frame is written before the stream ends")
 			Consistently(done, 100*time.Millisecond).ShouldNot(Receive())
-			Expect(enc.Encode(wire.Frame{Result: &execio.Result{ExitCode: 1}})).To(Succeed())
+			Expect(enc.Encode(subresource.Frame{Result: &execio.Result{ExitCode: 1}})).To(Succeed())
 			Eventually(done).Should(Receive(Equal(execio.Result{ExitCode: 1})))
 			pw.Close()
 		})
@@ -773,7 +773,7 @@ var _ = Describe("Client", Label("unit"), func() {
 			Expect(sandboxclient.IsTooLarge(err)).To(BeTrue())
 			// The reason, not the text, says what failed.
 			Expect(apierrors.ReasonForError(err)).To(Equal(metav1.StatusReasonRequestEntityTooLarge))
-			Expect(sandboxclient.HasCause(err, wire.CauseStreamFailed)).To(BeTrue())
+			Expect(sandboxclient.HasCause(err, subresource.CauseStreamFailed)).To(BeTrue())
 			Expect(err.Error()).To(ContainSubstring("sandbox team-a/box: download of /app failed part-way"))
 			Expect(out.String()).To(Equal("partial"))
 		})

@@ -13,7 +13,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	sandboxv1alpha1 "github.com/code-sandbox/code-sandbox-operator/api/v1alpha1"
-	"github.com/code-sandbox/code-sandbox-operator/internal/nodeapi/wire"
+	"github.com/code-sandbox/code-sandbox-operator/internal/subresource"
 )
 
 // APIError is a refusal by the API server, the operator's aggregated API
@@ -27,7 +27,7 @@ type APIError struct {
 	// Message is the server's explanation.
 	Message string
 	// Details are the Status's details: the Sandbox's name, group and
-	// kind, and the causes (wire.Cause*) that say precisely why; nil when
+	// kind, and the causes (subresource.Cause*) that say precisely why; nil when
 	// the server sent none.
 	Details *metav1.StatusDetails
 	// Source says who refused: "kube-apiserver" (reading the Sandbox),
@@ -91,18 +91,18 @@ func (e *NotReadyError) Error() string {
 }
 
 // Status makes *NotReadyError an apierrors.APIStatus: a Conflict with the
-// cause wire.CauseSandboxNotReady (wire.CauseSandboxTerminating while it is
-// being deleted, wire.CauseSandboxPaused while it is paused), as the servers
+// cause subresource.CauseSandboxNotReady (subresource.CauseSandboxTerminating while it is
+// being deleted, subresource.CauseSandboxPaused while it is paused), as the servers
 // answer.
 func (e *NotReadyError) Status() metav1.Status {
-	cause := wire.CauseSandboxNotReady
+	cause := subresource.CauseSandboxNotReady
 	switch e.Reason {
 	case sandboxv1alpha1.SandboxReasonTerminating:
-		cause = wire.CauseSandboxTerminating
+		cause = subresource.CauseSandboxTerminating
 	case sandboxv1alpha1.SandboxReasonPaused:
-		cause = wire.CauseSandboxPaused
+		cause = subresource.CauseSandboxPaused
 	}
-	return *wire.FailureStatus(http.StatusConflict, metav1.StatusReasonConflict, e.Name, e.Error(), metav1.StatusCause{Type: cause})
+	return *subresource.FailureStatus(http.StatusConflict, metav1.StatusReasonConflict, e.Name, e.Error(), metav1.StatusCause{Type: cause})
 }
 
 // ExecError is a command that the node API started but could not run to
@@ -121,7 +121,7 @@ func (e *ExecError) Error() string {
 }
 
 // Status makes *ExecError an apierrors.APIStatus (cause
-// wire.CauseStreamFailed).
+// subresource.CauseStreamFailed).
 func (e *ExecError) Status() metav1.Status {
 	return streamFailure(e.Name, e.Reason, e.Message)
 }
@@ -146,7 +146,7 @@ func (e *TransferError) Error() string {
 }
 
 // Status makes *TransferError an apierrors.APIStatus (cause
-// wire.CauseStreamFailed).
+// subresource.CauseStreamFailed).
 func (e *TransferError) Status() metav1.Status {
 	return streamFailure(e.Name, e.Reason, e.Message)
 }
@@ -156,7 +156,7 @@ func streamFailure(name string, reason metav1.StatusReason, msg string) metav1.S
 	if reason == "" {
 		reason = metav1.StatusReasonInternalError
 	}
-	return *wire.FailureStatus(int32(codeForReason(reason)), reason, name, msg, metav1.StatusCause{Type: wire.CauseStreamFailed})
+	return *subresource.FailureStatus(int32(codeForReason(reason)), reason, name, msg, metav1.StatusCause{Type: subresource.CauseStreamFailed})
 }
 
 // StatusOf returns the metav1.Status behind err (an *APIError, *ExecError
@@ -171,8 +171,8 @@ func StatusOf(err error) *metav1.Status {
 }
 
 // HasCause reports whether err's Status carries the cause t (a
-// wire.Cause*).
-func HasCause(err error, t metav1.CauseType) bool { return wire.HasCause(StatusOf(err), t) }
+// subresource.Cause*).
+func HasCause(err error, t metav1.CauseType) bool { return subresource.HasCause(StatusOf(err), t) }
 
 func apiCode(err error) int32 {
 	var ae *APIError
@@ -216,15 +216,15 @@ func IsUnavailable(err error) bool { return apiCode(err) == http.StatusServiceUn
 // IsSandboxNotReady: the Sandbox exists but cannot take commands or files,
 // either as its status says (*NotReadyError) or as the aggregated API server
 // or the node API found it: a Conflict with the cause
-// wire.CauseSandboxNotReady, CauseSandboxTerminating, CauseSandboxPaused or
+// subresource.CauseSandboxNotReady, CauseSandboxTerminating, CauseSandboxPaused or
 // CauseContainerNotRunning (or a 409 of the subresources with no cause).
 func IsSandboxNotReady(err error) bool {
 	var nr *NotReadyError
 	if errors.As(err, &nr) {
 		return true
 	}
-	if HasCause(err, wire.CauseSandboxNotReady) || HasCause(err, wire.CauseSandboxTerminating) ||
-		HasCause(err, wire.CauseSandboxPaused) || HasCause(err, wire.CauseContainerNotRunning) {
+	if HasCause(err, subresource.CauseSandboxNotReady) || HasCause(err, subresource.CauseSandboxTerminating) ||
+		HasCause(err, subresource.CauseSandboxPaused) || HasCause(err, subresource.CauseContainerNotRunning) {
 		return true
 	}
 	var ae *APIError
@@ -232,7 +232,7 @@ func IsSandboxNotReady(err error) bool {
 }
 
 // IsSandboxPaused: the Sandbox is paused (spec.paused), as its status says
-// or as a server found it (a Conflict with the cause wire.CauseSandboxPaused).
+// or as a server found it (a Conflict with the cause subresource.CauseSandboxPaused).
 // Setting spec.paused to false resumes it. Such errors also satisfy
 // IsSandboxNotReady.
 func IsSandboxPaused(err error) bool {
@@ -240,25 +240,25 @@ func IsSandboxPaused(err error) bool {
 	if errors.As(err, &nr) && nr.Reason == sandboxv1alpha1.SandboxReasonPaused {
 		return true
 	}
-	return HasCause(err, wire.CauseSandboxPaused)
+	return HasCause(err, subresource.CauseSandboxPaused)
 }
 
 // IsNotReady is IsSandboxNotReady.
 func IsNotReady(err error) bool { return IsSandboxNotReady(err) }
 
 // IsPathNotFound: the path inside the Sandbox does not exist (404 with the
-// cause wire.CausePathNotFound); the Sandbox does.
-func IsPathNotFound(err error) bool { return HasCause(err, wire.CausePathNotFound) }
+// cause subresource.CausePathNotFound); the Sandbox does.
+func IsPathNotFound(err error) bool { return HasCause(err, subresource.CausePathNotFound) }
 
 // IsSandboxGone: the Sandbox does not exist (404, not about a path inside
 // it or an unknown endpoint).
 func IsSandboxGone(err error) bool {
-	return IsNotFound(err) && !IsPathNotFound(err) && !HasCause(err, wire.CauseNoSuchEndpoint)
+	return IsNotFound(err) && !IsPathNotFound(err) && !HasCause(err, subresource.CauseNoSuchEndpoint)
 }
 
 // IsExecLimit: the Sandbox or its node runs as many commands and transfers
-// as it allows (429, cause wire.CauseExecLimit); retry later.
-func IsExecLimit(err error) bool { return HasCause(err, wire.CauseExecLimit) }
+// as it allows (429, cause subresource.CauseExecLimit); retry later.
+func IsExecLimit(err error) bool { return HasCause(err, subresource.CauseExecLimit) }
 
 // Values of APIError.Source.
 const (

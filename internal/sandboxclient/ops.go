@@ -12,7 +12,7 @@ import (
 	"os"
 	"strconv"
 
-	"github.com/code-sandbox/code-sandbox-operator/internal/nodeapi/wire"
+	"github.com/code-sandbox/code-sandbox-operator/internal/subresource"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
@@ -55,10 +55,10 @@ func (c *Client) Exec(ctx context.Context, ref Ref, req execio.Request, stdout, 
 	defer cancel()
 	resp, err := c.do(ctx, ref, request{
 		method:      http.MethodPost,
-		subresource: wire.SubresourceExec,
+		subresource: subresource.SubresourceExec,
 		body:        bytes.NewReader(body),
 		contentType: "application/json",
-		accept:      wire.ContentTypeNDJSON,
+		accept:      subresource.ContentTypeNDJSON,
 	})
 	if err != nil {
 		return execio.Result{}, err
@@ -100,7 +100,7 @@ func (e *frameError) Error() string { return e.msg }
 func DecodeFrames(r io.Reader, stdout, stderr io.Writer) (execio.Result, error) {
 	dec := json.NewDecoder(r)
 	for {
-		var f wire.Frame
+		var f subresource.Frame
 		if err := dec.Decode(&f); err != nil {
 			if errors.Is(err, io.EOF) {
 				return execio.Result{}, fmt.Errorf("the exec stream ended without a result: %w", io.ErrUnexpectedEOF)
@@ -119,11 +119,11 @@ func DecodeFrames(r io.Reader, stdout, stderr io.Writer) (execio.Result, error) 
 			return execio.Result{}, fe
 		case f.Result != nil:
 			return *f.Result, nil
-		case f.Stream == wire.StreamStdout:
+		case f.Stream == subresource.StreamStdout:
 			if _, err := stdout.Write(f.Data); err != nil {
 				return execio.Result{}, fmt.Errorf("writing stdout: %w", err)
 			}
-		case f.Stream == wire.StreamStderr:
+		case f.Stream == subresource.StreamStderr:
 			if _, err := stderr.Write(f.Data); err != nil {
 				return execio.Result{}, fmt.Errorf("writing stderr: %w", err)
 			}
@@ -147,7 +147,7 @@ func (c *Client) Upload(ctx context.Context, ref Ref, destDir string, tarStream 
 	if !ok {
 		length = -1
 	}
-	return c.put(ctx, ref, url.Values{"path": {destDir}}, wire.ContentTypeTar, tarStream, length)
+	return c.put(ctx, ref, url.Values{"path": {destDir}}, subresource.ContentTypeTar, tarStream, length)
 }
 
 // UploadFile writes content to the file at path in the sandbox, with mode's
@@ -187,7 +187,7 @@ func (c *Client) UploadFile(ctx context.Context, ref Ref, path string, mode os.F
 		content, length = spool, n
 	}
 	q := url.Values{"path": {path}, "mode": {fmt.Sprintf("%#o", mode.Perm())}}
-	return c.put(ctx, ref, q, wire.ContentTypeBinary, io.LimitReader(content, length), length)
+	return c.put(ctx, ref, q, subresource.ContentTypeBinary, io.LimitReader(content, length), length)
 }
 
 // knownLength returns how many bytes r will yield, when r can tell without
@@ -232,7 +232,7 @@ func (c *Client) put(ctx context.Context, ref Ref, q url.Values, contentType str
 	}
 	resp, err := c.do(ctx, ref, request{
 		method:      http.MethodPost,
-		subresource: wire.SubresourceFiles,
+		subresource: subresource.SubresourceFiles,
 		query:       q,
 		body:        body,
 		length:      length,
@@ -259,9 +259,9 @@ func (c *Client) Download(ctx context.Context, ref Ref, path string, w io.Writer
 	ns, name := ref.key()
 	resp, err := c.do(ctx, ref, request{
 		method:      http.MethodGet,
-		subresource: wire.SubresourceFiles,
+		subresource: subresource.SubresourceFiles,
 		query:       url.Values{"path": {path}},
-		accept:      wire.ContentTypeTar,
+		accept:      subresource.ContentTypeTar,
 	})
 	if err != nil {
 		return err
@@ -276,12 +276,12 @@ func (c *Client) Download(ctx context.Context, ref Ref, path string, w io.Writer
 
 // trailerError is the failure a stream's trailers report, or nil.
 func trailerError(ns, name, path string, resp *http.Response) error {
-	msg := resp.Trailer.Get(wire.TrailerTransferError)
+	msg := resp.Trailer.Get(subresource.TrailerTransferError)
 	if msg == "" {
 		return nil
 	}
 	return &TransferError{Namespace: ns, Name: name, Path: path, Message: msg,
-		Reason: metav1.StatusReason(resp.Trailer.Get(wire.TrailerTransferErrorReason))}
+		Reason: metav1.StatusReason(resp.Trailer.Get(subresource.TrailerTransferErrorReason))}
 }
 
 // Logs copies the container's output to w. With Follow it returns when ctx
@@ -290,7 +290,7 @@ func (c *Client) Logs(ctx context.Context, ref Ref, opts LogOptions, w io.Writer
 	ns, name := ref.key()
 	resp, err := c.do(ctx, ref, request{
 		method:      http.MethodGet,
-		subresource: wire.SubresourceLog,
+		subresource: subresource.SubresourceLog,
 		query:       opts.query(),
 		accept:      "text/plain",
 	})
@@ -316,9 +316,9 @@ func (c *Client) History(ctx context.Context, ref Ref, opts LogOptions, fn func(
 	defer cancel()
 	resp, err := c.do(ctx, ref, request{
 		method:      http.MethodGet,
-		subresource: wire.SubresourceHistory,
+		subresource: subresource.SubresourceHistory,
 		query:       opts.query(),
-		accept:      wire.ContentTypeNDJSON,
+		accept:      subresource.ContentTypeNDJSON,
 	})
 	if err != nil {
 		return err

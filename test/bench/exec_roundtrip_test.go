@@ -19,7 +19,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/code-sandbox/code-sandbox-operator/internal/nodeapi/wire"
+	"github.com/code-sandbox/code-sandbox-operator/internal/subresource"
 
 	"github.com/docker/docker/api/types/container"
 	"github.com/docker/docker/pkg/stdcopy"
@@ -176,13 +176,13 @@ func (n *nodeAPIBench) exec(ctx context.Context, sandbox string, req execio.Requ
 	if err != nil {
 		return err
 	}
-	url := fmt.Sprintf("%s%s%s/sandboxes/%s/%s", n.endpoint, wire.PathPrefix, namespace, sandbox, wire.SubresourceExec)
+	url := fmt.Sprintf("%s%s%s/sandboxes/%s/%s", n.endpoint, subresource.PathPrefix, namespace, sandbox, subresource.SubresourceExec)
 	hreq, err := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(body))
 	if err != nil {
 		return err
 	}
-	hreq.Header.Set(wire.HeaderRemoteUser, benchUser)
-	hreq.Header.Set(wire.HeaderRemoteGroup, "system:authenticated")
+	hreq.Header.Set(subresource.HeaderRemoteUser, benchUser)
+	hreq.Header.Set(subresource.HeaderRemoteGroup, "system:authenticated")
 	hreq.Header.Set("Content-Type", "application/json")
 	resp, err := n.client.Do(hreq)
 	if err != nil {
@@ -197,12 +197,12 @@ func (n *nodeAPIBench) exec(ctx context.Context, sandbox string, req execio.Requ
 	var result *execio.Result
 	sc := bufio.NewScanner(resp.Body)
 	for sc.Scan() {
-		var f wire.Frame
+		var f subresource.Frame
 		if err := json.Unmarshal(sc.Bytes(), &f); err != nil {
 			return fmt.Errorf("decoding frame %q: %w", sc.Text(), err)
 		}
 		switch {
-		case f.Stream == wire.StreamStdout:
+		case f.Stream == subresource.StreamStdout:
 			stdout.Write(f.Data)
 		case f.Error != "":
 			return fmt.Errorf("node API exec failed: %s", f.Error)

@@ -25,8 +25,8 @@ import (
 	"github.com/code-sandbox/code-sandbox-operator/internal/execio"
 	"github.com/code-sandbox/code-sandbox-operator/internal/mcpserver/contract"
 	"github.com/code-sandbox/code-sandbox-operator/internal/mcpserver/session"
-	"github.com/code-sandbox/code-sandbox-operator/internal/nodeapi/wire"
 	"github.com/code-sandbox/code-sandbox-operator/internal/sandboxclient"
+	"github.com/code-sandbox/code-sandbox-operator/internal/subresource"
 )
 
 func withReady(status metav1.ConditionStatus, reason, message string) *sandboxv1alpha1.Sandbox {
@@ -107,7 +107,7 @@ var _ = Describe("apiError", Label("unit"), func() {
 		return &apierrors.StatusError{ErrStatus: metav1.Status{
 			Status: metav1.StatusFailure, Code: http.StatusForbidden, Reason: metav1.StatusReasonForbidden,
 			Message: `admission webhook "sandbox-quota.code-sandbox.dev" denied the request: ` + msg,
-			Details: &metav1.StatusDetails{Name: "mcp-x", Group: wire.StatusGroup, Kind: wire.StatusKind,
+			Details: &metav1.StatusDetails{Name: "mcp-x", Group: subresource.StatusGroup, Kind: subresource.StatusKind,
 				Causes: []metav1.StatusCause{{Type: cause, Field: field, Message: msg}}},
 		}}
 	}
@@ -123,23 +123,23 @@ var _ = Describe("apiError", Label("unit"), func() {
 			Expect(err.Error()).To(ContainSubstring("creating the sandbox: "))
 			Expect(err.Error()).To(ContainSubstring(text), "%q does not carry %q", err, text)
 		},
-		Entry("usage", denied(wire.CauseQuotaExceeded, "", `sandbox quota "team-a" exceeded: sandboxes: requested 1, used 3, limit 3 (1 over)`),
+		Entry("usage", denied(subresource.CauseQuotaExceeded, "", `sandbox quota "team-a" exceeded: sandboxes: requested 1, used 3, limit 3 (1 over)`),
 			contract.ErrQuota, `admission webhook "sandbox-quota.code-sandbox.dev" denied the request: sandbox quota "team-a" exceeded: sandboxes: requested 1, used 3, limit 3 (1 over)`),
-		Entry("usage of several limits", denied(wire.CauseQuotaExceeded, "", `sandbox quota "team-a" exceeded: cpu: requested 2, used 3, limit 4 (1 over); memory: requested 1Gi, used 4Gi, limit 4Gi (1Gi over)`),
+		Entry("usage of several limits", denied(subresource.CauseQuotaExceeded, "", `sandbox quota "team-a" exceeded: cpu: requested 2, used 3, limit 4 (1 over); memory: requested 1Gi, used 4Gi, limit 4Gi (1Gi over)`),
 			contract.ErrQuota, `cpu: requested 2, used 3, limit 4 (1 over); memory: requested 1Gi, used 4Gi, limit 4Gi (1Gi over)`),
-		Entry("image rule", denied(wire.CauseQuotaRule, "", `sandbox quota "team-a" does not allow image "evil/x:1" (docker.io/evil/x:1); allowed images: docker.io/library/python:*, code-sandbox-test/*`),
+		Entry("image rule", denied(subresource.CauseQuotaRule, "", `sandbox quota "team-a" does not allow image "evil/x:1" (docker.io/evil/x:1); allowed images: docker.io/library/python:*, code-sandbox-test/*`),
 			contract.ErrInvalid, `does not allow image "evil/x:1" (docker.io/evil/x:1); allowed images: docker.io/library/python:*, code-sandbox-test/*`),
-		Entry("image rule naming an image that says exceeded", denied(wire.CauseQuotaRule, "", `sandbox quota "team-a" does not allow image "quota/exceeded:1" (docker.io/quota/exceeded:1); allowed images: code-sandbox-test/*`),
+		Entry("image rule naming an image that says exceeded", denied(subresource.CauseQuotaRule, "", `sandbox quota "team-a" does not allow image "quota/exceeded:1" (docker.io/quota/exceeded:1); allowed images: code-sandbox-test/*`),
 			contract.ErrInvalid, `"quota/exceeded:1"`),
-		Entry("runtime rule", denied(wire.CauseQuotaRule, "", `sandbox quota "team-a" does not allow runtime "gvisor"; allowed runtimes: runc`),
+		Entry("runtime rule", denied(subresource.CauseQuotaRule, "", `sandbox quota "team-a" does not allow runtime "gvisor"; allowed runtimes: runc`),
 			contract.ErrInvalid, `does not allow runtime "gvisor"; allowed runtimes: runc`),
-		Entry("egress rule", denied(wire.CauseQuotaRule, "", `sandbox quota "team-a" does not allow network mode Egress (its allowEgress is false); use network mode None`),
+		Entry("egress rule", denied(subresource.CauseQuotaRule, "", `sandbox quota "team-a" does not allow network mode Egress (its allowEgress is false); use network mode None`),
 			contract.ErrInvalid, "use network mode None"),
-		Entry("lifetime required", denied(wire.CauseQuotaRule, "spec.activeDeadlineSeconds", `sandbox quota "team-a" requires spec.activeDeadlineSeconds of at most 3600; the Sandbox sets none`),
+		Entry("lifetime required", denied(subresource.CauseQuotaRule, "spec.activeDeadlineSeconds", `sandbox quota "team-a" requires spec.activeDeadlineSeconds of at most 3600; the Sandbox sets none`),
 			contract.ErrInvalid, "requires spec.activeDeadlineSeconds of at most 3600; the Sandbox sets none"),
-		Entry("lifetime too long", denied(wire.CauseQuotaRule, "spec.activeDeadlineSeconds", `sandbox quota "team-a" allows activeDeadlineSeconds of at most 3600; the Sandbox asks for 14400 (10800 over)`),
+		Entry("lifetime too long", denied(subresource.CauseQuotaRule, "spec.activeDeadlineSeconds", `sandbox quota "team-a" allows activeDeadlineSeconds of at most 3600; the Sandbox asks for 14400 (10800 over)`),
 			contract.ErrInvalid, "allows activeDeadlineSeconds of at most 3600; the Sandbox asks for 14400 (10800 over)"),
-		Entry("usage not counted yet", denied(wire.CauseQuotaNotCounted, "", `sandbox quota "team-a" has not counted its usage yet; retry in a few seconds`),
+		Entry("usage not counted yet", denied(subresource.CauseQuotaNotCounted, "", `sandbox quota "team-a" has not counted its usage yet; retry in a few seconds`),
 			contract.ErrUnavailable, "has not counted its usage yet; retry in a few seconds"),
 		Entry("a refusal whose message reads like a quota but carries no cause (RBAC, ResourceQuota)",
 			apierrors.NewForbidden(gr, "mcp-x", errors.New("exceeded quota: sandboxes, requested: count/sandboxes.sandbox.code-sandbox.dev=1, used: count/sandboxes.sandbox.code-sandbox.dev=2, limited: count/sandboxes.sandbox.code-sandbox.dev=2")),
@@ -159,7 +159,7 @@ var _ = Describe("apiError", Label("unit"), func() {
 	)
 
 	It("tells the model that its lifetime is what a deadline rule limits", func() {
-		err := apiError("creating the sandbox", denied(wire.CauseQuotaRule, "spec.activeDeadlineSeconds",
+		err := apiError("creating the sandbox", denied(subresource.CauseQuotaRule, "spec.activeDeadlineSeconds",
 			`sandbox quota "team-a" allows activeDeadlineSeconds of at most 3600; the Sandbox asks for 14400 (10800 over)`))
 		Expect(err.Error()).To(ContainSubstring("lifetime"))
 	})
@@ -175,7 +175,7 @@ var _ = Describe("clientError", Label("unit"), func() {
 	node := func(code int32, reason metav1.StatusReason, msg string, causes ...metav1.CauseType) error {
 		ae := &sandboxclient.APIError{Namespace: "ns", Name: "mcp-x", Code: code, Reason: reason, Message: msg, Source: sandboxclient.SourceSubresources}
 		if len(causes) > 0 {
-			ae.Details = &metav1.StatusDetails{Name: "mcp-x", Group: wire.StatusGroup, Kind: wire.StatusKind}
+			ae.Details = &metav1.StatusDetails{Name: "mcp-x", Group: subresource.StatusGroup, Kind: subresource.StatusKind}
 			for _, c := range causes {
 				ae.Details.Causes = append(ae.Details.Causes, metav1.StatusCause{Type: c})
 			}
@@ -189,22 +189,22 @@ var _ = Describe("clientError", Label("unit"), func() {
 		},
 		Entry("sandbox gone (API server)", &sandboxclient.APIError{Code: 404, Reason: metav1.StatusReasonNotFound, Message: "not found", Source: sandboxclient.SourceAPIServer}, contract.ErrNotFound),
 		Entry("NotFound", node(404, metav1.StatusReasonNotFound, "sandbox ns/mcp-x not found"), contract.ErrNotFound),
-		Entry("NotFound, SandboxNotOnNode", node(404, metav1.StatusReasonNotFound, "not on node", wire.CauseSandboxNotOnNode), contract.ErrNotFound),
-		Entry("NotFound, PathNotFound", node(404, metav1.StatusReasonNotFound, "open nope: no such file or directory", wire.CausePathNotFound), execio.ErrPathNotFound),
+		Entry("NotFound, SandboxNotOnNode", node(404, metav1.StatusReasonNotFound, "not on node", subresource.CauseSandboxNotOnNode), contract.ErrNotFound),
+		Entry("NotFound, PathNotFound", node(404, metav1.StatusReasonNotFound, "open nope: no such file or directory", subresource.CausePathNotFound), execio.ErrPathNotFound),
 		Entry("NotReadyError", &sandboxclient.NotReadyError{Namespace: "ns", Name: "mcp-x", Reason: "OOMKilled", Message: "memory"}, contract.ErrNotRunning),
-		Entry("Conflict, SandboxNotReady", node(409, metav1.StatusReasonConflict, "not Ready", wire.CauseSandboxNotReady), contract.ErrNotRunning),
-		Entry("Conflict, SandboxTerminating", node(409, metav1.StatusReasonConflict, "being deleted", wire.CauseSandboxTerminating), contract.ErrNotRunning),
-		Entry("Conflict, ContainerNotRunning", node(409, metav1.StatusReasonConflict, "container gone", wire.CauseContainerNotRunning), contract.ErrNotRunning),
+		Entry("Conflict, SandboxNotReady", node(409, metav1.StatusReasonConflict, "not Ready", subresource.CauseSandboxNotReady), contract.ErrNotRunning),
+		Entry("Conflict, SandboxTerminating", node(409, metav1.StatusReasonConflict, "being deleted", subresource.CauseSandboxTerminating), contract.ErrNotRunning),
+		Entry("Conflict, ContainerNotRunning", node(409, metav1.StatusReasonConflict, "container gone", subresource.CauseContainerNotRunning), contract.ErrNotRunning),
 		Entry("Conflict without a cause", node(409, metav1.StatusReasonConflict, "container gone"), contract.ErrNotRunning),
-		Entry("ServiceUnavailable, RuntimeUnavailable", node(503, metav1.StatusReasonServiceUnavailable, "docker", wire.CauseRuntimeUnavailable), contract.ErrUnavailable),
-		Entry("ServiceUnavailable, NodeAPIUnavailable", node(503, metav1.StatusReasonServiceUnavailable, "node API", wire.CauseNodeAPIUnavailable), contract.ErrUnavailable),
-		Entry("TooManyRequests, ExecLimit", node(429, metav1.StatusReasonTooManyRequests, "too many", wire.CauseExecLimit), contract.ErrUnavailable),
+		Entry("ServiceUnavailable, RuntimeUnavailable", node(503, metav1.StatusReasonServiceUnavailable, "docker", subresource.CauseRuntimeUnavailable), contract.ErrUnavailable),
+		Entry("ServiceUnavailable, NodeAPIUnavailable", node(503, metav1.StatusReasonServiceUnavailable, "node API", subresource.CauseNodeAPIUnavailable), contract.ErrUnavailable),
+		Entry("TooManyRequests, ExecLimit", node(429, metav1.StatusReasonTooManyRequests, "too many", subresource.CauseExecLimit), contract.ErrUnavailable),
 		Entry("Timeout", node(504, metav1.StatusReasonTimeout, "deadline"), contract.ErrUnavailable),
 		Entry("RequestEntityTooLarge", node(413, metav1.StatusReasonRequestEntityTooLarge, "too large"), execio.ErrTooLarge),
 		Entry("a download cut off by its cap", &sandboxclient.TransferError{Namespace: "ns", Name: "mcp-x", Path: "/app", Message: "cap", Reason: metav1.StatusReasonRequestEntityTooLarge}, execio.ErrTooLarge),
 		Entry("a stream cut off by Docker", &sandboxclient.TransferError{Namespace: "ns", Name: "mcp-x", Message: "docker", Reason: metav1.StatusReasonServiceUnavailable}, contract.ErrUnavailable),
 		Entry("an exec cut off by Docker", &sandboxclient.ExecError{Namespace: "ns", Name: "mcp-x", Message: "docker", Reason: metav1.StatusReasonServiceUnavailable}, contract.ErrUnavailable),
-		Entry("BadRequest, InvalidPath", node(400, metav1.StatusReasonBadRequest, "invalid path: ../x", wire.CauseInvalidPath), contract.ErrInvalid),
+		Entry("BadRequest, InvalidPath", node(400, metav1.StatusReasonBadRequest, "invalid path: ../x", subresource.CauseInvalidPath), contract.ErrInvalid),
 		Entry("Invalid", node(422, metav1.StatusReasonInvalid, "invalid"), contract.ErrInvalid),
 	)
 

@@ -13,7 +13,7 @@ import (
 	sandboxv1alpha1 "github.com/code-sandbox/code-sandbox-operator/api/v1alpha1"
 	"github.com/code-sandbox/code-sandbox-operator/internal/execio"
 	"github.com/code-sandbox/code-sandbox-operator/internal/mcpserver/contract"
-	"github.com/code-sandbox/code-sandbox-operator/internal/nodeapi/wire"
+	"github.com/code-sandbox/code-sandbox-operator/internal/subresource"
 	"github.com/code-sandbox/code-sandbox-operator/internal/sandboxclient"
 )
 
@@ -128,7 +128,7 @@ func apiError(what string, err error) error {
 }
 
 // refusedError classifies a 403 from the API server by the causes the
-// SandboxQuota webhook puts in its Status (wire.CauseQuota*), which
+// SandboxQuota webhook puts in its Status (subresource.CauseQuota*), which
 // kube-apiserver passes on. Every case keeps the API server's message,
 // which names the limit and by how much it is exceeded, or which rule
 // refused and what is allowed instead. Any other 403 (RBAC, or the built-in
@@ -138,19 +138,19 @@ func refusedError(what string, err error) error {
 	msg := statusMessage(err)
 	st := sandboxclient.StatusOf(err)
 	switch {
-	case wire.HasCause(st, wire.CauseQuotaRule):
+	case subresource.HasCause(st, subresource.CauseQuotaRule):
 		// Checked first: stopping sandboxes would not help; asking for
 		// something else does.
 		for _, c := range st.Details.Causes {
-			if c.Type == wire.CauseQuotaRule && c.Field == "spec.activeDeadlineSeconds" {
+			if c.Type == subresource.CauseQuotaRule && c.Field == "spec.activeDeadlineSeconds" {
 				msg += " (a sandbox's lifetime is its activeDeadlineSeconds: ask for a shorter one)"
 				break
 			}
 		}
 		return &messageError{kind: contract.ErrInvalid, msg: fmt.Sprintf("%s: the API server refused: %s", what, msg)}
-	case wire.HasCause(st, wire.CauseQuotaNotCounted):
+	case subresource.HasCause(st, subresource.CauseQuotaNotCounted):
 		return &messageError{kind: contract.ErrUnavailable, msg: fmt.Sprintf("%s: %s", what, msg)}
-	case wire.HasCause(st, wire.CauseQuotaExceeded):
+	case subresource.HasCause(st, subresource.CauseQuotaExceeded):
 		return &messageError{kind: contract.ErrQuota, msg: fmt.Sprintf("%s: %s", what, msg)}
 	}
 	return &messageError{kind: contract.ErrInvalid, msg: fmt.Sprintf("%s: the API server refused: %s", what, msg)}
@@ -164,7 +164,7 @@ func statusMessage(err error) string {
 }
 
 // clientError maps a sandboxclient error onto the Backend's errors by its
-// Status reason and causes (wire.Cause*).
+// Status reason and causes (subresource.Cause*).
 func clientError(err error) error {
 	switch {
 	case err == nil:

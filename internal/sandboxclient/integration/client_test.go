@@ -28,9 +28,9 @@ import (
 	sandboxv1alpha1 "github.com/code-sandbox/code-sandbox-operator/api/v1alpha1"
 	"github.com/code-sandbox/code-sandbox-operator/internal/execio"
 	"github.com/code-sandbox/code-sandbox-operator/internal/history"
-	"github.com/code-sandbox/code-sandbox-operator/internal/nodeapi/wire"
 	"github.com/code-sandbox/code-sandbox-operator/internal/operatorca"
 	"github.com/code-sandbox/code-sandbox-operator/internal/sandboxclient"
+	"github.com/code-sandbox/code-sandbox-operator/internal/subresource"
 	"github.com/code-sandbox/code-sandbox-operator/internal/testenv"
 )
 
@@ -394,11 +394,11 @@ var _ = Describe("sandboxclient through the API server and the aggregated API", 
 		Expect(err.Error()).To(ContainSubstring("sandbox " + ns + "/broken is not Ready: ImageNotFound: "))
 		// Through kube-apiserver and the aggregated API server, typed.
 		Expect(apierrors.ReasonForError(err)).To(Equal(metav1.StatusReasonConflict))
-		Expect(sandboxclient.HasCause(err, wire.CauseSandboxNotReady)).To(BeTrue(), "%+v", sandboxclient.StatusOf(err))
+		Expect(sandboxclient.HasCause(err, subresource.CauseSandboxNotReady)).To(BeTrue(), "%+v", sandboxclient.StatusOf(err))
 		st := sandboxclient.StatusOf(err)
 		Expect(st.Details.Name).To(Equal("broken"))
-		Expect(st.Details.Group).To(Equal(wire.StatusGroup))
-		Expect(st.Details.Kind).To(Equal(wire.StatusKind))
+		Expect(st.Details.Group).To(Equal(subresource.StatusGroup))
+		Expect(st.Details.Kind).To(Equal(subresource.StatusKind))
 	})
 
 	It("refuses exec and files on a paused Sandbox with the cause SandboxPaused, and serves it again once resumed", func() {

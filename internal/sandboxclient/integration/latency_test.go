@@ -25,9 +25,9 @@ import (
 
 	sandboxv1alpha1 "github.com/code-sandbox/code-sandbox-operator/api/v1alpha1"
 	"github.com/code-sandbox/code-sandbox-operator/internal/execio"
-	"github.com/code-sandbox/code-sandbox-operator/internal/nodeapi/wire"
 	"github.com/code-sandbox/code-sandbox-operator/internal/operatorca"
 	"github.com/code-sandbox/code-sandbox-operator/internal/sandboxclient"
+	"github.com/code-sandbox/code-sandbox-operator/internal/subresource"
 )
 
 // The extra cost of the trust model's data path, reported (never asserted:
@@ -63,8 +63,8 @@ var _ = Describe("exec latency through the API server", Label("integration", "la
 		}, ForceAttemptHTTP2: true}}
 		body, _ := json.Marshal(req)
 		viaNode := func() error {
-			hreq, _ := http.NewRequestWithContext(ctx, http.MethodPost, endpoint+wire.PathPrefix+ns+"/sandboxes/latency/exec", bytes.NewReader(body))
-			hreq.Header.Set(wire.HeaderRemoteUser, "latency-test")
+			hreq, _ := http.NewRequestWithContext(ctx, http.MethodPost, endpoint+subresource.PathPrefix+ns+"/sandboxes/latency/exec", bytes.NewReader(body))
+			hreq.Header.Set(subresource.HeaderRemoteUser, "latency-test")
 			resp, err := direct.Do(hreq)
 			if err != nil {
 				return err

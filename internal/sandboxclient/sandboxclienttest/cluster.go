@@ -28,12 +28,14 @@ import (
 	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 
-	"github.com/code-sandbox/code-sandbox-operator/internal/nodeapi/wire"
+	sandboxv1alpha1 "github.com/code-sandbox/code-sandbox-operator/api/v1alpha1"
 	"github.com/code-sandbox/code-sandbox-operator/internal/operatorca"
+	"github.com/code-sandbox/code-sandbox-operator/internal/subresource"
 )
 
 // Handler answers a subresource request that passed authentication and
@@ -267,14 +269,14 @@ func (c *Cluster) serveAPI(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	path, underPrefix := strings.CutPrefix(r.URL.Path, prefix)
-	var rt wire.Route
-	var rerr *wire.RouteError
-	if underPrefix && strings.HasPrefix(path, wire.AggregatedPathPrefix) {
+	var rt subresource.Route
+	var rerr *subresource.Error
+	if underPrefix && strings.HasPrefix(path, subresource.AggregatedPathPrefix) {
 		// The route is parsed without the prefix, as the API server sees it
 		// behind kubectl proxy.
 		pr := r.Clone(r.Context())
 		pr.URL.Path = path
-		rt, rerr = wire.ParseRoute(wire.AggregatedPathPrefix, pr)
+		rt, rerr = subresource.ParseRoute(subresource.AggregatedPathPrefix, pr)
 		rec.Namespace, rec.Name, rec.Subresource = rt.Namespace, rt.Name, rt.Subresource
 	}
 	c.requests = append(c.requests, rec)
@@ -286,14 +288,7 @@ func (c *Cluster) serveAPI(w http.ResponseWriter, r *http.Request) {
 	case rec.User == "":
 		writeStatus(w, http.StatusUnauthorized, metav1.StatusReasonUnauthorized, "Unauthorized")
 	case rerr != nil:
-		reason := metav1.StatusReasonNotFound
-		switch rerr.Code {
-		case http.StatusBadRequest:
-			reason = metav1.StatusReasonBadRequest
-		case http.StatusMethodNotAllowed:
-			reason = metav1.StatusReasonMethodNotAllowed
-		}
-		writeStatus(w, rerr.Code, reason, rerr.Message)
+		subresource.WriteError(w, rerr)
 	case rec.Subresource != "":
 		c.serveSubresource(w, r, rt, handler, body)
 	default:
@@ -302,45 +297,30 @@ func (c *Cluster) serveAPI(w http.ResponseWriter, r *http.Request) {
 }
 
 // serveSubresource checks the Sandbox as the operator's aggregated API
-// server does (internal/aggregatedapi) before handing over to h.
-func (c *Cluster) serveSubresource(w http.ResponseWriter, r *http.Request, rt wire.Route, h Handler, body []byte) {
+// server does (internal/aggregatedapi, with subresource.CheckServed) before
+// handing over to h.
+func (c *Cluster) serveSubresource(w http.ResponseWriter, r *http.Request, rt subresource.Route, h Handler, body []byte) {
 	key := rt.Namespace + "/" + rt.Name
+	// Refusals name the Sandbox; h gets w itself.
+	named := subresource.NameSandbox(w, rt.Name)
 	c.mu.Lock()
 	obj, ok := c.sandboxes[key]
-	var status map[string]any
+	var sbx sandboxv1alpha1.Sandbox
+	var convErr error
 	if ok {
-		status, _ = obj["status"].(map[string]any)
-	}
-	nodeName, _ := status["nodeName"].(string)
-	endpoint, _ := status["nodeAPIEndpoint"].(string)
-	var ready map[string]any
-	conds, _ := status["conditions"].([]any)
-	for _, cd := range conds {
-		if m, _ := cd.(map[string]any); m != nil && m["type"] == "Ready" {
-			ready = m
-		}
+		convErr = runtime.DefaultUnstructuredConverter.FromUnstructured(obj, &sbx)
 	}
 	c.mu.Unlock()
 	switch {
 	case !ok:
-		writeStatus(w, http.StatusNotFound, metav1.StatusReasonNotFound, fmt.Sprintf("sandbox %s not found", key))
+		subresource.WriteError(named, subresource.NewError(http.StatusNotFound, metav1.StatusReasonNotFound, "sandbox %s not found", key))
 		return
-	case nodeName == "":
-		writeStatus(w, http.StatusConflict, metav1.StatusReasonConflict, fmt.Sprintf("sandbox %s is not Ready: no node has claimed it yet", key))
+	case convErr != nil:
+		subresource.WriteError(named, fmt.Errorf("the fake API server cannot decode sandbox %s: %w", key, convErr))
 		return
-	case rt.Subresource == wire.SubresourceExec || rt.Subresource == wire.SubresourceFiles:
-		if ready == nil || ready["status"] != "True" {
-			why := "no manager has reported on it yet"
-			if ready != nil {
-				why = fmt.Sprintf("%v: %v", ready["reason"], ready["message"])
-			}
-			writeStatus(w, http.StatusConflict, metav1.StatusReasonConflict, fmt.Sprintf("sandbox %s is not Ready: %s", key, why))
-			return
-		}
 	}
-	if endpoint == "" {
-		writeStatus(w, http.StatusServiceUnavailable, metav1.StatusReasonServiceUnavailable,
-			fmt.Sprintf("sandbox %s: node %s has not published its node API", key, nodeName))
+	if err := subresource.CheckServed(&sbx, rt.Subresource); err != nil {
+		subresource.WriteError(named, err)
 		return
 	}
 	if h == nil {

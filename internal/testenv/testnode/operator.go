@@ -23,8 +23,8 @@ import (
 
 	"github.com/code-sandbox/code-sandbox-operator/internal/aggregatedapi"
 	"github.com/code-sandbox/code-sandbox-operator/internal/nodeapi"
-	"github.com/code-sandbox/code-sandbox-operator/internal/nodeapi/wire"
 	"github.com/code-sandbox/code-sandbox-operator/internal/operatorca"
+	"github.com/code-sandbox/code-sandbox-operator/internal/subresource"
 	"github.com/code-sandbox/code-sandbox-operator/internal/testenv"
 )
 
@@ -33,7 +33,7 @@ import (
 const (
 	OperatorNamespace = "code-sandbox-system"
 	APIServerService  = "code-sandbox-apiserver"
-	APIServiceName    = "v1alpha1." + wire.AggregatedGroup
+	APIServiceName    = "v1alpha1." + subresource.AggregatedGroup
 )
 
 // Operator is the operator's control-plane component running in this
@@ -108,8 +108,8 @@ func StartOperator(cp *testenv.ControlPlane) *Operator {
 		"kind":       "APIService",
 		"metadata":   map[string]any{"name": APIServiceName},
 		"spec": map[string]any{
-			"group":                wire.AggregatedGroup,
-			"version":              wire.AggregatedVersion,
+			"group":                subresource.AggregatedGroup,
+			"version":              subresource.AggregatedVersion,
 			"groupPriorityMinimum": int64(1000),
 			"versionPriority":      int64(15),
 			"caBundle":             op.Authority.BundlePEM(),

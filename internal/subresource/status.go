@@ -1,4 +1,10 @@
-package wire
+/*
+Copyright 2026 The code-sandbox-operator Authors.
+
+Licensed under the MIT License; see the LICENSE file.
+*/
+
+package subresource
 
 import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"

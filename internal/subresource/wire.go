@@ -1,8 +1,10 @@
-// Package wire is the node API's wire contract: URL layout, content types
-// and the exec response's frames. The server (package nodeapi) and its
-// clients (package sandboxclient, the kubectl plugin, the MCP server) share
-// it, and it imports nothing heavy, so clients do not link the server.
-package wire
+/*
+Copyright 2026 The code-sandbox-operator Authors.
+
+Licensed under the MIT License; see the LICENSE file.
+*/
+
+package subresource
 
 import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"

@@ -4,7 +4,7 @@ Copyright 2026 The code-sandbox-operator Authors.
 Licensed under the MIT License; see the LICENSE file.
 */
 
-package nodeapi
+package subresource
 
 import (
 	"context"
@@ -12,6 +12,8 @@ import (
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
 
 	sandboxv1alpha1 "github.com/code-sandbox/code-sandbox-operator/api/v1alpha1"
@@ -37,7 +39,7 @@ func TestFreshIfNotReady(t *testing.T) {
 	apiServer := fake.NewClientBuilder().WithScheme(scheme).WithObjects(sandboxWithReady(metav1.ConditionTrue, "Running")).Build()
 
 	stale := sandboxWithReady(metav1.ConditionFalse, sandboxv1alpha1.SandboxReasonPaused)
-	if got := FreshIfNotReady(ctx, apiServer, stale); !isReady(got) {
+	if got := FreshIfNotReady(ctx, getWith(apiServer), stale); !isReady(got) {
 		t.Fatalf("a stale Paused copy was kept although the API server says Ready: %+v", got.Status.Conditions)
 	}
 	ready := sandboxWithReady(metav1.ConditionTrue, "Running")
@@ -48,13 +50,13 @@ func TestFreshIfNotReady(t *testing.T) {
 		t.Fatal("without an API reader the cached copy decides")
 	}
 	empty := fake.NewClientBuilder().WithScheme(scheme).Build()
-	if got := FreshIfNotReady(ctx, empty, stale); got != stale {
+	if got := FreshIfNotReady(ctx, getWith(empty), stale); got != stale {
 		t.Fatal("when the API server has no copy, the cached one decides")
 	}
 	recreated := sandboxWithReady(metav1.ConditionTrue, "Running")
 	recreated.UID = "uid-2"
 	other := fake.NewClientBuilder().WithScheme(scheme).WithObjects(recreated).Build()
-	if got := FreshIfNotReady(ctx, other, stale); got != stale {
+	if got := FreshIfNotReady(ctx, getWith(other), stale); got != stale {
 		t.Fatal("a re-created Sandbox of the same name must not stand in for the old one")
 	}
 }
@@ -66,4 +68,11 @@ func isReady(s *sandboxv1alpha1.Sandbox) bool {
 		}
 	}
 	return false
+}
+
+// getWith reads Sandboxes with a controller-runtime reader, as the servers do.
+func getWith(r client.Reader) GetFunc {
+	return func(ctx context.Context, key types.NamespacedName, sbx *sandboxv1alpha1.Sandbox) error {
+		return r.Get(ctx, key, sbx)
+	}
 }
