@@ -36,8 +36,8 @@ import (
 	"github.com/code-sandbox/code-sandbox-operator/internal/execio"
 	"github.com/code-sandbox/code-sandbox-operator/internal/history"
 	"github.com/code-sandbox/code-sandbox-operator/internal/nodeapi"
-	"github.com/code-sandbox/code-sandbox-operator/internal/subresource"
 	"github.com/code-sandbox/code-sandbox-operator/internal/operatorca"
+	"github.com/code-sandbox/code-sandbox-operator/internal/subresource"
 	"github.com/code-sandbox/code-sandbox-operator/internal/testenv"
 )
 

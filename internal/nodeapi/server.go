@@ -10,10 +10,11 @@ import (
 	"context"
 	"errors"
 	"io"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"net/http"
 	"sync"
 	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/code-sandbox/code-sandbox-operator/internal/subresource"
 	"github.com/code-sandbox/code-sandbox-operator/internal/warmpool"

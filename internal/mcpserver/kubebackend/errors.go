@@ -13,8 +13,8 @@ import (
 	sandboxv1alpha1 "github.com/code-sandbox/code-sandbox-operator/api/v1alpha1"
 	"github.com/code-sandbox/code-sandbox-operator/internal/execio"
 	"github.com/code-sandbox/code-sandbox-operator/internal/mcpserver/contract"
-	"github.com/code-sandbox/code-sandbox-operator/internal/subresource"
 	"github.com/code-sandbox/code-sandbox-operator/internal/sandboxclient"
+	"github.com/code-sandbox/code-sandbox-operator/internal/subresource"
 )
 
 // messageError carries a message meant for the model as it is, and counts
