@@ -735,5 +735,5 @@ func memoryLimit(sbx *sandboxv1alpha1.Sandbox) string {
 	if spec, _ := warmpool.Effective(sbx); spec.Resources.Memory != nil {
 		return spec.Resources.Memory.String()
 	}
-	return dockerruntime.FormatBytes(dockerruntime.DefaultMemoryBytes)
+	return sandboxv1alpha1.DefaultMemory
 }

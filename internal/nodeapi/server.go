@@ -61,9 +61,6 @@ const (
 	// limit; a node of many busy Sandboxes raises it with the limit.
 	DefaultMaxExecs           = 32
 	DefaultDockerCheckTimeout = 10 * time.Second
-	// defaultWorkingDir is the CRD's default for spec.workingDir, for a
-	// Sandbox read before defaulting (it never is from the API server).
-	defaultWorkingDir = "/app"
 )
 
 // Config configures a Server.
@@ -426,10 +423,11 @@ func (l *limiter) acquire(uid types.UID) (release func(), err *apiError) {
 }
 
 // workingDir is the Sandbox's working directory, against which relative
-// paths resolve.
+// paths resolve. The default is for a Sandbox read before defaulting (it
+// never is from the API server).
 func workingDir(sbx *sandboxv1alpha1.Sandbox) string {
 	if spec, _ := warmpool.Effective(sbx); spec.WorkingDir != "" {
 		return spec.WorkingDir
 	}
-	return defaultWorkingDir
+	return sandboxv1alpha1.DefaultWorkingDir
 }

@@ -534,8 +534,8 @@ func view(sbx *sandboxv1alpha1.Sandbox) mcpserver.Sandbox {
 		Status:      statusText(sbx),
 		Network:     mcpserver.NetworkNone,
 		WorkingDir:  sbx.Spec.WorkingDir,
-		NanoCPUs:    1e9,
-		MemoryBytes: 512 << 20,
+		NanoCPUs:    sandboxv1alpha1.DefaultNanoCPUs,
+		MemoryBytes: sandboxv1alpha1.DefaultMemoryBytes,
 		CreatedAt:   sbx.CreationTimestamp.Time,
 		LastUsedAt:  sbx.CreationTimestamp.Time,
 	}
@@ -543,7 +543,7 @@ func view(sbx *sandboxv1alpha1.Sandbox) mcpserver.Sandbox {
 		s.Network = mcpserver.NetworkEgress
 	}
 	if s.WorkingDir == "" {
-		s.WorkingDir = "/app"
+		s.WorkingDir = sandboxv1alpha1.DefaultWorkingDir
 	}
 	if q := sbx.Spec.Resources.CPU; q != nil {
 		s.NanoCPUs = q.MilliValue() * 1e6
