@@ -25,6 +25,7 @@ import (
 	"time"
 
 	"github.com/code-sandbox/code-sandbox-operator/internal/execio"
+	"github.com/code-sandbox/code-sandbox-operator/internal/randid"
 	"github.com/code-sandbox/code-sandbox-operator/internal/sandboxhelper/helperproto"
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
@@ -489,7 +490,7 @@ var _ = Describe("CopyIn and CopyOut", dockerLabel, Ordered, ContinueOnFailure, 
 	}, SpecTimeout(30*time.Second))
 
 	It("never follows a symlink the sandbox planted out of the root (A9, A11)", func(ctx SpecContext) {
-		marker := "escape-" + randomHex(6)
+		marker := "escape-" + randid.Hex(6)
 		res := sh(ctx, ct.ID, "ln -s / /app/out && ln -s /tmp /app/tmpout && echo victim > /tmp/victim && ln -s /tmp/victim /app/victimlink")
 		Expect(res.Code).To(BeZero(), "%v", res)
 		file := makeTar(tarEntry{Name: marker, Type: tar.TypeReg, Mode: 0o644, Body: []byte("x")})
