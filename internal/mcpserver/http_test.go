@@ -197,6 +197,8 @@ var _ = Describe("the HTTP middleware", Label("unit"), func() {
 			Logger:       slog.New(slog.DiscardHandler),
 		})
 		Expect(err).NotTo(HaveOccurred())
+		// Shutdown stops the session sweeper that NewHTTPServer starts.
+		DeferCleanup(func() { _ = h.Shutdown(context.Background()) })
 		do := func(host, origin, token, target, body string) *httptest.ResponseRecorder {
 			r := httptest.NewRequest(http.MethodPost, target, strings.NewReader(body))
 			r.Host = host
@@ -242,6 +244,8 @@ var _ = Describe("the HTTP middleware", Label("unit"), func() {
 			Logger:            slog.New(slog.DiscardHandler),
 		})
 		Expect(err).NotTo(HaveOccurred())
+		// Shutdown stops the session sweeper that NewHTTPServer starts.
+		DeferCleanup(func() { _ = h.Shutdown(context.Background()) })
 		do := func(token string) *httptest.ResponseRecorder {
 			r := httptest.NewRequest(http.MethodPost, "/mcp", strings.NewReader(`{"jsonrpc":"2.0","id":1,"method":"ping"}`))
 			r.Host = "127.0.0.1:8080"
@@ -344,6 +348,8 @@ func newTestHTTP(s *server.MCPServer, opts HTTPOptions) *HTTPServer {
 	opts.Logger = slog.New(slog.DiscardHandler)
 	h, err := NewHTTPServer(s, opts)
 	Expect(err).NotTo(HaveOccurred())
+	// Shutdown stops the session sweeper that NewHTTPServer starts.
+	DeferCleanup(func() { _ = h.Shutdown(context.Background()) })
 	return h
 }
 
