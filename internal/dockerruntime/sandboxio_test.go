@@ -134,14 +134,16 @@ var _ = Describe("RunCommand", dockerLabel, Ordered, ContinueOnFailure, func() {
 	It("streams output as it is produced, not when the command ends", func(ctx SpecContext) {
 		rec := &recorder{first: make(chan struct{})}
 		done := make(chan runOut, 1)
-		start := time.Now()
+		// Event-based: the command waits for a file that is created only once
+		// its first line has arrived, so the first line cannot be the end's.
+		release := "/tmp/release-" + randid.Hex(4)
 		go func() {
-			res, err := rt.RunCommand(ctx, ct.ID, execio.Request{Shell: "echo early; sleep 3; echo late"}, rec.stream("out"), io.Discard)
+			res, err := rt.RunCommand(ctx, ct.ID, execio.Request{Shell: "echo early; while [ ! -e " + release + " ]; do sleep 0.05; done; echo late"}, rec.stream("out"), io.Discard)
 			done <- runOut{Result: res, Err: err}
 		}()
-		Eventually(rec.first).WithTimeout(2 * time.Second).Should(BeClosed())
-		Expect(time.Since(start)).To(BeNumerically("<", 2*time.Second))
-		Expect(done).NotTo(Receive(), "the command is still sleeping")
+		Eventually(rec.first).WithTimeout(20 * time.Second).Should(BeClosed())
+		Expect(done).NotTo(Receive(), "the command is still waiting")
+		Expect(sh(ctx, ct.ID, "touch "+release).Code).To(BeZero())
 		var r runOut
 		Eventually(done).WithTimeout(10 * time.Second).Should(Receive(&r))
 		Expect(r.Err).NotTo(HaveOccurred())
