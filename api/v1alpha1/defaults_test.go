@@ -4,7 +4,7 @@ Copyright 2026 The code-sandbox-operator Authors.
 Licensed under the MIT License; see the LICENSE file.
 */
 
-package v1alpha1_test
+package v1alpha1
 
 import (
 	"fmt"
@@ -16,8 +16,6 @@ import (
 
 	"k8s.io/apimachinery/pkg/api/resource"
 	"sigs.k8s.io/yaml"
-
-	. "github.com/code-sandbox/code-sandbox-operator/api/v1alpha1"
 )
 
 // crdDefaults reads a generated CRD and returns every default: it declares,
