@@ -88,8 +88,8 @@ test: manifests generate helper vet envtest test-images kustomize ## Run unit te
 	KUBEBUILDER_ASSETS="$$(hack/setup-envtest.sh)" $(GO) test ./... -count=1 -timeout 30m
 
 .PHONY: test-unit
-test-unit: helper ## Run the unit tier (go test -short): everything that needs neither Docker nor an API server; fails if a test reaches either.
-	env -u KUBEBUILDER_ASSETS DOCKER_HOST=unix:///nonexistent/docker.sock KUBECONFIG=/nonexistent/kubeconfig $(GO) test -short ./... -timeout 5m
+test-unit: helper ## Run the unit tier (go test -short -race): everything that needs neither Docker nor an API server; fails if a test reaches either.
+	env -u KUBEBUILDER_ASSETS DOCKER_HOST=unix:///nonexistent/docker.sock KUBECONFIG=/nonexistent/kubeconfig $(GO) test -short -race ./... -timeout 10m
 
 .PHONY: test-e2e
 test-e2e: helper build envtest test-images ## Run the end-to-end tests: real binaries against a local control plane and Docker.

@@ -6,6 +6,8 @@ import (
 	"strings"
 
 	"k8s.io/apimachinery/pkg/util/validation"
+
+	"github.com/code-sandbox/code-sandbox-operator/internal/execio"
 )
 
 // sandboxRef names a Sandbox as the user wrote it; Namespace is empty when
@@ -92,24 +94,9 @@ func parseEnv(vars []string) ([]string, error) {
 		if !ok {
 			return nil, fmt.Errorf("invalid --env %q: want KEY=VALUE", v)
 		}
-		if !validEnvName(key) {
+		if !execio.ValidEnvName(key) {
 			return nil, fmt.Errorf("invalid --env %q: %q is not a variable name (letters, digits and _, not starting with a digit)", v, key)
 		}
 	}
 	return vars, nil
-}
-
-func validEnvName(s string) bool {
-	if s == "" {
-		return false
-	}
-	for i, r := range s {
-		switch {
-		case r == '_', r >= 'A' && r <= 'Z', r >= 'a' && r <= 'z':
-		case r >= '0' && r <= '9' && i > 0:
-		default:
-			return false
-		}
-	}
-	return true
 }

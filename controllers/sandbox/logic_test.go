@@ -7,7 +7,9 @@ Licensed under the MIT License; see the LICENSE file.
 package sandbox
 
 import (
+	"strings"
 	"time"
+	"unicode/utf8"
 
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
@@ -21,6 +23,31 @@ import (
 	sandboxv1alpha1 "github.com/code-sandbox/code-sandbox-operator/api/v1alpha1"
 	"github.com/code-sandbox/code-sandbox-operator/internal/dockerruntime"
 )
+
+var _ = Describe("truncateMessage", Label("unit"), func() {
+	It("keeps a short message whole", func() {
+		Expect(truncateMessage("héllo")).To(Equal("héllo"))
+		exact := strings.Repeat("é", 2048)
+		Expect(truncateMessage(exact)).To(Equal(exact), "4096 bytes is within the limit")
+	})
+
+	DescribeTable("cuts a long message at a rune boundary, never inside a character",
+		func(prefix, char string) {
+			long := prefix + strings.Repeat(char, 5000)
+			got := truncateMessage(long)
+			Expect(utf8.ValidString(got)).To(BeTrue(), "cut inside a character: %q", got[len(got)-8:])
+			Expect(got).To(HaveSuffix("…"))
+			body := strings.TrimSuffix(got, "…")
+			Expect(len(body)).To(BeNumerically("<=", 4096))
+			Expect(len(body)).To(BeNumerically(">", 4096-utf8.UTFMax), "cuts no more than one character short")
+			Expect(long).To(HavePrefix(body))
+		},
+		Entry("ASCII", "", "a"),
+		Entry("two-byte characters, cut falls inside one", "a", "é"),
+		Entry("three-byte characters", "", "€"),
+		Entry("four-byte characters, cut falls inside one", "ab", "😀"),
+	)
+})
 
 var _ = Describe("backoffTracker", Label("unit"), func() {
 	It("doubles per failure up to the cap, counts down with the clock, and resets", func() {

@@ -13,6 +13,7 @@ import (
 	"errors"
 	"fmt"
 	"time"
+	"unicode/utf8"
 
 	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -643,12 +644,18 @@ func ignoreConflict(err error) error {
 }
 
 // truncateMessage keeps condition messages within the API's 32 KiB limit.
+// It cuts at a rune boundary: a message cut inside a multi-byte character
+// is invalid UTF-8, which the API server refuses to store.
 func truncateMessage(msg string) string {
 	const max = 4096
-	if len(msg) > max {
-		return msg[:max] + "…"
+	if len(msg) <= max {
+		return msg
 	}
-	return msg
+	cut := max
+	for cut > 0 && !utf8.RuneStart(msg[cut]) {
+		cut--
+	}
+	return msg[:cut] + "…"
 }
 
 // sandboxIndexes are the cache indexes the reconciler lists Sandboxes by:
@@ -706,5 +713,5 @@ func memoryLimit(sbx *sandboxv1alpha1.Sandbox) string {
 	if spec, _ := warmpool.Effective(sbx); spec.Resources.Memory != nil {
 		return spec.Resources.Memory.String()
 	}
-	return dockerruntime.FormatBytes(dockerruntime.DefaultMemoryBytes)
+	return sandboxv1alpha1.DefaultMemory
 }

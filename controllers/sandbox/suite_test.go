@@ -20,7 +20,6 @@ import (
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
 	corev1 "k8s.io/api/core/v1"
-	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
@@ -196,27 +195,14 @@ func getSandbox(key types.NamespacedName) *sandboxv1alpha1.Sandbox {
 	return sbx
 }
 
-// readyReason returns the Ready condition's status and reason, or "" if the
-// Sandbox has none or is gone.
+// readyReason polls the Ready condition as "Status/Reason" (testenv.ReadyReason).
 func readyReason(key types.NamespacedName) func() string {
-	return func() string {
-		sbx := &sandboxv1alpha1.Sandbox{}
-		if err := k8sClient.Get(context.Background(), key, sbx); err != nil {
-			return "error: " + err.Error()
-		}
-		c := meta.FindStatusCondition(sbx.Status.Conditions, string(sandboxv1alpha1.SandboxConditionReady))
-		if c == nil {
-			return ""
-		}
-		return string(c.Status) + "/" + c.Reason
-	}
+	return testenv.ReadyReason(k8sClient, key)
 }
 
 func waitReady(sbx *sandboxv1alpha1.Sandbox) *sandboxv1alpha1.Sandbox {
 	GinkgoHelper()
-	key := client.ObjectKeyFromObject(sbx)
-	Eventually(readyReason(key), 90*time.Second, 100*time.Millisecond).Should(Equal("True/Running"))
-	return getSandbox(key)
+	return testenv.WaitReady(k8sClient, sbx)
 }
 
 // containersOf lists the containers that carry a Sandbox UID label.

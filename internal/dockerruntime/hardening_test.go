@@ -15,6 +15,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/code-sandbox/code-sandbox-operator/internal/randid"
 	"github.com/docker/docker/api/types/container"
 	"github.com/docker/docker/api/types/mount"
 	. "github.com/onsi/ginkgo/v2"
@@ -267,7 +268,7 @@ var _ = Describe("A hardened sandbox (runc)", dockerLabel, Ordered, ContinueOnFa
 	}, SpecTimeout(40*time.Second))
 
 	It("does not leak files into a new sandbox (A4)", func(ctx SpecContext) {
-		marker := "leak-" + randomHex(4)
+		marker := "leak-" + randid.Hex(4)
 		dirs := "/app /tmp /var/tmp /dev/shm"
 		res := sh(ctx, py.ID, fmt.Sprintf("for d in %s; do echo secret > $d/%s || exit 1; done; ls %s", dirs, marker, dirs))
 		Expect(res.Code).To(BeZero(), "%v", res)

@@ -26,6 +26,7 @@ import (
 
 	"github.com/code-sandbox/code-sandbox-operator/internal/execio"
 	"github.com/code-sandbox/code-sandbox-operator/internal/imagepolicy"
+	"github.com/code-sandbox/code-sandbox-operator/internal/randid"
 )
 
 // RegistrySecret is what the fake registry answers with; it must never
@@ -110,7 +111,7 @@ var _ = Describe("Image registry policy", dockerLabel, func() {
 
 		// A locally present image under a loopback registry's name is
 		// refused too: the policy is about the reference, not the pull.
-		tagged := reg.Host + "/present/busybox:" + randomHex(4)
+		tagged := reg.Host + "/present/busybox:" + randid.Hex(4)
 		Expect(rt.Docker().ImageTag(ctx, busyboxImage, tagged)).To(Succeed())
 		DeferCleanup(func(ctx context.Context) {
 			_, _ = rt.Docker().ImageRemove(ctx, tagged, image.RemoveOptions{})

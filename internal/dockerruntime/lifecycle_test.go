@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/code-sandbox/code-sandbox-operator/internal/execio"
+	"github.com/code-sandbox/code-sandbox-operator/internal/randid"
 	"github.com/docker/docker/api/types/container"
 	"github.com/docker/docker/api/types/filters"
 	. "github.com/onsi/ginkgo/v2"
@@ -256,7 +257,7 @@ var _ = Describe("Images", dockerLabel, func() {
 	}, SpecTimeout(30*time.Second))
 
 	It("reports ErrImageNotFound for a missing image with PullNever", func(ctx SpecContext) {
-		ref := "code-sandbox-test/does-not-exist:" + randomHex(4)
+		ref := "code-sandbox-test/does-not-exist:" + randid.Hex(4)
 		err := rt.EnsureImage(ctx, ref, PullNever)
 		Expect(err).To(MatchError(ErrImageNotFound))
 		Expect(err).NotTo(MatchError(ErrUnavailable))
@@ -529,7 +530,7 @@ var _ = Describe("Exec and Logs", dockerLabel, Ordered, ContinueOnFailure, func(
 
 var _ = Describe("WatchEvents", dockerLabel, func() {
 	It("streams start and die events of one node's containers with owner labels", func(ctx SpecContext) {
-		node := testUIDPrefix + "events-" + randomHex(4)
+		node := testUIDPrefix + "events-" + randid.Hex(4)
 		wctx, cancel := context.WithCancel(ctx)
 		events := make(chan Event, 256)
 		watchDone := make(chan error, 1)

@@ -3,8 +3,6 @@ package dockerruntime
 import (
 	"bytes"
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -14,6 +12,7 @@ import (
 	"time"
 
 	"github.com/code-sandbox/code-sandbox-operator/internal/execio"
+	"github.com/code-sandbox/code-sandbox-operator/internal/randid"
 	"github.com/code-sandbox/code-sandbox-operator/internal/sandboxhelper/helperproto"
 )
 
@@ -375,11 +374,7 @@ func (c *Client) killRun(ctx context.Context, id, runID string) error {
 	return nil
 }
 
-func newRunID() string {
-	b := make([]byte, 12)
-	_, _ = rand.Read(b)
-	return "run-" + hex.EncodeToString(b)
-}
+func newRunID() string { return "run-" + randid.Hex(12) }
 
 // CopyIn extracts a tar stream into dest inside the sandbox. Only regular
 // files and directories are accepted; the helper opens every path beneath

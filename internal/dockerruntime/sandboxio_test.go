@@ -25,6 +25,7 @@ import (
 	"time"
 
 	"github.com/code-sandbox/code-sandbox-operator/internal/execio"
+	"github.com/code-sandbox/code-sandbox-operator/internal/randid"
 	"github.com/code-sandbox/code-sandbox-operator/internal/sandboxhelper/helperproto"
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
@@ -133,14 +134,16 @@ var _ = Describe("RunCommand", dockerLabel, Ordered, ContinueOnFailure, func() {
 	It("streams output as it is produced, not when the command ends", func(ctx SpecContext) {
 		rec := &recorder{first: make(chan struct{})}
 		done := make(chan runOut, 1)
-		start := time.Now()
+		// Event-based: the command waits for a file that is created only once
+		// its first line has arrived, so the first line cannot be the end's.
+		release := "/tmp/release-" + randid.Hex(4)
 		go func() {
-			res, err := rt.RunCommand(ctx, ct.ID, execio.Request{Shell: "echo early; sleep 3; echo late"}, rec.stream("out"), io.Discard)
+			res, err := rt.RunCommand(ctx, ct.ID, execio.Request{Shell: "echo early; while [ ! -e " + release + " ]; do sleep 0.05; done; echo late"}, rec.stream("out"), io.Discard)
 			done <- runOut{Result: res, Err: err}
 		}()
-		Eventually(rec.first).WithTimeout(2 * time.Second).Should(BeClosed())
-		Expect(time.Since(start)).To(BeNumerically("<", 2*time.Second))
-		Expect(done).NotTo(Receive(), "the command is still sleeping")
+		Eventually(rec.first).WithTimeout(20 * time.Second).Should(BeClosed())
+		Expect(done).NotTo(Receive(), "the command is still waiting")
+		Expect(sh(ctx, ct.ID, "touch "+release).Code).To(BeZero())
 		var r runOut
 		Eventually(done).WithTimeout(10 * time.Second).Should(Receive(&r))
 		Expect(r.Err).NotTo(HaveOccurred())
@@ -489,7 +492,7 @@ var _ = Describe("CopyIn and CopyOut", dockerLabel, Ordered, ContinueOnFailure, 
 	}, SpecTimeout(30*time.Second))
 
 	It("never follows a symlink the sandbox planted out of the root (A9, A11)", func(ctx SpecContext) {
-		marker := "escape-" + randomHex(6)
+		marker := "escape-" + randid.Hex(6)
 		res := sh(ctx, ct.ID, "ln -s / /app/out && ln -s /tmp /app/tmpout && echo victim > /tmp/victim && ln -s /tmp/victim /app/victimlink")
 		Expect(res.Code).To(BeZero(), "%v", res)
 		file := makeTar(tarEntry{Name: marker, Type: tar.TypeReg, Mode: 0o644, Body: []byte("x")})

@@ -39,9 +39,10 @@ const (
 	RuntimeRunsc = "runsc"
 )
 
-// Defaults that apply when a Spec leaves a limit at zero. They match the
-// CRD's defaults so that the MCP server's Docker backend and the operator
-// produce identical containers.
+// Defaults that apply when a Spec leaves a limit at zero. They are the
+// Sandbox's defaults (api/v1alpha1/defaults.go, which this package may not
+// import; defaults_test.go holds them equal) so that the MCP server's Docker
+// backend and the operator produce identical containers.
 const (
 	DefaultNanoCPUs    int64 = 1_000_000_000
 	DefaultMemoryBytes int64 = 512 << 20

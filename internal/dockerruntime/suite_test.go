@@ -9,8 +9,6 @@ package dockerruntime
 import (
 	"bytes"
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"fmt"
 	"os"
 	"strings"
@@ -23,6 +21,7 @@ import (
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
 
+	"github.com/code-sandbox/code-sandbox-operator/internal/randid"
 	"github.com/code-sandbox/code-sandbox-operator/internal/testenv/tier"
 )
 
@@ -53,7 +52,7 @@ var (
 	pythonImage  = envOr("PYTHON_IMAGE", "code-sandbox-test/python:3")
 
 	// runID makes this run's UIDs distinct from any concurrent run's.
-	runID = randomHex(4)
+	runID = randid.Hex(4)
 	// testNode is the node label of every sandbox this run creates.
 	testNode = testUIDPrefix + "node-" + runID
 
@@ -70,19 +69,11 @@ func envOr(key, fallback string) string {
 	return fallback
 }
 
-func randomHex(n int) string {
-	b := make([]byte, n)
-	if _, err := rand.Read(b); err != nil {
-		panic(err)
-	}
-	return hex.EncodeToString(b)
-}
-
 // newUID returns a fresh owner UID for one test and registers cleanup of
 // every container that carries it (by label) or holds its deterministic name,
 // whoever created it.
 func newUID() string {
-	uid := testUIDPrefix + runID + "-" + randomHex(4)
+	uid := testUIDPrefix + runID + "-" + randid.Hex(4)
 	DeferCleanup(func() { removeUIDContainers(uid) })
 	return uid
 }

@@ -20,8 +20,6 @@ package egress_test
 import (
 	"bytes"
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"net"
@@ -40,6 +38,7 @@ import (
 
 	"github.com/code-sandbox/code-sandbox-operator/internal/dockerruntime"
 	"github.com/code-sandbox/code-sandbox-operator/internal/egress"
+	"github.com/code-sandbox/code-sandbox-operator/internal/randid"
 )
 
 const (
@@ -62,12 +61,6 @@ func envOr(k, d string) string {
 		return v
 	}
 	return d
-}
-
-func randomHex(n int) string {
-	b := make([]byte, n)
-	_, _ = rand.Read(b)
-	return hex.EncodeToString(b)
 }
 
 func sh(t *testing.T, args ...string) string {
@@ -120,7 +113,7 @@ func setup(t *testing.T) *env {
 	e := &env{rt: rt, baseline: os.Getenv("EGRESS_TEST_BASELINE") == "nofirewall"}
 
 	// The fake internet.
-	id := randomHex(3)
+	id := randid.Hex(3)
 	e.ns = "csbx-inet-" + id
 	hostIf, nsIf := "csbxh"+id, "csbxn"+id
 	sh(t, "ip", "netns", "add", e.ns)
@@ -270,7 +263,7 @@ func (e *env) sandbox(t *testing.T, netMode string, command ...string) dockerrun
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	uid := "egress-test-" + randomHex(6)
+	uid := "egress-test-" + randid.Hex(6)
 	ct, err := e.rt.CreateAndStart(ctx, dockerruntime.Spec{
 		Owner:      dockerruntime.Owner{UID: uid, Name: t.Name(), Node: "egress-test"},
 		Image:      busyboxImage,

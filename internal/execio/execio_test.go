@@ -340,3 +340,18 @@ func (c *countingReader) Read(p []byte) (int, error) {
 type endless struct{}
 
 func (endless) Read(p []byte) (int, error) { return len(p), nil }
+
+var _ = Describe("ValidEnvName", Label("unit"), func() {
+	DescribeTable("accepts portable names only",
+		func(name string, valid bool) { Expect(ValidEnvName(name)).To(Equal(valid)) },
+		Entry("letters", "PATH", true),
+		Entry("underscore first", "_x1", true),
+		Entry("digit after the first", "A9", true),
+		Entry("empty", "", false),
+		Entry("digit first", "1A", false),
+		Entry("equals sign", "A=B", false),
+		Entry("dash", "A-B", false),
+		Entry("NUL", "A\x00", false),
+		Entry("multi-byte letter", "É", false),
+	)
+})

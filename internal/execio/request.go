@@ -46,7 +46,7 @@ func (r Request) Normalize() (Request, error) {
 		if !ok {
 			return invalid("env[%d] %q is not KEY=VALUE", i, kv)
 		}
-		if !validEnvName(name) {
+		if !ValidEnvName(name) {
 			return invalid("env[%d] %q: %q is not a valid variable name ([A-Za-z_][A-Za-z0-9_]*)", i, kv, name)
 		}
 		if strings.IndexByte(kv, 0) >= 0 {
@@ -92,7 +92,10 @@ func (r Request) Timeout() time.Duration {
 	return time.Duration(r.TimeoutSeconds) * time.Second
 }
 
-func validEnvName(name string) bool {
+// ValidEnvName reports whether name is a portable environment variable name:
+// letters, digits and _, not starting with a digit. Clients check it before
+// sending a request; the helper checks it again.
+func ValidEnvName(name string) bool {
 	if name == "" {
 		return false
 	}

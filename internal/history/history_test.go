@@ -12,11 +12,14 @@ import (
 
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
+
+	"github.com/code-sandbox/code-sandbox-operator/internal/testenv/leakcheck"
 )
 
 func TestHistory(t *testing.T) {
 	RegisterFailHandler(Fail)
 	RunSpecs(t, "history suite")
+	leakcheck.VerifyNone(t)
 }
 
 func rec(id string, exit int) Record {

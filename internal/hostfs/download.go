@@ -37,8 +37,6 @@ package hostfs
 
 import (
 	"archive/tar"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -50,6 +48,7 @@ import (
 	"syscall"
 
 	"github.com/code-sandbox/code-sandbox-operator/internal/execio"
+	"github.com/code-sandbox/code-sandbox-operator/internal/randid"
 )
 
 // Errors a caller may branch on; they are always wrapped with a message
@@ -538,13 +537,11 @@ func mkdirParents(root *os.Root, dir string) ([]string, error) {
 
 // tempName is a hidden name next to target for writing it.
 func tempName(target string) string {
-	b := make([]byte, 6)
-	_, _ = rand.Read(b)
 	base := path.Base(target)
 	if len(base) > 200 {
 		base = base[:200]
 	}
-	return path.Join(path.Dir(target), "."+base+".partial-"+hex.EncodeToString(b))
+	return path.Join(path.Dir(target), "."+base+".partial-"+randid.Hex(6))
 }
 
 // errStopped ends a download whose extraction failed.

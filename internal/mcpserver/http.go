@@ -26,6 +26,8 @@ import (
 	"github.com/mark3labs/mcp-go/server"
 	"golang.org/x/time/rate"
 	"k8s.io/apimachinery/pkg/util/cache"
+
+	"github.com/code-sandbox/code-sandbox-operator/internal/randid"
 )
 
 // DefaultMaxBodyBytes caps an HTTP request body. write_file's contents
@@ -874,7 +876,7 @@ type boundSessions struct {
 // Generate issues 128 random bits, hex encoded (visible ASCII only, as the
 // transport requires).
 func (m *boundSessions) Generate() string {
-	id := randomHex(16)
+	id := randid.Hex(16)
 	now := time.Now()
 	s := m.store
 	s.mu.Lock()

@@ -1,6 +1,7 @@
 package mcpserver
 
 import (
+	"context"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
@@ -21,6 +22,8 @@ var _ = Describe("caller authorization over HTTP", Label("unit"), func() {
 		Expect(err).NotTo(HaveOccurred())
 		h, err := NewHTTPServer(s, HTTPOptions{ResourceURL: "http://127.0.0.1:8080/mcp", AllowedHosts: []string{"127.0.0.1:8080"}, Auth: authn, Logger: slog.New(slog.DiscardHandler)})
 		Expect(err).NotTo(HaveOccurred())
+		// Shutdown stops the session sweeper that NewHTTPServer starts.
+		DeferCleanup(func() { _ = h.Shutdown(context.Background()) })
 		do := func(token string) *httptest.ResponseRecorder {
 			r := httptest.NewRequest(http.MethodPost, "/mcp", strings.NewReader(`{"jsonrpc":"2.0","id":1,"method":"ping"}`))
 			r.Host = "127.0.0.1:8080"

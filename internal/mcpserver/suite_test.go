@@ -11,9 +11,12 @@ import (
 
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
+
+	"github.com/code-sandbox/code-sandbox-operator/internal/testenv/leakcheck"
 )
 
 func TestMCPServer(t *testing.T) {
 	RegisterFailHandler(Fail)
 	RunSpecs(t, "mcpserver suite (unit)")
+	leakcheck.VerifyNone(t)
 }

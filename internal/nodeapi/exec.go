@@ -8,8 +8,6 @@ package nodeapi
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -27,6 +25,7 @@ import (
 	"github.com/code-sandbox/code-sandbox-operator/internal/dockerruntime"
 	"github.com/code-sandbox/code-sandbox-operator/internal/execio"
 	"github.com/code-sandbox/code-sandbox-operator/internal/history"
+	"github.com/code-sandbox/code-sandbox-operator/internal/randid"
 )
 
 // maxExecBody bounds an exec request: the largest stdin, base64-encoded in
@@ -250,8 +249,4 @@ func (s *Server) budgetRefusal(size int64) *apiError {
 
 // newExecID names one exec in the history: random, so IDs stay unique
 // across manager restarts.
-func newExecID() string {
-	var b [8]byte
-	_, _ = rand.Read(b[:])
-	return hex.EncodeToString(b[:])
-}
+func newExecID() string { return randid.Hex(8) }

@@ -70,9 +70,6 @@ const (
 	DefaultMaxFollowersPerSandbox = 4
 	DefaultMaxFollowers           = 128
 	DefaultDockerCheckTimeout     = 10 * time.Second
-	// defaultWorkingDir is the CRD's default for spec.workingDir, for a
-	// Sandbox read before defaulting (it never is from the API server).
-	defaultWorkingDir = "/app"
 )
 
 // Config configures a Server.
@@ -478,10 +475,11 @@ func (br *budgetReader) release() {
 }
 
 // workingDir is the Sandbox's working directory, against which relative
-// paths resolve.
+// paths resolve. The default is for a Sandbox read before defaulting (it
+// never is from the API server).
 func workingDir(sbx *sandboxv1alpha1.Sandbox) string {
 	if spec, _ := warmpool.Effective(sbx); spec.WorkingDir != "" {
 		return spec.WorkingDir
 	}
-	return defaultWorkingDir
+	return sandboxv1alpha1.DefaultWorkingDir
 }

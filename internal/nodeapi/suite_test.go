@@ -25,7 +25,6 @@ import (
 	. "github.com/onsi/gomega"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -479,22 +478,12 @@ func getSandbox(sbx *sandboxv1alpha1.Sandbox) *sandboxv1alpha1.Sandbox {
 	return latest
 }
 
+// readyReason polls the Ready condition as "Status/Reason" (testenv.ReadyReason).
 func readyReason(sbx *sandboxv1alpha1.Sandbox) func() string {
-	return func() string {
-		latest := &sandboxv1alpha1.Sandbox{}
-		if err := k8sClient.Get(context.Background(), client.ObjectKeyFromObject(sbx), latest); err != nil {
-			return "error: " + err.Error()
-		}
-		c := meta.FindStatusCondition(latest.Status.Conditions, string(sandboxv1alpha1.SandboxConditionReady))
-		if c == nil {
-			return ""
-		}
-		return string(c.Status) + "/" + c.Reason
-	}
+	return testenv.ReadyReason(k8sClient, client.ObjectKeyFromObject(sbx))
 }
 
 func waitReady(sbx *sandboxv1alpha1.Sandbox) *sandboxv1alpha1.Sandbox {
 	GinkgoHelper()
-	Eventually(readyReason(sbx), 90*time.Second, 100*time.Millisecond).Should(Equal("True/Running"))
-	return getSandbox(sbx)
+	return testenv.WaitReady(k8sClient, sbx)
 }

@@ -28,9 +28,9 @@ import (
 // admission, so these only matter for objects stored before a default
 // existed; they keep such a Sandbox from counting as free.
 var (
-	DefaultCPU    = resource.MustParse("1")
-	DefaultMemory = resource.MustParse("512Mi")
-	DefaultDisk   = resource.MustParse("256Mi")
+	DefaultCPU    = resource.MustParse(sandboxv1alpha1.DefaultCPU)
+	DefaultMemory = resource.MustParse(sandboxv1alpha1.DefaultMemory)
+	DefaultDisk   = resource.MustParse(sandboxv1alpha1.DefaultDisk)
 )
 
 // Usage is what a Sandbox takes from a quota: one sandbox and its CPU,

@@ -11,9 +11,12 @@ import (
 
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
+
+	"github.com/code-sandbox/code-sandbox-operator/internal/testenv/leakcheck"
 )
 
 func TestSandboxHelper(t *testing.T) {
 	RegisterFailHandler(Fail)
 	RunSpecs(t, "sandboxhelper suite (unit)")
+	leakcheck.VerifyNone(t)
 }

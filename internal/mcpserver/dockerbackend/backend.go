@@ -10,8 +10,6 @@ package dockerbackend
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -27,6 +25,7 @@ import (
 	"github.com/code-sandbox/code-sandbox-operator/internal/history"
 	"github.com/code-sandbox/code-sandbox-operator/internal/mcpserver/contract"
 	"github.com/code-sandbox/code-sandbox-operator/internal/mcpserver/session"
+	"github.com/code-sandbox/code-sandbox-operator/internal/randid"
 )
 
 // Defaults for Options.
@@ -194,11 +193,7 @@ func (b *driver) Start(ctx context.Context) {
 	b.pool.start()
 }
 
-func newUID() string {
-	buf := make([]byte, 12)
-	_, _ = rand.Read(buf)
-	return hex.EncodeToString(buf)
-}
+func newUID() string { return randid.Hex(12) }
 
 // mapErr translates dockerruntime's errors into the backend contract,
 // keeping Docker's text.

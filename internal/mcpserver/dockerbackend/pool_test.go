@@ -132,15 +132,19 @@ var _ = Describe("the warm pool", Label("docker"), func() {
 	})
 
 	It("fills with paused members, hands one to a default create at once, running, and refills", func(ctx SpecContext) {
+		fillStart := time.Now()
 		b := poolBackend(2)
 		members := waitFull(ctx, b)
+		fill := time.Since(fillStart)
 
 		t0 := time.Now()
 		sb, err := b.Create(ctx, caller, defaultReq)
 		took := time.Since(t0)
 		Expect(err).NotTo(HaveOccurred())
-		GinkgoWriter.Printf("claim took %s\n", took)
-		Expect(took).To(BeNumerically("<", 2*time.Second), "a claim must not wait for a create")
+		GinkgoWriter.Printf("claim took %s, filling the pool %s\n", took, fill)
+		// Relative to this machine's speed: filling the pool created and
+		// paused containers; a claim only unpauses one.
+		Expect(took).To(BeNumerically("<", fill), "a claim must not wait for a create")
 		ref := refOf(ctx, b, sb.ID)
 		Expect(members).To(ContainElement(ref), "the sandbox is not a pool member")
 		Expect(sb.Image).To(Equal(testenv.BusyboxImage))

@@ -12,8 +12,6 @@ package kubebackend
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -38,6 +36,7 @@ import (
 	"github.com/code-sandbox/code-sandbox-operator/internal/history"
 	"github.com/code-sandbox/code-sandbox-operator/internal/mcpserver/contract"
 	"github.com/code-sandbox/code-sandbox-operator/internal/mcpserver/session"
+	"github.com/code-sandbox/code-sandbox-operator/internal/randid"
 	"github.com/code-sandbox/code-sandbox-operator/internal/sandboxclient"
 	"github.com/code-sandbox/code-sandbox-operator/internal/warmpool"
 )
@@ -204,7 +203,7 @@ func New(opts Options) (*Backend, error) {
 		nodes:    nodes,
 		authz:    newAuthorizer(authz.SubjectAccessReviews()),
 		ns:       opts.Namespace,
-		instance: "mcp-" + randomHex(8),
+		instance: "mcp-" + randid.Hex(8),
 		opts:     opts,
 		log:      opts.Logger,
 	}), nil
@@ -225,12 +224,6 @@ func newBackend(d *driver) *Backend {
 
 // InstanceID is the value of LabelInstance on this run's Sandboxes.
 func (b *Backend) InstanceID() string { return b.driver.instance }
-
-func randomHex(n int) string {
-	buf := make([]byte, n)
-	_, _ = rand.Read(buf)
-	return hex.EncodeToString(buf)
-}
 
 func notFound(id string) error {
 	return fmt.Errorf("%w: %q", contract.ErrNotFound, id)
@@ -392,7 +385,7 @@ func (b *driver) createObject(ctx context.Context, caller contract.Caller, req c
 	actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), apiTimeout)
 	defer cancel()
 	for attempt := 0; ; attempt++ {
-		sbx := b.sandboxSpec(caller, NamePrefix+randomHex(6), req)
+		sbx := b.sandboxSpec(caller, NamePrefix+randid.Hex(6), req)
 		err := b.kube.Create(actx, sbx)
 		if apierrors.IsAlreadyExists(err) && attempt < 3 {
 			continue
@@ -534,8 +527,8 @@ func view(sbx *sandboxv1alpha1.Sandbox) contract.Sandbox {
 		Status:      statusText(sbx),
 		Network:     contract.NetworkNone,
 		WorkingDir:  sbx.Spec.WorkingDir,
-		NanoCPUs:    1e9,
-		MemoryBytes: 512 << 20,
+		NanoCPUs:    sandboxv1alpha1.DefaultNanoCPUs,
+		MemoryBytes: sandboxv1alpha1.DefaultMemoryBytes,
 		CreatedAt:   sbx.CreationTimestamp.Time,
 		LastUsedAt:  sbx.CreationTimestamp.Time,
 	}
@@ -543,7 +536,7 @@ func view(sbx *sandboxv1alpha1.Sandbox) contract.Sandbox {
 		s.Network = contract.NetworkEgress
 	}
 	if s.WorkingDir == "" {
-		s.WorkingDir = "/app"
+		s.WorkingDir = sandboxv1alpha1.DefaultWorkingDir
 	}
 	if q := sbx.Spec.Resources.CPU; q != nil {
 		s.NanoCPUs = q.MilliValue() * 1e6

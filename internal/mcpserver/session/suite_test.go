@@ -9,6 +9,7 @@ package session
 import (
 	"testing"
 
+	"github.com/code-sandbox/code-sandbox-operator/internal/testenv/leakcheck"
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
 )
@@ -16,4 +17,5 @@ import (
 func TestSession(t *testing.T) {
 	RegisterFailHandler(Fail)
 	RunSpecs(t, "session suite (unit)")
+	leakcheck.VerifyNone(t)
 }

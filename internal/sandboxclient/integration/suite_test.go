@@ -20,7 +20,6 @@ import (
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
 	rbacv1 "k8s.io/api/rbac/v1"
-	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -102,29 +101,21 @@ func createSandbox(ns, name string, mutate ...func(*sandboxv1alpha1.Sandbox)) *s
 	return sbx
 }
 
-// readyState is "Status/Reason" of the Ready condition, plus whether the
-// node API endpoint is published.
+// readyState polls the Ready condition as "Status/Reason" (testenv.ReadyReason).
 func readyState(sbx *sandboxv1alpha1.Sandbox) func() string {
-	return func() string {
-		latest := &sandboxv1alpha1.Sandbox{}
-		if err := k8sClient.Get(context.Background(), client.ObjectKeyFromObject(sbx), latest); err != nil {
-			return "error: " + err.Error()
-		}
-		c := meta.FindStatusCondition(latest.Status.Conditions, string(sandboxv1alpha1.SandboxConditionReady))
-		if c == nil {
-			return ""
-		}
-		s := string(c.Status) + "/" + c.Reason
-		if latest.Status.NodeAPIEndpoint != "" {
-			s += "/endpoint"
-		}
-		return s
-	}
+	return testenv.ReadyReason(k8sClient, client.ObjectKeyFromObject(sbx))
 }
 
+// waitReady waits until sbx is Ready and its node API endpoint is
+// published, which the client needs.
 func waitReady(sbx *sandboxv1alpha1.Sandbox) {
 	GinkgoHelper()
-	Eventually(readyState(sbx), 90*time.Second, 100*time.Millisecond).Should(Equal("True/Running/endpoint"))
+	testenv.WaitReady(k8sClient, sbx)
+	Eventually(func(g Gomega) string {
+		latest := &sandboxv1alpha1.Sandbox{}
+		g.Expect(k8sClient.Get(context.Background(), client.ObjectKeyFromObject(sbx), latest)).To(Succeed())
+		return latest.Status.NodeAPIEndpoint
+	}, testenv.ReadyTimeout, 100*time.Millisecond).ShouldNot(BeEmpty(), "a Ready Sandbox publishes its node API endpoint")
 }
 
 // serviceAccountConfig creates a ServiceAccount and returns a rest.Config
