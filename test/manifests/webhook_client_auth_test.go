@@ -19,7 +19,7 @@ import (
 
 // config/components/webhook-client-auth, as `make deploy
 // WEBHOOK_CLIENT_CA=<pem>` adds it to config/default.
-var _ = Describe("The webhook-client-auth component", Label("unit"), func() {
+var _ = Describe("The webhook-client-auth component", func() {
 	webhookOf := func(dir string) *appsv1.Deployment {
 		GinkgoHelper()
 		var d appsv1.Deployment
