@@ -57,7 +57,8 @@ var (
 	kubeconfig string
 	kubectlBin string
 	pluginBin  string
-	nodeName   string
+	// nodeName is the first worker: specs that need one node pin to it.
+	nodeName string
 )
 
 func TestCluster(t *testing.T) {
@@ -84,22 +85,25 @@ var _ = BeforeSuite(func(ctx SpecContext) {
 	_, err = run(ctx, "", nil, "docker", "image", "inspect", "--format", "{{.Id}}", sampleImage)
 	Expect(err).NotTo(HaveOccurred(), "the sample's image is missing; run `make test-images`")
 
-	out, err := kubectl(ctx, "get", "nodes", "-o", "jsonpath={.items[*].metadata.name}")
-	Expect(err).NotTo(HaveOccurred())
-	nodes := strings.Fields(out)
-	Expect(nodes).To(HaveLen(1), "the suite expects the single-node cluster of make cluster-up")
-	nodeName = nodes[0]
-	_, err = kubectl(ctx, "wait", "--for=condition=Ready", "node/"+nodeName, "--timeout=60s")
+	_, err = kubectl(ctx, "wait", "--for=condition=Ready", "nodes", "--all", "--timeout=120s")
 	Expect(err).NotTo(HaveOccurred())
 
-	By("waiting for the operator's workloads (make cluster-deploy)")
+	By("waiting for the operator's workloads (make cluster-deploy or make kind-deploy)")
 	Expect(waitOperatorRollout(ctx)).To(Succeed())
+	Expect(discoverNodes(ctx)).To(Succeed())
+	nodeName = workers[0]
+	By(fmt.Sprintf("sandboxes run on %v (Engine in the operator's pods: %t, kind cluster: %q)", workers, engineMode, kindCluster))
+	Expect(ensureImageOnWorkers(ctx, sampleImage)).To(Succeed())
 }, NodeTimeout(5*time.Minute))
 
 // waitOperatorRollout waits until the manager DaemonSet and the webhook and
 // MCP Deployments are rolled out and Ready.
 func waitOperatorRollout(ctx context.Context) error {
-	for _, w := range []string{"daemonset/" + prefix + "controller-manager", "deployment/" + prefix + "webhook", "deployment/" + prefix + "mcp-server"} {
+	workloads := []string{"daemonset/" + prefix + "controller-manager", "deployment/" + prefix + "webhook", "deployment/" + prefix + "mcp-server"}
+	if out, _ := kubectl(ctx, "get", "daemonset", "-n", operatorNS, "-l", engineSelector, "-o", "name"); strings.TrimSpace(out) != "" {
+		workloads = append([]string{"daemonset/" + prefix + "engine"}, workloads...)
+	}
+	for _, w := range workloads {
 		if out, err := kubectl(ctx, "rollout", "status", "-n", operatorNS, w, "--timeout=180s"); err != nil {
 			return fmt.Errorf("%s is not rolled out: %w\n%s\n%s", w, err, out, describeOperator(ctx))
 		}
@@ -210,6 +214,9 @@ var _ = Describe("the operator on a real cluster", Ordered, func() {
 	warmPoolSpecs()
 	webhookSpecs()
 	benchSpecs()
+	multiNodeSpecs()
+	// Last before undeploy: they stop and restart nodes.
+	faultSpecs()
 
 	Describe("make undeploy", Ordered, Label("undeploy"), func() {
 		It("leaves no containers, CRDs, webhooks or APIService behind, and deploys again", func(ctx SpecContext) {
@@ -227,6 +234,8 @@ spec:
 `)).To(Succeed())
 			_, err := kubectl(ctx, "wait", "--for=condition=Ready", "sandbox/left", "-n", "cluster-undeploy", "--timeout=120s")
 			Expect(err).NotTo(HaveOccurred(), describeSandbox(ctx, "cluster-undeploy", "left"))
+			Expect(containersLeft(ctx)).NotTo(BeEmpty(), "the check below must see the Sandbox's container")
+			Expect(err).NotTo(HaveOccurred(), describeSandbox(ctx, "cluster-undeploy", "left"))
 
 			out, err := run(ctx, repoRoot, nil, "make", "undeploy", "KUBECONFIG="+kubeconfig)
 			Expect(err).NotTo(HaveOccurred(), out)
@@ -239,9 +248,8 @@ spec:
 			_, _ = kubectl(ctx, "delete", "namespace", "cluster-undeploy", "--wait=false")
 
 			Eventually(func() (string, error) {
-				out, err := docker(ctx, "ps", "-aq", "--filter", "label="+nodeLabel+"="+nodeName)
-				return strings.TrimSpace(out), err
-			}).WithContext(ctx).WithTimeout(time.Minute).Should(BeEmpty(), "sandbox containers left on the node")
+				return containersLeft(ctx)
+			}).WithContext(ctx).WithTimeout(time.Minute).Should(BeEmpty(), "sandbox containers left on the nodes")
 			Expect(mustKubectl(ctx, "get", "crds", "-o", "name")).NotTo(ContainSubstring("code-sandbox.dev"))
 			Expect(mustKubectl(ctx, "get", "validatingwebhookconfigurations", "-o", "name")).NotTo(ContainSubstring("code-sandbox"))
 			Expect(mustKubectl(ctx, "get", "validatingadmissionpolicies", "-o", "name")).NotTo(ContainSubstring("sandbox"))

@@ -71,6 +71,12 @@ func sandboxSpecs() {
 			Expect(json.Unmarshal([]byte(out), &pods)).To(Succeed())
 			seen := map[string]bool{}
 			for _, p := range pods.Items {
+				if strings.HasPrefix(p.Metadata.Name, prefix+"engine-") {
+					// The Engine's pods are privileged by design (a Docker
+					// Engine needs it; docs/deploy.md#engine-modes): checked
+					// in the engine specs, not here.
+					continue
+				}
 				ready := false
 				for _, c := range p.Status.Conditions {
 					if c.Type == "Ready" && c.Status == "True" {
@@ -78,7 +84,7 @@ func sandboxSpecs() {
 					}
 				}
 				Expect(ready).To(BeTrue(), "pod %s is not Ready\n%s", p.Metadata.Name, describeOperator(ctx))
-				Expect(p.Spec.NodeName).To(Equal(nodeName))
+				Expect(p.Spec.NodeName).To(BeElementOf(workers))
 				Expect(p.Spec.SecurityContext.Seccomp).NotTo(BeNil(), p.Metadata.Name)
 				Expect(p.Spec.SecurityContext.Seccomp.Type).To(Equal("RuntimeDefault"), p.Metadata.Name)
 				for _, c := range p.Spec.Containers {
@@ -109,10 +115,11 @@ metadata:
   name: first
   namespace: %s
 spec:
+  nodeName: %s
   image: %s
   imagePullPolicy: Never
   activeDeadlineSeconds: 1800
-`, ns, sampleImage))).To(Succeed())
+`, ns, nodeName, sampleImage))).To(Succeed())
 			_, err := kubectl(ctx, "wait", "--for=condition=Ready", "sandbox/first", "-n", ns, "--timeout=120s")
 			Expect(err).NotTo(HaveOccurred(), describeSandbox(ctx, ns, "first"))
 			Expect(mustKubectl(ctx, "get", "sandbox/first", "-n", ns, "-o", "jsonpath={.status.nodeName}")).To(Equal(nodeName))
@@ -120,11 +127,11 @@ spec:
 			containerID = mustKubectl(ctx, "get", "sandbox/first", "-n", ns, "-o", "jsonpath={.status.containerID}")
 			Expect(containerID).NotTo(BeEmpty())
 
-			ids, err := docker(ctx, "ps", "-q", "--no-trunc", "--filter", "label="+uidLabel+"="+sandboxUID)
+			ids, err := dockerOn(ctx, nodeName, "ps", "-q", "--no-trunc", "--filter", "label="+uidLabel+"="+sandboxUID)
 			Expect(err).NotTo(HaveOccurred())
 			Expect(strings.Fields(ids)).To(ConsistOf(HavePrefix(strings.TrimPrefix(containerID, "docker://"))))
 
-			out, err := docker(ctx, "inspect", strings.Fields(ids)[0])
+			out, err := dockerOn(ctx, nodeName, "inspect", strings.Fields(ids)[0])
 			Expect(err).NotTo(HaveOccurred())
 			var inspect []struct {
 				Config struct {
@@ -219,7 +226,7 @@ spec:
 
 		It("adopts running sandboxes when the DaemonSet recreates a deleted manager pod", func(ctx SpecContext) {
 			Expect(sandboxUID).NotTo(BeEmpty(), "no Sandbox from the earlier spec")
-			before, err := docker(ctx, "ps", "-q", "--no-trunc", "--filter", "label="+nodeLabel+"="+nodeName)
+			before, err := dockerOn(ctx, nodeName, "ps", "-q", "--no-trunc", "--filter", "label="+nodeLabel+"="+nodeName)
 			Expect(err).NotTo(HaveOccurred())
 			old := mustKubectl(ctx, "get", "pods", "-n", operatorNS, "-l", "app.kubernetes.io/component=manager", "-o", "jsonpath={.items[*].metadata.name}")
 			Expect(strings.Fields(old)).To(HaveLen(1))
@@ -232,7 +239,7 @@ spec:
 			}).WithContext(ctx).WithTimeout(2*time.Minute).WithPolling(2*time.Second).
 				Should(And(HaveSuffix(" True"), Not(HavePrefix(old+" "))), describeOperator(ctx))
 
-			after, err := docker(ctx, "ps", "-q", "--no-trunc", "--filter", "label="+nodeLabel+"="+nodeName)
+			after, err := dockerOn(ctx, nodeName, "ps", "-q", "--no-trunc", "--filter", "label="+nodeLabel+"="+nodeName)
 			Expect(err).NotTo(HaveOccurred())
 			Expect(strings.Fields(after)).To(ConsistOf(strings.Fields(before)), "the same containers, none recreated")
 			Expect(mustKubectl(ctx, "get", "sandbox/first", "-n", ns, "-o", "jsonpath={.status.containerID}")).To(Equal(containerID))
@@ -244,7 +251,7 @@ spec:
 		It("upgrades in place with make deploy and new image tags: Sandboxes keep their containers and files", func(ctx SpecContext) {
 			Expect(sandboxUID).NotTo(BeEmpty(), "no Sandbox from the earlier spec")
 			Expect(plugin(ctx, nil, "exec", "first", "-n", ns, "--", "sh", "-c", "echo kept > /app/upgrade-marker")).To(BeEmpty())
-			before, err := docker(ctx, "ps", "-q", "--no-trunc", "--filter", "label="+nodeLabel+"="+nodeName)
+			before, err := dockerOn(ctx, nodeName, "ps", "-q", "--no-trunc", "--filter", "label="+nodeLabel+"="+nodeName)
 			Expect(err).NotTo(HaveOccurred())
 
 			// A new release is new tags of the images: docs/deploy.md#upgrade.
@@ -255,13 +262,17 @@ spec:
 				Expect(err).NotTo(HaveOccurred())
 			}
 			images := []string{"IMG=" + img, "MCP_IMG=" + mcpImg, "KUBECONFIG=" + kubeconfig}
-			out, err := run(ctx, repoRoot, nil, "make", append([]string{"cluster-load", "deploy"}, images...)...)
+			load := []string{"cluster-load"}
+			if kindCluster != "" {
+				load = []string{"kind-load", "KIND_CLUSTER=" + kindCluster}
+			}
+			out, err := run(ctx, repoRoot, nil, "make", append(append(load, "deploy"), images...)...)
 			Expect(err).NotTo(HaveOccurred(), out)
 			Expect(waitOperatorRollout(ctx)).To(Succeed())
 			Expect(mustKubectl(ctx, "get", "pods", "-n", operatorNS, "-l", "app.kubernetes.io/component=manager",
 				"-o", "jsonpath={.items[*].spec.containers[0].image}")).To(Equal(img))
 
-			after, err := docker(ctx, "ps", "-q", "--no-trunc", "--filter", "label="+nodeLabel+"="+nodeName)
+			after, err := dockerOn(ctx, nodeName, "ps", "-q", "--no-trunc", "--filter", "label="+nodeLabel+"="+nodeName)
 			Expect(err).NotTo(HaveOccurred())
 			Expect(strings.Fields(after)).To(ConsistOf(strings.Fields(before)), "the same containers, none recreated")
 			Expect(mustKubectl(ctx, "get", "sandbox/first", "-n", ns, "-o", "jsonpath={.status.containerID}")).To(Equal(containerID))
@@ -278,10 +289,15 @@ spec:
 			}, NodeTimeout(4*time.Minute))
 			// On one node the webhook's PodDisruptionBudget (minAvailable 1)
 			// keeps its last replica: the evicted ones have nowhere to go, so
-			// drain gives up on it after the timeout. The manager is a
-			// DaemonSet pod (--ignore-daemonsets) and stays.
-			_, err := kubectl(ctx, "drain", nodeName, "--ignore-daemonsets", "--delete-emptydir-data", "--timeout=30s")
-			Expect(err).To(MatchError(ContainSubstring("disruption budget")))
+			// drain gives up on it after the timeout. With another worker
+			// they move there and drain completes. The manager and the
+			// Engine are DaemonSet pods (--ignore-daemonsets) and stay.
+			_, err := kubectl(ctx, "drain", nodeName, "--ignore-daemonsets", "--delete-emptydir-data", "--timeout=90s")
+			if len(workers) == 1 {
+				Expect(err).To(MatchError(ContainSubstring("disruption budget")))
+			} else {
+				Expect(err).NotTo(HaveOccurred())
+			}
 			Expect(mustKubectl(ctx, "get", "sandbox/first", "-n", ns, "-o", `jsonpath={.status.containerID} {.status.conditions[?(@.type=="Ready")].status}`)).
 				To(Equal(containerID + " True"))
 			out, err := plugin(ctx, nil, "exec", "first", "-n", ns, "--", "echo", "drained")
@@ -291,13 +307,13 @@ spec:
 				out, err := kubectl(ctx, "get", "pods", "-n", operatorNS, "-l", "app.kubernetes.io/component=webhook",
 					"--field-selector=status.phase=Running", "-o", "name")
 				return strings.Fields(out), err
-			}).WithContext(ctx).WithTimeout(30*time.Second).Should(HaveLen(1), "the PodDisruptionBudget keeps one webhook replica")
+			}).WithContext(ctx).WithTimeout(60*time.Second).Should(Not(BeEmpty()), "the PodDisruptionBudget keeps a webhook replica")
 		}, NodeTimeout(6*time.Minute))
 
 		It("removes the container when the Sandbox is deleted", func(ctx SpecContext) {
 			mustKubectl(ctx, "delete", "sandbox/first", "-n", ns, "--wait", "--timeout=90s")
 			Eventually(func() (string, error) {
-				out, err := docker(ctx, "ps", "-aq", "--filter", "label="+uidLabel+"="+sandboxUID)
+				out, err := dockerOn(ctx, nodeName, "ps", "-aq", "--filter", "label="+uidLabel+"="+sandboxUID)
 				return strings.TrimSpace(out), err
 			}).WithContext(ctx).WithTimeout(30 * time.Second).Should(BeEmpty())
 		}, NodeTimeout(2*time.Minute))

@@ -1,0 +1,227 @@
+//go:build cluster
+
+/*
+Copyright 2026 The code-sandbox-operator Authors.
+
+Licensed under the MIT License; see the LICENSE file.
+*/
+
+package cluster
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os/exec"
+	"sort"
+	"strings"
+	"time"
+
+	. "github.com/onsi/ginkgo/v2"
+	. "github.com/onsi/gomega"
+)
+
+// The nodes that run Sandboxes and the Docker Engines on them.
+//
+// With config/default each node's Engine runs in the operator's engine
+// DaemonSet; the suite reaches it with kubectl exec into that node's engine
+// pod, as an operator of the cluster would. With config/node-docker the
+// nodes' own Engine serves the sandboxes; the suite then expects one node,
+// this machine, and uses the local docker CLI.
+var (
+	// workers are the nodes a manager pod runs on, sorted.
+	workers []string
+	// engineMode: the operator's engine DaemonSet runs the Engines.
+	engineMode bool
+	// kindCluster is the kind cluster's name when the nodes are kind's
+	// (their providerID is kind://docker/<cluster>/<node>), else empty.
+	kindCluster string
+	// kindNodes are all the kind cluster's nodes, control plane included.
+	kindNodes []string
+)
+
+const (
+	// engineSocket is where the engine DaemonSet's dockerd listens
+	// (config/engine), the same path inside the pod as on the node.
+	engineSocket = "unix:///run/code-sandbox-operator/docker.sock"
+	// engineDataRoot is the Engine's data root on the node (a hostPath).
+	engineDataRoot = "/var/lib/code-sandbox-operator/docker"
+	// engineSelector and managerSelector select the operator's pods.
+	engineSelector  = "app.kubernetes.io/component=engine"
+	managerSelector = "app.kubernetes.io/component=manager"
+)
+
+// discoverNodes fills workers, engineMode and kindCluster from the running
+// operator (after waitOperatorRollout).
+func discoverNodes(ctx context.Context) error {
+	out, err := kubectl(ctx, "get", "pods", "-n", operatorNS, "-l", managerSelector, "-o", "jsonpath={.items[*].spec.nodeName}")
+	if err != nil {
+		return err
+	}
+	workers = strings.Fields(out)
+	sort.Strings(workers)
+	if len(workers) == 0 {
+		return errors.New("no manager pod runs on any node")
+	}
+	out, err = kubectl(ctx, "get", "daemonset", "-n", operatorNS, "-l", engineSelector, "-o", "name")
+	if err != nil {
+		return err
+	}
+	engineMode = strings.TrimSpace(out) != ""
+	out, err = kubectl(ctx, "get", "nodes", "-o", `jsonpath={range .items[*]}{.metadata.name} {.spec.providerID}{"\n"}{end}`)
+	if err != nil {
+		return err
+	}
+	kindCluster, kindNodes = "", nil
+	for _, line := range strings.Split(strings.TrimSpace(out), "\n") {
+		f := strings.Fields(line)
+		if len(f) == 2 && strings.HasPrefix(f[1], "kind://docker/") {
+			parts := strings.Split(strings.TrimPrefix(f[1], "kind://docker/"), "/")
+			kindCluster = parts[0]
+			kindNodes = append(kindNodes, f[0])
+		}
+	}
+	if !engineMode && len(workers) != 1 {
+		return fmt.Errorf("the nodes' own Docker Engines (config/node-docker) on %d nodes: the suite reaches only this machine's", len(workers))
+	}
+	return nil
+}
+
+// enginePod is the engine pod on node.
+func enginePod(ctx context.Context, node string) (string, error) {
+	out, err := kubectl(ctx, "get", "pods", "-n", operatorNS, "-l", engineSelector,
+		"--field-selector", "spec.nodeName="+node, "-o", "jsonpath={.items[*].metadata.name}")
+	if err != nil {
+		return "", err
+	}
+	pods := strings.Fields(out)
+	if len(pods) != 1 {
+		return "", fmt.Errorf("%d engine pods on node %s", len(pods), node)
+	}
+	return pods[0], nil
+}
+
+// dockerOn runs the docker CLI against node's Engine.
+func dockerOn(ctx context.Context, node string, args ...string) (string, error) {
+	if !engineMode {
+		return docker(ctx, args...)
+	}
+	pod, err := enginePod(ctx, node)
+	if err != nil {
+		return "", err
+	}
+	return kubectl(ctx, append([]string{"exec", "-n", operatorNS, pod, "-c", "dockerd", "--", "docker", "-H", engineSocket}, args...)...)
+}
+
+// dockerEach runs the docker CLI against every worker's Engine and returns
+// their outputs one after the other (for ps with filters).
+func dockerEach(ctx context.Context, args ...string) (string, error) {
+	var b strings.Builder
+	for _, n := range workers {
+		out, err := dockerOn(ctx, n, args...)
+		if err != nil {
+			return b.String(), fmt.Errorf("node %s: %w", n, err)
+		}
+		b.WriteString(out)
+		if out != "" && !strings.HasSuffix(out, "\n") {
+			b.WriteString("\n")
+		}
+	}
+	return b.String(), nil
+}
+
+// dockerFind runs the docker CLI against each worker's Engine until one
+// succeeds (for inspect of a container that is on one of them).
+func dockerFind(ctx context.Context, args ...string) (string, error) {
+	var errs []error
+	for _, n := range workers {
+		out, err := dockerOn(ctx, n, args...)
+		if err == nil {
+			return out, nil
+		}
+		errs = append(errs, fmt.Errorf("node %s: %w", n, err))
+	}
+	return "", errors.Join(errs...)
+}
+
+// ensureImageOnWorkers loads image from this machine's Docker into every
+// worker's Engine that lacks it: the test images are built here, and the
+// Engines cannot pull them from anywhere.
+func ensureImageOnWorkers(ctx context.Context, image string) error {
+	if !engineMode {
+		_, err := docker(ctx, "image", "inspect", "--format", "{{.Id}}", image)
+		return err
+	}
+	want, err := docker(ctx, "image", "inspect", "--format", "{{.Id}}", image)
+	if err != nil {
+		return err
+	}
+	for _, n := range workers {
+		if have, err := dockerOn(ctx, n, "image", "inspect", "--format", "{{.Id}}", image); err == nil && have == want {
+			continue
+		}
+		pod, err := enginePod(ctx, n)
+		if err != nil {
+			return err
+		}
+		save := exec.CommandContext(ctx, "docker", "save", image)
+		stdout, err := save.StdoutPipe()
+		if err != nil {
+			return err
+		}
+		if err := save.Start(); err != nil {
+			return err
+		}
+		_, loadErr := run(ctx, "", stdout, kubectlBin, "--kubeconfig", kubeconfig, "exec", "-i", "-n", operatorNS, pod, "-c", "dockerd", "--",
+			"docker", "-H", engineSocket, "load", "-q")
+		if err := save.Wait(); err != nil {
+			return fmt.Errorf("docker save %s: %w", image, err)
+		}
+		if loadErr != nil {
+			return fmt.Errorf("loading %s into node %s's Engine: %w", image, n, loadErr)
+		}
+	}
+	return nil
+}
+
+// sandboxNode is the node a Sandbox runs on (status.nodeName).
+func sandboxNode(ctx context.Context, ns, name string) string {
+	GinkgoHelper()
+	return mustKubectl(ctx, "get", "sandbox/"+name, "-n", ns, "-o", "jsonpath={.status.nodeName}")
+}
+
+// waitSandboxesReady waits until every named Sandbox in ns is Ready.
+func waitSandboxesReady(ctx context.Context, ns string, timeout time.Duration, names ...string) {
+	GinkgoHelper()
+	args := []string{"wait", "--for=condition=Ready", "-n", ns, fmt.Sprintf("--timeout=%ds", int(timeout.Seconds()))}
+	for _, n := range names {
+		args = append(args, "sandbox/"+n)
+	}
+	_, err := kubectl(ctx, args...)
+	Expect(err).NotTo(HaveOccurred(), func() string { return describeSandbox(ctx, ns, names[0]) })
+}
+
+// containersLeft lists the sandbox containers on the workers' Engines. Once
+// make undeploy has removed the engine pods it lists what is left in their
+// data roots instead, which only a kind node (a container on this machine)
+// lets the suite see.
+func containersLeft(ctx context.Context) (string, error) {
+	if !engineMode {
+		return docker(ctx, "ps", "-aq", "--filter", "label="+nodeLabel)
+	}
+	if out, _ := kubectl(ctx, "get", "pods", "-n", operatorNS, "-l", engineSelector, "-o", "name"); strings.TrimSpace(out) != "" {
+		return dockerEach(ctx, "ps", "-aq", "--filter", "label="+nodeLabel)
+	}
+	if kindCluster == "" {
+		return "", errors.New("the engine pods are gone and the nodes are not kind's: nothing can list their data roots")
+	}
+	var b strings.Builder
+	for _, n := range workers {
+		out, err := docker(ctx, "exec", n, "sh", "-c", "ls -A "+engineDataRoot+"/containers 2>/dev/null || true")
+		if err != nil {
+			return b.String(), err
+		}
+		b.WriteString(out)
+	}
+	return strings.TrimSpace(b.String()), nil
+}
