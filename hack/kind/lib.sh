@@ -43,7 +43,7 @@ use_shim_if_needed() {
   without: ${err}
   shim:    ${err2}"
   fi
-  log "docker run --privileged fails here (${err##*: }); kind runs through the shim ${KIND_SHIM_DIR}/docker"
+  log "docker run --privileged fails here (${err%%$'\n'*}); kind runs through the shim ${KIND_SHIM_DIR}/docker"
   PATH=$(cd "${KIND_SHIM_DIR}" && pwd):${PATH}
   export PATH
 }

@@ -8,6 +8,8 @@
 #                                        and CoreDNS (no root, no Docker;
 #                                        e.g. in the background while
 #                                        something else holds Docker)
+#   hack/kind/node-image.sh --debian-base  only build and cache the Debian
+#                                        root filesystem image (root)
 #
 # What `kind build node-image` and kind's images/base do, from parts built
 # on this machine (docs/cluster.md#kind):
@@ -78,13 +80,15 @@ if [[ ${1:-} == --print-ref ]]; then
   exit 0
 fi
 go_bins_only=""
+base_only=""
 case "${1:-}" in
   "") ;;
   --go-bins) go_bins_only=1 ;;
-  *) die "usage: $0 [--print-ref | --go-bins]" ;;
+  --debian-base) base_only=1 ;;
+  *) die "usage: $0 [--print-ref | --go-bins | --debian-base]" ;;
 esac
 
-if [[ -z ${go_bins_only} ]] && docker image inspect "${NODE_IMAGE}" >/dev/null 2>&1; then
+if [[ -z ${go_bins_only}${base_only} ]] && docker image inspect "${NODE_IMAGE}" >/dev/null 2>&1; then
   log "${NODE_IMAGE} exists (same versions and inputs); nothing to build"
   echo "${NODE_IMAGE}"
   exit 0
@@ -92,7 +96,11 @@ fi
 [[ -n ${go_bins_only} || $(id -u) -eq 0 ]] || die "building the node image needs root (debootstrap, chroot, a private containerd); the image ${NODE_IMAGE} does not exist yet"
 [[ -n ${go_bins_only} ]] || docker info >/dev/null 2>&1 || die "no Docker Engine (make docker-up)"
 
-log "building ${NODE_IMAGE} (${versions})"
+if [[ -n ${go_bins_only} ]]; then
+  log "building etcd, crictl and CoreDNS (${versions})"
+else
+  log "building ${NODE_IMAGE} (${versions})"
+fi
 work=$(mktemp -d /var/tmp/kind-image.XXXXXX)
 ctrd_pid=""
 cleanup() {
@@ -386,6 +394,11 @@ if [[ -n ${go_bins_only} ]]; then
   step etcd etcd_bin
   step crictl crictl_bin
   step coredns coredns_bin
+  exit 0
+fi
+if [[ -n ${base_only} ]]; then
+  step debootstrap rootfs
+  log "Debian base: ${DEB_IMAGE}"
   exit 0
 fi
 step setup-cluster-bins cluster_bins

@@ -81,7 +81,8 @@ pass "a pod runs on each worker ($((SECONDS - start))s)"
 fetch() {
   local from=$1 url=$2 want=$3 got="" i
   for i in $(seq 15); do
-    got=$(kubectl_kind -n "${NS}" exec "${from}" -- wget -q -T 3 -O - "${url}" 2>&1) && [[ ${got} == "${want}" ]] && return 0
+    # timeout, not wget -T: busybox 1.35's static wget crashes with -T.
+    got=$(kubectl_kind -n "${NS}" exec "${from}" -- timeout 5 wget -q -O - "${url}" 2>&1) && [[ ${got} == "${want}" ]] && return 0
     sleep 2
   done
   fail "from ${from}: GET ${url} gave '${got}', want '${want}'"
