@@ -2,11 +2,13 @@
 # Provides the binaries of the local single-node cluster (make cluster-up) and
 # prints the directory that holds them:
 #   kube-apiserver, kube-controller-manager, kube-scheduler, kubelet,
-#   kube-proxy, kubectl   built from k8s.io/kubernetes in ONE go build, so the
-#                         packages they share compile once;
-#   containerd, containerd-shim-runc-v2
+#   kube-proxy, kubectl, kubeadm
+#                         built from k8s.io/kubernetes in ONE go build, so the
+#                         packages they share compile once (kubeadm is for
+#                         the kind node image, hack/kind/node-image.sh);
+#   containerd, containerd-shim-runc-v2, ctr
 #                         containerd 2.x from its Go module (Kubernetes 1.36+
-#                         refuses Debian's containerd 1.6);
+#                         refuses Debian's containerd 1.6), one go build;
 #   coredns               CoreDNS from its Go module, with only the plugins
 #                         the cluster's Corefile uses.
 # runc, the CNI plugins and conntrack come from Debian's packages
@@ -24,10 +26,10 @@ BIN_DIR="${CACHE_ROOT}/cluster/${K8S_VERSION}"
 
 log() { echo "setup-cluster-bins: $*" >&2; }
 
-k8s_bins=(kube-apiserver kube-controller-manager kube-scheduler kubelet kube-proxy kubectl)
+k8s_bins=(kube-apiserver kube-controller-manager kube-scheduler kubelet kube-proxy kubectl kubeadm)
 have_all() {
   local b
-  for b in "${k8s_bins[@]}" containerd containerd-shim-runc-v2 coredns; do
+  for b in "${k8s_bins[@]}" containerd containerd-shim-runc-v2 ctr coredns; do
     [[ -x "${BIN_DIR}/$b" ]] || return 1
   done
 }
@@ -41,10 +43,12 @@ work=$(mktemp -d)
 trap 'rm -rf "${work}"' EXIT
 
 build_kubernetes() {
-  local missing=0 b
-  for b in "${k8s_bins[@]}"; do [[ -x "${BIN_DIR}/$b" ]] || missing=1; done
-  ((missing)) || return 0
-  log "building Kubernetes v${K8S_VERSION} (${k8s_bins[*]}) from the Go module proxy; 20-40 minutes on 2 cores"
+  # Only the missing ones: a cache made before kubeadm was added gets just
+  # kubeadm, which reuses the compiled packages it shares with the others.
+  local missing=() b
+  for b in "${k8s_bins[@]}"; do [[ -x "${BIN_DIR}/$b" ]] || missing+=("$b"); done
+  ((${#missing[@]})) || return 0
+  log "building Kubernetes v${K8S_VERSION} (${missing[*]}) from the Go module proxy; 20-40 minutes on 2 cores when nothing is compiled yet"
   local dir="${work}/kubernetes" staging_version="v0.${K8S_VERSION#1.}"
   mkdir -p "${dir}/out" && cd "${dir}"
   printf 'module cluster-build\n\ngo 1.26\n' > go.mod
@@ -83,24 +87,25 @@ build_kubernetes() {
     ldflags+=" -X ${v}.gitVersion=v${K8S_VERSION} -X ${v}.gitMajor=1 -X ${v}.gitMinor=$(cut -d. -f2 <<<"${K8S_VERSION}") -X ${v}.gitTreeState=clean"
   done
   local pkgs=()
-  for b in "${k8s_bins[@]}"; do pkgs+=("k8s.io/kubernetes/cmd/$b"); done
+  for b in "${missing[@]}"; do pkgs+=("k8s.io/kubernetes/cmd/$b"); done
   GOFLAGS=-mod=mod go build -trimpath -ldflags="${ldflags}" -o out/ "${pkgs[@]}" >&2
-  for b in "${k8s_bins[@]}"; do mv "out/$b" "${BIN_DIR}/$b"; done
+  for b in "${missing[@]}"; do mv "out/$b" "${BIN_DIR}/$b"; done
 }
 
 build_containerd() {
-  [[ -x "${BIN_DIR}/containerd" && -x "${BIN_DIR}/containerd-shim-runc-v2" ]] && return 0
+  [[ -x "${BIN_DIR}/containerd" && -x "${BIN_DIR}/containerd-shim-runc-v2" && -x "${BIN_DIR}/ctr" ]] && return 0
   log "building containerd v${CONTAINERD_VERSION} from the Go module proxy"
   local dir="${work}/containerd"
   mkdir -p "${dir}/out" && cd "${dir}"
   printf 'module containerd-build\n\ngo 1.26\n' > go.mod
-  printf 'package main\n\nimport (\n\t_ "github.com/containerd/containerd/v2/cmd/containerd"\n\t_ "github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2"\n)\n\nfunc main() {}\n' > main.go
+  printf 'package main\n\nimport (\n\t_ "github.com/containerd/containerd/v2/cmd/containerd"\n\t_ "github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2"\n\t_ "github.com/containerd/containerd/v2/cmd/ctr"\n)\n\nfunc main() {}\n' > main.go
   GOFLAGS=-mod=mod go get "github.com/containerd/containerd/v2@v${CONTAINERD_VERSION}" >&2
   GOFLAGS=-mod=mod go mod tidy >&2
   GOFLAGS=-mod=mod go build -trimpath -tags "no_btrfs no_devmapper no_zfs" \
     -ldflags "-s -w -X github.com/containerd/containerd/v2/version.Version=v${CONTAINERD_VERSION}" \
-    -o out/ github.com/containerd/containerd/v2/cmd/containerd github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2 >&2
-  mv out/containerd out/containerd-shim-runc-v2 "${BIN_DIR}/"
+    -o out/ github.com/containerd/containerd/v2/cmd/containerd github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2 \
+    github.com/containerd/containerd/v2/cmd/ctr >&2
+  mv out/containerd out/containerd-shim-runc-v2 out/ctr "${BIN_DIR}/"
 }
 
 build_coredns() {
