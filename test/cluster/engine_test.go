@@ -111,7 +111,7 @@ spec:
 				g.Expect(pod).NotTo(Equal(old))
 				_, err := kubectl(ctx, "wait", "--for=condition=Ready", "pod/"+pod, "-n", operatorNS, "--timeout=5s")
 				g.Expect(err).NotTo(HaveOccurred())
-			}).WithContext(ctx).WithTimeout(3 * time.Minute).WithPolling(2 * time.Second).Should(Succeed(), describeOperator(ctx))
+			}).WithContext(ctx).WithTimeout(3*time.Minute).WithPolling(2*time.Second).Should(Succeed(), describeOperator(ctx))
 			expectKept(ctx, ns, "keep", containerID, bgPID)
 		}, NodeTimeout(5*time.Minute))
 
