@@ -8,8 +8,9 @@
 #
 # The tag hashes the inputs (this script and hack/engine/), so an image
 # already built from the same inputs is left alone; the Makefile computes the
-# same tag (ENGINE_IMG). The root filesystem tarball is cached per user, so
-# a fresh Docker daemon imports it in seconds.
+# same tag (ENGINE_IMG). The debootstrapped root filesystem is cached per
+# user (keyed by this script), so a fresh Docker daemon, or a changed
+# entrypoint or daemon.json, takes seconds.
 #
 # Usage: hack/build-engine-image.sh [IMAGE, default code-sandbox-operator/engine:<inputs hash>]
 # Needs root (debootstrap, installed with apt when missing) and Docker.
@@ -43,7 +44,8 @@ mirror() {
   echo "${m:-http://deb.debian.org/debian}"
 }
 
-tarball="${CACHE_ROOT}/engine/rootfs-${SUITE}-${HASH}.tar"
+BASE_HASH=$(sha256sum hack/build-engine-image.sh | cut -c1-12)
+tarball="${CACHE_ROOT}/engine/rootfs-${SUITE}-${BASE_HASH}.tar"
 if [[ ! -s "${tarball}" ]]; then
   if ! command -v debootstrap >/dev/null; then
     [[ $(id -u) -eq 0 ]] || { log "debootstrap is not installed and installing it needs root"; exit 1; }
@@ -68,22 +70,10 @@ if [[ ! -s "${tarball}" ]]; then
   # Small: no package lists, caches, documentation, locales or logs.
   rm -rf "${R}"/var/cache/apt/* "${R}"/var/lib/apt/lists/* "${R}"/usr/share/doc/* "${R}"/usr/share/man/* \
     "${R}"/usr/share/info/* "${R}"/usr/share/locale/* "${R}"/usr/share/lintian "${R}"/var/log/* "${R}"/tmp/*
-  # Debian's default Engine configuration is not ours.
+  # Tools the Engine does not run: libnetwork's test client, the v1 shims.
+  rm -f "${R}"/usr/bin/dnet "${R}"/usr/bin/containerd-shim "${R}"/usr/bin/containerd-shim-runc-v1
+  # Debian's default Engine configuration is not ours (added below).
   rm -rf "${R}/etc/docker"
-  mkdir -p "${R}/etc/docker"
-  install -m 0644 hack/engine/daemon.json "${R}/etc/docker/daemon.json"
-  install -m 0755 hack/engine/entrypoint.sh "${R}/usr/local/bin/code-sandbox-engine"
-  if [[ -x "${R}/usr/bin/runsc" ]]; then
-    # Registered only when it is there; the manager reports
-    # RuntimeUnavailable for gvisor Sandboxes on an Engine without it.
-    python3 - "${R}/etc/docker/daemon.json" <<'PY' 2>/dev/null || sed -i 's#^{#{\n  "runtimes": {"runsc": {"path": "/usr/bin/runsc"}},#' "${R}/etc/docker/daemon.json"
-import json, sys
-p = sys.argv[1]
-c = json.load(open(p))
-c["runtimes"] = {"runsc": {"path": "/usr/bin/runsc"}}
-json.dump(c, open(p, "w"), indent=2)
-PY
-  fi
   mkdir -p "$(dirname "${tarball}")"
   tar -C "${R}" --numeric-owner -cf "${tarball}.tmp" .
   mv "${tarball}.tmp" "${tarball}"
@@ -91,10 +81,26 @@ PY
   trap - EXIT
 fi
 
+# The entrypoint and the configuration, appended to a copy of the cached
+# root filesystem (later tar members win).
+stage=$(mktemp -d)
+trap 'rm -rf "${stage}"' EXIT
+mkdir -p "${stage}/etc/docker" "${stage}/usr/local/bin"
+install -m 0755 hack/engine/entrypoint.sh "${stage}/usr/local/bin/code-sandbox-engine"
+if tar -tf "${tarball}" ./usr/bin/runsc >/dev/null 2>&1; then
+  # gVisor is registered only where the image has runsc; elsewhere the
+  # manager reports RuntimeUnavailable for gvisor Sandboxes.
+  sed 's#^{#{\n  "runtimes": {"runsc": {"path": "/usr/bin/runsc"}},#' hack/engine/daemon.json >"${stage}/etc/docker/daemon.json"
+else
+  install -m 0644 hack/engine/daemon.json "${stage}/etc/docker/daemon.json"
+fi
+cp "${tarball}" "${stage}/rootfs.tar"
+tar -C "${stage}" --numeric-owner --owner=0 --group=0 -rf "${stage}/rootfs.tar" ./etc/docker ./usr/local/bin/code-sandbox-engine
+
 log "importing ${IMAGE}"
 docker import \
   -c 'ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin' \
   -c 'ENTRYPOINT ["/usr/bin/tini", "-s", "-g", "--", "/usr/local/bin/code-sandbox-engine"]' \
   -c "LABEL code-sandbox-operator.engine-inputs=${HASH}" \
-  "${tarball}" "${IMAGE}" >/dev/null
+  "${stage}/rootfs.tar" "${IMAGE}" >/dev/null
 log "built ${IMAGE} ($(docker image inspect -f '{{ .Size }}' "${IMAGE}" | awk '{ printf "%d MB", $1 / 1000000 }'))"

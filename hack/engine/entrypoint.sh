@@ -12,13 +12,15 @@
 #     ruleset holding Docker's chains (a previous Engine's), else kubelet's
 #     hint chains, else the one with more rules, else nft.
 #  2. Detaching (ENGINE_DETACH=true, the DaemonSet's setting, with hostPID):
-#     this process moves to the cgroup ENGINE_CGROUP_PARENT at the root of
-#     every cgroup v1 hierarchy, and mounts those hierarchies over
-#     /sys/fs/cgroup, so that dockerd, containerd, the shims and the
-#     sandboxes (cgroup parent ENGINE_CGROUP_PARENT) are not in this
-#     container's cgroup. Stopping this container then stops only dockerd:
-#     with live-restore the sandboxes keep running, and the next Engine Pod
-#     picks them up again. Without it every sandbox dies with the Pod.
+#     dockerd starts in the cgroup ENGINE_CGROUP_PARENT at the root of
+#     every cgroup v1 hierarchy (mounted over /sys/fs/cgroup), so that
+#     dockerd, containerd, the shims and the sandboxes (cgroup parent
+#     ENGINE_CGROUP_PARENT) are not in this container's cgroup, which the
+#     runtime kills when the Pod stops. Stopping the Pod then stops only
+#     dockerd (SIGTERM below; a dockerd that outlives a Pod killed hard is
+#     stopped by the next Engine Pod): with live-restore the sandboxes keep
+#     running, and the next Engine Pod takes them over. Without it every
+#     sandbox dies with the Pod.
 #  3. dockerd with /etc/docker/daemon.json (socket, data root, exec root,
 #     live-restore, address pools), restarted when it exits on its own;
 #     SIGTERM stops it (live-restore keeps the containers) and exits.
@@ -77,33 +79,42 @@ log "iptables backend: ${MODE} (${why})"
 # --- 2. detach from this container's cgroup -----------------------------
 
 detach() {
-  local line ids ctrls opts dir
+  local ids ctrls opts dir n names
   # /proc/self/cgroup: "ID:controllers:path"; ID 0 is cgroup v2.
-  if grep -q '^0::' /proc/self/cgroup && [[ $(wc -l </proc/self/cgroup) -eq 1 ]]; then
-    log "ENGINE_DETACH needs cgroup v1 (this node runs cgroup v2 only); the sandboxes stop with this Pod"
+  if ! grep -qv '^0::' /proc/self/cgroup; then
+    log "ENGINE_DETACH needs cgroup v1 (this node runs cgroup v2 only): set ENGINE_DETACH=false, and the sandboxes stop with this Pod"
+    return 1
+  fi
+  local cgroups
+  cgroups=$(grep -v '^0::' /proc/self/cgroup)
+  # Replace the runtime's /sys/fs/cgroup, which holds bind mounts of this
+  # container's part of each hierarchy: the kernel refuses to mount a
+  # hierarchy over its own bind mount, and runc would find the covered
+  # mounts in mountinfo.
+  umount -R /sys/fs/cgroup 2>/dev/null || umount -R -l /sys/fs/cgroup 2>/dev/null || true
+  if ! mount -t tmpfs -o mode=0755,nosuid,nodev,noexec cgroup /sys/fs/cgroup; then
+    log "mounting a tmpfs on /sys/fs/cgroup failed (is the Pod privileged?)"
     return 1
   fi
   while IFS=: read -r ids ctrls _; do
-    [[ "${ids}" == 0 || -z "${ctrls}" ]] && continue
+    [[ -z "${ctrls}" ]] && continue
     case "${ctrls}" in
       name=*) opts="none,${ctrls}" dir="/sys/fs/cgroup/${ctrls#name=}" ;;
       *) opts="${ctrls}" dir="/sys/fs/cgroup/${ctrls}" ;;
     esac
-    # The node's whole hierarchy (cgroup v1 has no cgroup namespace), over
-    # the runtime's bind mount of this container's part of it.
+    # The node's whole hierarchy: cgroup v1 has no cgroup namespace.
     mkdir -p "${dir}"
     if ! mount -t cgroup -o "${opts}" cgroup "${dir}"; then
-      log "mounting the ${ctrls} cgroup hierarchy failed (is the Pod privileged?)"
+      log "mounting the ${ctrls} cgroup hierarchy failed"
       return 1
     fi
     mkdir -p "${dir}${CGROUP_PARENT}"
-    [[ "${ctrls}" == *cpuset* ]] && for f in cpuset.cpus cpuset.mems; do
-      [[ -s "${dir}${CGROUP_PARENT}/${f}" ]] || cat "${dir}/${f}" >"${dir}${CGROUP_PARENT}/${f}"
-    done
-    if ! echo $$ >"${dir}${CGROUP_PARENT}/cgroup.procs"; then
-      log "moving to ${dir}${CGROUP_PARENT} failed"
-      return 1
+    if [[ ",${ctrls}," == *,cpuset,* ]]; then
+      for f in cpuset.cpus cpuset.mems; do
+        [[ -n "$(cat "${dir}${CGROUP_PARENT}/${f}")" ]] || cat "${dir}/${f}" >"${dir}${CGROUP_PARENT}/${f}"
+      done
     fi
+    cgroup_procs+=("${dir}${CGROUP_PARENT}/cgroup.procs")
     # Controllers mounted together (cpu,cpuacct) also appear under each
     # single name; dockerd looks them up by name.
     IFS=, read -r -a names <<<"${ctrls}"
@@ -112,11 +123,15 @@ detach() {
         [[ -e "/sys/fs/cgroup/${n}" ]] || ln -s "${ctrls}" "/sys/fs/cgroup/${n}"
       done
     fi
-  done </proc/self/cgroup
-  log "detached: this Engine runs in ${CGROUP_PARENT} of the node's cgroup hierarchies"
+  done <<<"${cgroups}"
+  mount -o remount,ro /sys/fs/cgroup 2>/dev/null || true
+  log "detached: dockerd and its containers run in ${CGROUP_PARENT} of the node's cgroup hierarchies"
 }
 
 cgroup_parent_arg=()
+# The cgroup.procs files dockerd moves itself to before it starts (this
+# script stays in the Pod's cgroup, so that it dies with the Pod).
+cgroup_procs=()
 case "${DETACH}" in
   true)
     # In a PID namespace of its own, this script or tini (its parent) is
@@ -144,6 +159,12 @@ for m in overlay br_netfilter; do modprobe -q "${m}" 2>/dev/null || true; done
 sock=$(sed -n 's#.*"unix://\([^"]*\)".*#\1#p' "${CONFIG}" | head -n1)
 exec_root=$(sed -n 's#.*"exec-root": *"\([^"]*\)".*#\1#p' "${CONFIG}")
 mkdir -p "$(dirname "${sock}")" "${exec_root}"
+# The shims (children of containerd, of dockerd) outlive this container,
+# whose root file system is removed with the Pod: their temporary files
+# (runc's process specs for every exec) must be on the node.
+export TMPDIR="${exec_root}/tmp"
+mkdir -p "${TMPDIR}"
+chmod 0700 "${TMPDIR}"
 
 child=
 stopping=0
@@ -156,13 +177,42 @@ on_term() {
 }
 trap on_term TERM INT
 
+# stop_stale stops the dockerd of a previous Engine Pod that is still
+# running: detached from its Pod's cgroup and PID namespace, it outlives a
+# Pod killed before it could stop dockerd (grace period exceeded, SIGKILL).
+# Two dockerds on one data root would corrupt it. SIGTERM: live-restore
+# keeps the containers for us.
+stop_stale() {
+  local pidfile="${exec_root}/dockerd.pid" pid i
+  [[ -s "${pidfile}" ]] || return 0
+  pid=$(<"${pidfile}")
+  if [[ "${pid}" =~ ^[0-9]+$ && "$(cat "/proc/${pid}/comm" 2>/dev/null)" == dockerd ]] &&
+    tr '\0' ' ' <"/proc/${pid}/cmdline" 2>/dev/null | grep -q -- "--pidfile ${pidfile}"; then
+    log "stopping the previous Engine's dockerd (PID ${pid}), still running"
+    kill -TERM "${pid}" 2>/dev/null
+    for ((i = 0; i < 60; i++)); do
+      [[ -d "/proc/${pid}" ]] || break
+      sleep 0.5
+    done
+    if [[ -d "/proc/${pid}" ]]; then
+      log "the previous dockerd (PID ${pid}) did not stop in 30s; killing it"
+      kill -KILL "${pid}" 2>/dev/null
+      sleep 1
+    fi
+  fi
+  rm -f "${pidfile}"
+}
+
 backoff=1
 while ((!stopping)); do
-  # A dockerd killed hard leaves its pid file; this DaemonSet runs one
-  # Engine per node, so it is stale.
-  rm -f "${exec_root}/dockerd.pid"
+  stop_stale
   started=${SECONDS}
-  dockerd --config-file "${CONFIG}" --pidfile "${exec_root}/dockerd.pid" "${cgroup_parent_arg[@]}" "$@" &
+  (
+    for f in "${cgroup_procs[@]}"; do
+      echo "${BASHPID}" >"${f}" || { log "moving dockerd to ${f%/cgroup.procs} failed"; exit 1; }
+    done
+    exec dockerd --config-file "${CONFIG}" --pidfile "${exec_root}/dockerd.pid" "${cgroup_parent_arg[@]}" "$@"
+  ) &
   child=$!
   # wait returns early when a trapped signal arrives; wait again for the
   # exit status.
