@@ -9,7 +9,7 @@
 # The tag hashes the inputs (this script and hack/engine/), so an image
 # already built from the same inputs is left alone; the Makefile computes the
 # same tag (ENGINE_IMG). The debootstrapped root filesystem is cached per
-# user (keyed by this script), so a fresh Docker daemon, or a changed
+# user (keyed by the suite and the package list), so a fresh Docker daemon, or a changed
 # entrypoint or daemon.json, takes seconds.
 #
 # Usage: hack/build-engine-image.sh [IMAGE, default code-sandbox-operator/engine:<inputs hash>]
@@ -44,7 +44,11 @@ mirror() {
   echo "${m:-http://deb.debian.org/debian}"
 }
 
-BASE_HASH=$(sha256sum hack/build-engine-image.sh | cut -c1-12)
+# What debootstrap installs; bump ROOTFS_REVISION when the root filesystem
+# step below changes otherwise.
+PACKAGES=docker.io,containerd,runc,tini,iptables,kmod,procps,ca-certificates
+ROOTFS_REVISION=1
+BASE_HASH=$(echo "${SUITE} ${PACKAGES} ${ROOTFS_REVISION}" | sha256sum | cut -c1-12)
 tarball="${CACHE_ROOT}/engine/rootfs-${SUITE}-${BASE_HASH}.tar"
 if [[ ! -s "${tarball}" ]]; then
   if ! command -v debootstrap >/dev/null; then
@@ -61,7 +65,7 @@ if [[ ! -s "${tarball}" ]]; then
   if apt-cache show runsc >/dev/null 2>&1; then extra=",runsc"; fi
   log "debootstrap ${SUITE} from $(mirror) (a minute or two)"
   if ! debootstrap --variant=minbase \
-    --include=docker.io,containerd,runc,tini,iptables,kmod,procps,ca-certificates"${extra}" \
+    --include="${PACKAGES}${extra}" \
     "${SUITE}" "${R}" "$(mirror)" >"${work}/debootstrap.log" 2>&1; then
     tail -n 30 "${work}/debootstrap.log" >&2
     log "debootstrap failed (log above)"
@@ -89,8 +93,10 @@ mkdir -p "${stage}/etc/docker" "${stage}/usr/local/bin"
 install -m 0755 hack/engine/entrypoint.sh "${stage}/usr/local/bin/code-sandbox-engine"
 if tar -tf "${tarball}" ./usr/bin/runsc >/dev/null 2>&1; then
   # gVisor is registered only where the image has runsc; elsewhere the
-  # manager reports RuntimeUnavailable for gvisor Sandboxes.
-  sed 's#^{#{\n  "runtimes": {"runsc": {"path": "/usr/bin/runsc"}},#' hack/engine/daemon.json >"${stage}/etc/docker/daemon.json"
+  # manager reports RuntimeUnavailable for gvisor Sandboxes. As
+  # hack/ensure-docker.sh registers it: ptrace works without KVM, and
+  # gVisor's netstack is off (gvisor Sandboxes have network mode none).
+  sed 's#^{#{\n  "runtimes": {"runsc": {"path": "/usr/bin/runsc", "runtimeArgs": ["--platform=ptrace", "--network=none"]}},#' hack/engine/daemon.json >"${stage}/etc/docker/daemon.json"
 else
   install -m 0644 hack/engine/daemon.json "${stage}/etc/docker/daemon.json"
 fi
