@@ -135,6 +135,14 @@ $(HELPER_DIR)/code-sandbox-helper-linux-%: $(HELPER_SRCS)
 # MCP_IMG the MCP server's; docker-build builds them and deploy uses them.
 IMG ?= code-sandbox-operator/manager:latest
 MCP_IMG ?= code-sandbox-operator/mcp-server:latest
+# ENGINE_IMG is the Docker Engine image of config/engine (hack/build-engine-image.sh);
+# its tag hashes the image's inputs, so a changed input is a new tag.
+ENGINE_TAG := $(shell cat hack/build-engine-image.sh hack/engine/entrypoint.sh hack/engine/daemon.json 2>/dev/null | sha256sum | cut -c1-12)
+ENGINE_IMG ?= code-sandbox-operator/engine:$(ENGINE_TAG)
+# The kustomization deploy, undeploy and build-installer render:
+# config/default (an Engine DaemonSet on every node) or config/node-docker
+# (the nodes' own Docker Engines). See docs/deploy.md#the-docker-engine.
+DEPLOY_CONFIG ?= config/default
 # A PEM file with the CA that signs kube-apiserver's webhook client
 # certificate (docs/deploy.md#who-may-call-the-webhook-kube-apiservers-client-certificate).
 # Set, `make deploy` and `make build-installer` make the webhook require it.
@@ -145,6 +153,10 @@ docker-build: build docker-up ## Build the manager image IMG (with this host's i
 	GO="$(GO)" hack/image-iptables.sh bin/image/manager-root
 	docker build -t $(IMG) -f Dockerfile .
 	docker build -t $(MCP_IMG) -f Dockerfile.mcp .
+
+.PHONY: engine-image
+engine-image: docker-up ## Build the Docker Engine image ENGINE_IMG offline (debootstrap + Debian's docker.io; root; cached by a tag hashing its inputs).
+	hack/build-engine-image.sh $(ENGINE_IMG)
 
 .PHONY: test-image
 test-image: docker-build ## Run the manager image's iptables against this host's Docker rules (root, host network, NET_ADMIN).
@@ -179,22 +191,23 @@ install: manifests kustomize ## Install the CRDs into the cluster in ~/.kube/con
 uninstall: manifests kustomize ## Remove the CRDs from the cluster.
 	$(KUSTOMIZE) build config/crd | kubectl delete --ignore-not-found -f -
 
-# render-default prints config/default with the images $(IMG) and $(MCP_IMG),
-# and with config/components/webhook-client-auth when WEBHOOK_CLIENT_CA is set.
+# render-default prints $(DEPLOY_CONFIG) (config/default unless set) with the
+# images $(IMG), $(MCP_IMG) and $(ENGINE_IMG), and with
+# config/components/webhook-client-auth when WEBHOOK_CLIENT_CA is set.
 # kubebuilder's scaffold runs `kustomize edit set image` in config/ itself,
 # which leaves the tree modified (and the next commit with someone's private
 # registry in it); instead this sets the images in a throwaway overlay under
-# bin/ (ignored by git) that only refers to config/default, and removes it.
+# bin/ (ignored by git) that only refers to $(DEPLOY_CONFIG), and removes it.
 define render-default
 tmp="$$(mktemp -d "$(LOCALBIN)/.overlay.XXXXXX")"; trap 'rm -rf "$$tmp"' EXIT; \
-printf 'apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources:\n- ../../config/default\n' >"$$tmp/kustomization.yaml"; \
+printf 'apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources:\n- ../../$(DEPLOY_CONFIG)\n' >"$$tmp/kustomization.yaml"; \
 $(if $(WEBHOOK_CLIENT_CA),printf 'components:\n- ../../config/components/webhook-client-auth\n' >>"$$tmp/kustomization.yaml";) \
-(cd "$$tmp" && $(KUSTOMIZE) edit set image code-sandbox-operator/manager=$(IMG) code-sandbox-operator/mcp-server=$(MCP_IMG)); \
+(cd "$$tmp" && $(KUSTOMIZE) edit set image code-sandbox-operator/manager=$(IMG) code-sandbox-operator/mcp-server=$(MCP_IMG) code-sandbox-operator/engine=$(ENGINE_IMG)); \
 $(KUSTOMIZE) build "$$tmp"
 endef
 
 .PHONY: deploy
-deploy: manifests kustomize ## Deploy CRDs, RBAC, the manager DaemonSet, the webhook and the MCP server (images IMG, MCP_IMG) to the cluster; WEBHOOK_CLIENT_CA=<pem> makes the webhook require kube-apiserver's client certificate.
+deploy: manifests kustomize ## Deploy DEPLOY_CONFIG (default config/default: CRDs, RBAC, the manager and Engine DaemonSets, the webhook and the MCP server; images IMG, MCP_IMG, ENGINE_IMG) to the cluster; WEBHOOK_CLIENT_CA=<pem> makes the webhook require kube-apiserver's client certificate.
 	@hack/ensure-mcp-owner-key.sh
 	$(if $(WEBHOOK_CLIENT_CA),@hack/ensure-webhook-client-ca.sh "$(WEBHOOK_CLIENT_CA)")
 	@{ $(render-default); } | kubectl apply --server-side -f -
@@ -207,10 +220,10 @@ UNDEPLOY_TIMEOUT ?= 5m
 .PHONY: undeploy
 undeploy: kustomize ## Delete every Sandbox, then remove everything deploy installed.
 	-kubectl delete sandboxes.sandbox.code-sandbox.dev --all --all-namespaces --ignore-not-found --wait --timeout=$(UNDEPLOY_TIMEOUT)
-	$(KUSTOMIZE) build config/default | kubectl delete --ignore-not-found -f -
+	$(KUSTOMIZE) build $(DEPLOY_CONFIG) | kubectl delete --ignore-not-found -f -
 
 .PHONY: build-installer
-build-installer: manifests kustomize ## Write everything deploy installs to dist/install.yaml (images IMG, MCP_IMG).
+build-installer: manifests kustomize ## Write everything deploy installs to dist/install.yaml (DEPLOY_CONFIG; images IMG, MCP_IMG, ENGINE_IMG).
 	mkdir -p dist
 	@{ $(render-default); } >dist/install.yaml.tmp
 	@mv dist/install.yaml.tmp dist/install.yaml
@@ -243,8 +256,8 @@ cluster-load: ## Import the images IMG and MCP_IMG from Docker into the cluster'
 CLUSTER_WEBHOOK_CLIENT_CA ?= $(LOCALBIN)/cluster/pki/webhook-client/webhook-client-ca.crt
 
 .PHONY: cluster-deploy
-cluster-deploy: docker-build cluster-load ## Build the images, load them into the single-node cluster and deploy there, the webhook requiring kube-apiserver's client certificate.
-	KUBECONFIG="$(CLUSTER_KUBECONFIG)" $(MAKE) deploy WEBHOOK_CLIENT_CA="$(CLUSTER_WEBHOOK_CLIENT_CA)"
+cluster-deploy: docker-build cluster-load ## Build the images, load them into the single-node cluster and deploy config/node-docker there (its node has the host's Docker), the webhook requiring kube-apiserver's client certificate.
+	KUBECONFIG="$(CLUSTER_KUBECONFIG)" $(MAKE) deploy DEPLOY_CONFIG=config/node-docker WEBHOOK_CLIENT_CA="$(CLUSTER_WEBHOOK_CLIENT_CA)"
 
 .PHONY: test-cluster
 test-cluster: build test-images ## Run the Ginkgo suite test/cluster against the deployed operator on the single-node cluster (cluster-up and cluster-deploy first).
@@ -292,13 +305,22 @@ kind-up: kind docker-up $(if $(KIND_NODE_IMAGE),,kind-image) ## Create the kind 
 	$(KIND_ENV) KIND_NODE_IMAGE="$(or $(KIND_NODE_IMAGE),$$($(KIND_IMAGE_ENV) hack/kind/node-image.sh --print-ref))" hack/kind/up.sh
 
 .PHONY: kind-load
-kind-load: kind ## Load IMG, MCP_IMG and KIND_LOAD_IMAGES from Docker into every kind node (:latest becomes a fixed tag, :kind-<image ID>).
-	$(KIND_ENV) hack/kind/load.sh $(IMG) $(MCP_IMG) $(KIND_LOAD_IMAGES)
+kind-load: kind ## Load IMG, MCP_IMG, ENGINE_IMG and KIND_LOAD_IMAGES from Docker into every kind node (:latest becomes a fixed tag, :kind-<image ID>).
+	$(KIND_ENV) hack/kind/load.sh $(IMG) $(MCP_IMG) $(ENGINE_IMG) $(KIND_LOAD_IMAGES)
+
+# The sandboxes' images go into the Engine Pods' Docker, not into the nodes'
+# containerd: with no registry they are loaded with `docker load` through
+# kubectl exec, into every Engine Pod.
+KIND_SANDBOX_IMAGES ?= code-sandbox-test/busybox:1 code-sandbox-test/python:3
+
+.PHONY: kind-load-sandbox-images
+kind-load-sandbox-images: ## Load KIND_SANDBOX_IMAGES from this Docker into every Engine Pod of the kind cluster (after kind-deploy and test-images).
+	KUBECONFIG="$(KIND_KUBECONFIG)" hack/kind-load-sandbox-images.sh $(KIND_SANDBOX_IMAGES)
 
 .PHONY: kind-deploy
-kind-deploy: docker-build kind ## Build the images, load them into the kind nodes and deploy them to the kind cluster.
-	refs=$$($(KIND_ENV) hack/kind/load.sh $(IMG) $(MCP_IMG)); set -- $$refs; \
-	KUBECONFIG="$(KIND_KUBECONFIG)" $(MAKE) deploy IMG="$$1" MCP_IMG="$$2"
+kind-deploy: docker-build engine-image kind ## Build the images, load them into the kind nodes and deploy DEPLOY_CONFIG (config/default) to the kind cluster, the webhook requiring kube-apiserver's client certificate.
+	refs=$$($(KIND_ENV) hack/kind/load.sh $(IMG) $(MCP_IMG) $(ENGINE_IMG)); set -- $$refs; \
+	KUBECONFIG="$(KIND_KUBECONFIG)" $(MAKE) deploy IMG="$$1" MCP_IMG="$$2" ENGINE_IMG="$$3" WEBHOOK_CLIENT_CA="$(KIND_WEBHOOK_CLIENT_CA)"
 
 .PHONY: kind-smoke
 kind-smoke: kind test-images ## Check the kind cluster: three Ready nodes, a pod on each worker, pod to pod across nodes, Service DNS.

@@ -162,11 +162,14 @@ func shortID(id string) string {
 // BridgeVisible reports an error unless the network interface name exists
 // in this process's network namespace. The firewall's rules match the egress
 // bridge by name in the namespace they are installed in; a manager that does
-// not share the Docker host's network namespace (a kind node, a Pod without
-// hostNetwork) would install rules that never see the sandboxes' traffic.
+// not share the Docker host's network namespace (a Pod without hostNetwork,
+// or a kind node whose manager uses the host's Docker through a mounted
+// socket) would install rules that never see the sandboxes' traffic. With
+// the Engine DaemonSet (config/engine: hostNetwork, like the manager) the
+// bridge is in the node's namespace, on kind too.
 func BridgeVisible(name string) error {
 	if _, err := net.InterfaceByName(name); err != nil {
-		return fmt.Errorf("the egress bridge %s is not in this process's network namespace (%v): firewall rules installed here would not filter Egress sandboxes, so run the manager in the Docker host's network namespace (hostNetwork on the node that runs dockerd; not possible on kind)", name, err)
+		return fmt.Errorf("the egress bridge %s is not in this process's network namespace (%v): firewall rules installed here would not filter Egress sandboxes, so run the manager in the network namespace of the Docker Engine it uses (hostNetwork on the node whose dockerd runs in the node's namespace: the node's own Engine, or config/engine's Engine Pod; not a Docker socket mounted from another host, such as a kind node given the host's socket)", name, err)
 	}
 	return nil
 }

@@ -29,7 +29,11 @@ const (
 	installNamespace = "code-sandbox-system"
 	managerImage     = "code-sandbox-operator/manager:latest"
 	mcpImage         = "code-sandbox-operator/mcp-server:latest"
-	nonRootUID       = int64(65532)
+	engineImage      = "code-sandbox-operator/engine:latest"
+	// The Engine Pod's socket (config/engine), in the directory the
+	// manager mounts.
+	engineSocketDir = "/run/code-sandbox-operator"
+	nonRootUID      = int64(65532)
 )
 
 var _ = Describe("Every kustomization under config/", func() {
@@ -38,7 +42,8 @@ var _ = Describe("Every kustomization under config/", func() {
 	It("includes the overlays this suite knows about", func() {
 		Expect(dirs).To(ContainElements(
 			"config/crd", "config/rbac", "config/manager", "config/webhook",
-			"config/mcp", "config/policy", "config/default", "config/samples"))
+			"config/mcp", "config/policy", "config/default", "config/samples",
+			"config/engine", "config/node-docker"))
 	})
 
 	for _, dir := range dirs {
@@ -102,6 +107,8 @@ var _ = Describe("The default overlay (make deploy, make build-installer)", func
 			"Role "+ns+"code-sandbox-manager-role",
 			"RoleBinding "+ns+"code-sandbox-manager-rolebinding",
 			"DaemonSet "+ns+"code-sandbox-controller-manager",
+			// The Docker Engine the sandboxes run in, one per node.
+			"DaemonSet "+ns+"code-sandbox-engine",
 			// HTTPS metrics for authenticated and authorized callers.
 			"ClusterRole code-sandbox-metrics-auth-role",
 			"ClusterRoleBinding code-sandbox-metrics-auth-rolebinding",
@@ -234,6 +241,10 @@ var _ = Describe("The default overlay (make deploy, make build-installer)", func
 			workloads++
 			what := describe(o)
 			pod := tmpl.Spec
+			if o.GetKind() == "DaemonSet" && o.GetName() == "code-sandbox-engine" {
+				// Privileged by design (dockerd); checked on its own below.
+				continue
+			}
 			// The manager alone runs in the host's network namespace, with
 			// NET_ADMIN and NET_RAW: it keeps the egress firewall there.
 			isManager := o.GetKind() == "DaemonSet" && o.GetName() == "code-sandbox-controller-manager"
@@ -269,7 +280,7 @@ var _ = Describe("The default overlay (make deploy, make build-installer)", func
 				Expect(c.ImagePullPolicy).To(Equal(corev1.PullIfNotPresent), what)
 			}
 		}
-		Expect(workloads).To(Equal(3), "the manager DaemonSet and the webhook and MCP server Deployments")
+		Expect(workloads).To(Equal(4), "the manager and Engine DaemonSets and the webhook and MCP server Deployments")
 	})
 
 	It("runs the webhook and the MCP server as non-root without host access", func() {
@@ -289,7 +300,7 @@ var _ = Describe("The default overlay (make deploy, make build-installer)", func
 		}
 	})
 
-	It("gives the manager the node's Docker socket, its node name and the node API port", func() {
+	It("gives the manager the Engine Pod's socket directory, its node name and the node API port", func() {
 		ds := &appsv1.DaemonSet{}
 		convert(find(objs, "DaemonSet", "code-sandbox-controller-manager"), ds)
 		pod := ds.Spec.Template.Spec
@@ -315,15 +326,86 @@ var _ = Describe("The default overlay (make deploy, make build-installer)", func
 		// the node.
 		Expect(pod.HostNetwork).To(BeTrue())
 		Expect(c.VolumeMounts).To(ContainElement(HaveField("MountPath", "/run/xtables.lock")))
-		var socket *corev1.Volume
-		for i := range pod.Volumes {
-			if v := pod.Volumes[i]; v.HostPath != nil && v.HostPath.Path == "/var/run/docker.sock" {
-				socket = &pod.Volumes[i]
-			}
+		// The directory, so that a socket an Engine restart recreates is
+		// seen; no mount of the node's own Docker socket.
+		dir := hostPathVolume(pod, engineSocketDir)
+		Expect(dir).NotTo(BeNil(), "the Engine socket directory volume")
+		Expect(dir.HostPath.Type).To(HaveValue(Equal(corev1.HostPathDirectoryOrCreate)))
+		Expect(c.VolumeMounts).To(ContainElement(And(HaveField("Name", dir.Name), HaveField("MountPath", engineSocketDir), HaveField("ReadOnly", BeTrue()))))
+		Expect(hostPathVolume(pod, "/var/run/docker.sock")).To(BeNil())
+		Expect(c.Args).To(ContainElement("--docker-host=unix://" + engineSocketDir + "/docker.sock"))
+	})
+
+	It("runs a Docker Engine on every node of the manager, sharing its network namespace and socket", func() {
+		mgr, eng := &appsv1.DaemonSet{}, &appsv1.DaemonSet{}
+		convert(find(objs, "DaemonSet", "code-sandbox-controller-manager"), mgr)
+		convert(find(objs, "DaemonSet", "code-sandbox-engine"), eng)
+		pod := eng.Spec.Template.Spec
+		Expect(eng.Spec.Template.Labels).To(HaveKeyWithValue("app.kubernetes.io/component", "engine"))
+		// Separate from the manager: a manager rollout never selects it.
+		Expect(selects(mgr.Spec.Selector.MatchLabels, eng.Spec.Template.Labels)).To(BeFalse())
+		Expect(selects(eng.Spec.Selector.MatchLabels, mgr.Spec.Template.Labels)).To(BeFalse())
+		Expect(eng.Spec.UpdateStrategy.Type).To(Equal(appsv1.OnDeleteDaemonSetStrategyType), "an Engine restarts only when its Pod is deleted")
+		// Same nodes as the manager.
+		Expect(pod.NodeSelector).To(Equal(mgr.Spec.Template.Spec.NodeSelector))
+		Expect(pod.Tolerations).To(Equal(mgr.Spec.Template.Spec.Tolerations))
+		// The egress bridge in the namespace the manager's firewall is in.
+		Expect(pod.HostNetwork).To(BeTrue())
+		Expect(pod.HostPID).To(BeTrue(), "the sandboxes must not be in a PID namespace that dies with the Pod")
+		Expect(pod.AutomountServiceAccountToken).To(HaveValue(BeFalse()))
+		Expect(pod.Containers).To(HaveLen(1))
+		c := pod.Containers[0]
+		Expect(c.Name).To(Equal("dockerd"))
+		Expect(c.Image).To(Equal(engineImage))
+		Expect(c.ImagePullPolicy).To(Equal(corev1.PullIfNotPresent))
+		Expect(c.SecurityContext.Privileged).To(HaveValue(BeTrue()))
+		Expect(c.ReadinessProbe).NotTo(BeNil())
+		Expect(c.ReadinessProbe.Exec.Command).To(ContainElement("--host=unix://" + engineSocketDir + "/docker.sock"))
+		Expect(c.LivenessProbe).To(BeNil(), "a failing liveness probe would restart the Engine")
+		Expect(c.Resources.Requests).To(HaveKey(corev1.ResourceCPU))
+		Expect(c.Resources.Requests).To(HaveKey(corev1.ResourceMemory))
+		Expect(c.Resources.Limits).NotTo(HaveKey(corev1.ResourceMemory), "the Engine's memory grows with the sandboxes")
+		sock := hostPathVolume(pod, engineSocketDir)
+		Expect(sock).NotTo(BeNil())
+		Expect(c.VolumeMounts).To(ContainElement(And(HaveField("Name", sock.Name), HaveField("MountPath", engineSocketDir))))
+		for _, path := range []string{"/var/lib/code-sandbox-operator/docker", "/run/code-sandbox-engine"} {
+			v := hostPathVolume(pod, path)
+			Expect(v).NotTo(BeNil(), path)
+			Expect(c.VolumeMounts).To(ContainElement(And(HaveField("Name", v.Name), HaveField("MountPath", path),
+				HaveField("MountPropagation", HaveValue(Equal(corev1.MountPropagationBidirectional))))), path)
 		}
+		Expect(hostPathVolume(pod, "/run/xtables.lock")).NotTo(BeNil(), "iptables' lock, shared with the manager and kube-proxy")
+		Expect(c.Env).To(ContainElement(And(HaveField("Name", "ENGINE_DETACH"), HaveField("Value", "true"))))
+	})
+
+	It("keeps the node's own Docker Engine in config/node-docker, without the Engine DaemonSet", func() {
+		nd := render("config/node-docker")
+		var got []string
+		for _, o := range nd {
+			got = append(got, o.GetKind()+" "+nsName(o))
+		}
+		var want []string
+		for _, o := range objs {
+			if o.GetKind() == "DaemonSet" && o.GetName() == "code-sandbox-engine" {
+				continue
+			}
+			want = append(want, o.GetKind()+" "+nsName(o))
+		}
+		Expect(got).To(ConsistOf(want))
+		ds := &appsv1.DaemonSet{}
+		convert(find(nd, "DaemonSet", "code-sandbox-controller-manager"), ds)
+		pod := ds.Spec.Template.Spec
+		c := pod.Containers[0]
+		Expect(c.Args).To(ContainElement("--docker-host=unix:///var/run/docker.sock"))
+		Expect(c.Args).NotTo(ContainElement(ContainSubstring(engineSocketDir)))
+		socket := hostPathVolume(pod, "/var/run/docker.sock")
 		Expect(socket).NotTo(BeNil(), "the Docker socket volume")
-		Expect(socket.HostPath.Type).To(HaveValue(Equal(corev1.HostPathSocket)))
+		Expect(socket.HostPath.Type).To(HaveValue(Equal(corev1.HostPathSocket)), "fail the Pod rather than mount an empty directory")
 		Expect(c.VolumeMounts).To(ContainElement(And(HaveField("Name", socket.Name), HaveField("MountPath", "/var/run/docker.sock"))))
+		Expect(hostPathVolume(pod, engineSocketDir)).To(BeNil())
+		for _, m := range c.VolumeMounts {
+			Expect(pod.Volumes).To(ContainElement(HaveField("Name", m.Name)), "mount %s has a volume", m.Name)
+		}
 	})
 
 	It("runs the webhook highly available with the names its arguments spell out", func() {
@@ -501,4 +583,14 @@ func expectServiceReaches(svcObj *unstructured.Unstructured, d *appsv1.Deploymen
 			Expect(numbers).To(ContainElement(p.TargetPort.IntVal), "Service %s port %s", svc.Name, p.Name)
 		}
 	}
+}
+
+// hostPathVolume returns pod's hostPath volume of path, or nil.
+func hostPathVolume(pod corev1.PodSpec, path string) *corev1.Volume {
+	for i := range pod.Volumes {
+		if v := pod.Volumes[i]; v.HostPath != nil && v.HostPath.Path == path {
+			return &pod.Volumes[i]
+		}
+	}
+	return nil
 }
