@@ -294,6 +294,9 @@ KIND_IMAGE_ENV = K8S_VERSION=$(ENVTEST_K8S_VERSION) KIND_VERSION=$(KIND_VERSION)
 	CONTAINERD_VERSION=$(KIND_CONTAINERD_VERSION) KIND_ETCD_VERSION=$(KIND_ETCD_VERSION) \
 	KIND_COREDNS_VERSION=$(KIND_COREDNS_VERSION) KIND_COREDNS_TAG=$(KIND_COREDNS_TAG) \
 	KIND_PAUSE_TAG=$(KIND_PAUSE_TAG) KIND_CRICTL_VERSION=$(KIND_CRICTL_VERSION)
+# The CA of kube-apiserver's webhook client certificate, which hack/kind/up.sh
+# makes (hack/kindwebhookclient) and make kind-deploy gives the webhook.
+KIND_WEBHOOK_CLIENT_CA ?= $(dir $(KIND_KUBECONFIG))webhook-client/webhook-client-ca.crt
 KIND_ENV = KIND="$(KIND)" KIND_CLUSTER="$(KIND_CLUSTER)" KIND_KUBECONFIG="$(KIND_KUBECONFIG)"
 
 .PHONY: kind-image
@@ -321,6 +324,11 @@ kind-load-sandbox-images: ## Load KIND_SANDBOX_IMAGES from this Docker into ever
 kind-deploy: docker-build engine-image kind ## Build the images, load them into the kind nodes and deploy DEPLOY_CONFIG (config/default) to the kind cluster, the webhook requiring kube-apiserver's client certificate.
 	refs=$$($(KIND_ENV) hack/kind/load.sh $(IMG) $(MCP_IMG) $(ENGINE_IMG)); set -- $$refs; \
 	KUBECONFIG="$(KIND_KUBECONFIG)" $(MAKE) deploy IMG="$$1" MCP_IMG="$$2" ENGINE_IMG="$$3" WEBHOOK_CLIENT_CA="$(KIND_WEBHOOK_CLIENT_CA)"
+
+.PHONY: test-kind
+test-kind: build test-images ## Run the Ginkgo suite test/cluster against the operator deployed on the kind cluster (kind-up and kind-deploy first): placement on both workers, warm pools, a manager rollout, Egress, node loss, churn with faults.
+	KUBECONFIG="$(KIND_KUBECONFIG)" WEBHOOK_CLIENT_CA="$(KIND_WEBHOOK_CLIENT_CA)" KIND_CLUSTER="$(KIND_CLUSTER)" KIND_KUBECONFIG="$(KIND_KUBECONFIG)" \
+		$(GO) test -tags cluster ./test/cluster/... -count=1 -timeout 60m -v
 
 .PHONY: kind-smoke
 kind-smoke: kind test-images ## Check the kind cluster: three Ready nodes, a pod on each worker, pod to pod across nodes, Service DNS.

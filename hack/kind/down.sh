@@ -15,5 +15,5 @@ else
   log "no kind cluster ${KIND_CLUSTER}"
 fi
 rm -f "${KIND_KUBECONFIG}" "${KIND_STATE_DIR}/${KIND_CLUSTER}.yaml"
-rm -rf "${KIND_SHIM_DIR}"
+rm -rf "${KIND_SHIM_DIR}" "${KIND_STATE_DIR}/webhook-client"
 rmdir "${KIND_STATE_DIR}" 2>/dev/null || true

@@ -24,6 +24,15 @@ if ! docker image inspect "${NODE_IMAGE}" >/dev/null 2>&1; then
   docker pull "${NODE_IMAGE}" >&2 || die "node image ${NODE_IMAGE} is neither in Docker nor pullable (unset KIND_NODE_IMAGE to build one offline: make kind-image)"
 fi
 use_shim_if_needed "${NODE_IMAGE}"
+# Every kubelet and containerd in the nodes takes inotify instances from this
+# machine's per-user limit (128 on Debian): past it, a worker's kubelet
+# exits with "inotify_init: too many open files" and never joins. kind's
+# known-issues page gives these values.
+for kv in fs.inotify.max_user_instances=1024 fs.inotify.max_user_watches=524288; do
+  if (($(sysctl -n "${kv%%=*}") < ${kv#*=})); then
+    sysctl -qw "${kv}" || die "${kv%%=*} is $(sysctl -n "${kv%%=*}"), too low for three kind nodes; raise it to ${kv#*=} (as root)"
+  fi
+done
 mkdir -p "${KIND_STATE_DIR}"
 
 start=${SECONDS}
@@ -40,6 +49,28 @@ else
   else
     cp "${CONFIG}" "${cfg}"
   fi
+  # kube-apiserver presents a client certificate to admission webhooks
+  # (internal/webhookclient), so that the operator's webhook can require
+  # it (make kind-deploy passes the CA as WEBHOOK_CLIENT_CA). The directory
+  # is mounted into the control plane node, and from there into the
+  # kube-apiserver Pod, at the same absolute path its files name.
+  wc_dir=$(cd "${KIND_STATE_DIR}" && pwd)/webhook-client
+  go run ./hack/kindwebhookclient "${wc_dir}"
+  sed -i "s#^- role: control-plane\$#- role: control-plane\n  extraMounts:\n  - hostPath: ${wc_dir}\n    containerPath: ${wc_dir}\n    readOnly: true#" "${cfg}"
+  grep -q "containerPath: ${wc_dir}" "${cfg}" || die "${CONFIG} has no line '- role: control-plane' to mount ${wc_dir} on"
+  cat >>"${cfg}" <<EOF
+kubeadmConfigPatchesJSON6902:
+- group: kubeadm.k8s.io
+  version: v1beta4
+  kind: ClusterConfiguration
+  patch: |
+    - op: add
+      path: /apiServer/extraArgs/-
+      value: {name: admission-control-config-file, value: ${wc_dir}/admission-configuration.yaml}
+    - op: add
+      path: /apiServer/extraVolumes
+      value: [{name: webhook-client, hostPath: ${wc_dir}, mountPath: ${wc_dir}, readOnly: true, pathType: Directory}]
+EOF
   log "creating cluster ${KIND_CLUSTER} from ${NODE_IMAGE}"
   "${KIND}" create cluster --name "${KIND_CLUSTER}" --config "${cfg}" --image "${NODE_IMAGE}" \
     --kubeconfig "${KIND_KUBECONFIG}" >&2

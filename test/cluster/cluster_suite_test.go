@@ -94,6 +94,9 @@ var _ = BeforeSuite(func(ctx SpecContext) {
 	nodeName = workers[0]
 	By(fmt.Sprintf("sandboxes run on %v (Engine in the operator's pods: %t, kind cluster: %q)", workers, engineMode, kindCluster))
 	Expect(ensureImageOnWorkers(ctx, sampleImage)).To(Succeed())
+	if kindCluster != "" {
+		routeServicesThroughKind(ctx)
+	}
 }, NodeTimeout(5*time.Minute))
 
 // waitOperatorRollout waits until the manager DaemonSet and the webhook and
@@ -214,6 +217,7 @@ var _ = Describe("the operator on a real cluster", Ordered, func() {
 	warmPoolSpecs()
 	webhookSpecs()
 	benchSpecs()
+	engineSpecs()
 	multiNodeSpecs()
 	// Last before undeploy: they stop and restart nodes.
 	faultSpecs()

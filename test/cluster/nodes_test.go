@@ -13,6 +13,7 @@ import (
 	"errors"
 	"fmt"
 	"os/exec"
+	"regexp"
 	"sort"
 	"strings"
 	"time"
@@ -47,8 +48,8 @@ const (
 	// engineDataRoot is the Engine's data root on the node (a hostPath).
 	engineDataRoot = "/var/lib/code-sandbox-operator/docker"
 	// engineSelector and managerSelector select the operator's pods.
-	engineSelector  = "app.kubernetes.io/component=engine"
-	managerSelector = "app.kubernetes.io/component=manager"
+	engineSelector  = "app.kubernetes.io/name=code-sandbox-operator,app.kubernetes.io/component=engine"
+	managerSelector = "app.kubernetes.io/name=code-sandbox-operator,app.kubernetes.io/component=manager"
 )
 
 // discoverNodes fills workers, engineMode and kindCluster from the running
@@ -224,4 +225,27 @@ func containersLeft(ctx context.Context) (string, error) {
 		b.WriteString(out)
 	}
 	return strings.TrimSpace(b.String()), nil
+}
+
+// routeServicesThroughKind routes the cluster's Service range from this
+// machine to the kind control plane node, whose kube-proxy forwards (and
+// masquerades) to the Service's pods: the specs reach the MCP server and
+// the webhook through their Services and the cluster's DNS, as a pod
+// would. The control plane node is never stopped by the fault specs.
+func routeServicesThroughKind(ctx context.Context) {
+	GinkgoHelper()
+	cfg := mustKubectl(ctx, "get", "configmap", "kubeadm-config", "-n", "kube-system", "-o", "jsonpath={.data.ClusterConfiguration}")
+	m := regexp.MustCompile(`serviceSubnet: *"?([0-9./]+)`).FindStringSubmatch(cfg)
+	Expect(m).NotTo(BeNil(), "no serviceSubnet in kubeadm's ClusterConfiguration:\n%s", cfg)
+	var cp string
+	for _, n := range kindNodes {
+		if strings.HasSuffix(n, "-control-plane") {
+			cp = n
+		}
+	}
+	Expect(cp).NotTo(BeEmpty(), "no control plane node among %v", kindNodes)
+	ip := mustKubectl(ctx, "get", "node", cp, "-o", `jsonpath={.status.addresses[?(@.type=="InternalIP")].address}`)
+	out, err := exec.CommandContext(ctx, "ip", "route", "replace", m[1], "via", ip).CombinedOutput()
+	Expect(err).NotTo(HaveOccurred(), "routing %s via %s (root needed): %s", m[1], ip, out)
+	DeferCleanup(func() { _ = exec.Command("ip", "route", "del", m[1], "via", ip).Run() })
 }

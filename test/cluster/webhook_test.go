@@ -16,6 +16,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"os"
 	"path/filepath"
 	"time"
 
@@ -26,9 +27,9 @@ import (
 	"github.com/code-sandbox/code-sandbox-operator/internal/webhookclient"
 )
 
-// The admission webhook as `make cluster-deploy` deploys it: with
+// The admission webhook as `make kind-deploy` deploys it: with
 // config/components/webhook-client-auth, requiring the client certificate
-// that this cluster's kube-apiserver presents (hack/clusterpki,
+// that this cluster's kube-apiserver presents (hack/kindwebhookclient,
 // --admission-control-config-file).
 func webhookSpecs() {
 	Describe("the admission webhook's callers", func() {
@@ -36,7 +37,7 @@ func webhookSpecs() {
 			args := mustKubectl(ctx, "get", "deployment", prefix+"webhook", "-n", operatorNS,
 				"-o", "jsonpath={.spec.template.spec.containers[0].args}")
 			Expect(args).To(ContainSubstring("--webhook-client-ca="),
-				"the webhook runs without --webhook-client-ca: deploy with `make cluster-deploy` (WEBHOOK_CLIENT_CA, docs/deploy.md)")
+				"the webhook runs without --webhook-client-ca: deploy with `make kind-deploy` (WEBHOOK_CLIENT_CA, docs/deploy.md)")
 
 			// A TLS 1.3 server checks the client's certificate after the
 			// client's side of the handshake is done: its verdict is the
@@ -82,7 +83,10 @@ func webhookSpecs() {
 			Expect(handshake(ctx, stranger)).To(MatchError(ContainSubstring("unknown certificate authority")))
 
 			By("kube-apiserver's own client certificate completes the handshake")
-			dir := filepath.Join(repoRoot, "bin", "cluster", "pki", "webhook-client")
+			// Beside its CA, which make test-kind (or test-cluster) passes.
+			ca := os.Getenv("WEBHOOK_CLIENT_CA")
+			Expect(ca).NotTo(BeEmpty(), "WEBHOOK_CLIENT_CA names the CA of kube-apiserver's webhook client certificate (make test-kind sets it)")
+			dir := filepath.Dir(ca)
 			own, err := tls.LoadX509KeyPair(filepath.Join(dir, "webhook-client.crt"), filepath.Join(dir, "webhook-client.key"))
 			Expect(err).NotTo(HaveOccurred())
 			Expect(handshake(ctx, &own)).To(Succeed())
