@@ -53,6 +53,10 @@ const (
 	// specs test the rendered manifests).
 	managerFinalizer = "sandbox.code-sandbox.dev/container"
 	// The node managers' nodes in these specs.
+	// controlPlaneSA runs manager --role control-plane, whose node-loss
+	// controller alone may mark a Sandbox NodeLost.
+	controlPlaneSA = "code-sandbox-webhook"
+
 	nodeA = "policy-node-a"
 	nodeB = "policy-node-b"
 )
@@ -119,6 +123,11 @@ var _ = Describe("The Sandbox status policy as config/default renders it", func(
 		Expect(vars).To(HaveKeyWithValue("managerAccount", "'"+managerSA+"'"))
 		Expect(vars).To(HaveKeyWithValue("manager", "'system:serviceaccount:' + variables.managerNamespace + ':' + variables.managerAccount"))
 		Expect(vars).To(HaveKeyWithValue("nodeNames", ContainSubstring("'"+nodeNameKey+"'")))
+		// The control plane (the node-loss controller) is the webhook's
+		// rendered ServiceAccount.
+		Expect(find(objs, "ServiceAccount", controlPlaneSA).GetNamespace()).To(Equal(installNamespace))
+		Expect(vars).To(HaveKeyWithValue("controlPlaneNamespace", "'"+installNamespace+"'"))
+		Expect(vars).To(HaveKeyWithValue("controlPlaneAccount", "'"+controlPlaneSA+"'"))
 
 		// Alone, config/policy names the unrendered ServiceAccount.
 		alone := &admissionregistrationv1.ValidatingAdmissionPolicy{}
@@ -516,6 +525,62 @@ var _ = Describe("The Sandbox status policy of the default overlay, applied for 
 		Expect(condition(getSandbox(ctx, cp.Client, ns, sbxA), "Expired")).To(Equal("True"))
 	})
 
+	It("lets the control plane mark a bound Sandbox NodeLost and write nothing else; NodeLost is then frozen for everyone", func(ctx SpecContext) {
+		controlPlane := tokenClient(cp.NodeBoundToken(installNamespace, controlPlaneSA, nodeB))
+		expectAccess(ctx, serviceAccount(installNamespace, controlPlaneSA), []access{in(ns, "patch", "sandboxes/status")}, nil)
+		const lostName = "lost-on-a"
+		Expect(cp.Client.Create(ctx, newSandbox(ns, lostName, ""))).To(Succeed())
+
+		// Unbound: nothing to lose.
+		expectPolicyRefusal(patchStatus(ctx, controlPlane, ns, lostName, map[string]any{"conditions": nodeLost()}),
+			"may only mark Sandbox "+ns+"/"+lostName+" NodeLost")
+		Expect(patchStatus(ctx, managerA, ns, lostName, map[string]any{"nodeName": nodeA, "containerID": "c-1",
+			"conditions": conditions("Ready", "True")})).To(Succeed())
+
+		// Anything but NodeLost, or NodeLost with anything else, is refused.
+		for what, status := range map[string]map[string]any{
+			"Ready=True":               {"conditions": conditions("Ready", "True")},
+			"Expired=True":             {"conditions": append(conditions("Ready", "True"), conditions("Expired", "True")...)},
+			"NodeLost and Expired":     {"conditions": append(nodeLost(), conditions("Expired", "True")...)},
+			"NodeLost and unbinding":   {"conditions": nodeLost(), "nodeName": nil},
+			"NodeLost and rebinding":   {"conditions": nodeLost(), "nodeName": nodeB},
+			"NodeLost and a container": {"conditions": nodeLost(), "containerID": "c-2"},
+			"NodeLost and an endpoint": {"conditions": nodeLost(), "nodeAPIEndpoint": "https://attacker:9443"},
+		} {
+			expectPolicyRefusal(patchStatus(ctx, controlPlane, ns, lostName, status), "may only mark Sandbox "+ns+"/"+lostName+" NodeLost")
+			Expect(condition(getSandbox(ctx, cp.Client, ns, lostName), "Ready")).To(Equal("True"), what)
+		}
+
+		// A manager may not write NodeLost, on its own node or another's;
+		// nor may a namespace user or the cluster administrator.
+		expectPolicyRefusal(patchStatus(ctx, managerA, ns, lostName, map[string]any{"conditions": nodeLost()}),
+			"only the control plane decides that a node is lost")
+		expectPolicyRefusal(patchStatus(ctx, managerB, ns, lostName, map[string]any{"conditions": nodeLost()}),
+			"which is bound to node "+nodeA)
+		expectPolicyRefusal(patchStatus(ctx, dave, ns, lostName, map[string]any{"conditions": nodeLost()}), "dave may not")
+		expectPolicyRefusal(patchStatus(ctx, cp.Client, ns, lostName, map[string]any{"conditions": nodeLost()}), "only the node managers")
+		expectPolicyRefusal(patchStatus(ctx, impostor, ns, lostName, map[string]any{"conditions": nodeLost()}),
+			"system:serviceaccount:"+ns+":"+managerSA+" may not")
+
+		// The control plane does.
+		Expect(patchStatus(ctx, controlPlane, ns, lostName, map[string]any{"conditions": nodeLost()})).To(Succeed())
+		lost := getSandbox(ctx, cp.Client, ns, lostName)
+		Expect(condition(lost, "Ready")).To(Equal("False"))
+		Expect(lost.Object["status"]).To(And(HaveKeyWithValue("nodeName", nodeA), HaveKeyWithValue("containerID", "c-1")))
+
+		// Terminal: the returning manager cannot flip it back, nor change
+		// anything else; the control plane cannot write again.
+		expectPolicyRefusal(patchStatus(ctx, managerA, ns, lostName, map[string]any{"conditions": conditions("Ready", "True")}),
+			"is NodeLost")
+		expectPolicyRefusal(patchStatus(ctx, managerA, ns, lostName, map[string]any{"containerID": "c-3"}), "is NodeLost")
+		expectPolicyRefusal(patchStatus(ctx, controlPlane, ns, lostName, map[string]any{"conditions": conditions("Ready", "True")}),
+			"may only mark")
+		Expect(condition(getSandbox(ctx, cp.Client, ns, lostName), "Ready")).To(Equal("False"))
+		// Writing the same status again changes nothing and is allowed.
+		Expect(managerA.Status().Update(ctx, getSandbox(ctx, managerA, ns, lostName))).To(Succeed())
+		Expect(cp.Client.Delete(ctx, sandboxRef(ns, lostName))).To(Succeed())
+	})
+
 	It("keeps a Sandbox pinned by spec.nodeName from other nodes' managers", func(ctx SpecContext) {
 		Expect(cp.Client.Create(ctx, newSandbox(ns, "pinned-to-b", nodeB))).To(Succeed())
 		err := patchStatus(ctx, managerA, ns, "pinned-to-b", map[string]any{"nodeName": nodeA})
@@ -700,6 +765,14 @@ func condition(u *unstructured.Unstructured, t string) string {
 func conditions(t, status string) []any {
 	return []any{map[string]any{
 		"type": t, "status": status, "reason": "Test", "message": "written by " + CurrentSpecReport().LeafNodeText,
+		"lastTransitionTime": metav1.Now().UTC().Format(time.RFC3339),
+	}}
+}
+
+// nodeLost is a status.conditions list with Ready=False, reason NodeLost.
+func nodeLost() []any {
+	return []any{map[string]any{
+		"type": "Ready", "status": "False", "reason": "NodeLost", "message": "node " + nodeA + " is lost",
 		"lastTransitionTime": metav1.Now().UTC().Format(time.RFC3339),
 	}}
 }
