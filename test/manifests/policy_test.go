@@ -401,7 +401,8 @@ var _ = Describe("The Sandbox status policy of the default overlay, applied for 
 
 	It("refuses a user whose role does allow status writes, and the cluster administrator (the policy)", func(ctx SpecContext) {
 		err := patchStatus(ctx, dave, ns, sbxA, map[string]any{"nodeName": "nowhere", "conditions": conditions("Ready", "True")})
-		expectPolicyRefusal(err, "only the node managers ("+managerUser+") may write the status of Sandbox "+ns+"/"+sbxA+"; dave may not")
+		expectPolicyRefusal(err, "only the node managers ("+managerUser+") may write the status of Sandbox "+ns+"/"+sbxA+
+			", and the control plane (system:serviceaccount:"+installNamespace+":"+controlPlaneSA+") only to mark it NodeLost; dave may not")
 
 		err = patchStatus(ctx, cp.Client, ns, sbxA, map[string]any{"nodeName": "nowhere"})
 		expectPolicyRefusal(err, "only the node managers ("+managerUser+") may write the status")
