@@ -161,6 +161,8 @@ var _ = Describe("Node loss", Ordered, func() {
 		leases.set(nodeA, false, true)
 		Consistently(testenv.ReadyReason(cp.Client, lost), 3*leaseDuration, 100*time.Millisecond).Should(Equal(running))
 		leases.set(nodeA, true, true)
+		Eventually(func() time.Time { return kubeletExpiry(nodeA) }, 5*time.Second, 100*time.Millisecond).Should(
+			BeTemporally(">", time.Now().Add(leaseDuration/2)), "the kubelet renews again")
 		Expect(quotaUsed(quotaKey)()).To(BeEquivalentTo(2))
 	})
 
@@ -170,6 +172,7 @@ var _ = Describe("Node loss", Ordered, func() {
 		leases.set(nodeA, false, false)
 		deleteManagerLease(nodeA)
 		expiry := kubeletExpiry(nodeA)
+		Expect(expiry).To(BeTemporally(">", time.Now()), "the kubelet Lease was fresh when the node stopped")
 
 		Eventually(testenv.ReadyReason(cp.Client, lost), 15*time.Second, 50*time.Millisecond).Should(Equal("False/" + sandboxv1alpha1.SandboxReasonNodeLost))
 		sbx := get(lost)
@@ -179,7 +182,8 @@ var _ = Describe("Node loss", Ordered, func() {
 		AddReportEntry("NodeLost after the kubelet Lease expired", late.String())
 		// Requeued at the expiry itself, not at a resync; the condition's
 		// time has one-second resolution.
-		Expect(late).To(BeNumerically("<", 2*time.Second))
+		Expect(late).To(And(BeNumerically(">", -time.Second), BeNumerically("<", 2*time.Second)),
+			"not before the kubelet's Lease expired, and at once after")
 		Expect(ready.Message).To(And(ContainSubstring("node "+nodeA+" is lost"), ContainSubstring("kubelet"), ContainSubstring("manager's Lease is gone")))
 		Expect(sbx.Status.NodeName).To(Equal(nodeA), "nothing else of the status changes")
 		Expect(sbx.Status.ContainerID).NotTo(BeEmpty())
