@@ -190,7 +190,7 @@ var _ = Describe("Node loss", Ordered, func() {
 
 		By("refusing exec and files with a typed error naming the reason")
 		err := subresource.CheckReady(sbx)
-		Expect(err).NotTo(BeNil())
+		Expect(err).To(HaveOccurred())
 		Expect(subresource.HasCause(err.Status("exec"), subresource.CauseSandboxNotReady)).To(BeTrue())
 		Expect(err.Message).To(ContainSubstring("NodeLost"))
 
