@@ -56,6 +56,10 @@ const (
 	// controlPlaneSA runs manager --role control-plane, whose node-loss
 	// controller alone may mark a Sandbox NodeLost.
 	controlPlaneSA = "code-sandbox-webhook"
+	// controlPlanePolicyName confines the control plane's main-resource
+	// updates to releasing the manager's finalizer of a deleted Sandbox.
+	controlPlanePolicyName   = "code-sandbox-sandbox-control-plane-updates"
+	controlPlanePolicyDenied = "ValidatingAdmissionPolicy '" + controlPlanePolicyName + "' with binding '" + controlPlanePolicyName + "' denied request"
 
 	nodeA = "policy-node-a"
 	nodeB = "policy-node-b"
@@ -299,7 +303,7 @@ var _ = Describe("The Sandbox status policy of the default overlay, applied for 
 			Eventually(leaseProbe).WithContext(ctx).WithTimeout(30 * time.Second).Should(Succeed())
 		})
 		Expect(leaseProbe(ctx)).To(Succeed(), "refused before the Lease policy was installed")
-		for _, name := range []string{policyName, managerPolicyName, leasePolicyName} {
+		for _, name := range []string{policyName, managerPolicyName, leasePolicyName, controlPlanePolicyName} {
 			for _, kind := range []string{"ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"} {
 				o := find(objs, kind, name)
 				Expect(applyForReal(ctx, o)).To(Succeed(), describe(o))
@@ -535,14 +539,16 @@ var _ = Describe("The Sandbox status policy of the default overlay, applied for 
 		// Unbound: nothing to lose.
 		expectPolicyRefusal(patchStatus(ctx, controlPlane, ns, lostName, map[string]any{"conditions": nodeLost()}),
 			"may only mark Sandbox "+ns+"/"+lostName+" NodeLost")
+		paused := conditions("Paused", "False")
 		Expect(patchStatus(ctx, managerA, ns, lostName, map[string]any{"nodeName": nodeA, "containerID": "c-1",
-			"conditions": conditions("Ready", "True")})).To(Succeed())
+			"conditions": append(conditions("Ready", "True"), paused...)})).To(Succeed())
 
 		// Anything but NodeLost, or NodeLost with anything else, is refused.
 		for what, status := range map[string]map[string]any{
 			"Ready=True":               {"conditions": conditions("Ready", "True")},
 			"Expired=True":             {"conditions": append(conditions("Ready", "True"), conditions("Expired", "True")...)},
-			"NodeLost and Expired":     {"conditions": append(nodeLost(), conditions("Expired", "True")...)},
+			"NodeLost and Expired":     {"conditions": append(nodeLost(), append(paused, conditions("Expired", "True")...)...)},
+			"NodeLost, Paused dropped": {"conditions": nodeLost()},
 			"NodeLost and unbinding":   {"conditions": nodeLost(), "nodeName": nil},
 			"NodeLost and rebinding":   {"conditions": nodeLost(), "nodeName": nodeB},
 			"NodeLost and a container": {"conditions": nodeLost(), "containerID": "c-2"},
@@ -563,8 +569,8 @@ var _ = Describe("The Sandbox status policy of the default overlay, applied for 
 		expectPolicyRefusal(patchStatus(ctx, impostor, ns, lostName, map[string]any{"conditions": nodeLost()}),
 			"system:serviceaccount:"+ns+":"+managerSA+" may not")
 
-		// The control plane does.
-		Expect(patchStatus(ctx, controlPlane, ns, lostName, map[string]any{"conditions": nodeLost()})).To(Succeed())
+		// The control plane does, keeping every other condition as it was.
+		Expect(patchStatus(ctx, controlPlane, ns, lostName, map[string]any{"conditions": append(nodeLost(), paused...)})).To(Succeed())
 		lost := getSandbox(ctx, cp.Client, ns, lostName)
 		Expect(condition(lost, "Ready")).To(Equal("False"))
 		Expect(lost.Object["status"]).To(And(HaveKeyWithValue("nodeName", nodeA), HaveKeyWithValue("containerID", "c-1")))
@@ -580,6 +586,45 @@ var _ = Describe("The Sandbox status policy of the default overlay, applied for 
 		// Writing the same status again changes nothing and is allowed.
 		Expect(managerA.Status().Update(ctx, getSandbox(ctx, managerA, ns, lostName))).To(Succeed())
 		Expect(cp.Client.Delete(ctx, sandboxRef(ns, lostName))).To(Succeed())
+	})
+
+	It("lets the control plane only release the manager's finalizer of a Sandbox being deleted", func(ctx SpecContext) {
+		controlPlane := tokenClient(cp.NodeBoundToken(installNamespace, controlPlaneSA, nodeB))
+		expectAccess(ctx, serviceAccount(installNamespace, controlPlaneSA), []access{in(ns, "patch", "sandboxes")}, nil)
+		const name = "released-by-control-plane"
+		const other = "example.com/other"
+		sbx := newSandbox(ns, name, "")
+		sbx.SetFinalizers([]string{managerFinalizer, other})
+		Expect(cp.Client.Create(ctx, sbx)).To(Succeed())
+		DeferCleanup(func(ctx SpecContext) {
+			_ = patchSandbox(ctx, cp.Client, ns, name, map[string]any{"metadata": map[string]any{"finalizers": nil}})
+		})
+		refused := func(err error, message string) {
+			GinkgoHelper()
+			Expect(err).To(HaveOccurred(), "the control-plane policy should have refused this")
+			Expect(apierrors.IsForbidden(err)).To(BeTrue(), "403 Forbidden expected: %v", err)
+			Expect(err).To(MatchError(ContainSubstring(controlPlanePolicyDenied)))
+			Expect(err).To(MatchError(ContainSubstring(message)))
+		}
+		release := map[string]any{"metadata": map[string]any{"finalizers": []any{other}}}
+
+		// Not being deleted: nothing at all (the policy loads asynchronously).
+		Eventually(func(ctx SpecContext) error {
+			return patchSandbox(ctx, controlPlane, ns, name, release, client.DryRunAll)
+		}).WithContext(ctx).WithTimeout(30 * time.Second).Should(MatchError(ContainSubstring(controlPlanePolicyDenied)))
+		refused(patchSandbox(ctx, controlPlane, ns, name, release), "only to release the finalizer of the node manager once its deletion has started")
+
+		Expect(cp.Client.Delete(ctx, sandboxRef(ns, name))).To(Succeed())
+		refused(patchSandbox(ctx, controlPlane, ns, name, map[string]any{"metadata": map[string]any{"labels": map[string]any{"x": "y"}}}),
+			"may change only the finalizers of Sandbox "+ns+"/"+name)
+		refused(patchSandbox(ctx, controlPlane, ns, name, map[string]any{"spec": map[string]any{"activeDeadlineSeconds": int64(60)}}),
+			"may change only the finalizers")
+		refused(patchSandbox(ctx, controlPlane, ns, name, map[string]any{"metadata": map[string]any{"finalizers": []any{managerFinalizer}}}),
+			"may only remove the finalizer sandbox.code-sandbox.dev/container")
+		Expect(getSandbox(ctx, cp.Client, ns, name).GetFinalizers()).To(ConsistOf(managerFinalizer, other))
+
+		Expect(patchSandbox(ctx, controlPlane, ns, name, release)).To(Succeed())
+		Expect(getSandbox(ctx, cp.Client, ns, name).GetFinalizers()).To(ConsistOf(other))
 	})
 
 	It("keeps a Sandbox pinned by spec.nodeName from other nodes' managers", func(ctx SpecContext) {
