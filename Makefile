@@ -36,7 +36,7 @@ help: ## Display this help.
 manifests: controller-gen ## Generate the CRDs and the manager's and the webhook's RBAC roles.
 	$(CONTROLLER_GEN) crd paths="./api/..." output:crd:artifacts:config=config/crd/bases
 	$(CONTROLLER_GEN) rbac:roleName=manager-role paths="./controllers/sandbox;./internal/nodeapi/...;./internal/nodelease;./internal/operatorca/noderbac" output:rbac:artifacts:config=config/rbac
-	$(CONTROLLER_GEN) rbac:roleName=webhook-role paths="./controllers/sandboxquota/...;./controllers/sandboxwarmpool/...;./internal/admission/...;./internal/webhookcert/...;./internal/operatorca;./internal/aggregatedapi" output:rbac:artifacts:config=config/webhook
+	$(CONTROLLER_GEN) rbac:roleName=webhook-role paths="./controllers/sandboxquota/...;./controllers/sandboxnode/...;./controllers/sandboxwarmpool/...;./internal/admission/...;./internal/webhookcert/...;./internal/operatorca;./internal/aggregatedapi" output:rbac:artifacts:config=config/webhook
 
 .PHONY: generate
 generate: controller-gen ## Generate DeepCopy methods.

@@ -11,6 +11,13 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
 
+// FinalizerContainer is the node manager's finalizer: it keeps a Sandbox
+// until its container is proven gone. Docker containers are not Kubernetes
+// objects, so garbage collection cannot remove them. The control plane
+// removes it too, from a deleted Sandbox whose node is lost
+// (controllers/sandboxnode).
+const FinalizerContainer = "sandbox.code-sandbox.dev/container"
+
 // ConditionType is a type of condition a Sandbox reports in status.conditions.
 type ConditionType string
 
@@ -152,7 +159,31 @@ const (
 	// on its node. The manager fails closed: it neither adopts, starts nor
 	// removes that container.
 	SandboxReasonWarmPoolMemberInvalid = "WarmPoolMemberInvalid"
+
+	// SandboxReasonNodeLost: the node the Sandbox is bound to is gone: its
+	// kubelet stopped renewing the node's Lease (or the Node was deleted)
+	// and its manager's Lease expired too. Used with Ready=False, written by
+	// the control plane (controllers/sandboxnode), and terminal, like a Pod
+	// on a lost node: the Sandbox is never provisioned again, it no longer
+	// counts against SandboxQuotas, a warm pool replaces such a member, and
+	// nobody may change its status any more (config/policy). If the node
+	// comes back, its manager removes the container; delete the Sandbox and
+	// create a new one. Deletion completes whether or not the node returns
+	// (docs/node-loss.md).
+	SandboxReasonNodeLost = "NodeLost"
 )
+
+// IsNodeLost reports whether the Sandbox's node was declared lost
+// (Ready=False with reason NodeLost), which is terminal.
+func (s *Sandbox) IsNodeLost() bool {
+	for i := range s.Status.Conditions {
+		c := &s.Status.Conditions[i]
+		if c.Type == string(SandboxConditionReady) {
+			return c.Status == metav1.ConditionFalse && c.Reason == SandboxReasonNodeLost
+		}
+	}
+	return false
+}
 
 // ImagePullPolicy says when the manager pulls the sandbox image.
 // +kubebuilder:validation:Enum=IfNotPresent;Always;Never

@@ -29,6 +29,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/webhook"
 
 	sandboxcontroller "github.com/code-sandbox/code-sandbox-operator/controllers/sandbox"
+	"github.com/code-sandbox/code-sandbox-operator/controllers/sandboxnode"
 	"github.com/code-sandbox/code-sandbox-operator/controllers/sandboxquota"
 	"github.com/code-sandbox/code-sandbox-operator/controllers/sandboxwarmpool"
 	"github.com/code-sandbox/code-sandbox-operator/internal/admission"
@@ -68,7 +69,7 @@ type controlPlaneFlags struct {
 func (f *controlPlaneFlags) bind(fs *flag.FlagSet) {
 	fs.StringVar(&f.bindAddress, "webhook-bind-address", ":9443", "control-plane role: address of the HTTPS admission webhook.")
 	fs.StringVar(&f.certDir, "webhook-cert-dir", "", "control-plane role: directory with tls.crt and tls.key issued by you or cert-manager. Empty: the webhook keeps its own CA and certificate in --webhook-cert-secret and injects the CA into --webhook-configuration.")
-	fs.StringVar(&f.namespace, "webhook-namespace", os.Getenv("POD_NAMESPACE"), "control-plane role: namespace of the certificate Secret and the leader-election Lease (default $POD_NAMESPACE).")
+	fs.StringVar(&f.namespace, "webhook-namespace", os.Getenv("POD_NAMESPACE"), "control-plane role: namespace of the certificate Secret, the leader-election Lease and the node managers' Leases, by which lost nodes are told (default $POD_NAMESPACE).")
 	fs.StringVar(&f.certSecret, "webhook-cert-secret", "code-sandbox-webhook-server-cert", "control-plane role: Secret holding the self-managed CA and certificate.")
 	fs.StringVar(&f.configuration, "webhook-configuration", "code-sandbox-validating-webhook-configuration", "control-plane role: ValidatingWebhookConfiguration that receives the self-managed CA; empty leaves it alone.")
 	fs.StringVar(&f.service, "webhook-service", "code-sandbox-webhook-service", "control-plane role: Service in front of the webhook; its cluster DNS names go into the certificate.")
@@ -248,6 +249,16 @@ func runControlPlane(f controlPlaneFlags, metricsAddr, probeAddr string) error {
 	if err := sandboxwarmpool.NewReconciler(mgr.GetClient(), mgr.GetAPIReader(), mgr.GetEventRecorder("sandboxwarmpool-controller"),
 		clock.RealClock{}, sandboxwarmpool.Options{}).SetupWithManager(mgr); err != nil {
 		return fmt.Errorf("setting up the warm pool controller: %w", err)
+	}
+	// Node loss: NodeLost for the Sandboxes of a node whose kubelet and
+	// manager are both gone (docs/node-loss.md).
+	nodeLoss, err := sandboxnode.NewReconciler(mgr.GetClient(), mgr.GetAPIReader(), mgr.GetEventRecorder("sandboxnode-controller"),
+		clock.RealClock{}, sandboxnode.Options{ManagerNamespace: f.namespace})
+	if err != nil {
+		return fmt.Errorf("setting up the node-loss controller (--webhook-namespace names the managers' Lease namespace): %w", err)
+	}
+	if err := nodeLoss.SetupWithManager(mgr); err != nil {
+		return fmt.Errorf("setting up the node-loss controller: %w", err)
 	}
 	if err := mgr.AddHealthzCheck("healthz", healthz.Ping); err != nil {
 		return err

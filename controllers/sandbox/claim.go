@@ -169,7 +169,7 @@ func (r *SandboxReconciler) usedCapacity(ctx context.Context) (int, error) {
 	}
 	for i := range list.Items {
 		sbx := &list.Items[i]
-		if meta.IsStatusConditionTrue(sbx.Status.Conditions, string(sandboxv1alpha1.SandboxConditionExpired)) {
+		if meta.IsStatusConditionTrue(sbx.Status.Conditions, string(sandboxv1alpha1.SandboxConditionExpired)) || sbx.IsNodeLost() {
 			continue
 		}
 		// A claimed member's container is its claimant's: count it once.

@@ -616,6 +616,48 @@ var _ = Describe("Reconcile against a fake runtime", Label("unit"), func() {
 		Expect(apierrors.IsNotFound(e.c.Get(context.Background(), unitKey, &sandboxv1alpha1.Sandbox{}))).To(BeTrue())
 	})
 
+	It("NodeLost (the node came back): removes the container, recreates none, writes no status, and finalizes a deletion", func() {
+		e := newUnitEnv(unitSandbox(true))
+		e.mustReconcile()
+		Expect(e.rt.ids(unitUID)).To(HaveLen(1))
+		e.events()
+		// What the control plane wrote while this node was away.
+		sbx := e.get()
+		meta.SetStatusCondition(&sbx.Status.Conditions, metav1.Condition{Type: string(sandboxv1alpha1.SandboxConditionReady),
+			Status: metav1.ConditionFalse, Reason: sandboxv1alpha1.SandboxReasonNodeLost, Message: "node node-a is lost"})
+		Expect(e.c.Status().Update(context.Background(), sbx)).To(Succeed())
+		// The status policy refuses any change of a NodeLost status.
+		e.failStatus = errors.New("no status write expected on a NodeLost Sandbox")
+
+		e.mustReconcile()
+		Expect(e.rt.ids(unitUID)).To(BeEmpty())
+		Expect(ready(e.get())).To(Equal("False/" + sandboxv1alpha1.SandboxReasonNodeLost))
+		e.clk.Step(time.Hour)
+		e.mustReconcile()
+		Expect(e.rt.callsWith("create ")).To(HaveLen(1), "terminal: never provisioned again")
+		Expect(e.events()).To(BeEmpty())
+
+		Expect(e.c.Delete(context.Background(), e.get())).To(Succeed())
+		e.mustReconcile()
+		Expect(apierrors.IsNotFound(e.c.Get(context.Background(), unitKey, &sandboxv1alpha1.Sandbox{}))).To(BeTrue())
+		Expect(e.history.keys()).To(Equal([]string{unitUID}))
+	})
+
+	It("NodeLost with Docker unavailable: returns the error, keeps the finalizer, writes no status", func() {
+		e := newUnitEnv(unitSandbox(true, withReady(metav1.ConditionFalse, sandboxv1alpha1.SandboxReasonNodeLost)))
+		e.rt.add(e.owner(), "running")
+		e.rt.setDown(true)
+		e.failStatus = errors.New("no status write expected on a NodeLost Sandbox")
+		Expect(e.c.Delete(context.Background(), e.get())).To(Succeed())
+		_, err := e.reconcile()
+		Expect(err).To(MatchError(dockerruntime.ErrUnavailable))
+		Expect(e.get().Finalizers).To(ConsistOf(Finalizer))
+		e.rt.setDown(false)
+		e.mustReconcile()
+		Expect(e.rt.ids(unitUID)).To(BeEmpty())
+		Expect(apierrors.IsNotFound(e.c.Get(context.Background(), unitKey, &sandboxv1alpha1.Sandbox{}))).To(BeTrue())
+	})
+
 	It("a vanished Sandbox (finalizer stripped): its container goes at once, without grace", func() {
 		e := newUnitEnv()
 		id := e.rt.add(e.owner(), "running")

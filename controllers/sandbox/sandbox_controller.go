@@ -39,7 +39,7 @@ import (
 // Finalizer keeps a Sandbox until its container is proven gone. Docker
 // containers are not Kubernetes objects, so garbage collection cannot remove
 // them.
-const Finalizer = "sandbox.code-sandbox.dev/container"
+const Finalizer = sandboxv1alpha1.FinalizerContainer
 
 // statusNodeNameField indexes Sandboxes by the node that claimed them.
 const statusNodeNameField = "status.nodeName"
@@ -201,6 +201,9 @@ func (r *SandboxReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ct
 		}
 	}
 
+	if sbx.IsNodeLost() {
+		return r.settleNodeLost(ctx, sbx)
+	}
 	if !sbx.DeletionTimestamp.IsZero() {
 		return r.finalize(ctx, sbx)
 	}
@@ -576,6 +579,33 @@ func (r *SandboxReconciler) finalize(ctx context.Context, sbx *sandboxv1alpha1.S
 	}
 	r.backoff.reset(sbx.UID)
 	r.recorder.Eventf(sbx, nil, "Normal", "ContainerRemoved", "Delete", "container removed from node %s", r.opts.NodeName)
+	return ctrl.Result{}, nil
+}
+
+// settleNodeLost handles a Sandbox of this node that the control plane
+// declared NodeLost while this node was gone (controllers/sandboxnode).
+// NodeLost is terminal, like a Pod on a lost node: the container, if this
+// node still has it, is removed and never recreated, and the status is
+// never written again (the status policy refuses any change). A deleted
+// one is finalized as usual, without the status write.
+func (r *SandboxReconciler) settleNodeLost(ctx context.Context, sbx *sandboxv1alpha1.Sandbox) (ctrl.Result, error) {
+	if _, err := r.removeContainers(ctx, sbx); err != nil {
+		return ctrl.Result{}, err
+	}
+	r.claims.release(client.ObjectKeyFromObject(sbx))
+	if sbx.DeletionTimestamp.IsZero() || !controllerutil.ContainsFinalizer(sbx, Finalizer) {
+		return ctrl.Result{}, nil
+	}
+	r.deleteHistory(ctx, sbx)
+	base := sbx.DeepCopy()
+	controllerutil.RemoveFinalizer(sbx, Finalizer)
+	if err := r.client.Patch(ctx, sbx, client.MergeFromWithOptions(base, client.MergeFromWithOptimisticLock{})); err != nil && !apierrors.IsNotFound(err) {
+		return ctrl.Result{}, ignoreConflict(fmt.Errorf("removing finalizer: %w", err))
+	}
+	if m := sbx.Status.WarmPool; m != nil && m.Member != nil {
+		r.members.release(m.Member.UID)
+	}
+	r.backoff.reset(sbx.UID)
 	return ctrl.Result{}, nil
 }
 

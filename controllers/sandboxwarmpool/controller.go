@@ -65,6 +65,9 @@ var brokenReasons = map[string]bool{
 	sandboxv1alpha1.SandboxReasonOOMKilled:        true,
 	sandboxv1alpha1.SandboxReasonContainerMissing: true,
 	sandboxv1alpha1.SandboxReasonExpired:          true,
+	// The node is gone (controllers/sandboxnode); the member's container
+	// is out of reach and the Sandbox is terminal.
+	sandboxv1alpha1.SandboxReasonNodeLost: true,
 }
 
 // failingReasons are the Ready reasons of members that are kept (the

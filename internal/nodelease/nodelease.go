@@ -111,16 +111,26 @@ func Live(ctx context.Context, reader client.Reader, namespace string, now time.
 
 // current returns the node a Lease was renewed for, if it has not expired.
 func current(l *coordinationv1.Lease, now time.Time) (string, bool) {
+	node, expiry, ok := Expiry(l)
+	if !ok {
+		return "", false
+	}
+	return node, now.Before(expiry)
+}
+
+// Expiry returns the node a manager's Lease names and when it expires
+// (renewTime + leaseDurationSeconds); ok is false for a Lease that names
+// no node, was never renewed, or is held under another node's name.
+func Expiry(l *coordinationv1.Lease) (node string, expiry time.Time, ok bool) {
 	s := l.Spec
 	if s.HolderIdentity == nil || s.RenewTime == nil || s.LeaseDurationSeconds == nil {
-		return "", false
+		return "", time.Time{}, false
 	}
 	if l.Name != NamePrefix+*s.HolderIdentity {
 		// Not written by that node's manager (the policy would refuse it).
-		return "", false
+		return "", time.Time{}, false
 	}
-	expiry := s.RenewTime.Add(time.Duration(*s.LeaseDurationSeconds) * time.Second)
-	return *s.HolderIdentity, now.Before(expiry)
+	return *s.HolderIdentity, s.RenewTime.Add(time.Duration(*s.LeaseDurationSeconds) * time.Second), true
 }
 
 // Cached is Live behind a short cache: a burst of decisions costs one List.

@@ -52,10 +52,13 @@ func Usage(sbx *sandboxv1alpha1.Sandbox) sandboxv1alpha1.SandboxQuotaUsage {
 }
 
 // Counts reports whether a Sandbox uses quota. A Sandbox that is being
-// deleted or has expired does not: its container is being, or has been,
-// removed, and it will never be provisioned again.
+// deleted, has expired or whose node was lost (NodeLost, terminal) does
+// not: its container is being, or has been, removed, or is out of reach,
+// and it will never be provisioned again. Both conditions are written only
+// by the operator (the node managers, and for NodeLost the control plane),
+// and the status policy keeps a NodeLost status from ever changing again.
 func Counts(sbx *sandboxv1alpha1.Sandbox) bool {
-	if sbx.DeletionTimestamp != nil {
+	if sbx.DeletionTimestamp != nil || sbx.IsNodeLost() {
 		return false
 	}
 	return !meta.IsStatusConditionTrue(sbx.Status.Conditions, string(sandboxv1alpha1.SandboxConditionExpired))

@@ -110,6 +110,24 @@ var _ = Describe("Counts", func() {
 		}
 	})
 
+	It("does not count a Sandbox whose node was lost (Ready=False, NodeLost)", func() {
+		sbx := sandbox("a", "", "", "")
+		sbx.Status.Conditions = []metav1.Condition{{Type: string(sandboxv1alpha1.SandboxConditionReady),
+			Status: metav1.ConditionFalse, Reason: sandboxv1alpha1.SandboxReasonNodeLost}}
+		Expect(quota.Counts(&sbx)).To(BeFalse())
+	})
+
+	It("counts a Sandbox whose NodeLost reason is on another condition, or on a Ready that is True", func() {
+		for _, c := range []metav1.Condition{
+			{Type: string(sandboxv1alpha1.SandboxConditionPaused), Status: metav1.ConditionFalse, Reason: sandboxv1alpha1.SandboxReasonNodeLost},
+			{Type: string(sandboxv1alpha1.SandboxConditionReady), Status: metav1.ConditionTrue, Reason: sandboxv1alpha1.SandboxReasonNodeLost},
+		} {
+			sbx := sandbox("a", "", "", "")
+			sbx.Status.Conditions = []metav1.Condition{c}
+			Expect(quota.Counts(&sbx)).To(BeTrue(), "%s=%s", c.Type, c.Status)
+		}
+	})
+
 	It("is not fooled by another condition being True", func() {
 		sbx := sandbox("a", "", "", "")
 		sbx.Status.Conditions = []metav1.Condition{{Type: string(sandboxv1alpha1.SandboxConditionReady), Status: metav1.ConditionTrue}}

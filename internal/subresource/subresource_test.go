@@ -122,6 +122,8 @@ func TestCheckReadyAndServed(t *testing.T) {
 		{name: "unbound", sbx: sandbox(unbound), exec: CauseSandboxNotReady, log: CauseSandboxNotReady, says: "no node has claimed it yet"},
 		{name: "no Ready condition", sbx: sandbox(noReady), exec: CauseSandboxNotReady, says: "no manager has reported on it yet"},
 		{name: "not Ready", sbx: sandbox(notReady("ContainerExited", "exit 3")), exec: CauseSandboxNotReady, says: "sandbox ns/box is not Ready: ContainerExited: exit 3"},
+		{name: "node lost", sbx: sandbox(notReady(sandboxv1alpha1.SandboxReasonNodeLost, "node n1 is lost")), exec: CauseSandboxNotReady,
+			says: "sandbox ns/box is not Ready: NodeLost: node n1 is lost"},
 		{name: "paused", sbx: sandbox(notReady(sandboxv1alpha1.SandboxReasonPaused, "spec.paused")), exec: CauseSandboxPaused, says: "sandbox ns/box is paused: spec.paused"},
 		{name: "deleting", sbx: sandbox(deleting), exec: CauseSandboxTerminating, says: "being deleted"},
 		// Being deleted is final: it wins over everything else.

@@ -162,6 +162,10 @@ var _ = Describe("The default overlay (make deploy, make build-installer)", func
 			// Only the MCP server sets the MCP ownership label.
 			"ValidatingAdmissionPolicy code-sandbox-mcp-owner-labels",
 			"ValidatingAdmissionPolicyBinding code-sandbox-mcp-owner-labels",
+			// The control plane only releases the finalizer of a deleted
+			// Sandbox on a lost node.
+			"ValidatingAdmissionPolicy code-sandbox-sandbox-control-plane-updates",
+			"ValidatingAdmissionPolicyBinding code-sandbox-sandbox-control-plane-updates",
 		))
 		for _, o := range objs {
 			Expect(o.GetLabels()).To(HaveKeyWithValue("app.kubernetes.io/part-of", "code-sandbox-operator"), describe(o))

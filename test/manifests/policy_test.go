@@ -53,6 +53,14 @@ const (
 	// specs test the rendered manifests).
 	managerFinalizer = "sandbox.code-sandbox.dev/container"
 	// The node managers' nodes in these specs.
+	// controlPlaneSA runs manager --role control-plane, whose node-loss
+	// controller alone may mark a Sandbox NodeLost.
+	controlPlaneSA = "code-sandbox-webhook"
+	// controlPlanePolicyName confines the control plane's main-resource
+	// updates to releasing the manager's finalizer of a deleted Sandbox.
+	controlPlanePolicyName   = "code-sandbox-sandbox-control-plane-updates"
+	controlPlanePolicyDenied = "ValidatingAdmissionPolicy '" + controlPlanePolicyName + "' with binding '" + controlPlanePolicyName + "' denied request"
+
 	nodeA = "policy-node-a"
 	nodeB = "policy-node-b"
 )
@@ -119,6 +127,11 @@ var _ = Describe("The Sandbox status policy as config/default renders it", func(
 		Expect(vars).To(HaveKeyWithValue("managerAccount", "'"+managerSA+"'"))
 		Expect(vars).To(HaveKeyWithValue("manager", "'system:serviceaccount:' + variables.managerNamespace + ':' + variables.managerAccount"))
 		Expect(vars).To(HaveKeyWithValue("nodeNames", ContainSubstring("'"+nodeNameKey+"'")))
+		// The control plane (the node-loss controller) is the webhook's
+		// rendered ServiceAccount.
+		Expect(find(objs, "ServiceAccount", controlPlaneSA).GetNamespace()).To(Equal(installNamespace))
+		Expect(vars).To(HaveKeyWithValue("controlPlaneNamespace", "'"+installNamespace+"'"))
+		Expect(vars).To(HaveKeyWithValue("controlPlaneAccount", "'"+controlPlaneSA+"'"))
 
 		// Alone, config/policy names the unrendered ServiceAccount.
 		alone := &admissionregistrationv1.ValidatingAdmissionPolicy{}
@@ -290,7 +303,7 @@ var _ = Describe("The Sandbox status policy of the default overlay, applied for 
 			Eventually(leaseProbe).WithContext(ctx).WithTimeout(30 * time.Second).Should(Succeed())
 		})
 		Expect(leaseProbe(ctx)).To(Succeed(), "refused before the Lease policy was installed")
-		for _, name := range []string{policyName, managerPolicyName, leasePolicyName} {
+		for _, name := range []string{policyName, managerPolicyName, leasePolicyName, controlPlanePolicyName} {
 			for _, kind := range []string{"ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"} {
 				o := find(objs, kind, name)
 				Expect(applyForReal(ctx, o)).To(Succeed(), describe(o))
@@ -392,7 +405,8 @@ var _ = Describe("The Sandbox status policy of the default overlay, applied for 
 
 	It("refuses a user whose role does allow status writes, and the cluster administrator (the policy)", func(ctx SpecContext) {
 		err := patchStatus(ctx, dave, ns, sbxA, map[string]any{"nodeName": "nowhere", "conditions": conditions("Ready", "True")})
-		expectPolicyRefusal(err, "only the node managers ("+managerUser+") may write the status of Sandbox "+ns+"/"+sbxA+"; dave may not")
+		expectPolicyRefusal(err, "only the node managers ("+managerUser+") may write the status of Sandbox "+ns+"/"+sbxA+
+			", and the control plane (system:serviceaccount:"+installNamespace+":"+controlPlaneSA+") only to mark it NodeLost; dave may not")
 
 		err = patchStatus(ctx, cp.Client, ns, sbxA, map[string]any{"nodeName": "nowhere"})
 		expectPolicyRefusal(err, "only the node managers ("+managerUser+") may write the status")
@@ -514,6 +528,103 @@ var _ = Describe("The Sandbox status policy of the default overlay, applied for 
 		// The node's own manager does expire it.
 		Expect(patchStatus(ctx, managerA, ns, sbxA, expired)).To(Succeed())
 		Expect(condition(getSandbox(ctx, cp.Client, ns, sbxA), "Expired")).To(Equal("True"))
+	})
+
+	It("lets the control plane mark a bound Sandbox NodeLost and write nothing else; NodeLost is then frozen for everyone", func(ctx SpecContext) {
+		controlPlane := tokenClient(cp.NodeBoundToken(installNamespace, controlPlaneSA, nodeB))
+		expectAccess(ctx, serviceAccount(installNamespace, controlPlaneSA), []access{in(ns, "patch", "sandboxes/status")}, nil)
+		const lostName = "lost-on-a"
+		Expect(cp.Client.Create(ctx, newSandbox(ns, lostName, ""))).To(Succeed())
+
+		// Unbound: nothing to lose.
+		expectPolicyRefusal(patchStatus(ctx, controlPlane, ns, lostName, map[string]any{"conditions": nodeLost()}),
+			"may only mark Sandbox "+ns+"/"+lostName+" NodeLost")
+		paused := conditions("Paused", "False")
+		Expect(patchStatus(ctx, managerA, ns, lostName, map[string]any{"nodeName": nodeA, "containerID": "c-1",
+			"conditions": append(conditions("Ready", "True"), paused...)})).To(Succeed())
+
+		// Anything but NodeLost, or NodeLost with anything else, is refused.
+		for what, status := range map[string]map[string]any{
+			"Ready=True":               {"conditions": conditions("Ready", "True")},
+			"Expired=True":             {"conditions": append(conditions("Ready", "True"), conditions("Expired", "True")...)},
+			"NodeLost and Expired":     {"conditions": append(nodeLost(), append(paused, conditions("Expired", "True")...)...)},
+			"NodeLost, Paused dropped": {"conditions": nodeLost()},
+			"NodeLost and unbinding":   {"conditions": nodeLost(), "nodeName": nil},
+			"NodeLost and rebinding":   {"conditions": nodeLost(), "nodeName": nodeB},
+			"NodeLost and a container": {"conditions": nodeLost(), "containerID": "c-2"},
+			"NodeLost and an endpoint": {"conditions": nodeLost(), "nodeAPIEndpoint": "https://attacker:9443"},
+		} {
+			expectPolicyRefusal(patchStatus(ctx, controlPlane, ns, lostName, status), "may only mark Sandbox "+ns+"/"+lostName+" NodeLost")
+			Expect(condition(getSandbox(ctx, cp.Client, ns, lostName), "Ready")).To(Equal("True"), what)
+		}
+
+		// A manager may not write NodeLost, on its own node or another's;
+		// nor may a namespace user or the cluster administrator.
+		expectPolicyRefusal(patchStatus(ctx, managerA, ns, lostName, map[string]any{"conditions": nodeLost()}),
+			"only the control plane decides that a node is lost")
+		expectPolicyRefusal(patchStatus(ctx, managerB, ns, lostName, map[string]any{"conditions": nodeLost()}),
+			"which is bound to node "+nodeA)
+		expectPolicyRefusal(patchStatus(ctx, dave, ns, lostName, map[string]any{"conditions": nodeLost()}), "dave may not")
+		expectPolicyRefusal(patchStatus(ctx, cp.Client, ns, lostName, map[string]any{"conditions": nodeLost()}), "only the node managers")
+		expectPolicyRefusal(patchStatus(ctx, impostor, ns, lostName, map[string]any{"conditions": nodeLost()}),
+			"system:serviceaccount:"+ns+":"+managerSA+" may not")
+
+		// The control plane does, keeping every other condition as it was.
+		Expect(patchStatus(ctx, controlPlane, ns, lostName, map[string]any{"conditions": append(nodeLost(), paused...)})).To(Succeed())
+		lost := getSandbox(ctx, cp.Client, ns, lostName)
+		Expect(condition(lost, "Ready")).To(Equal("False"))
+		Expect(lost.Object["status"]).To(And(HaveKeyWithValue("nodeName", nodeA), HaveKeyWithValue("containerID", "c-1")))
+
+		// Terminal: the returning manager cannot flip it back, nor change
+		// anything else; the control plane cannot write again.
+		expectPolicyRefusal(patchStatus(ctx, managerA, ns, lostName, map[string]any{"conditions": conditions("Ready", "True")}),
+			"is NodeLost")
+		expectPolicyRefusal(patchStatus(ctx, managerA, ns, lostName, map[string]any{"containerID": "c-3"}), "is NodeLost")
+		expectPolicyRefusal(patchStatus(ctx, controlPlane, ns, lostName, map[string]any{"conditions": conditions("Ready", "True")}),
+			"may only mark")
+		Expect(condition(getSandbox(ctx, cp.Client, ns, lostName), "Ready")).To(Equal("False"))
+		// Writing the same status again changes nothing and is allowed.
+		Expect(managerA.Status().Update(ctx, getSandbox(ctx, managerA, ns, lostName))).To(Succeed())
+		Expect(cp.Client.Delete(ctx, sandboxRef(ns, lostName))).To(Succeed())
+	})
+
+	It("lets the control plane only release the manager's finalizer of a Sandbox being deleted", func(ctx SpecContext) {
+		controlPlane := tokenClient(cp.NodeBoundToken(installNamespace, controlPlaneSA, nodeB))
+		expectAccess(ctx, serviceAccount(installNamespace, controlPlaneSA), []access{in(ns, "patch", "sandboxes")}, nil)
+		const name = "released-by-control-plane"
+		const other = "example.com/other"
+		sbx := newSandbox(ns, name, "")
+		sbx.SetFinalizers([]string{managerFinalizer, other})
+		Expect(cp.Client.Create(ctx, sbx)).To(Succeed())
+		DeferCleanup(func(ctx SpecContext) {
+			_ = patchSandbox(ctx, cp.Client, ns, name, map[string]any{"metadata": map[string]any{"finalizers": nil}})
+		})
+		refused := func(err error, message string) {
+			GinkgoHelper()
+			Expect(err).To(HaveOccurred(), "the control-plane policy should have refused this")
+			Expect(apierrors.IsForbidden(err)).To(BeTrue(), "403 Forbidden expected: %v", err)
+			Expect(err).To(MatchError(ContainSubstring(controlPlanePolicyDenied)))
+			Expect(err).To(MatchError(ContainSubstring(message)))
+		}
+		release := map[string]any{"metadata": map[string]any{"finalizers": []any{other}}}
+
+		// Not being deleted: nothing at all (the policy loads asynchronously).
+		Eventually(func(ctx SpecContext) error {
+			return patchSandbox(ctx, controlPlane, ns, name, release, client.DryRunAll)
+		}).WithContext(ctx).WithTimeout(30 * time.Second).Should(MatchError(ContainSubstring(controlPlanePolicyDenied)))
+		refused(patchSandbox(ctx, controlPlane, ns, name, release), "only to release the finalizer of the node manager once its deletion has started")
+
+		Expect(cp.Client.Delete(ctx, sandboxRef(ns, name))).To(Succeed())
+		refused(patchSandbox(ctx, controlPlane, ns, name, map[string]any{"metadata": map[string]any{"labels": map[string]any{"x": "y"}}}),
+			"may change only the finalizers of Sandbox "+ns+"/"+name)
+		refused(patchSandbox(ctx, controlPlane, ns, name, map[string]any{"spec": map[string]any{"activeDeadlineSeconds": int64(60)}}),
+			"may change only the finalizers")
+		refused(patchSandbox(ctx, controlPlane, ns, name, map[string]any{"metadata": map[string]any{"finalizers": []any{managerFinalizer}}}),
+			"may only remove the finalizer sandbox.code-sandbox.dev/container")
+		Expect(getSandbox(ctx, cp.Client, ns, name).GetFinalizers()).To(ConsistOf(managerFinalizer, other))
+
+		Expect(patchSandbox(ctx, controlPlane, ns, name, release)).To(Succeed())
+		Expect(getSandbox(ctx, cp.Client, ns, name).GetFinalizers()).To(ConsistOf(other))
 	})
 
 	It("keeps a Sandbox pinned by spec.nodeName from other nodes' managers", func(ctx SpecContext) {
@@ -700,6 +811,14 @@ func condition(u *unstructured.Unstructured, t string) string {
 func conditions(t, status string) []any {
 	return []any{map[string]any{
 		"type": t, "status": status, "reason": "Test", "message": "written by " + CurrentSpecReport().LeafNodeText,
+		"lastTransitionTime": metav1.Now().UTC().Format(time.RFC3339),
+	}}
+}
+
+// nodeLost is a status.conditions list with Ready=False, reason NodeLost.
+func nodeLost() []any {
+	return []any{map[string]any{
+		"type": "Ready", "status": "False", "reason": "NodeLost", "message": "node " + nodeA + " is lost",
 		"lastTransitionTime": metav1.Now().UTC().Format(time.RFC3339),
 	}}
 }

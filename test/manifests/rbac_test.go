@@ -318,11 +318,17 @@ var _ = Describe("RBAC of the default overlay, applied for real", Ordered, func(
 			// make room for a claim.
 			in(team, "create", "sandboxes"), in(team, "delete", "sandboxes"),
 			in(team, "patch", "sandboxwarmpools/status"),
+			// The node-loss controller marks the Sandboxes of a lost node
+			// NodeLost (the status policy lets it write that and nothing
+			// else) and releases the finalizer of deleted ones.
+			in(team, "patch", "sandboxes/status"), in(team, "patch", "sandboxes"),
+			core("coordination.k8s.io", "kube-node-lease", "get", "leases", ""),
 		}, []access{
 			core("admissionregistration.k8s.io", "", "patch", "validatingwebhookconfigurations", "someone-elses"),
 			core("", team, "get", "secrets", ""),
 			in(team, "update", "sandboxquotas"), in(team, "update", "sandboxwarmpools"),
-			in(team, "update", "sandboxes/status"),
+			in(team, "update", "sandboxes/status"), in(team, "update", "sandboxes"),
+			core("coordination.k8s.io", "kube-node-lease", "update", "leases", ""),
 		})
 	})
 })

@@ -66,6 +66,7 @@ var _ = Describe("startStatus", Label("unit"), func() {
 		Entry("multiple", withReady(metav1.ConditionFalse, "MultipleContainers", "two"), failed, contract.ErrInvalid, []string{"MultipleContainers"}),
 		Entry("member invalid", withReady(metav1.ConditionFalse, "WarmPoolMemberInvalid", "not its member"), failed, contract.ErrInvalid, []string{"WarmPoolMemberInvalid"}),
 		Entry("expired", withReady(metav1.ConditionFalse, "Expired", "deadline"), failed, contract.ErrInvalid, []string{"Expired"}),
+		Entry("node lost", withReady(metav1.ConditionFalse, "NodeLost", "node n1 is lost"), failed, contract.ErrUnavailable, []string{"NodeLost", "node n1 is lost"}),
 	)
 
 	It("keeps waiting for the node API when Ready has no endpoint", func() {

@@ -55,6 +55,9 @@ var terminalReasons = map[string]error{
 	sandboxv1alpha1.SandboxReasonExpired:                 contract.ErrInvalid,
 	sandboxv1alpha1.SandboxReasonTerminating:             contract.ErrInvalid,
 	sandboxv1alpha1.SandboxReasonWarmPoolMemberInvalid:   contract.ErrInvalid,
+	// Its node is gone for good (docs/node-loss.md); exec and files on it
+	// fail with ErrNotRunning naming NodeLost (clientError).
+	sandboxv1alpha1.SandboxReasonNodeLost: contract.ErrUnavailable,
 }
 
 // startStatus reads a Sandbox's status for a create that waits on it. For
