@@ -85,8 +85,9 @@ detach() {
     log "ENGINE_DETACH needs cgroup v1 (this node runs cgroup v2 only): set ENGINE_DETACH=false, and the sandboxes stop with this Pod"
     return 1
   fi
-  local cgroups
+  local cgroups hybrid=0
   cgroups=$(grep -v '^0::' /proc/self/cgroup)
+  grep -q '^0::' /proc/self/cgroup && hybrid=1
   # Replace the runtime's /sys/fs/cgroup, which holds bind mounts of this
   # container's part of each hierarchy: the kernel refuses to mount a
   # hierarchy over its own bind mount, and runc would find the covered
@@ -124,6 +125,20 @@ detach() {
       done
     fi
   done <<<"${cgroups}"
+  # Hybrid nodes (systemd's unified hierarchy beside the v1 controllers,
+  # as on kind): systemd and runc's systemd driver find a scope's
+  # processes there, so the Pod's scope would still hold dockerd's and the
+  # runtime would kill them with the Pod.
+  if ((hybrid)); then
+    dir=/sys/fs/cgroup/unified
+    mkdir -p "${dir}"
+    if ! mount -t cgroup2 -o nsdelegate cgroup2 "${dir}" 2>/dev/null && ! mount -t cgroup2 cgroup2 "${dir}"; then
+      log "mounting the unified cgroup hierarchy failed"
+      return 1
+    fi
+    mkdir -p "${dir}${CGROUP_PARENT}"
+    cgroup_procs+=("${dir}${CGROUP_PARENT}/cgroup.procs")
+  fi
   mount -o remount,ro /sys/fs/cgroup 2>/dev/null || true
   log "detached: dockerd and its containers run in ${CGROUP_PARENT} of the node's cgroup hierarchies"
 }

@@ -37,6 +37,7 @@ import (
 
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
+	"k8s.io/apimachinery/pkg/util/wait"
 )
 
 const (
@@ -102,11 +103,19 @@ var _ = BeforeSuite(func(ctx SpecContext) {
 // waitOperatorRollout waits until the manager DaemonSet and the webhook and
 // MCP Deployments are rolled out and Ready.
 func waitOperatorRollout(ctx context.Context) error {
-	workloads := []string{"daemonset/" + prefix + "controller-manager", "deployment/" + prefix + "webhook", "deployment/" + prefix + "mcp-server"}
+	// The Engine DaemonSet updates OnDelete (config/engine), which rollout
+	// status does not follow: wait for its pods instead.
 	if out, _ := kubectl(ctx, "get", "daemonset", "-n", operatorNS, "-l", engineSelector, "-o", "name"); strings.TrimSpace(out) != "" {
-		workloads = append([]string{"daemonset/" + prefix + "engine"}, workloads...)
+		err := wait.PollUntilContextTimeout(ctx, 2*time.Second, 3*time.Minute, true, func(ctx context.Context) (bool, error) {
+			out, err := kubectl(ctx, "get", "daemonset", prefix+"engine", "-n", operatorNS, "-o", "jsonpath={.status.desiredNumberScheduled} {.status.numberReady}")
+			f := strings.Fields(out)
+			return err == nil && len(f) == 2 && f[0] != "0" && f[0] == f[1], nil
+		})
+		if err != nil {
+			return fmt.Errorf("the Engine DaemonSet's pods are not Ready: %w\n%s", err, describeOperator(ctx))
+		}
 	}
-	for _, w := range workloads {
+	for _, w := range []string{"daemonset/" + prefix + "controller-manager", "deployment/" + prefix + "webhook", "deployment/" + prefix + "mcp-server"} {
 		if out, err := kubectl(ctx, "rollout", "status", "-n", operatorNS, w, "--timeout=180s"); err != nil {
 			return fmt.Errorf("%s is not rolled out: %w\n%s\n%s", w, err, out, describeOperator(ctx))
 		}
@@ -241,11 +250,18 @@ spec:
 			Expect(containersLeft(ctx)).NotTo(BeEmpty(), "the check below must see the Sandbox's container")
 			Expect(err).NotTo(HaveOccurred(), describeSandbox(ctx, "cluster-undeploy", "left"))
 
+			// The images running now, to deploy the same again below.
+			images := []string{"KUBECONFIG=" + kubeconfig,
+				"IMG=" + mustKubectl(ctx, "get", "daemonset", prefix+"controller-manager", "-n", operatorNS, "-o", "jsonpath={.spec.template.spec.containers[0].image}"),
+				"MCP_IMG=" + mustKubectl(ctx, "get", "deployment", prefix+"mcp-server", "-n", operatorNS, "-o", "jsonpath={.spec.template.spec.containers[0].image}")}
+			if engineMode {
+				images = append(images, "ENGINE_IMG="+mustKubectl(ctx, "get", "daemonset", engineDS, "-n", operatorNS, "-o", "jsonpath={.spec.template.spec.containers[0].image}"))
+			}
 			out, err := run(ctx, repoRoot, nil, "make", "undeploy", "KUBECONFIG="+kubeconfig)
 			Expect(err).NotTo(HaveOccurred(), out)
 			// Whatever is found below, put the operator back for the next run.
 			DeferCleanup(func(ctx SpecContext) {
-				out, err := run(ctx, repoRoot, nil, "make", "deploy", "KUBECONFIG="+kubeconfig)
+				out, err := run(ctx, repoRoot, nil, "make", append([]string{"deploy"}, images...)...)
 				Expect(err).NotTo(HaveOccurred(), out)
 				Expect(waitOperatorRollout(ctx)).To(Succeed())
 			}, NodeTimeout(5*time.Minute))
