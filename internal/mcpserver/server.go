@@ -1,8 +1,9 @@
 // Package mcpserver is the Model Context Protocol server that gives agents
 // disposable, hardened sandboxes: the tools (sandbox_initialize,
-// sandbox_exec, file transfer…), the logs resource, and the stdio and
-// streamable HTTP transports with their checks (Origin and Host,
-// identity-bound sessions, message caps). Authentication is package auth's;
+// sandbox_exec, file transfer…) and the logs resource, with one argument
+// binder for them all (bindArgs). Serving it is package transport's (stdio
+// and streamable HTTP with their checks: Origin and Host, identity-bound
+// sessions, message caps); authentication is package auth's;
 // what the server and its backends agree on (Caller, Backend, the error
 // kinds) is package contract's, which imports no protocol library. Where
 // sandboxes live is a Backend's business: a session.Manager on the Docker
@@ -104,7 +105,7 @@ func (d *deps) wrap(name string, h server.ToolHandlerFunc) server.ToolHandlerFun
 	}
 }
 
-func firstText(res *mcp.CallToolResult) string { return truncate(resultText(res), 300) }
+func firstText(res *mcp.CallToolResult) string { return Truncate(resultText(res), 300) }
 
 // resultText is the text of a tool result: its text contents, one per line
 // (the tools write one). Results are read through it, never by asserting

@@ -17,6 +17,7 @@ import (
 	"github.com/code-sandbox/code-sandbox-operator/internal/mcpserver/contract"
 	"github.com/code-sandbox/code-sandbox-operator/internal/mcpserver/dockerbackend"
 	"github.com/code-sandbox/code-sandbox-operator/internal/mcpserver/kubebackend"
+	"github.com/code-sandbox/code-sandbox-operator/internal/mcpserver/transport"
 )
 
 // listFlag is a repeatable flag; each use may also carry a comma list.
@@ -201,18 +202,18 @@ func newFlagSet(o *options) *flag.FlagSet {
 	fs.Var(&o.allowedOrigins, "allowed-origins", "browser Origins accepted besides the request's own loopback origin (http://localhost:PORT and the like); requests without Origin are always accepted")
 	fs.StringVar(&o.tlsCert, "tls-cert", "", "serve HTTPS with this certificate")
 	fs.StringVar(&o.tlsKey, "tls-key", "", "key for --tls-cert")
-	o.maxBody = sizeFlag(mcpserver.DefaultMaxBodyBytes)
+	o.maxBody = sizeFlag(transport.DefaultMaxBodyBytes)
 	fs.Var(&o.maxBody, "max-body-bytes", "largest HTTP request body: a write_file call may be this long")
-	o.maxMessage = sizeFlag(mcpserver.DefaultMaxMessageBytes)
+	o.maxMessage = sizeFlag(transport.DefaultMaxMessageBytes)
 	fs.Var(&o.maxMessage, "max-message-bytes", "largest HTTP request body of any message but a write_file call (at most --max-body-bytes); read from the message as it arrives, and refused with 413 before it is decoded")
-	fs.IntVar(&o.maxToolCalls, "max-tool-calls-per-identity", mcpserver.DefaultMaxToolCallsPerIdentity, "tool calls one identity may have in flight over HTTP (429 beyond, before the call is decoded); 0 disables")
+	fs.IntVar(&o.maxToolCalls, "max-tool-calls-per-identity", transport.DefaultMaxToolCallsPerIdentity, "tool calls one identity may have in flight over HTTP (429 beyond, before the call is decoded); 0 disables")
 	fs.Float64Var(&o.rateLimit, "rate-limit", 100, "HTTP requests per second per identity, with bursts of twice that (429 beyond); 0 disables")
-	fs.IntVar(&o.maxPerPeer, "max-requests-per-peer", mcpserver.DefaultMaxRequestsPerPeer, "HTTP requests one remote address (IPv4, or IPv6 /64) may have in flight at once, GET streams included (429 beyond); 0 disables. Behind a reverse proxy every client shares the proxy's address")
-	fs.IntVar(&o.authFailures, "auth-failures-per-minute", mcpserver.DefaultAuthFailuresPerMinute, "failed HTTP authentications one remote address may cause per minute (a bucket of that size); beyond it the address gets 429 before its token is checked (no TokenReview); 0 disables")
-	fs.IntVar(&o.maxSessions, "max-sessions-per-identity", mcpserver.DefaultMaxSessionsPerIdentity, "open MCP sessions one identity may have over HTTP (an initialize beyond it gets 429); 0 disables")
-	fs.DurationVar(&o.readHeaderTO, "http-read-header-timeout", mcpserver.DefaultReadHeaderTimeout, "how long a client may take to send an HTTP request's headers")
-	fs.DurationVar(&o.readTO, "http-read-timeout", mcpserver.DefaultReadTimeout, "how long a client may take to send a whole HTTP request, body included (responses, such as SSE streams, are not limited)")
-	fs.DurationVar(&o.idleTO, "http-idle-timeout", mcpserver.DefaultIdleTimeout, "how long an idle keep-alive HTTP connection is kept open")
+	fs.IntVar(&o.maxPerPeer, "max-requests-per-peer", transport.DefaultMaxRequestsPerPeer, "HTTP requests one remote address (IPv4, or IPv6 /64) may have in flight at once, GET streams included (429 beyond); 0 disables. Behind a reverse proxy every client shares the proxy's address")
+	fs.IntVar(&o.authFailures, "auth-failures-per-minute", transport.DefaultAuthFailuresPerMinute, "failed HTTP authentications one remote address may cause per minute (a bucket of that size); beyond it the address gets 429 before its token is checked (no TokenReview); 0 disables")
+	fs.IntVar(&o.maxSessions, "max-sessions-per-identity", transport.DefaultMaxSessionsPerIdentity, "open MCP sessions one identity may have over HTTP (an initialize beyond it gets 429); 0 disables")
+	fs.DurationVar(&o.readHeaderTO, "http-read-header-timeout", transport.DefaultReadHeaderTimeout, "how long a client may take to send an HTTP request's headers")
+	fs.DurationVar(&o.readTO, "http-read-timeout", transport.DefaultReadTimeout, "how long a client may take to send a whole HTTP request, body included (responses, such as SSE streams, are not limited)")
+	fs.DurationVar(&o.idleTO, "http-idle-timeout", transport.DefaultIdleTimeout, "how long an idle keep-alive HTTP connection is kept open")
 
 	fs.StringVar(&o.defaultImage, "default-image", contract.DefaultImage, "image sandbox_initialize uses when none is given")
 	fs.Var(&o.allowedImages, "allowed-image", "image pattern (path.Match) sandboxes may use, for example python:* (repeatable; default: any)")

@@ -18,16 +18,16 @@ import (
 	"k8s.io/client-go/rest"
 
 	sandboxv1alpha1 "github.com/code-sandbox/code-sandbox-operator/api/v1alpha1"
-	"github.com/code-sandbox/code-sandbox-operator/internal/mcpserver"
 	"github.com/code-sandbox/code-sandbox-operator/internal/mcpserver/accessreview"
 	"github.com/code-sandbox/code-sandbox-operator/internal/mcpserver/auth"
 	"github.com/code-sandbox/code-sandbox-operator/internal/mcpserver/contract"
+	"github.com/code-sandbox/code-sandbox-operator/internal/mcpserver/transport"
 )
 
 type httpSetup struct {
 	listener net.Listener
 	url      string
-	opts     mcpserver.HTTPOptions
+	opts     transport.HTTPOptions
 	tlsCert  string
 	tlsKey   string
 }
@@ -106,7 +106,7 @@ func setupHTTP(o options, kube *kubeSetup, logger *slog.Logger) (*httpSetup, err
 	}
 	resource := o.publicURL
 	if resource == "" {
-		resource = scheme + "://" + net.JoinHostPort(urlHost, port) + mcpserver.EndpointPath
+		resource = scheme + "://" + net.JoinHostPort(urlHost, port) + transport.EndpointPath
 	}
 	pu, err := url.Parse(resource)
 	if err != nil || pu.Host == "" {
@@ -123,7 +123,7 @@ func setupHTTP(o options, kube *kubeSetup, logger *slog.Logger) (*httpSetup, err
 	return &httpSetup{
 		listener: ln,
 		url:      resource,
-		opts: mcpserver.HTTPOptions{
+		opts: transport.HTTPOptions{
 			ResourceURL:             resource,
 			AllowedHosts:            hosts,
 			AllowedOrigins:          o.allowedOrigins,
@@ -147,7 +147,7 @@ func setupHTTP(o options, kube *kubeSetup, logger *slog.Logger) (*httpSetup, err
 }
 
 // zeroDisables maps a limit flag, where 0 disables the limit, to
-// mcpserver.HTTPOptions, where 0 means the default and a negative value
+// transport.HTTPOptions, where 0 means the default and a negative value
 // disables it.
 func zeroDisables(n int) int {
 	if n == 0 {
@@ -234,7 +234,7 @@ func kubeAuth(o options, kube *kubeSetup, logger *slog.Logger) (auth.Authenticat
 // run serves until ctx ends, then shuts the HTTP server down.
 func (hs *httpSetup) run(ctx context.Context, stop context.CancelFunc, s *server.MCPServer, backend contract.Backend, logger *slog.Logger, listening func(url string)) error {
 	hs.opts.Ready = backend.Ready
-	handler, err := mcpserver.NewHTTPServer(s, hs.opts)
+	handler, err := transport.NewHTTPServer(s, hs.opts)
 	if err != nil {
 		return usageError{err}
 	}

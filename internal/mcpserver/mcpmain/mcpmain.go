@@ -23,6 +23,7 @@ import (
 	"github.com/code-sandbox/code-sandbox-operator/internal/mcpserver"
 	"github.com/code-sandbox/code-sandbox-operator/internal/mcpserver/contract"
 	"github.com/code-sandbox/code-sandbox-operator/internal/mcpserver/dockerbackend"
+	"github.com/code-sandbox/code-sandbox-operator/internal/mcpserver/transport"
 	"github.com/code-sandbox/code-sandbox-operator/internal/version"
 )
 
@@ -195,7 +196,7 @@ func serveWith(o options, logger *slog.Logger, newCtx func() (context.Context, c
 		return usageError{err}
 	}
 	if hs == nil {
-		err := mcpserver.ServeStdio(ctx, mcpSrv, os.Stdin, stdout, logger)
+		err := transport.ServeStdio(ctx, mcpSrv, os.Stdin, stdout, logger)
 		stop()
 		logger.Info("stdio session ended; removing sandboxes")
 		return err

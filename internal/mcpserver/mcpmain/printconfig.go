@@ -11,7 +11,7 @@ import (
 	"path/filepath"
 	"strings"
 
-	"github.com/code-sandbox/code-sandbox-operator/internal/mcpserver"
+	"github.com/code-sandbox/code-sandbox-operator/internal/mcpserver/transport"
 )
 
 // printConfig prints client configuration snippets: the stdio form with
@@ -44,7 +44,7 @@ func printConfig(args []string, w io.Writer) int {
 		if addr == "" {
 			addr = "127.0.0.1:8080"
 		}
-		endpoint = "http://" + addr + mcpserver.EndpointPath
+		endpoint = "http://" + addr + transport.EndpointPath
 	}
 	out := map[string]any{
 		"stdio": map[string]any{
@@ -64,7 +64,7 @@ func printConfig(args []string, w io.Writer) int {
 	}
 	// Explanations go to stderr so that stdout is one JSON document.
 	fmt.Fprintln(os.Stderr, `"stdio": for Claude Desktop (claude_desktop_config.json) and other clients that start the server themselves.`)
-	fmt.Fprintf(os.Stderr, "\"http\": for clients that speak streamable HTTP; start the server with --http %s --auth token --token-file FILE.\n", strings.TrimSuffix(strings.TrimPrefix(endpoint, "http://"), mcpserver.EndpointPath))
+	fmt.Fprintf(os.Stderr, "\"http\": for clients that speak streamable HTTP; start the server with --http %s --auth token --token-file FILE.\n", strings.TrimSuffix(strings.TrimPrefix(endpoint, "http://"), transport.EndpointPath))
 	enc := json.NewEncoder(w)
 	enc.SetIndent("", "  ")
 	enc.SetEscapeHTML(false)

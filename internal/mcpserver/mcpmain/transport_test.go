@@ -13,8 +13,8 @@ import (
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
 
-	"github.com/code-sandbox/code-sandbox-operator/internal/mcpserver"
 	"github.com/code-sandbox/code-sandbox-operator/internal/mcpserver/auth"
+	"github.com/code-sandbox/code-sandbox-operator/internal/mcpserver/transport"
 	"github.com/code-sandbox/code-sandbox-operator/internal/testenv"
 )
 
@@ -49,10 +49,10 @@ var _ = Describe("the HTTP transport's limits", Ordered, func() {
 		Expect(err).NotTo(HaveOccurred())
 		defer hs.listener.Close()
 		Expect(hs.opts.MaxRequestsPerPeer).To(BeNumerically("<", 0), "0 must disable the cap")
-		Expect(hs.opts.AuthFailuresPerMinute).To(Equal(mcpserver.DefaultAuthFailuresPerMinute))
+		Expect(hs.opts.AuthFailuresPerMinute).To(Equal(transport.DefaultAuthFailuresPerMinute))
 		Expect(hs.opts.MaxSessionsPerIdentity).To(Equal(7))
-		Expect(hs.opts.MaxToolCallsPerIdentity).To(Equal(mcpserver.DefaultMaxToolCallsPerIdentity))
-		Expect(hs.opts.MaxMessageBytes).To(Equal(mcpserver.DefaultMaxMessageBytes))
+		Expect(hs.opts.MaxToolCallsPerIdentity).To(Equal(transport.DefaultMaxToolCallsPerIdentity))
+		Expect(hs.opts.MaxMessageBytes).To(Equal(transport.DefaultMaxMessageBytes))
 		o = parseFlags("--http", "127.0.0.1:0", "--auth", "none", "--max-tool-calls-per-identity", "0", "--max-message-bytes", "64Ki")
 		hs2, err := setupHTTP(o, nil, testLogger())
 		Expect(err).NotTo(HaveOccurred())
@@ -60,8 +60,8 @@ var _ = Describe("the HTTP transport's limits", Ordered, func() {
 		Expect(hs2.opts.MaxToolCallsPerIdentity).To(BeNumerically("<", 0), "0 must disable the cap")
 		Expect(hs2.opts.MaxMessageBytes).To(BeEquivalentTo(64 << 10))
 		Expect(hs.opts.ReadTimeout).To(Equal(42 * time.Second))
-		Expect(hs.opts.ReadHeaderTimeout).To(Equal(mcpserver.DefaultReadHeaderTimeout))
-		Expect(hs.opts.IdleTimeout).To(Equal(mcpserver.DefaultIdleTimeout))
+		Expect(hs.opts.ReadHeaderTimeout).To(Equal(transport.DefaultReadHeaderTimeout))
+		Expect(hs.opts.IdleTimeout).To(Equal(transport.DefaultIdleTimeout))
 	})
 
 	It("limits failed authentications per address before reviewing tokens, but not a token already accepted; and caps sessions per identity", func(ctx SpecContext) {
