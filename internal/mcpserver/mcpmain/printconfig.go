@@ -4,7 +4,6 @@ package mcpmain
 
 import (
 	"encoding/json"
-	"flag"
 	"fmt"
 	"io"
 	"os"
@@ -14,16 +13,11 @@ import (
 	"github.com/code-sandbox/code-sandbox-operator/internal/mcpserver/transport"
 )
 
-// printConfig prints client configuration snippets: the stdio form with
-// this binary's absolute path (and any server flags given after
-// "config"), and the HTTP form.
-func printConfig(args []string, w io.Writer) int {
-	var o options
-	fs := newFlagSet(&o)
-	fs.SetOutput(os.Stderr)
-	if err := fs.Parse(args); err != nil {
-		return exitUsage
-	}
+// PrintClientConfig prints client configuration snippets to w: the stdio
+// form with this binary's absolute path and serverArgs (the server flags
+// given after "config", less --http), and the HTTP form of o's endpoint.
+// It returns the process's exit code.
+func PrintClientConfig(w io.Writer, o Config, serverArgs []string) int {
 	exe, err := os.Executable()
 	if err == nil {
 		exe, err = filepath.EvalSymlinks(exe)
@@ -32,15 +26,12 @@ func printConfig(args []string, w io.Writer) int {
 		fmt.Fprintln(os.Stderr, "cannot determine the binary's path:", err)
 		return 1
 	}
-	serverArgs := []string{}
-	fs.Visit(func(f *flag.Flag) {
-		if f.Name != "http" {
-			serverArgs = append(serverArgs, "--"+f.Name+"="+f.Value.String())
-		}
-	})
-	endpoint := o.publicURL
+	if serverArgs == nil {
+		serverArgs = []string{}
+	}
+	endpoint := o.PublicURL
 	if endpoint == "" {
-		addr := o.httpAddr
+		addr := o.HTTPAddr
 		if addr == "" {
 			addr = "127.0.0.1:8080"
 		}
