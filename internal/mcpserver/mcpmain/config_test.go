@@ -16,7 +16,10 @@ import (
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
 
+	sandboxv1alpha1 "github.com/code-sandbox/code-sandbox-operator/api/v1alpha1"
+	"github.com/code-sandbox/code-sandbox-operator/internal/dockerruntime"
 	"github.com/code-sandbox/code-sandbox-operator/internal/mcpserver/contract"
+	"github.com/code-sandbox/code-sandbox-operator/internal/mcpserver/dockerbackend"
 	"github.com/code-sandbox/code-sandbox-operator/internal/testenv/tier"
 )
 
@@ -77,6 +80,19 @@ var _ = Describe("the wiring's configuration", Label(tier.Unit), func() {
 		Expect(cfg.MaxMemoryBytes).To(Equal(int64(512 << 20)))
 		Expect(cfg.OutputLimit).To(Equal(int64(64 << 10)))
 		Expect(cfg.AllowedImages).To(Equal([]string{"busybox:*"}))
+	})
+
+	It("gives the tools the backend's own defaults to state", func() {
+		cfg, err := toolConfig(DefaultConfig())
+		Expect(err).NotTo(HaveOccurred())
+		Expect([]any{cfg.SandboxNanoCPUs, cfg.SandboxMemoryBytes, cfg.SandboxWorkingDir, cfg.StopGrace}).To(Equal(
+			[]any{dockerruntime.DefaultNanoCPUs, dockerruntime.DefaultMemoryBytes, dockerruntime.DefaultWorkingDir, dockerbackend.DefaultStopGrace}))
+
+		cfg, err = toolConfig(configWith(func(o *Config) { o.Backend = "kubernetes" }))
+		Expect(err).NotTo(HaveOccurred())
+		Expect([]any{cfg.SandboxNanoCPUs, cfg.SandboxMemoryBytes, cfg.SandboxWorkingDir}).To(Equal(
+			[]any{sandboxv1alpha1.DefaultNanoCPUs, sandboxv1alpha1.DefaultMemoryBytes, sandboxv1alpha1.DefaultWorkingDir}))
+		Expect(cfg.StopGrace).To(BeZero(), "the grace period is the node manager's, unknown to this server")
 	})
 
 	It("selects the kubernetes backend's cluster and namespace with kubectl's rules", func() {

@@ -19,6 +19,8 @@ import (
 
 	"k8s.io/apimachinery/pkg/util/validation"
 
+	sandboxv1alpha1 "github.com/code-sandbox/code-sandbox-operator/api/v1alpha1"
+	"github.com/code-sandbox/code-sandbox-operator/internal/dockerruntime"
 	"github.com/code-sandbox/code-sandbox-operator/internal/mcpserver"
 	"github.com/code-sandbox/code-sandbox-operator/internal/mcpserver/contract"
 	"github.com/code-sandbox/code-sandbox-operator/internal/mcpserver/dockerbackend"
@@ -222,6 +224,17 @@ func toolConfig(o Config) (mcpserver.Config, error) {
 		MaxFileBytes:     o.MaxFileBytes,
 		MaxUploadBytes:   o.MaxUploadBytes,
 		MaxUploadEntries: o.MaxUploadEntries,
+	}
+	// The tool descriptions state the backend's own defaults.
+	switch o.Backend {
+	case "kubernetes":
+		// The Sandbox API's defaults; the grace period is the node
+		// manager's --stop-grace-period, which this server does not know.
+		cfg.SandboxNanoCPUs, cfg.SandboxMemoryBytes = sandboxv1alpha1.DefaultNanoCPUs, sandboxv1alpha1.DefaultMemoryBytes
+		cfg.SandboxWorkingDir = sandboxv1alpha1.DefaultWorkingDir
+	default:
+		cfg.SandboxNanoCPUs, cfg.SandboxMemoryBytes = dockerruntime.DefaultNanoCPUs, dockerruntime.DefaultMemoryBytes
+		cfg.SandboxWorkingDir, cfg.StopGrace = dockerruntime.DefaultWorkingDir, dockerbackend.DefaultStopGrace
 	}
 	if err := cfg.Validate(); err != nil {
 		return cfg, usageError{err}
