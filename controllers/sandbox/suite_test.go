@@ -82,6 +82,10 @@ type testManager struct {
 	done       chan struct{}
 }
 
+// suiteStopGrace is the managers' stop grace period: what a graceful stop
+// of a container that ignores SIGTERM waits before it kills.
+const suiteStopGrace = time.Second
+
 type managerConfig struct {
 	dockerHost       string
 	maxSandboxes     int
@@ -122,7 +126,7 @@ func startManager(node string, mc managerConfig) *testManager {
 		clock.RealClock{}, Options{
 			NodeName:           node,
 			MaxSandboxes:       mc.maxSandboxes,
-			StopGracePeriod:    time.Second,
+			StopGracePeriod:    suiteStopGrace,
 			RetryBackoffBase:   200 * time.Millisecond,
 			RetryBackoffMax:    2 * time.Second,
 			SkipNameValidation: true,

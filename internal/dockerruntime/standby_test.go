@@ -9,6 +9,7 @@ package dockerruntime
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"io"
 	"strings"
 	"time"
@@ -146,15 +147,16 @@ true`})
 		stdin := bytes.Repeat([]byte("x"), 8<<20)
 		var stdout, stderr bytes.Buffer
 		start := time.Now()
-		res, err := c.RunCommand(ctx, ct.ID, execio.Request{Command: []string{"wc", "-c"}, Stdin: stdin, TimeoutSeconds: 120}, &stdout, &stderr)
+		const commandTimeout = 120 * time.Second
+		res, err := c.RunCommand(ctx, ct.ID, execio.Request{Command: []string{"wc", "-c"}, Stdin: stdin, TimeoutSeconds: int64(commandTimeout / time.Second)}, &stdout, &stderr)
 		elapsed := time.Since(start)
 		GinkgoWriter.Printf("handing 8 MiB of stdin past a stopped helper took %v\n", elapsed)
 		Expect(err).NotTo(HaveOccurred(), stderr.String())
 		Expect(res.ExitCode).To(BeZero())
 		Expect(strings.TrimSpace(stdout.String())).To(Equal("8388608"))
-		// On 90280d9 the write waited for the command's timeout (120 s)
-		// plus a Docker call's, holding the frame all along.
-		Expect(elapsed).To(BeNumerically("<", 20*time.Second))
+		// On 90280d9 the write waited for the command's timeout plus a
+		// Docker call's, holding the frame all along.
+		Expect(elapsed).To(BeNumerically("<", commandTimeout/6), "the hand-over waited for the command's timeout")
 	}, SpecTimeout(90*time.Second))
 
 	It("kills a command through an exec of its own when its serve helper, SIGSTOPped by sandbox code, never acknowledges the kill (Low 10)", func(ctx SpecContext) {
@@ -259,7 +261,10 @@ true`})
 		saved := serveCommand
 		// A helper that is ready, takes the command, then announces a 4 GiB
 		// stdout frame.
-		serveCommand = []string{"/bin/sh", "-c", `printf 'R\000\000\000\000'; sleep 0.3; printf 'A\000\000\000\000O\377\377\377\377'; sleep 30`}
+		// The helper then sleeps: a client that waited for the frame's
+		// bytes instead of refusing its header would wait it out.
+		const helperSleep = 30 * time.Second
+		serveCommand = []string{"/bin/sh", "-c", fmt.Sprintf(`printf 'R\000\000\000\000'; sleep 0.3; printf 'A\000\000\000\000O\377\377\377\377'; sleep %d`, int(helperSleep/time.Second))}
 		DeferCleanup(func() { serveCommand = saved })
 		c, err := New(Options{CallTimeout: 30 * time.Second})
 		Expect(err).NotTo(HaveOccurred())
@@ -268,7 +273,7 @@ true`})
 		start := time.Now()
 		_, err = c.RunCommand(ctx, ct.ID, execio.Request{Command: []string{"true"}}, nil, nil)
 		Expect(err).To(MatchError(helperproto.ErrFrameTooLarge))
-		Expect(time.Since(start)).To(BeNumerically("<", 10*time.Second))
+		Expect(time.Since(start)).To(BeNumerically("<", helperSleep/3), "the client waited for the helper")
 	}, SpecTimeout(60*time.Second))
 })
 
@@ -292,11 +297,12 @@ var _ = Describe("A slow helper start", dockerLabel, func() {
 
 		// A start that outlasts the command's own timeout as well is an
 		// error, not a hang.
-		serveCommand = []string{"/bin/sh", "-c", "sleep 30; exec " + HelperPath + " serve"}
+		const slowStart = 30 * time.Second
+		serveCommand = []string{"/bin/sh", "-c", fmt.Sprintf("sleep %d; exec %s serve", int(slowStart/time.Second), HelperPath)}
 		start := time.Now()
 		_, err = c.RunCommand(ctx, ct.ID, execio.Request{Command: []string{"echo", "never"}, TimeoutSeconds: 1}, nil, nil)
 		Expect(err).To(MatchError(ContainSubstring("waiting for the sandbox helper")))
-		Expect(time.Since(start)).To(BeNumerically("<", 10*time.Second))
+		Expect(time.Since(start)).To(BeNumerically("<", slowStart/3), "the start was waited out instead of the command's 1 s timeout")
 	}, SpecTimeout(90*time.Second))
 })
 

@@ -85,7 +85,7 @@ func checkContainerID(id string) error {
 		return argError(`"container_id" is required: pass the container_id that sandbox_initialize returned (list_sandboxes shows yours)`)
 	}
 	if !idPattern.MatchString(id) {
-		return argError("container_id %q is not a sandbox ID (letters, digits, '.', '_' or '-'; sandbox_initialize returns one)", truncate(id, 80))
+		return argError("container_id %q is not a sandbox ID (letters, digits, '.', '_' or '-'; sandbox_initialize returns one)", Truncate(id, 80))
 	}
 	return nil
 }
@@ -103,13 +103,15 @@ func checkSandboxPath(name, p string, required bool) error {
 	}
 	for _, comp := range strings.Split(p, "/") {
 		if comp == ".." {
-			return argError(`%q %q has a ".." component; use a path inside the sandbox's working directory, /tmp or /var/tmp`, name, truncate(p, 200))
+			return argError(`%q %q has a ".." component; use a path inside the sandbox's working directory, /tmp or /var/tmp`, name, Truncate(p, 200))
 		}
 	}
 	return nil
 }
 
-func truncate(s string, n int) string {
+// Truncate cuts s to at most n bytes at a rune boundary and marks the cut
+// with an ellipsis; the tools and the transports quote input through it.
+func Truncate(s string, n int) string {
 	if len(s) <= n {
 		return s
 	}
@@ -136,7 +138,7 @@ func (a initializeArgs) createRequest(cfg Config) (contract.CreateRequest, error
 		req.Image = cfg.DefaultImage
 	}
 	if len(req.Image) > 512 || strings.ContainsAny(req.Image, " \t\n\x00") {
-		return contract.CreateRequest{}, argError("image %q is not an image reference", truncate(req.Image, 100))
+		return contract.CreateRequest{}, argError("image %q is not an image reference", Truncate(req.Image, 100))
 	}
 	if !imageAllowed(cfg.AllowedImages, req.Image) {
 		return contract.CreateRequest{}, argError("image %q is not allowed by this server; allowed: %s", req.Image, strings.Join(cfg.AllowedImages, ", "))
@@ -167,7 +169,7 @@ func (a initializeArgs) createRequest(cfg Config) (contract.CreateRequest, error
 		}
 		req.Network = contract.NetworkEgress
 	default:
-		return contract.CreateRequest{}, argError(`network %q is not one of "none" or "egress"`, truncate(a.Network, 40))
+		return contract.CreateRequest{}, argError(`network %q is not one of "none" or "egress"`, Truncate(a.Network, 40))
 	}
 	if a.LifetimeSeconds != nil {
 		secs := *a.LifetimeSeconds
@@ -204,7 +206,7 @@ func parseMemory(s string) (int64, error) {
 	}
 	n, err := units.RAMInBytes(v)
 	if err != nil || n <= 0 {
-		return 0, argError(`memory %q is not a size such as "512Mi", "512m" or "1g"`, truncate(s, 40))
+		return 0, argError(`memory %q is not a size such as "512Mi", "512m" or "1g"`, Truncate(s, 40))
 	}
 	return n, nil
 }
@@ -243,7 +245,7 @@ func (a execArgs) requests(cfg Config) ([]execio.Request, error) {
 			return nil, err
 		}
 		if !path.IsAbs(a.Workdir) {
-			return nil, argError("workdir %q must be an absolute path in the sandbox, for example /app", truncate(a.Workdir, 100))
+			return nil, argError("workdir %q must be an absolute path in the sandbox, for example /app", Truncate(a.Workdir, 100))
 		}
 	}
 	env := make([]string, 0, len(a.Env))
@@ -321,7 +323,7 @@ func sandboxFilePath(name, p string) (dir, base string, err error) {
 	clean := path.Clean(p)
 	base = path.Base(clean)
 	if strings.HasSuffix(p, "/") || base == "." || base == "/" {
-		return "", "", argError("%q %q must name a file, not a directory", name, truncate(p, 200))
+		return "", "", argError("%q %q must name a file, not a directory", name, Truncate(p, 200))
 	}
 	return path.Dir(clean), base, nil
 }

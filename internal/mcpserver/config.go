@@ -77,6 +77,16 @@ type Config struct {
 	MaxFileBytes     int64
 	MaxUploadBytes   int64
 	MaxUploadEntries int
+
+	// What a sandbox gets when sandbox_initialize asks for nothing, and how
+	// sandbox_stop ends it: the backend's defaults (its constants; the
+	// binary fills them in), which the tool descriptions state rather than
+	// repeat. Zero: the descriptions say "the server's default" or "a grace
+	// period" instead of a number.
+	SandboxNanoCPUs    int64
+	SandboxMemoryBytes int64
+	SandboxWorkingDir  string
+	StopGrace          time.Duration
 }
 
 // withDefaults fills zero fields.

@@ -112,7 +112,7 @@ func (h *HostRoots) checkSyntax(arg, p string) (string, error) {
 		return "", argError("%q is not a usable host path", arg)
 	}
 	if !filepath.IsAbs(p) {
-		return "", argError("%q %q must be an absolute host path under %s", arg, truncate(p, 200), strings.Join(h.roots, ", "))
+		return "", argError("%q %q must be an absolute host path under %s", arg, Truncate(p, 200), strings.Join(h.roots, ", "))
 	}
 	return filepath.Clean(p), nil
 }
@@ -126,14 +126,14 @@ func (h *HostRoots) openExisting(arg, p string) (*os.Root, string, error) {
 	}
 	real, err := filepath.EvalSymlinks(clean)
 	if errors.Is(err, fs.ErrNotExist) {
-		return nil, "", argError("%q %q does not exist on the host", arg, truncate(p, 200))
+		return nil, "", argError("%q %q does not exist on the host", arg, Truncate(p, 200))
 	}
 	if err != nil {
-		return nil, "", argError("%q %q cannot be resolved: %v", arg, truncate(p, 200), err)
+		return nil, "", argError("%q %q cannot be resolved: %v", arg, Truncate(p, 200), err)
 	}
 	rootDir, rel := h.within(real)
 	if rootDir == "" {
-		return nil, "", argError("%q %q resolves to %s, which is outside the allowed host directories (%s)", arg, truncate(p, 200), real, strings.Join(h.roots, ", "))
+		return nil, "", argError("%q %q resolves to %s, which is outside the allowed host directories (%s)", arg, Truncate(p, 200), real, strings.Join(h.roots, ", "))
 	}
 	root, err := os.OpenRoot(rootDir)
 	if err != nil {
@@ -163,15 +163,15 @@ func (h *HostRoots) openDest(arg, p string) (*os.Root, string, error) {
 	}
 	real, err := filepath.EvalSymlinks(existing)
 	if err != nil {
-		return nil, "", argError("%q %q cannot be resolved: %v", arg, truncate(p, 200), err)
+		return nil, "", argError("%q %q cannot be resolved: %v", arg, Truncate(p, 200), err)
 	}
 	real = filepath.Join(real, rest)
 	rootDir, rel := h.within(real)
 	if rootDir == "" {
-		return nil, "", argError("%q %q resolves to %s, which is outside the allowed host directories (%s)", arg, truncate(p, 200), real, strings.Join(h.roots, ", "))
+		return nil, "", argError("%q %q resolves to %s, which is outside the allowed host directories (%s)", arg, Truncate(p, 200), real, strings.Join(h.roots, ", "))
 	}
 	if rel == "." {
-		return nil, "", argError("%q %q is an allowed root itself; name a file or directory inside it", arg, truncate(p, 200))
+		return nil, "", argError("%q %q is an allowed root itself; name a file or directory inside it", arg, Truncate(p, 200))
 	}
 	root, err := os.OpenRoot(rootDir)
 	if err != nil {

@@ -36,7 +36,7 @@ func logsResource(d *deps) (mcp.ResourceTemplate, server.ResourceTemplateHandler
 		uri := req.Params.URI
 		id := strings.TrimSuffix(strings.TrimPrefix(uri, logsURIPrefix), logsURISuffix)
 		if !strings.HasPrefix(uri, logsURIPrefix) || !strings.HasSuffix(uri, logsURISuffix) {
-			return nil, fmt.Errorf("resource %q is not of the form containers://{id}/logs", truncate(uri, 100))
+			return nil, fmt.Errorf("resource %q is not of the form containers://{id}/logs", Truncate(uri, 100))
 		}
 		if err := checkContainerID(id); err != nil {
 			return nil, err
@@ -82,7 +82,7 @@ func renderLogs(l contract.Logs) string {
 		if r.Truncated {
 			trunc = " truncated"
 		}
-		fmt.Fprintf(&b, "%s %s %dms%s $ %s\n", r.StartedAt.UTC().Format(time.RFC3339), status, r.DurationMillis, trunc, truncate(cmd, 500))
+		fmt.Fprintf(&b, "%s %s %dms%s $ %s\n", r.StartedAt.UTC().Format(time.RFC3339), status, r.DurationMillis, trunc, Truncate(cmd, 500))
 	}
 	return b.String()
 }

@@ -10,8 +10,11 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"time"
 
+	"github.com/code-sandbox/code-sandbox-operator/internal/dockerruntime"
 	"github.com/code-sandbox/code-sandbox-operator/internal/mcpserver/contract"
+	"github.com/code-sandbox/code-sandbox-operator/internal/mcpserver/dockerbackend"
 
 	"github.com/mark3labs/mcp-go/server"
 	. "github.com/onsi/ginkgo/v2"
@@ -31,7 +34,12 @@ const toolsListGolden = "testdata/tools-list.golden.json"
 
 // goldenConfig is the policy the snapshot is taken with: the defaults, so
 // that the descriptions show what a default server announces.
-func goldenConfig() Config { return Config{Version: "golden"} }
+// goldenConfig is the docker backend's configuration as the binary makes
+// it without flags, as far as the tool descriptions go.
+func goldenConfig() Config {
+	return Config{Version: "golden", SandboxNanoCPUs: dockerruntime.DefaultNanoCPUs, SandboxMemoryBytes: dockerruntime.DefaultMemoryBytes,
+		SandboxWorkingDir: dockerruntime.DefaultWorkingDir, StopGrace: dockerbackend.DefaultStopGrace}
+}
 
 // rpc sends one JSON-RPC request to srv as caller and returns the result
 // member of the response, failing on a protocol error.
@@ -226,4 +234,72 @@ var _ = Describe("the tools/list snapshot", Label("unit"), func() {
 		Expect(d).To(ContainSubstring("  d\n"))
 		Expect(d).NotTo(ContainSubstring("  a\n"))
 	})
+})
+
+// instructionsOf is the instructions a server made with cfg announces.
+func instructionsOf(cfg Config) string {
+	GinkgoHelper()
+	srv, err := New(cfg, newFakeBackend(), slog.New(slog.DiscardHandler))
+	Expect(err).NotTo(HaveOccurred())
+	var res struct {
+		Instructions string `json:"instructions"`
+	}
+	Expect(json.Unmarshal(rpc(srv, "alice", "initialize", `{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"t","version":"1"}}`), &res)).To(Succeed())
+	return res.Instructions
+}
+
+var _ = Describe("the tool descriptions' defaults", Label("unit"), func() {
+	// descriptions returns every tool and argument description of a server
+	// made with cfg, joined.
+	descriptions := func(cfg Config) string {
+		GinkgoHelper()
+		srv, err := New(cfg, newFakeBackend(), slog.New(slog.DiscardHandler))
+		Expect(err).NotTo(HaveOccurred())
+		var list struct {
+			Tools []struct {
+				Description string `json:"description"`
+				InputSchema struct {
+					Properties map[string]struct {
+						Description string `json:"description"`
+					} `json:"properties"`
+				} `json:"inputSchema"`
+			} `json:"tools"`
+		}
+		Expect(json.Unmarshal(rpc(srv, "alice", "tools/list", ""), &list)).To(Succeed())
+		var b strings.Builder
+		for _, t := range list.Tools {
+			b.WriteString(t.Description + "\n")
+			for _, p := range t.InputSchema.Properties {
+				b.WriteString(p.Description + "\n")
+			}
+		}
+		return b.String()
+	}
+
+	It("state the backend's defaults from the Config, not numbers of their own", func() {
+		text := descriptions(Config{SandboxNanoCPUs: 2_500_000_000, SandboxMemoryBytes: 3 << 30, SandboxWorkingDir: "/work", StopGrace: 42 * time.Second})
+		Expect(text).To(ContainSubstring("CPU cores (default 2.5)."))
+		Expect(text).To(ContainSubstring("(default 3Gi; swap is off)"))
+		Expect(text).To(ContainSubstring("its working directory (/work), /tmp"))
+		Expect(text).To(ContainSubstring("(SIGTERM, 42 s grace, then SIGKILL)"))
+		Expect(instructionsOf(Config{SandboxWorkingDir: "/work"})).To(ContainSubstring("the working directory (default /work), /tmp"))
+		Expect(instructionsOf(Config{})).To(ContainSubstring("the working directory, /tmp"))
+		Expect(text).NotTo(Or(ContainSubstring("default 1)"), ContainSubstring("512Mi;"), ContainSubstring("10 s"), ContainSubstring("directory (/app)"), ContainSubstring("default /app")))
+	})
+
+	It("say no number where the Config gives none", func() {
+		text := descriptions(Config{})
+		Expect(text).To(ContainSubstring("CPU cores (default the server's default)."))
+		Expect(text).To(ContainSubstring("(default the server's default; swap is off)"))
+		Expect(text).To(ContainSubstring("its working directory, /tmp"))
+		Expect(text).To(ContainSubstring("(SIGTERM, a grace period, then SIGKILL)"))
+	})
+
+	DescribeTable("write quantities in the units the arguments take",
+		func(bytes int64, want string) { Expect(quantityText(bytes)).To(Equal(want)) },
+		Entry("mebibytes", int64(512<<20), "512Mi"),
+		Entry("gibibytes", int64(4<<30), "4Gi"),
+		Entry("kibibytes", int64(1536<<10), "1536Ki"),
+		Entry("bytes", int64(1000), "1000"),
+	)
 })

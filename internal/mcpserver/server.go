@@ -1,8 +1,9 @@
 // Package mcpserver is the Model Context Protocol server that gives agents
 // disposable, hardened sandboxes: the tools (sandbox_initialize,
-// sandbox_exec, file transfer…), the logs resource, and the stdio and
-// streamable HTTP transports with their checks (Origin and Host,
-// identity-bound sessions, message caps). Authentication is package auth's;
+// sandbox_exec, file transfer…) and the logs resource, with one argument
+// binder for them all (bindArgs). Serving it is package transport's (stdio
+// and streamable HTTP with their checks: Origin and Host, identity-bound
+// sessions, message caps); authentication is package auth's;
 // what the server and its backends agree on (Caller, Backend, the error
 // kinds) is package contract's, which imports no protocol library. Where
 // sandboxes live is a Backend's business: a session.Manager on the Docker
@@ -28,8 +29,10 @@ import (
 // ServerName is the implementation name announced to clients.
 const ServerName = "code-sandbox-mcp"
 
+// instructions are the server's instructions to the model; %s is the
+// sandbox's default working directory (Config.SandboxWorkingDir).
 const instructions = `Runs code in disposable, hardened sandboxes (no network unless allowed, no capabilities, read-only root filesystem, non-root user, bounded CPU, memory, processes and disk).
-Call sandbox_initialize first; it returns a container_id that every other tool takes. Write files with write_file (or copy_project/copy_file from allowed host directories), run shell commands with sandbox_exec, read results with read_file, and call sandbox_stop when done. Writable paths: the working directory (default /app), /tmp and /var/tmp. Idle sandboxes are removed automatically.`
+Call sandbox_initialize first; it returns a container_id that every other tool takes. Write files with write_file (or copy_project/copy_file from allowed host directories), run shell commands with sandbox_exec, read results with read_file, and call sandbox_stop when done. Writable paths: the working directory%s, /tmp and /var/tmp. Idle sandboxes are removed automatically.`
 
 // deps is what every tool handler closes over.
 type deps struct {
@@ -39,7 +42,7 @@ type deps struct {
 }
 
 // New builds the MCP server with every tool and the logs resource. The
-// transports (ServeStdio, HTTPHandler) put the caller's identity in the
+// transports (package transport) put the caller's identity in the
 // context; a request without one is refused.
 func New(cfg Config, backend contract.Backend, logger *slog.Logger) (*server.MCPServer, error) {
 	if err := cfg.Validate(); err != nil {
@@ -54,7 +57,7 @@ func New(cfg Config, backend contract.Backend, logger *slog.Logger) (*server.MCP
 		server.WithToolCapabilities(false),
 		server.WithResourceCapabilities(false, false),
 		server.WithLogging(),
-		server.WithInstructions(instructions),
+		server.WithInstructions(fmt.Sprintf(instructions, defaultParenthesized(cfg.SandboxWorkingDir))),
 	)
 	for _, ctor := range []func(*deps) (mcp.Tool, server.ToolHandlerFunc){
 		sandboxInitializeTool,
@@ -104,7 +107,7 @@ func (d *deps) wrap(name string, h server.ToolHandlerFunc) server.ToolHandlerFun
 	}
 }
 
-func firstText(res *mcp.CallToolResult) string { return truncate(resultText(res), 300) }
+func firstText(res *mcp.CallToolResult) string { return Truncate(resultText(res), 300) }
 
 // resultText is the text of a tool result: its text contents, one per line
 // (the tools write one). Results are read through it, never by asserting

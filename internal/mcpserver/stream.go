@@ -137,7 +137,7 @@ func (s *outputStreamer) flush() {
 		_ = s.srv.SendLogMessageToClient(s.ctx, mcp.NewLoggingMessageNotification(mcp.LoggingLevelInfo, "sandbox_exec", map[string]any{
 			"container_id":  s.containerID,
 			"command_index": index,
-			"command":       truncate(command, 200),
+			"command":       Truncate(command, 200),
 			"stream":        c.stream,
 			"text":          c.text,
 		}))

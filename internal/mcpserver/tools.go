@@ -11,6 +11,7 @@ import (
 	"io"
 	"os"
 	"path"
+	"strconv"
 	"strings"
 	"time"
 	"unicode/utf8"
@@ -74,6 +75,56 @@ func typedTool[A any](d *deps, tool mcp.Tool, h toolFunc[A]) (mcp.Tool, server.T
 	}
 }
 
+// cpuText, quantityText, graceText and parenthesized write the backend's
+// defaults (Config.Sandbox*, StopGrace) into the tool descriptions, in the
+// units the arguments take; a zero value is described without a number.
+func cpuText(nanoCPUs int64) string {
+	if nanoCPUs <= 0 {
+		return "the server's default"
+	}
+	return strconv.FormatFloat(float64(nanoCPUs)/1e9, 'g', -1, 64)
+}
+
+func quantityText(bytes int64) string {
+	for _, u := range []struct {
+		suffix string
+		size   int64
+	}{{"Gi", 1 << 30}, {"Mi", 1 << 20}, {"Ki", 1 << 10}} {
+		if bytes > 0 && bytes%u.size == 0 {
+			return strconv.FormatInt(bytes/u.size, 10) + u.suffix
+		}
+	}
+	if bytes <= 0 {
+		return "the server's default"
+	}
+	return strconv.FormatInt(bytes, 10)
+}
+
+func graceText(grace time.Duration) string {
+	switch {
+	case grace <= 0:
+		return "a grace period"
+	case grace%time.Second == 0:
+		return fmt.Sprintf("%d s grace", grace/time.Second)
+	}
+	return grace.String() + " grace"
+}
+
+func parenthesized(s string) string {
+	if s == "" {
+		return ""
+	}
+	return " (" + s + ")"
+}
+
+// defaultParenthesized is parenthesized with "default ".
+func defaultParenthesized(s string) string {
+	if s == "" {
+		return ""
+	}
+	return " (default " + s + ")"
+}
+
 func containerIDProp() mcp.ToolOption {
 	return mcp.WithString("container_id", mcp.Required(), mcp.Description("The sandbox's ID, as returned by sandbox_initialize."))
 }
@@ -93,10 +144,10 @@ func sandboxInitializeTool(d *deps) (mcp.Tool, server.ToolHandlerFunc) {
 		networks = append(networks, contract.NetworkEgress)
 	}
 	tool := mcp.NewTool("sandbox_initialize",
-		mcp.WithDescription(fmt.Sprintf("Create a new hardened sandbox and return its container_id. Default image: %s. The sandbox has no network unless network is \"egress\" (when this server allows it), runs as a non-root user with a read-only root filesystem, and its working directory (/app), /tmp and /var/tmp are writable. It is removed after a period without use, at the end of its lifetime, on sandbox_stop, or when this server exits.", d.cfg.DefaultImage)),
+		mcp.WithDescription(fmt.Sprintf("Create a new hardened sandbox and return its container_id. Default image: %s. The sandbox has no network unless network is \"egress\" (when this server allows it), runs as a non-root user with a read-only root filesystem, and its working directory%s, /tmp and /var/tmp are writable. It is removed after a period without use, at the end of its lifetime, on sandbox_stop, or when this server exits.", d.cfg.DefaultImage, parenthesized(d.cfg.SandboxWorkingDir))),
 		mcp.WithString("image", mcp.Description("Container image to run; it must already be present on the host unless the server's pull policy allows pulling. Default: "+d.cfg.DefaultImage)),
-		mcp.WithNumber("cpu", mcp.Description("CPU cores (default 1)."), mcp.Min(0.01), mcp.Max(float64(d.cfg.MaxNanoCPUs)/1e9)),
-		mcp.WithString("memory", mcp.Description(`Memory limit, for example "512Mi" or "1g" (default 512Mi; swap is off).`)),
+		mcp.WithNumber("cpu", mcp.Description(fmt.Sprintf("CPU cores (default %s).", cpuText(d.cfg.SandboxNanoCPUs))), mcp.Min(0.01), mcp.Max(float64(d.cfg.MaxNanoCPUs)/1e9)),
+		mcp.WithString("memory", mcp.Description(fmt.Sprintf(`Memory limit, for example "512Mi" or "1g" (default %s; swap is off).`, quantityText(d.cfg.SandboxMemoryBytes)))),
 		mcp.WithString("network", mcp.Description(`"none" (default; loopback only) or "egress" (outbound network, only if the server allows it).`), mcp.Enum(networks...)),
 		mcp.WithInteger("lifetime_seconds", mcp.Description("Maximum lifetime in seconds; default and maximum "+fmt.Sprint(int64(d.cfg.MaxLifetime/time.Second))+"."), mcp.Min(1), mcp.Max(int(d.cfg.MaxLifetime/time.Second))),
 		mcp.WithOutputSchema[InitializeResult](),
@@ -679,7 +730,7 @@ type StopResult struct {
 
 func sandboxStopTool(d *deps) (mcp.Tool, server.ToolHandlerFunc) {
 	tool := mcp.NewTool("sandbox_stop",
-		mcp.WithDescription("Stop a sandbox (SIGTERM, 10 s grace, then SIGKILL) and remove it with everything in it."),
+		mcp.WithDescription(fmt.Sprintf("Stop a sandbox (SIGTERM, %s, then SIGKILL) and remove it with everything in it.", graceText(d.cfg.StopGrace))),
 		containerIDProp(),
 		mcp.WithOutputSchema[StopResult](),
 		annotations("Stop sandbox", false, true, true, false),

@@ -18,22 +18,16 @@ import (
 	"net/http"
 	"net/url"
 	"strings"
-	"time"
 
 	"github.com/code-sandbox/code-sandbox-operator/internal/subresource"
 
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/util/validation"
-	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/rest"
 
 	sandboxv1alpha1 "github.com/code-sandbox/code-sandbox-operator/api/v1alpha1"
 )
-
-// SandboxResource is the resource the client reads Sandboxes from.
-var SandboxResource = sandboxv1alpha1.GroupVersion.WithResource("sandboxes")
 
 // Options tune a Client. The zero value is ready to use.
 type Options struct {
@@ -44,15 +38,13 @@ type Options struct {
 // Client talks to the Sandbox subresources through the API server. It is
 // safe for concurrent use; connections are reused.
 type Client struct {
-	dyn  dynamic.Interface
 	http *http.Client
 	// base is the API server's URL, including any path prefix of the
 	// rest.Config (as with kubectl proxy --api-prefix).
 	base *url.URL
 }
 
-// New returns a Client that reads Sandboxes and calls their subresources
-// with cfg.
+// New returns a Client that calls the Sandbox subresources with cfg.
 func New(cfg *rest.Config, opts Options) (*Client, error) {
 	if cfg == nil {
 		return nil, errors.New("sandboxclient: rest.Config is nil")
@@ -63,10 +55,6 @@ func New(cfg *rest.Config, opts Options) (*Client, error) {
 	}
 	if cfg.UserAgent == "" {
 		cfg.UserAgent = rest.DefaultKubernetesUserAgent()
-	}
-	dyn, err := dynamic.NewForConfig(cfg)
-	if err != nil {
-		return nil, fmt.Errorf("sandboxclient: API server client: %w", err)
 	}
 	// Streams run as long as their commands: no client-wide timeout, each
 	// call is bounded by its context.
@@ -84,7 +72,7 @@ func New(cfg *rest.Config, opts Options) (*Client, error) {
 	if err != nil {
 		return nil, fmt.Errorf("sandboxclient: API server address: %w", err)
 	}
-	return &Client{dyn: dyn, http: hc, base: base}, nil
+	return &Client{http: hc, base: base}, nil
 }
 
 // Ref names the Sandbox a call acts on. Sandbox, when set, is the object
@@ -109,33 +97,6 @@ func (r Ref) key() (ns, name string) {
 		return r.Sandbox.Namespace, r.Sandbox.Name
 	}
 	return r.Namespace, r.Name
-}
-
-// Resolve reads the Sandbox through the API server and reports whether it
-// is Ready: Read without the Sandbox.
-func (c *Client) Resolve(ctx context.Context, ns, name string) error {
-	_, err := c.Read(ctx, ns, name)
-	return err
-}
-
-// Read reads the Sandbox through the API server, once, and reports whether
-// it is Ready (CheckReady). It returns the Sandbox it read whenever there is
-// one, so that the caller can pass it on with For instead of having it read
-// again. The error is an *APIError for the API server's refusals and a
-// *NotReadyError when the Sandbox is not Ready.
-func (c *Client) Read(ctx context.Context, ns, name string) (*sandboxv1alpha1.Sandbox, error) {
-	if err := validateNames(ns, name); err != nil {
-		return nil, err
-	}
-	obj, err := c.dyn.Resource(SandboxResource).Namespace(ns).Get(ctx, name, metav1.GetOptions{})
-	if err != nil {
-		return nil, apiServerError(ns, name, err)
-	}
-	sbx := &sandboxv1alpha1.Sandbox{}
-	if err := runtime.DefaultUnstructuredConverter.FromUnstructured(obj.Object, sbx); err != nil {
-		return nil, fmt.Errorf("sandbox %s/%s: decoding the Sandbox: %w", ns, name, err)
-	}
-	return sbx, CheckReady(sbx)
 }
 
 // validateNames checks names here so that a bad one is reported as such,
@@ -179,41 +140,6 @@ func CheckReady(sbx *sandboxv1alpha1.Sandbox) error {
 			Message: fmt.Sprintf("the manager on node %q has not published its node API yet", sbx.Status.NodeName)}
 	}
 	return &APIError{Namespace: ns, Name: name, Code: st.Code, Reason: st.Reason, Message: st.Message, Details: st.Details, Source: SourceClient}
-}
-
-// WaitReady polls the Sandbox until it is Ready with a node API endpoint,
-// ctx ends, or it reaches a state it cannot leave (its container exited, was
-// OOM-killed or expired; it is being deleted). The error is the last reason
-// it was not ready.
-func (c *Client) WaitReady(ctx context.Context, ns, name string) error {
-	delay := 250 * time.Millisecond
-	for {
-		err := c.Resolve(ctx, ns, name)
-		if err == nil {
-			return nil
-		}
-		if ctx.Err() != nil {
-			return fmt.Errorf("waiting for sandbox %s/%s: %w", ns, name, ctx.Err())
-		}
-		var nr *NotReadyError
-		switch {
-		case errors.As(err, &nr):
-			switch nr.Reason {
-			case sandboxv1alpha1.SandboxReasonContainerExited, sandboxv1alpha1.SandboxReasonOOMKilled,
-				sandboxv1alpha1.SandboxReasonExpired, sandboxv1alpha1.SandboxReasonTerminating:
-				return err
-			}
-		case IsUnavailable(err), IsTooManyRequests(err):
-		default:
-			return err
-		}
-		select {
-		case <-ctx.Done():
-			return fmt.Errorf("waiting for sandbox %s/%s: %w (last: %w)", ns, name, ctx.Err(), err)
-		case <-time.After(delay):
-		}
-		delay = min(2*delay, 2*time.Second)
-	}
 }
 
 // Close releases idle connections.

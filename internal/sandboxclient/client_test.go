@@ -39,8 +39,6 @@ const (
 	// server; spelled out rather than taken from package wire, so that the
 	// test pins the contract.
 	aggregated = "/apis/subresources.sandbox.code-sandbox.dev/v1alpha1/namespaces/team-a/sandboxes/box/"
-	// sandboxPath is the Sandbox object itself.
-	sandboxPath = "/apis/sandbox.code-sandbox.dev/v1alpha1/namespaces/team-a/sandboxes/box"
 )
 
 func writeFrames(w http.ResponseWriter, frames ...subresource.Frame) {
@@ -111,11 +109,12 @@ var _ = Describe("Client", Label("unit"), func() {
 		return c
 	}
 
-	execHello := func(c *sandboxclient.Client) (string, error) {
+	execHelloOn := func(c *sandboxclient.Client, ref sandboxclient.Ref) (string, error) {
 		var out bytes.Buffer
-		_, err := c.Exec(ctx, sandboxclient.Named(ns, name), execio.Request{Command: []string{"echo", "hello"}}, &out, nil)
+		_, err := c.Exec(ctx, ref, execio.Request{Command: []string{"echo", "hello"}}, &out, nil)
 		return out.String(), err
 	}
+	execHello := func(c *sandboxclient.Client) (string, error) { return execHelloOn(c, sandboxclient.Named(ns, name)) }
 
 	last := func() sandboxclienttest.Request {
 		GinkgoHelper()
@@ -173,15 +172,15 @@ var _ = Describe("Client", Label("unit"), func() {
 				cfg := cluster.RESTConfig("t")
 				cfg.Host = cluster.API.URL + prefix
 				c := newClient(cfg, sandboxclient.Options{})
-				Expect(c.Resolve(ctx, ns, name)).To(Succeed())
 				out, err := execHello(c)
 				Expect(err).NotTo(HaveOccurred())
 				Expect(out).To(Equal("hello\n"))
+				Expect(c.Logs(ctx, sandboxclient.Named(ns, name), sandboxclient.LogOptions{}, io.Discard)).To(Succeed())
 				var paths []string
 				for _, r := range cluster.Requests() {
 					paths = append(paths, r.Method+" "+r.Path)
 				}
-				Expect(paths).To(Equal([]string{"GET /k8s/proxy" + sandboxPath, "POST /k8s/proxy" + aggregated + "exec"}))
+				Expect(paths).To(Equal([]string{"POST /k8s/proxy" + aggregated + "exec", "GET /k8s/proxy" + aggregated + "log"}))
 			},
 			Entry("without a trailing slash", "/k8s/proxy"),
 			Entry("with a trailing slash", "/k8s/proxy/"),
@@ -213,7 +212,7 @@ var _ = Describe("Client", Label("unit"), func() {
 
 		It("sends Options.UserAgent on every request", func() {
 			c := newClient(cluster.RESTConfig("t"), sandboxclient.Options{UserAgent: "sandbox-test/1"})
-			Expect(c.Resolve(ctx, ns, name)).To(Succeed())
+			Expect(c.Logs(ctx, sandboxclient.Named(ns, name), sandboxclient.LogOptions{}, io.Discard)).To(Succeed())
 			_, err := execHello(c)
 			Expect(err).NotTo(HaveOccurred())
 			reqs := cluster.Requests()
@@ -239,9 +238,10 @@ var _ = Describe("Client", Label("unit"), func() {
 			cfg := cluster.RESTConfig("")
 			cfg.BearerTokenFile = file
 			c := newClient(cfg, sandboxclient.Options{})
-			Expect(c.Resolve(ctx, ns, name)).To(Succeed())
+			Expect(c.Logs(ctx, sandboxclient.Named(ns, name), sandboxclient.LogOptions{}, io.Discard)).To(Succeed())
 			_, err := execHello(c)
 			Expect(err).NotTo(HaveOccurred())
+			Expect(cluster.Requests()).To(HaveLen(2))
 			for _, r := range cluster.Requests() {
 				Expect(r.Header.Get("Authorization")).To(Equal("Bearer file-token"), r.Path)
 				Expect(r.User).To(Equal("file-user"), r.Path)
@@ -250,7 +250,7 @@ var _ = Describe("Client", Label("unit"), func() {
 
 		It("presents the client certificate of the rest.Config, and no token", func() {
 			c := newClient(cluster.CertConfig("cert-user"), sandboxclient.Options{})
-			Expect(c.Resolve(ctx, ns, name)).To(Succeed())
+			Expect(c.Logs(ctx, sandboxclient.Named(ns, name), sandboxclient.LogOptions{}, io.Discard)).To(Succeed())
 			_, err := execHello(c)
 			Expect(err).NotTo(HaveOccurred())
 			reqs := cluster.Requests()
@@ -332,19 +332,34 @@ var _ = Describe("Client", Label("unit"), func() {
 		})
 	})
 
-	Describe("resolving the Sandbox", func() {
-		It("reads it through the API server with the caller's credentials", func() {
-			Expect(newClient(cluster.RESTConfig("t"), sandboxclient.Options{}).Resolve(ctx, ns, name)).To(Succeed())
-			reqs := cluster.Requests()
-			Expect(reqs).To(HaveLen(1))
-			Expect(reqs[0].Method).To(Equal(http.MethodGet))
-			Expect(reqs[0].Path).To(Equal(sandboxPath))
-			Expect(reqs[0].Header.Get("Authorization")).To(Equal("Bearer t"))
+	Describe("deciding from a Sandbox the caller read (For)", func() {
+		// sandboxFor is the Sandbox ns/name as the fake cluster serves it,
+		// changed by mutate: what a caller such as the MCP kubernetes
+		// backend has just read.
+		sandboxFor := func(mutate ...func(map[string]any)) *sandboxv1alpha1.Sandbox {
+			GinkgoHelper()
+			cluster.AddSandbox(ns, name, mutate...)
+			return cluster.Sandbox(ns, name)
+		}
+		// refused runs an exec on sbx and returns its error, which the
+		// client must decide without a request.
+		refused := func(sbx *sandboxv1alpha1.Sandbox) error {
+			GinkgoHelper()
+			_, err := newClient(cluster.RESTConfig("t"), sandboxclient.Options{}).Exec(ctx, sandboxclient.For(sbx), execio.Request{Command: []string{"true"}}, nil, nil)
+			Expect(cluster.APICalls()).To(BeZero(), "the client asked the API server about a Sandbox it could judge itself")
+			return err
+		}
+
+		It("calls a Ready Sandbox's subresource at once", func() {
+			sbx := sandboxFor()
+			out, err := execHelloOn(newClient(cluster.RESTConfig("t"), sandboxclient.Options{}), sandboxclient.For(sbx))
+			Expect(err).NotTo(HaveOccurred())
+			Expect(out).To(Equal("hello\n"))
+			Expect(cluster.Requests()).To(HaveLen(1), "one request: the exec, no read of the Sandbox")
 		})
 
 		It("explains a Sandbox that is not Ready with its condition's reason and message", func() {
-			cluster.AddSandbox(ns, name, sandboxclienttest.NotReady("ContainerExited", "the main process exited with code 3"))
-			err := newClient(cluster.RESTConfig("t"), sandboxclient.Options{}).Resolve(ctx, ns, name)
+			err := refused(sandboxFor(sandboxclienttest.NotReady("ContainerExited", "the main process exited with code 3")))
 			Expect(sandboxclient.IsNotReady(err)).To(BeTrue())
 			Expect(err).To(MatchError("sandbox team-a/box is not ready: ContainerExited: the main process exited with code 3"))
 			var nr *sandboxclient.NotReadyError
@@ -353,24 +368,15 @@ var _ = Describe("Client", Label("unit"), func() {
 		})
 
 		It("explains a Sandbox no manager has reported on", func() {
-			cluster.AddSandbox(ns, name, func(st map[string]any) { delete(st, "conditions") })
-			err := newClient(cluster.RESTConfig("t"), sandboxclient.Options{}).Resolve(ctx, ns, name)
+			err := refused(sandboxFor(func(st map[string]any) { delete(st, "conditions") }))
 			Expect(sandboxclient.IsNotReady(err)).To(BeTrue())
 			Expect(err).To(MatchError(ContainSubstring("sandbox team-a/box is not ready: no manager has reported on it yet")))
 		})
 
 		It("reports a Ready Sandbox whose node has not published its node API as unavailable", func() {
-			cluster.AddSandbox(ns, name, func(st map[string]any) { delete(st, "nodeAPIEndpoint") })
-			err := newClient(cluster.RESTConfig("t"), sandboxclient.Options{}).Resolve(ctx, ns, name)
+			err := refused(sandboxFor(func(st map[string]any) { delete(st, "nodeAPIEndpoint") }))
 			Expect(sandboxclient.IsUnavailable(err)).To(BeTrue())
 			Expect(err).To(MatchError(ContainSubstring(`the manager on node "fake-node" has not published its node API`)))
-		})
-
-		It("reports a missing Sandbox as not found, naming it", func() {
-			err := newClient(cluster.RESTConfig("t"), sandboxclient.Options{}).Resolve(ctx, ns, "nope")
-			Expect(sandboxclient.IsNotFound(err)).To(BeTrue())
-			Expect(err.Error()).To(HavePrefix("sandbox team-a/nope"))
-			Expect(err.Error()).To(ContainSubstring("kube-apiserver, HTTP 404"))
 		})
 
 		It("refuses invalid names before asking anyone", func() {
@@ -380,51 +386,9 @@ var _ = Describe("Client", Label("unit"), func() {
 			Expect(err.Error()).To(ContainSubstring(`invalid sandbox name "../etc"`))
 			_, err = c.Exec(ctx, sandboxclient.Named("", name), execio.Request{Command: []string{"true"}}, nil, nil)
 			Expect(err).To(MatchError(ContainSubstring("invalid namespace")))
-			Expect(c.Resolve(ctx, "Team_A", name)).To(MatchError(ContainSubstring("invalid namespace")))
+			Expect(c.Logs(ctx, sandboxclient.Named("Team_A", name), sandboxclient.LogOptions{}, io.Discard)).To(MatchError(ContainSubstring("invalid namespace")))
 			Expect(c.Download(ctx, sandboxclient.Named(ns, "a/b"), "/x", io.Discard)).To(MatchError(ContainSubstring("invalid sandbox name")))
 			Expect(cluster.APICalls()).To(BeZero())
-		})
-
-		It("waits for a Sandbox to become Ready", func() {
-			cluster.AddSandbox(ns, name, sandboxclienttest.NotReady("Provisioning", "pulling"))
-			go func() {
-				defer GinkgoRecover()
-				time.Sleep(300 * time.Millisecond)
-				cluster.AddSandbox(ns, name)
-			}()
-			Expect(newClient(cluster.RESTConfig("t"), sandboxclient.Options{}).WaitReady(ctx, ns, name)).To(Succeed())
-		})
-
-		It("waits for a Ready Sandbox's node API to be published", func() {
-			cluster.AddSandbox(ns, name, func(st map[string]any) { delete(st, "nodeAPIEndpoint") })
-			go func() {
-				defer GinkgoRecover()
-				time.Sleep(300 * time.Millisecond)
-				cluster.AddSandbox(ns, name)
-			}()
-			Expect(newClient(cluster.RESTConfig("t"), sandboxclient.Options{}).WaitReady(ctx, ns, name)).To(Succeed())
-		})
-
-		It("stops waiting for a Sandbox whose container exited", func() {
-			cluster.AddSandbox(ns, name, sandboxclienttest.NotReady("ContainerExited", "exit code 1"))
-			err := newClient(cluster.RESTConfig("t"), sandboxclient.Options{}).WaitReady(ctx, ns, name)
-			Expect(sandboxclient.IsNotReady(err)).To(BeTrue())
-		})
-
-		It("stops waiting when the API server refuses the caller", func() {
-			cfg := cluster.RESTConfig("")
-			cfg.BearerToken = "bogus"
-			err := newClient(cfg, sandboxclient.Options{}).WaitReady(ctx, ns, name)
-			Expect(sandboxclient.IsUnauthorized(err)).To(BeTrue(), "%v", err)
-			Expect(cluster.APICalls()).To(Equal(1))
-		})
-
-		It("reports the deadline and the last reason when waiting times out", func() {
-			cluster.AddSandbox(ns, name, sandboxclienttest.NotReady("Provisioning", "pulling"))
-			wctx, cancel := context.WithTimeout(ctx, 500*time.Millisecond)
-			defer cancel()
-			err := newClient(cluster.RESTConfig("t"), sandboxclient.Options{}).WaitReady(wctx, ns, name)
-			Expect(err).To(MatchError(context.DeadlineExceeded))
 		})
 	})
 

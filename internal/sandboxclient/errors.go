@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"strings"
 
@@ -262,7 +261,9 @@ func IsExecLimit(err error) bool { return HasCause(err, subresource.CauseExecLim
 
 // Values of APIError.Source.
 const (
-	// SourceAPIServer: reading the Sandbox itself.
+	// SourceAPIServer: kube-apiserver about the Sandbox object itself (a
+	// caller that reads it, such as the MCP kubernetes backend, says so;
+	// this client never reads it).
 	SourceAPIServer = "kube-apiserver"
 	// SourceSubresources: the exec, files, log and history subresources,
 	// answered by the API server, the aggregated API server or the node.
@@ -343,22 +344,4 @@ func reasonForCode(code int) metav1.StatusReason {
 		return metav1.StatusReasonInternalError
 	}
 	return metav1.StatusReasonUnknown
-}
-
-// apiServerError converts an error from reading the Sandbox so that the same
-// predicates work for the API server's refusals as for the node API's.
-func apiServerError(ns, name string, err error) error {
-	var st apierrors.APIStatus
-	if errors.As(err, &st) {
-		s := st.Status()
-		return &APIError{Namespace: ns, Name: name, Code: s.Code, Reason: s.Reason, Message: s.Message, Details: s.Details,
-			Source: SourceAPIServer, err: err}
-	}
-	var op *net.OpError
-	if errors.As(err, &op) && op.Op == "dial" {
-		// Unreachable: retryable like a 503, so WaitReady keeps waiting.
-		return &APIError{Namespace: ns, Name: name, Code: http.StatusServiceUnavailable, Reason: metav1.StatusReasonServiceUnavailable,
-			Source: SourceClient, Message: fmt.Sprintf("the API server is unreachable: %v", op.Err), err: err}
-	}
-	return fmt.Errorf("sandbox %s/%s: reading the Sandbox from the API server: %w", ns, name, err)
 }

@@ -183,7 +183,11 @@ spec:
 			}, NodeTimeout(3*time.Minute))
 
 			It("streams the output while the command runs", func(ctx SpecContext) {
-				cmd := command(ctx, cred.key, "", "exec", box, "--", "sh", "-c", "echo first; sleep 3; echo second")
+				// The command sleeps between its lines: a first line that
+				// arrived with the end of the command would come less than
+				// the sleep before the second.
+				const sleep = 3 * time.Second
+				cmd := command(ctx, cred.key, "", "exec", box, "--", "sh", "-c", fmt.Sprintf("echo first; sleep %d; echo second", int(sleep/time.Second)))
 				stdout, err := cmd.StdoutPipe()
 				Expect(err).NotTo(HaveOccurred())
 				var stderr bytes.Buffer
@@ -194,13 +198,15 @@ spec:
 				first, err := lines.ReadString('\n')
 				Expect(err).NotTo(HaveOccurred(), stderr.String())
 				Expect(first).To(Equal("first\n"))
-				Expect(time.Since(started)).To(BeNumerically("<", 2500*time.Millisecond),
-					"the first line arrived only with the end of the command")
+				firstAt := time.Since(started)
 				rest, err := io.ReadAll(lines)
 				Expect(err).NotTo(HaveOccurred())
 				Expect(string(rest)).To(Equal("second\n"))
 				Expect(cmd.Wait()).To(Succeed(), stderr.String())
-				Expect(time.Since(started)).To(BeNumerically(">=", 3*time.Second))
+				endAt := time.Since(started)
+				Expect(endAt).To(BeNumerically(">=", sleep))
+				Expect(endAt-firstAt).To(BeNumerically(">=", sleep*2/3),
+					"the first line arrived only %v before the end of a command that sleeps %v after it", endAt-firstAt, sleep)
 			}, NodeTimeout(2*time.Minute))
 
 			It("exits 124 when the command times out", func(ctx SpecContext) {

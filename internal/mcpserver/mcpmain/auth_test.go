@@ -85,10 +85,11 @@ var _ = Describe("--auth kubernetes token audiences", Ordered, func() {
 		vaultToken = saToken(ns, "agent", "https://vault.example")
 	})
 
-	kubeServer := func(extra ...string) string {
+	kubeServer := func(extra ...func(*Config)) string {
 		GinkgoHelper()
-		return startServer(append([]string{"--backend", "kubernetes", "--kubeconfig", adminKubeconfig, "--namespace", ns,
-			"--http", "127.0.0.1:0", "--auth", "kubernetes"}, extra...)...)
+		return startServer(append([]func(*Config){onHTTP("127.0.0.1:0", "kubernetes"), func(o *Config) {
+			o.Backend, o.Kubeconfig, o.Namespace = "kubernetes", adminKubeconfig, ns
+		}}, extra...)...)
 	}
 
 	It("accepts a code-sandbox-mcp token and refuses an API-server-audience token by default", func(ctx SpecContext) {
@@ -106,7 +107,7 @@ var _ = Describe("--auth kubernetes token audiences", Ordered, func() {
 	}, NodeTimeout(2*time.Minute))
 
 	It("accepts an API-server-audience token only with --accept-apiserver-audience", func(ctx SpecContext) {
-		url := kubeServer("--accept-apiserver-audience")
+		url := kubeServer(func(o *Config) { o.AcceptAPIServerAudience = true })
 		for name, tok := range map[string]string{"API server": apiToken, "code-sandbox-mcp": mcpToken, "both": bothToken} {
 			code, _, body := initialize(ctx, url, tok)
 			Expect(code).To(Equal(http.StatusOK), "the %s audience token was refused with --accept-apiserver-audience: %s", name, body)
@@ -118,7 +119,7 @@ var _ = Describe("--auth kubernetes token audiences", Ordered, func() {
 	}, NodeTimeout(2*time.Minute))
 
 	It("requires --token-audience instead of the default when it is given", func(ctx SpecContext) {
-		url := kubeServer("--token-audience", "https://vault.example")
+		url := kubeServer(func(o *Config) { o.TokenAudiences = []string{"https://vault.example"} })
 		code, _, body := initialize(ctx, url, vaultToken)
 		Expect(code).To(Equal(http.StatusOK), "a token for --token-audience: %s", body)
 		code, _, _ = initialize(ctx, url, mcpToken)
@@ -139,27 +140,32 @@ var _ = Describe("--auth kubernetes on the docker backend", Ordered, func() {
 		otherNS = cp.NewNamespace("mcp-other-")
 	})
 
-	dockerServer := func(extra ...string) string {
+	dockerServer := func(extra ...func(*Config)) string {
 		GinkgoHelper()
-		return startServer(append([]string{"--backend", "docker", "--kubeconfig", reviewerKubeconfig,
-			"--http", "127.0.0.1:0", "--auth", "kubernetes",
-			"--default-image", testenv.BusyboxImage, "--pull-policy", "Never"}, extra...)...)
+		return startServer(append([]func(*Config){onHTTP("127.0.0.1:0", "kubernetes"), func(o *Config) {
+			o.Backend, o.Kubeconfig, o.DefaultImage, o.PullPolicy = "docker", reviewerKubeconfig, testenv.BusyboxImage, "Never"
+		}}, extra...)...)
 	}
 
 	It("refuses to start without a way to authorize callers, and refuses meaningless combinations", func() {
-		for _, args := range [][]string{
-			{"--backend", "docker", "--kubeconfig", reviewerKubeconfig, "--http", "127.0.0.1:0", "--auth", "kubernetes"},
-			{"--backend", "docker", "--kubeconfig", reviewerKubeconfig, "--http", "127.0.0.1:0", "--auth", "kubernetes", "--namespace", "Not_A_Namespace"},
-			{"--backend", "docker", "--kubeconfig", reviewerKubeconfig, "--http", "127.0.0.1:0", "--auth", "kubernetes", "--namespace", ns, "--allow-user", "alice"},
-			{"--backend", "kubernetes", "--kubeconfig", adminKubeconfig, "--namespace", ns, "--http", "127.0.0.1:0", "--auth", "kubernetes", "--allow-group", "devs"},
-			{"--backend", "docker", "--http", "127.0.0.1:0", "--auth", "none", "--accept-apiserver-audience"},
-			{"--backend", "docker", "--http", "127.0.0.1:0", "--auth", "none", "--allow-user", "alice"},
-			{"--backend", "docker", "--allow-user", "alice"},
-			{"--backend", "docker", "--kubeconfig", reviewerKubeconfig, "--http", "127.0.0.1:0", "--auth", "kubernetes", "--namespace", ns, "--token-audience="},
+		dockerKube := func(o *Config) {
+			o.Backend, o.Kubeconfig, o.HTTPAddr, o.Auth = "docker", reviewerKubeconfig, "127.0.0.1:0", "kubernetes"
+		}
+		for name, mods := range map[string][]func(*Config){
+			"no --namespace and no allow-list": {dockerKube},
+			"--namespace Not_A_Namespace":      {dockerKube, func(o *Config) { o.Namespace = "Not_A_Namespace" }},
+			"--namespace with --allow-user":    {dockerKube, func(o *Config) { o.Namespace, o.AllowUsers = ns, []string{"alice"} }},
+			"--allow-group on the kubernetes backend": {onHTTP("127.0.0.1:0", "kubernetes"), func(o *Config) {
+				o.Backend, o.Kubeconfig, o.Namespace, o.AllowGroups = "kubernetes", adminKubeconfig, ns, []string{"devs"}
+			}},
+			"--accept-apiserver-audience with --auth none": {loopbackNoAuth, func(o *Config) { o.AcceptAPIServerAudience = true }},
+			"--allow-user with --auth none":                {loopbackNoAuth, func(o *Config) { o.AllowUsers = []string{"alice"} }},
+			"--allow-user over stdio":                      {func(o *Config) { o.AllowUsers = []string{"alice"} }},
+			"--token-audience= (none)":                     {dockerKube, func(o *Config) { o.Namespace, o.TokenAudiences = ns, nil }},
 		} {
-			err := startupError(args...)
-			Expect(err).To(HaveOccurred(), "started with %q", args)
-			Expect(isUsageError(err)).To(BeTrue(), "%q: want a usage error, got %v", args, err)
+			err := startupError(mods...)
+			Expect(err).To(HaveOccurred(), "started with %s", name)
+			Expect(isUsageError(err)).To(BeTrue(), "%s: want a usage error, got %v", name, err)
 		}
 	})
 
@@ -178,7 +184,7 @@ var _ = Describe("--auth kubernetes on the docker backend", Ordered, func() {
 		agent := saToken(ns, "agent", aud)
 		cp.Bind(ns, "mcp-test-sandbox-creator", testenv.ServiceAccountSubject(ns, "agent"))
 
-		url := dockerServer("--namespace", ns)
+		url := dockerServer(func(o *Config) { o.Namespace = ns })
 		for name, tok := range map[string]string{"no RBAC": outsider, "only get/list": viewer, "create in another namespace": elsewhere} {
 			code, _, body := initialize(ctx, url, tok)
 			Expect(code).To(Equal(http.StatusForbidden), "a caller with %s was not refused: %s", name, body)
@@ -205,7 +211,9 @@ var _ = Describe("--auth kubernetes on the docker backend", Ordered, func() {
 		alice := saToken(ns, "alice", aud)
 		bob := saToken(ns, "bob", aud)
 		carol := saToken(otherNS, "carol", aud)
-		url := dockerServer("--allow-user", "system:serviceaccount:"+ns+":alice", "--allow-group", "system:serviceaccounts:"+otherNS)
+		url := dockerServer(func(o *Config) {
+			o.AllowUsers, o.AllowGroups = []string{"system:serviceaccount:" + ns + ":alice"}, []string{"system:serviceaccounts:" + otherNS}
+		})
 
 		code, _, body := initialize(ctx, url, alice)
 		Expect(code).To(Equal(http.StatusOK), "the allowed user was refused: %s", body)

@@ -36,15 +36,15 @@ type kubeSetup struct {
 // --kubeconfig, else $KUBECONFIG, else ~/.kube/config, else the in-cluster
 // ServiceAccount; the namespace defaults to the context's (in a cluster,
 // the pod's), else "default".
-func loadKube(o options) (*kubeSetup, error) {
+func loadKube(o Config) (*kubeSetup, error) {
 	rules := clientcmd.NewDefaultClientConfigLoadingRules()
-	rules.ExplicitPath = o.kubeconfig
+	rules.ExplicitPath = o.Kubeconfig
 	cc := clientcmd.NewNonInteractiveDeferredLoadingClientConfig(rules, &clientcmd.ConfigOverrides{})
 	cfg, err := cc.ClientConfig()
 	if err != nil {
 		return nil, usagef("--backend kubernetes: no usable kubeconfig (--kubeconfig, $KUBECONFIG, ~/.kube/config) and not in a cluster: %v", err)
 	}
-	ns := o.namespace
+	ns := o.Namespace
 	if ns == "" {
 		if ns, _, err = cc.Namespace(); err != nil {
 			return nil, usagef("--backend kubernetes: reading the kubeconfig's namespace: %v (pass --namespace)", err)
@@ -61,38 +61,38 @@ func loadKube(o options) (*kubeSetup, error) {
 	return &kubeSetup{config: cfg, namespace: ns}, nil
 }
 
-func newKubeBackend(o options, kube *kubeSetup, logger *slog.Logger) (*kubebackend.Backend, error) {
-	pull := sandboxv1alpha1.ImagePullPolicy(o.pullPolicy)
+func newKubeBackend(o Config, kube *kubeSetup, logger *slog.Logger) (*kubebackend.Backend, error) {
+	pull := sandboxv1alpha1.ImagePullPolicy(o.PullPolicy)
 	switch pull {
 	case sandboxv1alpha1.PullIfNotPresent, sandboxv1alpha1.PullNever, sandboxv1alpha1.PullAlways:
 	default:
-		return nil, usagef("--pull-policy %q: want IfNotPresent, Never or Always", o.pullPolicy)
+		return nil, usagef("--pull-policy %q: want IfNotPresent, Never or Always", o.PullPolicy)
 	}
 	var rt sandboxv1alpha1.RuntimeClass
-	switch o.runtime {
+	switch o.Runtime {
 	case dockerruntime.RuntimeRunc:
 		rt = sandboxv1alpha1.RuntimeRunc
 	case dockerruntime.RuntimeRunsc:
 		rt = sandboxv1alpha1.RuntimeGVisor
 	default:
-		return nil, usagef("--runtime %q: want runc or runsc", o.runtime)
+		return nil, usagef("--runtime %q: want runc or runsc", o.Runtime)
 	}
-	if o.readyTimeout < time.Second {
-		return nil, usagef("--ready-timeout %s: want at least 1s", o.readyTimeout)
+	if o.ReadyTimeout < time.Second {
+		return nil, usagef("--ready-timeout %s: want at least 1s", o.ReadyTimeout)
 	}
 	b, err := kubebackend.New(kubebackend.Options{
 		Config:                      kube.config,
 		Namespace:                   kube.namespace,
-		NodeName:                    o.nodeName,
-		NamespaceFromServiceAccount: o.nsFromSA,
+		NodeName:                    o.NodeName,
+		NamespaceFromServiceAccount: o.NamespaceFromServiceAccount,
 		PullPolicy:                  pull,
 		Runtime:                     rt,
-		MaxSandboxes:                o.maxSandboxes,
-		IdleTimeout:                 o.idleTimeout,
-		IdlePause:                   o.idlePause,
-		ReadyTimeout:                o.readyTimeout,
-		WarmPool:                    o.warmPool.raw,
-		DefaultImage:                o.defaultImage,
+		MaxSandboxes:                o.MaxSandboxes,
+		IdleTimeout:                 o.IdleTimeout,
+		IdlePause:                   o.IdlePause,
+		ReadyTimeout:                o.ReadyTimeout,
+		WarmPool:                    o.WarmPool,
+		DefaultImage:                o.DefaultImage,
 		Logger:                      logger,
 	})
 	if err != nil {
@@ -101,24 +101,24 @@ func newKubeBackend(o options, kube *kubeSetup, logger *slog.Logger) (*kubebacke
 	return b, nil
 }
 
-func newDockerBackend(o options, logger *slog.Logger) (*dockerbackend.Backend, error) {
-	switch dockerruntime.PullPolicy(o.pullPolicy) {
+func newDockerBackend(o Config, logger *slog.Logger) (*dockerbackend.Backend, error) {
+	switch dockerruntime.PullPolicy(o.PullPolicy) {
 	case dockerruntime.PullIfNotPresent, dockerruntime.PullNever, dockerruntime.PullAlways:
 	default:
-		return nil, usagef("--pull-policy %q: want IfNotPresent, Never or Always", o.pullPolicy)
+		return nil, usagef("--pull-policy %q: want IfNotPresent, Never or Always", o.PullPolicy)
 	}
-	if o.runtime != dockerruntime.RuntimeRunc && o.runtime != dockerruntime.RuntimeRunsc {
-		return nil, usagef("--runtime %q: want runc or runsc", o.runtime)
+	if o.Runtime != dockerruntime.RuntimeRunc && o.Runtime != dockerruntime.RuntimeRunsc {
+		return nil, usagef("--runtime %q: want runc or runsc", o.Runtime)
 	}
-	imagePolicy, err := imagepolicy.New(o.allowedRegistries, o.allowPublicRegs)
+	imagePolicy, err := imagepolicy.New(o.AllowedRegistries, o.AllowPublicRegistries)
 	if err != nil {
 		return nil, usagef("--allowed-registries: %v", err)
 	}
 	// Egress sandboxes only behind the egress firewall (internal/egress).
 	var fw *egress.Firewall
 	var egressReady func(context.Context) error
-	if o.allowEgress {
-		allow, err := egress.ParseCIDRs(o.egressAllow)
+	if o.AllowEgress {
+		allow, err := egress.ParseCIDRs(o.EgressAllowCIDRs)
 		if err != nil {
 			return nil, usagef("--egress-allow-cidr: %v", err)
 		}
@@ -127,7 +127,7 @@ func newDockerBackend(o options, logger *slog.Logger) (*dockerbackend.Backend, e
 		}
 		egressReady = fw.Healthy
 	}
-	client, err := dockerruntime.New(dockerruntime.Options{Host: o.dockerHost, ManagedBy: dockerruntime.ManagedByMCP, ImagePolicy: imagePolicy, EgressReady: egressReady})
+	client, err := dockerruntime.New(dockerruntime.Options{Host: o.DockerHost, ManagedBy: dockerruntime.ManagedByMCP, ImagePolicy: imagePolicy, EgressReady: egressReady})
 	if err != nil {
 		return nil, err
 	}
@@ -138,22 +138,22 @@ func newDockerBackend(o options, logger *slog.Logger) (*dockerbackend.Backend, e
 	return dockerbackend.New(dockerbackend.Options{
 		Client:       client,
 		Instance:     inst,
-		PullPolicy:   dockerruntime.PullPolicy(o.pullPolicy),
-		Runtime:      o.runtime,
-		MaxSandboxes: o.maxSandboxes,
-		IdleTimeout:  o.idleTimeout,
-		IdlePause:    o.idlePause,
-		HistoryDir:   o.historyDir,
+		PullPolicy:   dockerruntime.PullPolicy(o.PullPolicy),
+		Runtime:      o.Runtime,
+		MaxSandboxes: o.MaxSandboxes,
+		IdleTimeout:  o.IdleTimeout,
+		IdlePause:    o.IdlePause,
+		HistoryDir:   o.HistoryDir,
 		Logger:       logger,
-		WarmPool:     warmPoolCount(o.warmPool),
-		DefaultImage: o.defaultImage,
+		WarmPool:     o.warmPoolCount(),
+		DefaultImage: o.DefaultImage,
 
 		EgressFirewall: fw,
 	})
 }
 
 // warmPoolCount is the docker backend's pool size, already validated.
-func warmPoolCount(w warmPoolFlag) int {
-	n, _ := w.count()
+func (o Config) warmPoolCount() int {
+	n, _ := o.dockerWarmPool()
 	return n
 }

@@ -18,16 +18,16 @@ import (
 	"k8s.io/client-go/rest"
 
 	sandboxv1alpha1 "github.com/code-sandbox/code-sandbox-operator/api/v1alpha1"
-	"github.com/code-sandbox/code-sandbox-operator/internal/mcpserver"
 	"github.com/code-sandbox/code-sandbox-operator/internal/mcpserver/accessreview"
 	"github.com/code-sandbox/code-sandbox-operator/internal/mcpserver/auth"
 	"github.com/code-sandbox/code-sandbox-operator/internal/mcpserver/contract"
+	"github.com/code-sandbox/code-sandbox-operator/internal/mcpserver/transport"
 )
 
 type httpSetup struct {
 	listener net.Listener
 	url      string
-	opts     mcpserver.HTTPOptions
+	opts     transport.HTTPOptions
 	tlsCert  string
 	tlsKey   string
 }
@@ -42,42 +42,42 @@ func isLoopbackHost(host string) bool {
 
 // setupHTTP checks the HTTP settings and listens. kube, when set, is the
 // kubernetes backend's cluster access, which --auth kubernetes then shares.
-func setupHTTP(o options, kube *kubeSetup, logger *slog.Logger) (*httpSetup, error) {
-	host, _, err := net.SplitHostPort(o.httpAddr)
+func setupHTTP(o Config, kube *kubeSetup, logger *slog.Logger) (*httpSetup, error) {
+	host, _, err := net.SplitHostPort(o.HTTPAddr)
 	if err != nil {
-		return nil, usagef("--http %q: want HOST:PORT, for example 127.0.0.1:8080: %v", o.httpAddr, err)
+		return nil, usagef("--http %q: want HOST:PORT, for example 127.0.0.1:8080: %v", o.HTTPAddr, err)
 	}
 	loopback := isLoopbackHost(host)
-	if !loopback && !o.allowRemote {
-		return nil, usagef("--http %q is not a loopback address; bind 127.0.0.1, or pass --allow-remote (with --auth token or kubernetes, preferably behind TLS)", o.httpAddr)
+	if !loopback && !o.AllowRemote {
+		return nil, usagef("--http %q is not a loopback address; bind 127.0.0.1, or pass --allow-remote (with --auth token or kubernetes, preferably behind TLS)", o.HTTPAddr)
 	}
-	if (o.tlsCert == "") != (o.tlsKey == "") {
+	if (o.TLSCert == "") != (o.TLSKey == "") {
 		return nil, usagef("--tls-cert and --tls-key go together")
 	}
-	if o.maxPerPeer < 0 || o.authFailures < 0 || o.maxSessions < 0 || o.maxToolCalls < 0 {
+	if o.MaxRequestsPerPeer < 0 || o.AuthFailuresPerMinute < 0 || o.MaxSessionsPerIdentity < 0 || o.MaxToolCallsPerIdentity < 0 {
 		return nil, usagef("--max-requests-per-peer, --auth-failures-per-minute, --max-sessions-per-identity and --max-tool-calls-per-identity take a count (0 disables), not a negative number")
 	}
-	if o.readHeaderTO <= 0 || o.readTO <= 0 || o.idleTO <= 0 {
+	if o.HTTPReadHeaderTimeout <= 0 || o.HTTPReadTimeout <= 0 || o.HTTPIdleTimeout <= 0 {
 		return nil, usagef("--http-read-header-timeout, --http-read-timeout and --http-idle-timeout must be positive")
 	}
-	if o.auth != "kubernetes" {
-		if o.acceptAPIAud || len(o.allowUsers) > 0 || len(o.allowGroups) > 0 {
+	if o.Auth != "kubernetes" {
+		if o.AcceptAPIServerAudience || len(o.AllowUsers) > 0 || len(o.AllowGroups) > 0 {
 			return nil, usagef("--accept-apiserver-audience, --allow-user and --allow-group need --auth kubernetes")
 		}
 	}
 	var authn auth.Authenticator
-	switch o.auth {
+	switch o.Auth {
 	case "none":
 		if !loopback {
 			return nil, usagef("--auth none is only allowed on a loopback address")
 		}
-		logger.Warn("!!! --auth none: ANY local process or user that can reach " + o.httpAddr + " can run code in sandboxes as the shared identity \"anonymous\". Use --auth token for anything but a single-user machine. !!!")
+		logger.Warn("!!! --auth none: ANY local process or user that can reach " + o.HTTPAddr + " can run code in sandboxes as the shared identity \"anonymous\". Use --auth token for anything but a single-user machine. !!!")
 		authn = auth.AnonymousAuthenticator{}
 	case "token":
-		if o.tokenFile == "" {
+		if o.TokenFile == "" {
 			return nil, usagef("--auth token needs --token-file FILE (lines \"TOKEN IDENTITY\"; tokens of at least %d characters)", auth.MinTokenLength)
 		}
-		if authn, err = auth.NewStaticTokens(o.tokenFile, logger); err != nil {
+		if authn, err = auth.NewStaticTokens(o.TokenFile, logger); err != nil {
 			return nil, usageError{err}
 		}
 	case "kubernetes":
@@ -85,35 +85,35 @@ func setupHTTP(o options, kube *kubeSetup, logger *slog.Logger) (*httpSetup, err
 			return nil, err
 		}
 	default:
-		return nil, usagef("--auth %q: want token, kubernetes or none", o.auth)
+		return nil, usagef("--auth %q: want token, kubernetes or none", o.Auth)
 	}
-	if !loopback && o.tlsCert == "" {
+	if !loopback && o.TLSCert == "" {
 		logger.Warn("serving plain HTTP on a non-loopback address: bearer tokens cross the network in clear text; use --tls-cert/--tls-key or a TLS-terminating proxy")
 	}
 
-	ln, err := net.Listen("tcp", o.httpAddr)
+	ln, err := net.Listen("tcp", o.HTTPAddr)
 	if err != nil {
-		return nil, fmt.Errorf("listening on %s: %w", o.httpAddr, err)
+		return nil, fmt.Errorf("listening on %s: %w", o.HTTPAddr, err)
 	}
 	_, port, _ := net.SplitHostPort(ln.Addr().String())
 	scheme := "http"
-	if o.tlsCert != "" {
+	if o.TLSCert != "" {
 		scheme = "https"
 	}
 	urlHost := host
 	if ip := net.ParseIP(host); host == "" || (ip != nil && ip.IsUnspecified()) {
 		urlHost = "127.0.0.1"
 	}
-	resource := o.publicURL
+	resource := o.PublicURL
 	if resource == "" {
-		resource = scheme + "://" + net.JoinHostPort(urlHost, port) + mcpserver.EndpointPath
+		resource = scheme + "://" + net.JoinHostPort(urlHost, port) + transport.EndpointPath
 	}
 	pu, err := url.Parse(resource)
 	if err != nil || pu.Host == "" {
 		ln.Close()
 		return nil, usagef("--public-url %q is not an absolute URL", resource)
 	}
-	hosts := o.allowedHosts
+	hosts := o.AllowedHosts
 	if len(hosts) == 0 {
 		hosts = []string{net.JoinHostPort("localhost", port), net.JoinHostPort("127.0.0.1", port), net.JoinHostPort("::1", port), pu.Host}
 		if host != "" && !isLoopbackHost(host) {
@@ -123,31 +123,31 @@ func setupHTTP(o options, kube *kubeSetup, logger *slog.Logger) (*httpSetup, err
 	return &httpSetup{
 		listener: ln,
 		url:      resource,
-		opts: mcpserver.HTTPOptions{
+		opts: transport.HTTPOptions{
 			ResourceURL:             resource,
 			AllowedHosts:            hosts,
-			AllowedOrigins:          o.allowedOrigins,
+			AllowedOrigins:          o.AllowedOrigins,
 			Auth:                    authn,
-			AuthorizationServers:    o.authServers,
-			MaxBodyBytes:            int64(o.maxBody),
-			RequestsPerSecond:       o.rateLimit,
-			MaxRequestsPerPeer:      zeroDisables(o.maxPerPeer),
-			AuthFailuresPerMinute:   zeroDisables(o.authFailures),
-			MaxSessionsPerIdentity:  zeroDisables(o.maxSessions),
-			MaxMessageBytes:         int64(o.maxMessage),
-			MaxToolCallsPerIdentity: zeroDisables(o.maxToolCalls),
-			ReadHeaderTimeout:       o.readHeaderTO,
-			ReadTimeout:             o.readTO,
-			IdleTimeout:             o.idleTO,
+			AuthorizationServers:    o.AuthorizationServers,
+			MaxBodyBytes:            o.MaxBodyBytes,
+			RequestsPerSecond:       o.RateLimit,
+			MaxRequestsPerPeer:      zeroDisables(o.MaxRequestsPerPeer),
+			AuthFailuresPerMinute:   zeroDisables(o.AuthFailuresPerMinute),
+			MaxSessionsPerIdentity:  zeroDisables(o.MaxSessionsPerIdentity),
+			MaxMessageBytes:         o.MaxMessageBytes,
+			MaxToolCallsPerIdentity: zeroDisables(o.MaxToolCallsPerIdentity),
+			ReadHeaderTimeout:       o.HTTPReadHeaderTimeout,
+			ReadTimeout:             o.HTTPReadTimeout,
+			IdleTimeout:             o.HTTPIdleTimeout,
 			Logger:                  logger,
 		},
-		tlsCert: o.tlsCert,
-		tlsKey:  o.tlsKey,
+		tlsCert: o.TLSCert,
+		tlsKey:  o.TLSKey,
 	}, nil
 }
 
 // zeroDisables maps a limit flag, where 0 disables the limit, to
-// mcpserver.HTTPOptions, where 0 means the default and a negative value
+// transport.HTTPOptions, where 0 means the default and a negative value
 // disables it.
 func zeroDisables(n int) int {
 	if n == 0 {
@@ -166,11 +166,11 @@ var sandboxCreate = accessreview.Permission{Verb: "create"}
 // (and, with --accept-apiserver-audience, the API server's), and on the
 // docker backend an authorization of every caller. kube, when set, is the
 // kubernetes backend's cluster access, which it then shares.
-func kubeAuth(o options, kube *kubeSetup, logger *slog.Logger) (auth.Authenticator, error) {
-	if len(o.tokenAudiences.vals) == 0 {
+func kubeAuth(o Config, kube *kubeSetup, logger *slog.Logger) (auth.Authenticator, error) {
+	if len(o.TokenAudiences) == 0 {
 		return nil, usagef("--token-audience: give at least one audience (default %s)", auth.DefaultTokenAudience)
 	}
-	if o.backend != "docker" && (len(o.allowUsers) > 0 || len(o.allowGroups) > 0) {
+	if o.Backend != "docker" && (len(o.AllowUsers) > 0 || len(o.AllowGroups) > 0) {
 		return nil, usagef("--allow-user and --allow-group are for --backend docker; on the kubernetes backend RBAC in the Sandboxes' namespace decides every call")
 	}
 	var (
@@ -178,25 +178,25 @@ func kubeAuth(o options, kube *kubeSetup, logger *slog.Logger) (auth.Authenticat
 		rc   *rest.Config
 		err  error
 	)
-	if o.backend == "docker" {
+	if o.Backend == "docker" {
 		switch {
-		case len(o.allowUsers) > 0 || len(o.allowGroups) > 0:
-			if o.namespace != "" {
+		case len(o.AllowUsers) > 0 || len(o.AllowGroups) > 0:
+			if o.Namespace != "" {
 				return nil, usagef("--namespace has no effect with --allow-user/--allow-group on the docker backend: give one or the other")
 			}
-			gate = auth.AllowList{Users: o.allowUsers, Groups: o.allowGroups}
-		case o.namespace == "":
+			gate = auth.AllowList{Users: o.AllowUsers, Groups: o.AllowGroups}
+		case o.Namespace == "":
 			return nil, usagef("--backend docker with --auth kubernetes must authorize callers: give --namespace NS (callers who may create sandboxes.%s there are admitted) or --allow-user/--allow-group", sandboxv1alpha1.GroupVersion.Group)
 		default:
-			if errs := validation.IsDNS1123Label(o.namespace); len(errs) > 0 {
-				return nil, usagef("--namespace %q: %s", o.namespace, strings.Join(errs, "; "))
+			if errs := validation.IsDNS1123Label(o.Namespace); len(errs) > 0 {
+				return nil, usagef("--namespace %q: %s", o.Namespace, strings.Join(errs, "; "))
 			}
 		}
 	}
 	if kube != nil {
 		rc = kube.config
 	} else {
-		if rc, err = auth.KubeRESTConfig(o.kubeconfig); err != nil {
+		if rc, err = auth.KubeRESTConfig(o.Kubeconfig); err != nil {
 			return nil, usageError{err}
 		}
 		// A review per identity every few seconds, and more at bursts.
@@ -204,18 +204,18 @@ func kubeAuth(o options, kube *kubeSetup, logger *slog.Logger) (auth.Authenticat
 			rc.QPS, rc.Burst = 50, 100
 		}
 	}
-	if o.acceptAPIAud {
-		logger.Warn("--accept-apiserver-audience: tokens for the API server's own audiences are accepted too; such a token can be replayed against the API server, and any token a caller hands to another service for the API server is a credential here. Prefer tokens for --token-audience (kubectl create token SA --audience " + o.tokenAudiences.vals[0] + ")")
+	if o.AcceptAPIServerAudience {
+		logger.Warn("--accept-apiserver-audience: tokens for the API server's own audiences are accepted too; such a token can be replayed against the API server, and any token a caller hands to another service for the API server is a credential here. Prefer tokens for --token-audience (kubectl create token SA --audience " + o.TokenAudiences[0] + ")")
 	}
 	reviews, err := auth.NewTokenReviewAuth(rc, auth.TokenReviewOptions{
-		Audiences:               o.tokenAudiences.vals,
-		AcceptAPIServerAudience: o.acceptAPIAud,
+		Audiences:               o.TokenAudiences,
+		AcceptAPIServerAudience: o.AcceptAPIServerAudience,
 		Logger:                  logger,
 	})
 	if err != nil {
 		return nil, err
 	}
-	if o.backend != "docker" {
+	if o.Backend != "docker" {
 		return reviews, nil
 	}
 	if gate == nil {
@@ -223,10 +223,10 @@ func kubeAuth(o options, kube *kubeSetup, logger *slog.Logger) (auth.Authenticat
 		if err != nil {
 			return nil, err
 		}
-		gate = accessreview.Gate{Authorizer: az, Namespace: o.namespace, Permission: sandboxCreate}
-		logger.Info("docker backend: admitting Kubernetes callers who may create sandboxes in the namespace (SubjectAccessReview)", "namespace", o.namespace)
+		gate = accessreview.Gate{Authorizer: az, Namespace: o.Namespace, Permission: sandboxCreate}
+		logger.Info("docker backend: admitting Kubernetes callers who may create sandboxes in the namespace (SubjectAccessReview)", "namespace", o.Namespace)
 	} else {
-		logger.Info("docker backend: admitting the Kubernetes callers of --allow-user and --allow-group", "users", len(o.allowUsers), "groups", len(o.allowGroups))
+		logger.Info("docker backend: admitting the Kubernetes callers of --allow-user and --allow-group", "users", len(o.AllowUsers), "groups", len(o.AllowGroups))
 	}
 	return auth.WithAuthorization(reviews, gate), nil
 }
@@ -234,7 +234,7 @@ func kubeAuth(o options, kube *kubeSetup, logger *slog.Logger) (auth.Authenticat
 // run serves until ctx ends, then shuts the HTTP server down.
 func (hs *httpSetup) run(ctx context.Context, stop context.CancelFunc, s *server.MCPServer, backend contract.Backend, logger *slog.Logger, listening func(url string)) error {
 	hs.opts.Ready = backend.Ready
-	handler, err := mcpserver.NewHTTPServer(s, hs.opts)
+	handler, err := transport.NewHTTPServer(s, hs.opts)
 	if err != nil {
 		return usageError{err}
 	}

@@ -1,14 +1,13 @@
-// Package mcpmain is the code-sandbox-mcp binary's wiring: its flags, their
-// validation, the choice and construction of the backend (Docker or
+// Package mcpmain is the code-sandbox-mcp binary's wiring: the validation of
+// its Config, the choice and construction of the backend (Docker or
 // Kubernetes), authentication, and the stdio or HTTP transport. The binary's
-// main only calls Run; the tests drive the same wiring (see docs/mcp.md for
-// the flags).
+// main defines the flags, fills a Config and calls Run (see docs/mcp.md for
+// the flags); the tests drive the same wiring with a Config.
 package mcpmain
 
 import (
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"log"
 	"log/slog"
@@ -20,53 +19,35 @@ import (
 
 	"k8s.io/apimachinery/pkg/util/validation"
 
+	sandboxv1alpha1 "github.com/code-sandbox/code-sandbox-operator/api/v1alpha1"
+	"github.com/code-sandbox/code-sandbox-operator/internal/dockerruntime"
 	"github.com/code-sandbox/code-sandbox-operator/internal/mcpserver"
 	"github.com/code-sandbox/code-sandbox-operator/internal/mcpserver/contract"
 	"github.com/code-sandbox/code-sandbox-operator/internal/mcpserver/dockerbackend"
+	"github.com/code-sandbox/code-sandbox-operator/internal/mcpserver/transport"
 	"github.com/code-sandbox/code-sandbox-operator/internal/version"
 )
 
-// exitUsage is the exit code for bad flags or an unusable configuration.
-const exitUsage = 2
+// ExitUsage is the exit code for bad flags or an unusable configuration.
+const ExitUsage = 2
 
-// listFlag is a repeatable flag; each use may also carry a comma list.
-// Run runs the server with the command line args (without the program name)
-// and returns the process's exit code: 0, 1 for a failure while serving, 2
-// (exitUsage) for bad flags or a configuration the server refuses.
-func Run(args []string) int {
+// Run serves with cfg until stdin ends (stdio) or a signal arrives, and
+// returns the process's exit code: 0, 1 for a failure while serving, 2
+// (ExitUsage) for a configuration the server refuses.
+func Run(cfg Config) int {
 	// Whatever happens below, stdout is the protocol's alone.
 	log.SetOutput(os.Stderr)
-	if len(args) > 0 && (args[0] == "config" || args[0] == "print-config") {
-		return printConfig(args[1:], os.Stdout)
-	}
-	var o options
-	fs := newFlagSet(&o)
-	fs.SetOutput(os.Stderr)
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return 0
-		}
-		return exitUsage
-	}
-	if fs.NArg() > 0 {
-		fmt.Fprintf(os.Stderr, "unexpected arguments: %q (subcommands: config)\n", fs.Args())
-		return exitUsage
-	}
-	if o.showVersion {
-		fmt.Fprintln(os.Stdout, "code-sandbox-mcp", version.Version)
-		return 0
-	}
-	logger, err := newLogger(o.logLevel, o.logFormat)
+	logger, err := newLogger(cfg.LogLevel, cfg.LogFormat)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
-		return exitUsage
+		return ExitUsage
 	}
 	slog.SetDefault(logger)
-	if err := serve(o, logger); err != nil {
+	if err := serve(cfg, logger); err != nil {
 		logger.Error("code-sandbox-mcp failed", "error", err)
 		var ue usageError
 		if errors.As(err, &ue) {
-			return exitUsage
+			return ExitUsage
 		}
 		return 1
 	}
@@ -93,7 +74,7 @@ func newLogger(level, format string) (*slog.Logger, error) {
 	return nil, fmt.Errorf("--log-format %q: want text or json", format)
 }
 
-func serve(o options, logger *slog.Logger) error {
+func serve(o Config, logger *slog.Logger) error {
 	return serveWith(o, logger, func() (context.Context, context.CancelFunc) {
 		return signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	}, nil)
@@ -103,15 +84,15 @@ func serve(o options, logger *slog.Logger) error {
 // backend exists) and, over HTTP, listening called with the endpoint's URL
 // once the server accepts connections. Tests drive the real wiring
 // through it.
-func serveWith(o options, logger *slog.Logger, newCtx func() (context.Context, context.CancelFunc), listening func(url string)) error {
-	if o.httpAddr == "" && (o.acceptAPIAud || len(o.allowUsers) > 0 || len(o.allowGroups) > 0) {
+func serveWith(o Config, logger *slog.Logger, newCtx func() (context.Context, context.CancelFunc), listening func(url string)) error {
+	if o.HTTPAddr == "" && (o.AcceptAPIServerAudience || len(o.AllowUsers) > 0 || len(o.AllowGroups) > 0) {
 		return usagef("--accept-apiserver-audience, --allow-user and --allow-group are for --http with --auth kubernetes")
 	}
 	cfg, err := toolConfig(o)
 	if err != nil {
 		return err
 	}
-	if o.httpAddr != "" {
+	if o.HTTPAddr != "" {
 		// Several identities share an HTTP endpoint: each gets its own
 		// subdirectory of every --allow-host-dir.
 		cfg.HostRoots.SeparateIdentities()
@@ -120,23 +101,23 @@ func serveWith(o options, logger *slog.Logger, newCtx func() (context.Context, c
 		return err
 	}
 	var stdout *os.File
-	if o.httpAddr == "" {
+	if o.HTTPAddr == "" {
 		// Claimed before anything else runs, so no later output can reach
 		// the protocol stream by accident.
 		if stdout, err = claimStdout(); err != nil {
 			return err
 		}
 	}
-	if o.idlePause < 0 || (o.idlePause > 0 && o.idlePause >= o.idleTimeout) {
-		return usagef("--idle-pause %s: want 0 (off) or a duration shorter than --idle-timeout (%s)", o.idlePause, o.idleTimeout)
+	if o.IdlePause < 0 || (o.IdlePause > 0 && o.IdlePause >= o.IdleTimeout) {
+		return usagef("--idle-pause %s: want 0 (off) or a duration shorter than --idle-timeout (%s)", o.IdlePause, o.IdleTimeout)
 	}
 	var kube *kubeSetup
-	switch o.backend {
+	switch o.Backend {
 	case "docker":
-		if o.nsFromSA {
+		if o.NamespaceFromServiceAccount {
 			return usagef("--namespace-from-serviceaccount needs --backend kubernetes")
 		}
-		n, err := o.warmPool.count()
+		n, err := o.dockerWarmPool()
 		if err != nil {
 			return usagef("--warm-pool: %v", err)
 		}
@@ -144,17 +125,17 @@ func serveWith(o options, logger *slog.Logger, newCtx func() (context.Context, c
 			return usagef("--warm-pool %d: want 0 (off) to %d paused sandboxes", n, dockerbackend.MaxWarmPool)
 		}
 	case "kubernetes":
-		if errs := validation.IsDNS1123Subdomain(o.warmPool.raw); o.warmPool.raw != "" && len(errs) > 0 {
-			return usagef("--warm-pool %q: the kubernetes backend's --warm-pool names a SandboxWarmPool: %s", o.warmPool.raw, strings.Join(errs, "; "))
+		if errs := validation.IsDNS1123Subdomain(o.WarmPool); o.WarmPool != "" && len(errs) > 0 {
+			return usagef("--warm-pool %q: the kubernetes backend's --warm-pool names a SandboxWarmPool: %s", o.WarmPool, strings.Join(errs, "; "))
 		}
 		if kube, err = loadKube(o); err != nil {
 			return err
 		}
 	default:
-		return usagef("--backend %q: want docker or kubernetes", o.backend)
+		return usagef("--backend %q: want docker or kubernetes", o.Backend)
 	}
 	var hs *httpSetup
-	if o.httpAddr != "" {
+	if o.HTTPAddr != "" {
 		// Listen and check authentication settings before touching the
 		// backend, so that a misconfiguration fails fast and leaves nothing
 		// behind.
@@ -183,7 +164,7 @@ func serveWith(o options, logger *slog.Logger, newCtx func() (context.Context, c
 			logger.Error("removing this server's sandboxes at exit", "error", err)
 		}
 	}()
-	attrs := []any{"version", version.Version, "backend", o.backend, "instance", backend.InstanceID(),
+	attrs := []any{"version", version.Version, "backend", o.Backend, "instance", backend.InstanceID(),
 		"default_image", cfg.DefaultImage, "egress", cfg.AllowEgress, "host_dirs", cfg.HostRoots.Roots()}
 	if kube != nil {
 		attrs = append(attrs, "namespace", kube.namespace)
@@ -195,7 +176,7 @@ func serveWith(o options, logger *slog.Logger, newCtx func() (context.Context, c
 		return usageError{err}
 	}
 	if hs == nil {
-		err := mcpserver.ServeStdio(ctx, mcpSrv, os.Stdin, stdout, logger)
+		err := transport.ServeStdio(ctx, mcpSrv, os.Stdin, stdout, logger)
 		stop()
 		logger.Info("stdio session ended; removing sandboxes")
 		return err
@@ -206,43 +187,54 @@ func serveWith(o options, logger *slog.Logger, newCtx func() (context.Context, c
 // loadOwnerKey keys the identity hashes that label sandboxes and name the
 // identities' host directories with --owner-key-file, or with a key of
 // this process's own when the file is missing.
-func loadOwnerKey(o options, logger *slog.Logger) error {
+func loadOwnerKey(o Config, logger *slog.Logger) error {
 	generated := true
-	if o.ownerKeyFile != "" {
+	if o.OwnerKeyFile != "" {
 		var err error
-		if generated, err = contract.LoadIdentityKey(o.ownerKeyFile); err != nil {
+		if generated, err = contract.LoadIdentityKey(o.OwnerKeyFile); err != nil {
 			return usageError{err}
 		}
 	}
-	if generated && (o.backend == "kubernetes" || (o.httpAddr != "" && len(o.hostDirs) > 0)) {
+	if generated && (o.Backend == "kubernetes" || (o.HTTPAddr != "" && len(o.HostDirs) > 0)) {
 		logger.Warn("no owner key (--owner-key-file): using a random key of this process, so after a restart it no longer recognizes the Sandboxes and per-identity host directories of earlier runs, and other instances never do",
-			"owner_key_file", o.ownerKeyFile)
+			"owner_key_file", o.OwnerKeyFile)
 	}
 	return nil
 }
 
-func toolConfig(o options) (mcpserver.Config, error) {
-	roots, err := mcpserver.NewHostRoots(o.hostDirs)
+func toolConfig(o Config) (mcpserver.Config, error) {
+	roots, err := mcpserver.NewHostRoots(o.HostDirs)
 	if err != nil {
 		return mcpserver.Config{}, usageError{err}
 	}
 	cfg := mcpserver.Config{
 		Version:          version.Version,
-		DefaultImage:     o.defaultImage,
-		AllowedImages:    o.allowedImages,
-		AllowEgress:      o.allowEgress,
-		MaxNanoCPUs:      int64(o.maxCPU * 1e9),
-		MaxMemoryBytes:   int64(o.maxMemory),
-		MaxLifetime:      o.maxLifetime,
-		CommandTimeout:   o.commandTimeout,
-		MaxTimeout:       o.maxTimeout,
-		OutputLimit:      int64(o.outputLimit),
-		ExecOutputBudget: int64(o.execBudget),
+		DefaultImage:     o.DefaultImage,
+		AllowedImages:    o.AllowedImages,
+		AllowEgress:      o.AllowEgress,
+		MaxNanoCPUs:      int64(o.MaxCPU * 1e9),
+		MaxMemoryBytes:   o.MaxMemoryBytes,
+		MaxLifetime:      o.MaxLifetime,
+		CommandTimeout:   o.CommandTimeout,
+		MaxTimeout:       o.MaxCommandTimeout,
+		OutputLimit:      o.OutputLimit,
+		ExecOutputBudget: o.ExecOutputBudget,
 		HostRoots:        roots,
-		MaxReadBytes:     int64(o.maxRead),
-		MaxFileBytes:     int64(o.maxFile),
-		MaxUploadBytes:   int64(o.maxUpload),
-		MaxUploadEntries: o.maxEntries,
+		MaxReadBytes:     o.MaxReadBytes,
+		MaxFileBytes:     o.MaxFileBytes,
+		MaxUploadBytes:   o.MaxUploadBytes,
+		MaxUploadEntries: o.MaxUploadEntries,
+	}
+	// The tool descriptions state the backend's own defaults.
+	switch o.Backend {
+	case "kubernetes":
+		// The Sandbox API's defaults; the grace period is the node
+		// manager's --stop-grace-period, which this server does not know.
+		cfg.SandboxNanoCPUs, cfg.SandboxMemoryBytes = sandboxv1alpha1.DefaultNanoCPUs, sandboxv1alpha1.DefaultMemoryBytes
+		cfg.SandboxWorkingDir = sandboxv1alpha1.DefaultWorkingDir
+	default:
+		cfg.SandboxNanoCPUs, cfg.SandboxMemoryBytes = dockerruntime.DefaultNanoCPUs, dockerruntime.DefaultMemoryBytes
+		cfg.SandboxWorkingDir, cfg.StopGrace = dockerruntime.DefaultWorkingDir, dockerbackend.DefaultStopGrace
 	}
 	if err := cfg.Validate(); err != nil {
 		return cfg, usageError{err}

@@ -4,26 +4,20 @@ package mcpmain
 
 import (
 	"encoding/json"
-	"flag"
 	"fmt"
 	"io"
 	"os"
 	"path/filepath"
 	"strings"
 
-	"github.com/code-sandbox/code-sandbox-operator/internal/mcpserver"
+	"github.com/code-sandbox/code-sandbox-operator/internal/mcpserver/transport"
 )
 
-// printConfig prints client configuration snippets: the stdio form with
-// this binary's absolute path (and any server flags given after
-// "config"), and the HTTP form.
-func printConfig(args []string, w io.Writer) int {
-	var o options
-	fs := newFlagSet(&o)
-	fs.SetOutput(os.Stderr)
-	if err := fs.Parse(args); err != nil {
-		return exitUsage
-	}
+// PrintClientConfig prints client configuration snippets to w: the stdio
+// form with this binary's absolute path and serverArgs (the server flags
+// given after "config", less --http), and the HTTP form of o's endpoint.
+// It returns the process's exit code.
+func PrintClientConfig(w io.Writer, o Config, serverArgs []string) int {
 	exe, err := os.Executable()
 	if err == nil {
 		exe, err = filepath.EvalSymlinks(exe)
@@ -32,19 +26,16 @@ func printConfig(args []string, w io.Writer) int {
 		fmt.Fprintln(os.Stderr, "cannot determine the binary's path:", err)
 		return 1
 	}
-	serverArgs := []string{}
-	fs.Visit(func(f *flag.Flag) {
-		if f.Name != "http" {
-			serverArgs = append(serverArgs, "--"+f.Name+"="+f.Value.String())
-		}
-	})
-	endpoint := o.publicURL
+	if serverArgs == nil {
+		serverArgs = []string{}
+	}
+	endpoint := o.PublicURL
 	if endpoint == "" {
-		addr := o.httpAddr
+		addr := o.HTTPAddr
 		if addr == "" {
 			addr = "127.0.0.1:8080"
 		}
-		endpoint = "http://" + addr + mcpserver.EndpointPath
+		endpoint = "http://" + addr + transport.EndpointPath
 	}
 	out := map[string]any{
 		"stdio": map[string]any{
@@ -64,7 +55,7 @@ func printConfig(args []string, w io.Writer) int {
 	}
 	// Explanations go to stderr so that stdout is one JSON document.
 	fmt.Fprintln(os.Stderr, `"stdio": for Claude Desktop (claude_desktop_config.json) and other clients that start the server themselves.`)
-	fmt.Fprintf(os.Stderr, "\"http\": for clients that speak streamable HTTP; start the server with --http %s --auth token --token-file FILE.\n", strings.TrimSuffix(strings.TrimPrefix(endpoint, "http://"), mcpserver.EndpointPath))
+	fmt.Fprintf(os.Stderr, "\"http\": for clients that speak streamable HTTP; start the server with --http %s --auth token --token-file FILE.\n", strings.TrimSuffix(strings.TrimPrefix(endpoint, "http://"), transport.EndpointPath))
 	enc := json.NewEncoder(w)
 	enc.SetIndent("", "  ")
 	enc.SetEscapeHTML(false)

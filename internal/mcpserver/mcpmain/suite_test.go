@@ -98,25 +98,35 @@ func saToken(ns, name string, audiences ...string) string {
 	return tr.Status.Token
 }
 
-// parseFlags parses args as the binary does.
-func parseFlags(args ...string) options {
-	GinkgoHelper()
-	var o options
-	fs := newFlagSet(&o)
-	fs.SetOutput(GinkgoWriter)
-	Expect(fs.Parse(args)).To(Succeed())
+// configWith is DefaultConfig (the binary's configuration without flags)
+// changed by mods, each as the flag it stands for would change it.
+func configWith(mods ...func(*Config)) Config {
+	o := DefaultConfig()
+	for _, m := range mods {
+		m(&o)
+	}
 	return o
 }
+
+// onHTTP serves on addr with --auth mode.
+func onHTTP(addr, mode string) func(*Config) {
+	return func(o *Config) { o.HTTPAddr, o.Auth = addr, mode }
+}
+
+// loopbackNoAuth serves on a loopback port without tokens, so that a
+// refusal is about the settings under test (and stdout stays the test's).
+var loopbackNoAuth = onHTTP("127.0.0.1:0", "none")
 
 func testLogger() *slog.Logger {
 	return slog.New(slog.NewTextHandler(GinkgoWriter, &slog.HandlerOptions{Level: slog.LevelDebug}))
 }
 
-// startServer runs the server with args (which must include --http
-// 127.0.0.1:0) until the calling node ends, and returns its endpoint URL.
-func startServer(args ...string) string {
+// startServer runs the server with DefaultConfig changed by mods (which
+// must serve HTTP on 127.0.0.1:0) until the calling node ends, and returns
+// its endpoint URL.
+func startServer(mods ...func(*Config)) string {
 	GinkgoHelper()
-	o := parseFlags(args...)
+	o := configWith(mods...)
 	stop := make(chan struct{})
 	newCtx := func() (context.Context, context.CancelFunc) {
 		ctx, cancel := context.WithCancel(context.Background())
@@ -150,11 +160,11 @@ func startServer(args ...string) string {
 	return url
 }
 
-// startupError runs the server with args and returns the error it stops
-// with at once.
-func startupError(args ...string) error {
+// startupError runs the server with DefaultConfig changed by mods and
+// returns the error it stops with at once.
+func startupError(mods ...func(*Config)) error {
 	GinkgoHelper()
-	o := parseFlags(args...)
+	o := configWith(mods...)
 	err := serveWith(o, testLogger(), func() (context.Context, context.CancelFunc) {
 		ctx, cancel := context.WithCancel(context.Background())
 		cancel() // should it get this far, stop at once

@@ -14,28 +14,24 @@ import (
 )
 
 var _ = Describe("--warm-pool", func() {
-	It("defaults to the docker backend's pool of one and remembers whether it was given", func() {
-		o := parseFlags()
-		Expect(o.warmPool.count()).To(Equal(dockerbackend.DefaultWarmPool))
-		Expect(o.warmPool.set).To(BeFalse())
-		o = parseFlags("--warm-pool", "0")
-		Expect(o.warmPool.count()).To(BeZero())
-		Expect(o.warmPool.set).To(BeTrue())
+	It("defaults to the docker backend's pool of one; 0 turns it off", func() {
+		Expect(DefaultConfig().dockerWarmPool()).To(Equal(dockerbackend.DefaultWarmPool))
+		Expect(configWith(func(o *Config) { o.WarmPool = "0" }).dockerWarmPool()).To(BeZero())
 	})
 
 	It("refuses a negative, absurd or non-numeric size, and a pool name that is not a name on the kubernetes backend", func() {
-		for _, args := range [][]string{
-			{"--backend", "docker", "--warm-pool", "-1"},
-			{"--backend", "docker", "--warm-pool", "65"},
-			{"--backend", "docker", "--warm-pool", "python-pool"},
-			{"--backend", "kubernetes", "--warm-pool", "Not_A_Name"},
+		for _, c := range []struct{ backend, pool string }{
+			{"docker", "-1"},
+			{"docker", "65"},
+			{"docker", "python-pool"},
+			{"kubernetes", "Not_A_Name"},
 		} {
-			err := startupError(append(args, "--http", "127.0.0.1:0", "--auth", "none")...)
-			Expect(err).To(HaveOccurred(), "started with %q", args)
-			Expect(isUsageError(err)).To(BeTrue(), "%q: want a usage error, got %v", args, err)
+			err := startupError(func(o *Config) { o.Backend, o.WarmPool = c.backend, c.pool }, loopbackNoAuth)
+			Expect(err).To(HaveOccurred(), "started with %+v", c)
+			Expect(isUsageError(err)).To(BeTrue(), "%+v: want a usage error, got %v", c, err)
 			Expect(err.Error()).To(ContainSubstring("--warm-pool"))
 		}
-		err := startupError("--backend", "kubernetes", "--warm-pool", "Not_A_Name", "--http", "127.0.0.1:0", "--auth", "none")
+		err := startupError(func(o *Config) { o.Backend, o.WarmPool = "kubernetes", "Not_A_Name" }, loopbackNoAuth)
 		Expect(err).To(MatchError(ContainSubstring("names a SandboxWarmPool")))
 	})
 })

@@ -239,6 +239,22 @@ func (c *Cluster) AddSandbox(ns, name string, mutate ...func(status map[string]a
 	c.sandboxes[ns+"/"+name] = obj
 }
 
+// Sandbox returns the Sandbox ns/name as the fake API server serves it,
+// typed: what a caller that read it would hold (for sandboxclient.For).
+func (c *Cluster) Sandbox(ns, name string) *sandboxv1alpha1.Sandbox {
+	c.mu.Lock()
+	obj, ok := c.sandboxes[ns+"/"+name]
+	c.mu.Unlock()
+	if !ok {
+		panic("sandboxclienttest: no Sandbox " + ns + "/" + name)
+	}
+	sbx := &sandboxv1alpha1.Sandbox{}
+	if err := runtime.DefaultUnstructuredConverter.FromUnstructured(runtime.DeepCopyJSON(obj), sbx); err != nil {
+		panic("sandboxclienttest: decoding the Sandbox: " + err.Error())
+	}
+	return sbx
+}
+
 // NotReady sets the Ready condition to False with reason and message.
 func NotReady(reason, message string) func(map[string]any) {
 	return func(status map[string]any) {

@@ -1,6 +1,8 @@
-package mcpserver
+package transport
 
 import (
+	"github.com/code-sandbox/code-sandbox-operator/internal/mcpserver"
+
 	"context"
 	"log/slog"
 	"net/http"
@@ -18,7 +20,7 @@ var _ = Describe("caller authorization over HTTP", Label("unit"), func() {
 	It("answers 403 naming what is missing, after authentication", func() {
 		fr := &fakeReviewer{status: authnv1.TokenReviewStatus{Authenticated: true, User: authnv1.UserInfo{Username: "bob"}, Audiences: []string{auth.DefaultTokenAudience}}}
 		authn := auth.WithAuthorization(auth.NewTokenReviewAuthWith(fr, nil), auth.AllowList{Users: []string{"alice"}})
-		s, err := New(Config{}, nil, slog.New(slog.DiscardHandler))
+		s, err := mcpserver.New(mcpserver.Config{}, nil, slog.New(slog.DiscardHandler))
 		Expect(err).NotTo(HaveOccurred())
 		h, err := NewHTTPServer(s, HTTPOptions{ResourceURL: "http://127.0.0.1:8080/mcp", AllowedHosts: []string{"127.0.0.1:8080"}, Auth: authn, Logger: slog.New(slog.DiscardHandler)})
 		Expect(err).NotTo(HaveOccurred())

@@ -1,4 +1,8 @@
-package mcpserver
+// Package transport serves an MCP server (internal/mcpserver's tools) over
+// streamable HTTP, with authentication, Host and Origin checks and per-peer
+// and per-identity limits, and over stdio; both bound every message before
+// anything decodes it (precheck).
+package transport
 
 import (
 	"bytes"
@@ -20,6 +24,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/code-sandbox/code-sandbox-operator/internal/mcpserver"
 	"github.com/code-sandbox/code-sandbox-operator/internal/mcpserver/auth"
 	"github.com/code-sandbox/code-sandbox-operator/internal/mcpserver/contract"
 
@@ -31,8 +36,8 @@ import (
 )
 
 // DefaultMaxBodyBytes caps an HTTP request body. write_file's contents
-// travel inside one, so it is a little above MaxFileContents.
-const DefaultMaxBodyBytes = MaxFileContents + 1<<20
+// travel inside one, so it is a little above mcpserver.MaxFileContents.
+const DefaultMaxBodyBytes = mcpserver.MaxFileContents + 1<<20
 
 // Defaults of the transport's per-peer and per-identity limits and of its
 // http.Server timeouts (see HTTPOptions).
@@ -195,7 +200,7 @@ func NewHTTPServer(s *server.MCPServer, opts HTTPOptions) (*HTTPServer, error) {
 		Resource:               opts.ResourceURL,
 		AuthorizationServers:   opts.AuthorizationServers,
 		BearerMethodsSupported: []string{"header"},
-		ResourceName:           ServerName,
+		ResourceName:           mcpserver.ServerName,
 	}
 	h.metaPath = server.ProtectedResourceMetadataPath(opts.ResourceURL)
 	metaHandler := server.NewProtectedResourceMetadataHandler(meta)
@@ -346,12 +351,12 @@ func (h *HTTPServer) checkHostAndOrigin(next http.Handler) http.Handler {
 			return
 		}
 		if !HostAllowed(h.opts.AllowedHosts, r.Host) {
-			h.opts.Logger.Warn("refused request for a Host not in --allowed-hosts (DNS rebinding?)", "host", truncate(r.Host, 100), "remote", r.RemoteAddr)
+			h.opts.Logger.Warn("refused request for a Host not in --allowed-hosts (DNS rebinding?)", "host", mcpserver.Truncate(r.Host, 100), "remote", r.RemoteAddr)
 			http.Error(w, "Forbidden: Host not allowed", http.StatusForbidden)
 			return
 		}
 		if origin := r.Header.Get("Origin"); !OriginAllowed(h.opts.AllowedOrigins, origin, r.Host) {
-			h.opts.Logger.Warn("refused request from an Origin not in --allowed-origins", "origin", truncate(origin, 100), "remote", r.RemoteAddr)
+			h.opts.Logger.Warn("refused request from an Origin not in --allowed-origins", "origin", mcpserver.Truncate(origin, 100), "remote", r.RemoteAddr)
 			http.Error(w, "Forbidden: Origin not allowed", http.StatusForbidden)
 			return
 		}
@@ -390,7 +395,7 @@ func (h *HTTPServer) limitBody(next http.Handler) http.Handler {
 		// A 2026 client names the tool in a header: a call of a small
 		// tool that announces a large body is refused unread.
 		if name := r.Header.Get("Mcp-Name"); name != "" && r.ContentLength > limits.capFor(messageInfo{Method: "tools/call", Tool: name}) {
-			writeJSONRPCError(w, tooLarge("a call of "+truncate(name, 40), limits.MaxMessageBytes), nil)
+			writeJSONRPCError(w, tooLarge("a call of "+mcpserver.Truncate(name, 40), limits.MaxMessageBytes), nil)
 			return
 		}
 		if r.Body != nil && r.Method == http.MethodPost {

@@ -1,6 +1,8 @@
-package mcpserver
+package transport
 
 import (
+	"github.com/code-sandbox/code-sandbox-operator/internal/mcpserver"
+
 	"context"
 	"errors"
 	"fmt"
@@ -119,7 +121,7 @@ func (f *fakeReviewer) Create(_ context.Context, r *authnv1.TokenReview, _ metav
 
 var _ = Describe("the HTTP middleware", Label("unit"), func() {
 	It("checks the host, origin, token and body size, and serves /healthz", func() {
-		s, err := New(Config{}, nil, slog.New(slog.DiscardHandler))
+		s, err := mcpserver.New(mcpserver.Config{}, nil, slog.New(slog.DiscardHandler))
 		Expect(err).NotTo(HaveOccurred())
 		f := filepath.Join(GinkgoT().TempDir(), "tokens")
 		_ = os.WriteFile(f, []byte("aaaaaaaaaaaaaaaaaaaa alice\n"), 0o600)
@@ -165,7 +167,7 @@ var _ = Describe("the HTTP middleware", Label("unit"), func() {
 	})
 
 	It("rate-limits each identity separately", func() {
-		s, err := New(Config{}, nil, slog.New(slog.DiscardHandler))
+		s, err := mcpserver.New(mcpserver.Config{}, nil, slog.New(slog.DiscardHandler))
 		Expect(err).NotTo(HaveOccurred())
 		f := filepath.Join(GinkgoT().TempDir(), "tokens")
 		_ = os.WriteFile(f, []byte("aaaaaaaaaaaaaaaaaaaa alice\nbbbbbbbbbbbbbbbbbbbb bob\n"), 0o600)

@@ -1,6 +1,8 @@
-package mcpserver
+package transport
 
 import (
+	"github.com/code-sandbox/code-sandbox-operator/internal/mcpserver"
+
 	"bufio"
 	"context"
 	"fmt"
@@ -107,7 +109,7 @@ var _ = Describe("the HTTP transport bounds a message before decoding it", Label
 	// pre-check, mcp-go decoded each into an []any and the tool decoded it
 	// again before counting the commands.
 	It("keeps the server's memory bounded under concurrent calls with huge arrays", func() {
-		s, err := New(Config{}, newFakeBackend(), slog.New(slog.DiscardHandler))
+		s, err := mcpserver.New(mcpserver.Config{}, nil, slog.New(slog.DiscardHandler))
 		Expect(err).NotTo(HaveOccurred())
 		h := newTestHTTP(s, HTTPOptions{})
 		srv := httptest.NewServer(h)
@@ -257,7 +259,7 @@ var _ = Describe("precheck", Label("unit"), func() {
 
 var _ = Describe("the stdio transport bounds a line before decoding it", Label("unit"), func() {
 	It("answers a huge or oversized line with an error and keeps serving, in bounded memory", func() {
-		s, err := New(Config{}, newFakeBackend(), slog.New(slog.DiscardHandler))
+		s, err := mcpserver.New(mcpserver.Config{}, nil, slog.New(slog.DiscardHandler))
 		Expect(err).NotTo(HaveOccurred())
 		inR, inW := io.Pipe()
 		outR, outW := io.Pipe()

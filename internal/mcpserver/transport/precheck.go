@@ -1,4 +1,4 @@
-package mcpserver
+package transport
 
 import (
 	"bytes"
@@ -8,6 +8,8 @@ import (
 	"io"
 	"net/http"
 	"slices"
+
+	"github.com/code-sandbox/code-sandbox-operator/internal/mcpserver"
 )
 
 // The bounds a JSON-RPC message must keep before anything decodes it.
@@ -128,7 +130,7 @@ type jsonFrame struct {
 // precheck reads one JSON-RPC message from r and walks it token by token,
 // never holding more than one token decoded: it refuses a message that is
 // not one JSON object, is nested deeper than MaxJSONDepth, holds more than
-// MaxJSONValues values, gives sandbox_exec more than MaxCommandsPerExec
+// MaxJSONValues values, gives sandbox_exec more than mcpserver.MaxCommandsPerExec
 // commands, or is longer than its cap (see messageLimits.capFor: the cap
 // drops as soon as the method or tool name is read, wherever they are in
 // the message). It returns the message's bytes (read once, kept for the
@@ -144,9 +146,9 @@ func precheck(r io.Reader, limits messageLimits) ([]byte, messageInfo, *precheck
 			what := "this message"
 			switch {
 			case info.Tool != "":
-				what = "a call of " + truncate(info.Tool, 40)
+				what = "a call of " + mcpserver.Truncate(info.Tool, 40)
 			case info.Method != "":
-				what = "this " + truncate(info.Method, 40) + " message"
+				what = "this " + mcpserver.Truncate(info.Method, 40) + " message"
 			}
 			return tooLarge(what, cr.limit)
 		}
@@ -156,7 +158,7 @@ func precheck(r io.Reader, limits messageLimits) ([]byte, messageInfo, *precheck
 		if errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, io.EOF) {
 			return &precheckError{status: http.StatusBadRequest, code: jsonrpcParseError, message: "Bad Request: the message ends before its JSON does"}
 		}
-		return &precheckError{status: http.StatusBadRequest, code: jsonrpcParseError, message: "Bad Request: the message is not valid JSON: " + truncate(err.Error(), 200)}
+		return &precheckError{status: http.StatusBadRequest, code: jsonrpcParseError, message: "Bad Request: the message is not valid JSON: " + mcpserver.Truncate(err.Error(), 200)}
 	}
 	var stack []jsonFrame
 	values := 0
@@ -198,8 +200,8 @@ func precheck(r io.Reader, limits messageLimits) ([]byte, messageInfo, *precheck
 			top.expectKey = true
 		default:
 			path = top.path + "/"
-			if top.n++; top.path == "/params/arguments/commands" && top.n > MaxCommandsPerExec {
-				return nil, info, badMessage("more than %d commands in one call; the limit is %d", MaxCommandsPerExec, MaxCommandsPerExec)
+			if top.n++; top.path == "/params/arguments/commands" && top.n > mcpserver.MaxCommandsPerExec {
+				return nil, info, badMessage("more than %d commands in one call; the limit is %d", mcpserver.MaxCommandsPerExec, mcpserver.MaxCommandsPerExec)
 			}
 		}
 		if d, ok := tok.(json.Delim); ok {
