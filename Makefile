@@ -229,40 +229,6 @@ build-installer: manifests kustomize ## Write everything deploy installs to dist
 	@mv dist/install.yaml.tmp dist/install.yaml
 	@echo "wrote dist/install.yaml"
 
-##@ Cluster
-
-# A real single-node cluster on this machine (etcd, kube-apiserver,
-# kube-controller-manager, kube-scheduler, a kubelet on containerd 2.x,
-# kube-proxy, a CNI bridge and CoreDNS; see docs/cluster.md). Its admin
-# kubeconfig is bin/cluster/kubeconfig:
-#   make cluster-up && export KUBECONFIG=$$PWD/bin/cluster/kubeconfig
-#   make docker-build cluster-load deploy
-CLUSTER_KUBECONFIG ?= $(LOCALBIN)/cluster/kubeconfig
-
-.PHONY: cluster-up
-cluster-up: docker-up envtest ## Start the single-node cluster (root; binaries built once and cached per user), write bin/cluster/kubeconfig. Safe to rerun.
-	hack/cluster-up.sh
-
-.PHONY: cluster-down
-cluster-down: ## Stop the single-node cluster and remove its processes, mounts, interfaces, iptables chains, containers and state.
-	hack/cluster-down.sh
-
-.PHONY: cluster-load
-cluster-load: ## Import the images IMG and MCP_IMG from Docker into the cluster's containerd (after docker-build).
-	hack/cluster-load.sh $(IMG) $(MCP_IMG)
-
-# The CA that signs this cluster's kube-apiserver's webhook client
-# certificate (hack/clusterpki).
-CLUSTER_WEBHOOK_CLIENT_CA ?= $(LOCALBIN)/cluster/pki/webhook-client/webhook-client-ca.crt
-
-.PHONY: cluster-deploy
-cluster-deploy: docker-build cluster-load ## Build the images, load them into the single-node cluster and deploy config/node-docker there (its node has the host's Docker), the webhook requiring kube-apiserver's client certificate.
-	KUBECONFIG="$(CLUSTER_KUBECONFIG)" $(MAKE) deploy DEPLOY_CONFIG=config/node-docker WEBHOOK_CLIENT_CA="$(CLUSTER_WEBHOOK_CLIENT_CA)"
-
-.PHONY: test-cluster
-test-cluster: build test-images ## Run the Ginkgo suite test/cluster against the deployed operator on the single-node cluster (cluster-up and cluster-deploy first).
-	KUBECONFIG="$(CLUSTER_KUBECONFIG)" WEBHOOK_CLIENT_CA="$(CLUSTER_WEBHOOK_CLIENT_CA)" $(GO) test -tags cluster ./test/cluster/... -count=1 -timeout 40m -v
-
 ##@ kind
 
 # A three-node kind cluster (one control plane, two workers) from a node

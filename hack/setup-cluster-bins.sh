@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Provides the binaries of the local single-node cluster (make cluster-up) and
-# prints the directory that holds them:
+# Provides the Kubernetes and containerd binaries of the offline kind node
+# image (make kind-image, hack/kind/node-image.sh) and prints the directory
+# that holds them:
 #   kube-apiserver, kube-controller-manager, kube-scheduler, kubelet,
 #   kube-proxy, kubectl, kubeadm
 #                         built from k8s.io/kubernetes in ONE go build, so the
@@ -9,10 +10,9 @@
 #   containerd, containerd-shim-runc-v2, ctr
 #                         containerd 2.x from its Go module (Kubernetes 1.36+
 #                         refuses Debian's containerd 1.6), one go build;
-#   coredns               CoreDNS from its Go module, with only the plugins
-#                         the cluster's Corefile uses.
-# runc, the CNI plugins and conntrack come from Debian's packages
-# (hack/cluster-up.sh installs them). Everything is cached per user, next to
+# CoreDNS (with the plugins kubeadm's Corefile uses), etcd and crictl are
+# built by hack/kind/node-image.sh; runc, the CNI plugins and conntrack come
+# from Debian's packages, in the node image's root filesystem. Everything is cached per user, next to
 # the envtest binaries, and only the Go module proxy is needed.
 #
 # All progress goes to stderr so that callers can capture stdout.
@@ -20,7 +20,6 @@ set -euo pipefail
 
 K8S_VERSION="${CLUSTER_K8S_VERSION:-${ENVTEST_K8S_VERSION:-1.37.1}}"
 CONTAINERD_VERSION="${CONTAINERD_VERSION:-2.2.0}"
-COREDNS_VERSION="${COREDNS_VERSION:-1.14.7}"
 CACHE_ROOT="${CODE_SANDBOX_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/code-sandbox-operator}"
 BIN_DIR="${CACHE_ROOT}/cluster/${K8S_VERSION}"
 
@@ -29,7 +28,7 @@ log() { echo "setup-cluster-bins: $*" >&2; }
 k8s_bins=(kube-apiserver kube-controller-manager kube-scheduler kubelet kube-proxy kubectl kubeadm)
 have_all() {
   local b
-  for b in "${k8s_bins[@]}" containerd containerd-shim-runc-v2 ctr coredns; do
+  for b in "${k8s_bins[@]}" containerd containerd-shim-runc-v2 ctr; do
     [[ -x "${BIN_DIR}/$b" ]] || return 1
   done
 }
@@ -108,43 +107,6 @@ build_containerd() {
   mv out/containerd out/containerd-shim-runc-v2 out/ctr "${BIN_DIR}/"
 }
 
-build_coredns() {
-  [[ -x "${BIN_DIR}/coredns" ]] && return 0
-  log "building CoreDNS v${COREDNS_VERSION} (kubernetes, forward, cache, errors, health, ready, loop, reload) from the Go module proxy"
-  local dir="${work}/coredns"
-  mkdir -p "${dir}" && cd "${dir}"
-  printf 'module coredns-build\n\ngo 1.26\n' > go.mod
-  cat > main.go <<'GOMAIN'
-// A CoreDNS with only the plugins the local cluster's Corefile uses.
-package main
-
-import (
-	"github.com/coredns/coredns/core/dnsserver"
-	"github.com/coredns/coredns/coremain"
-
-	_ "github.com/coredns/coredns/plugin/cache"
-	_ "github.com/coredns/coredns/plugin/errors"
-	_ "github.com/coredns/coredns/plugin/forward"
-	_ "github.com/coredns/coredns/plugin/health"
-	_ "github.com/coredns/coredns/plugin/kubernetes"
-	_ "github.com/coredns/coredns/plugin/loop"
-	_ "github.com/coredns/coredns/plugin/ready"
-	_ "github.com/coredns/coredns/plugin/reload"
-)
-
-func init() {
-	dnsserver.Directives = []string{"reload", "errors", "health", "ready", "kubernetes", "cache", "loop", "forward"}
-}
-
-func main() { coremain.Run() }
-GOMAIN
-  GOFLAGS=-mod=mod go get "github.com/coredns/coredns@v${COREDNS_VERSION}" >&2
-  GOFLAGS=-mod=mod go mod tidy >&2
-  GOFLAGS=-mod=mod go build -trimpath -ldflags "-s -w" -o "${BIN_DIR}/coredns.tmp" . >&2
-  mv "${BIN_DIR}/coredns.tmp" "${BIN_DIR}/coredns"
-}
-
 build_containerd
-build_coredns
 build_kubernetes
 echo "${BIN_DIR}"

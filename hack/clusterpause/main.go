@@ -6,10 +6,10 @@ Copyright 2026 The code-sandbox-operator Authors.
 Licensed under the MIT License; see the LICENSE file.
 */
 
-// Command clusterpause is the pause process of the local cluster's pod
-// sandboxes (hack/cluster-up.sh builds it into an image FROM scratch and
-// imports it into the cluster's containerd, so that no pod pulls
-// registry.k8s.io/pause). Like Kubernetes' pause it holds the pod's
+// Command clusterpause is the pause process of the kind nodes' pod
+// sandboxes (hack/kind/node-image.sh builds it into an image FROM scratch
+// under the name kubeadm asks for and imports it into the node image's
+// containerd, so that no pod pulls registry.k8s.io/pause). Like Kubernetes' pause it holds the pod's
 // namespaces open, exits on SIGINT or SIGTERM and reaps the zombies it
 // inherits when the pod shares its process namespace.
 package main

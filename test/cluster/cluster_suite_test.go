@@ -7,18 +7,19 @@ Licensed under the MIT License; see the LICENSE file.
 */
 
 // Package cluster tests the operator as a platform team runs it: deployed
-// with `make deploy` into a real cluster (make cluster-up: a kubelet on
-// containerd, kube-proxy, CoreDNS), its manager DaemonSet, webhook and MCP
-// server running as pods with their shipped security contexts, probes,
-// ServiceAccount tokens and RBAC. Like test/e2e it imports nothing from this
-// module and drives the system only through kubectl, the kubectl plugin, an
-// MCP client and the Docker CLI.
+// with `make deploy` into a real cluster (make kind-up: one control plane
+// and two workers, built offline), its manager and Engine DaemonSets,
+// webhook and MCP server running as pods with their shipped security
+// contexts, probes, ServiceAccount tokens and RBAC. Like test/e2e it
+// imports nothing from this module's runtime and drives the system only
+// through kubectl, the kubectl plugin, an MCP client and the Docker CLI (in
+// the Engine pods, and on this machine for the kind nodes themselves).
 //
-// Run it with `make test-cluster` after
+// Run it with `make test-kind` after
 //
-//	make cluster-up && make cluster-deploy
+//	make kind-up && make kind-deploy
 //
-// (KUBECONFIG is bin/cluster/kubeconfig). The suite ends with `make
+// (KUBECONFIG is bin/kind-cluster/kubeconfig). The suite ends with `make
 // undeploy` and checks that nothing is left, then deploys again so that the
 // cluster is as it found it.
 package cluster
@@ -73,9 +74,9 @@ var _ = BeforeSuite(func(ctx SpecContext) {
 	Expect(err).NotTo(HaveOccurred())
 	kubeconfig = os.Getenv("KUBECONFIG")
 	if kubeconfig == "" {
-		kubeconfig = filepath.Join(repoRoot, "bin", "cluster", "kubeconfig")
+		kubeconfig = filepath.Join(repoRoot, "bin", "kind-cluster", "kubeconfig")
 	}
-	Expect(kubeconfig).To(BeAnExistingFile(), "no cluster: run `make cluster-up`")
+	Expect(kubeconfig).To(BeAnExistingFile(), "no cluster: run `make kind-up`")
 	kubectlBin = os.Getenv("KUBECTL")
 	if kubectlBin == "" {
 		kubectlBin = "kubectl"
@@ -89,7 +90,7 @@ var _ = BeforeSuite(func(ctx SpecContext) {
 	_, err = kubectl(ctx, "wait", "--for=condition=Ready", "nodes", "--all", "--timeout=120s")
 	Expect(err).NotTo(HaveOccurred())
 
-	By("waiting for the operator's workloads (make cluster-deploy or make kind-deploy)")
+	By("waiting for the operator's workloads (make kind-deploy)")
 	Expect(waitOperatorRollout(ctx)).To(Succeed())
 	Expect(discoverNodes(ctx)).To(Succeed())
 	nodeName = workers[0]

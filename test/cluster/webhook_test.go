@@ -83,7 +83,7 @@ func webhookSpecs() {
 			Expect(handshake(ctx, stranger)).To(MatchError(ContainSubstring("unknown certificate authority")))
 
 			By("kube-apiserver's own client certificate completes the handshake")
-			// Beside its CA, which make test-kind (or test-cluster) passes.
+			// Beside its CA, which make test-kind passes.
 			ca := os.Getenv("WEBHOOK_CLIENT_CA")
 			Expect(ca).NotTo(BeEmpty(), "WEBHOOK_CLIENT_CA names the CA of kube-apiserver's webhook client certificate (make test-kind sets it)")
 			dir := filepath.Dir(ca)
