@@ -24,6 +24,15 @@ if ! docker image inspect "${NODE_IMAGE}" >/dev/null 2>&1; then
   docker pull "${NODE_IMAGE}" >&2 || die "node image ${NODE_IMAGE} is neither in Docker nor pullable (unset KIND_NODE_IMAGE to build one offline: make kind-image)"
 fi
 use_shim_if_needed "${NODE_IMAGE}"
+# Every kubelet and containerd in the nodes takes inotify instances from this
+# machine's per-user limit (128 on Debian): past it, a worker's kubelet
+# exits with "inotify_init: too many open files" and never joins. kind's
+# known-issues page gives these values.
+for kv in fs.inotify.max_user_instances=1024 fs.inotify.max_user_watches=524288; do
+  if (($(sysctl -n "${kv%%=*}") < ${kv#*=})); then
+    sysctl -qw "${kv}" || die "${kv%%=*} is $(sysctl -n "${kv%%=*}"), too low for three kind nodes; raise it to ${kv#*=} (as root)"
+  fi
+done
 mkdir -p "${KIND_STATE_DIR}"
 
 start=${SECONDS}
