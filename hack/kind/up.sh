@@ -79,7 +79,7 @@ fi
 
 deadline=$((SECONDS + READY_TIMEOUT))
 until [[ $(kubectl_kind get nodes --no-headers 2>/dev/null | wc -l) -ge ${NODES} ]]; do
-  ((SECONDS < deadline)) || die "cluster ${KIND_CLUSTER} has fewer than ${NODES} nodes after ${READY_TIMEOUT}s: $(kubectl_kind get nodes 2>&1)"
+  ((SECONDS < deadline)) || die "cluster ${KIND_CLUSTER} has fewer than ${NODES} nodes after ${READY_TIMEOUT}s (a missing node's kubelet log: docker exec <node> journalctl -u kubelet): $(kubectl_kind get nodes 2>&1)"
   sleep 2
 done
 kubectl_kind wait --for=condition=Ready node --all --timeout="$((deadline - SECONDS > 1 ? deadline - SECONDS : 1))s" >&2 ||
