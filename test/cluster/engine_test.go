@@ -130,7 +130,7 @@ spec:
 			Expect(err).NotTo(HaveOccurred(), out)
 			Expect(out).To(ContainSubstring(":CSBX-EGRESS "))
 			Expect(out).To(ContainSubstring(":DOCKER-USER "))
-			Expect(out).To(ContainSubstring("-A DOCKER-USER -j CSBX-EGRESS"))
+			Expect(out).To(ContainSubstring("-A DOCKER-USER -i csbx-egress0 -j CSBX-EGRESS"))
 			Expect(out).To(ContainSubstring("csbx-egress0"))
 		}, NodeTimeout(3*time.Minute))
 	})
