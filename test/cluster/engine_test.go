@@ -133,6 +133,19 @@ spec:
 			Expect(out).To(ContainSubstring("-A DOCKER-USER -i csbx-egress0 -j CSBX-EGRESS"))
 			Expect(out).To(ContainSubstring("csbx-egress0"))
 		}, NodeTimeout(3*time.Minute))
+
+		It("runs a gVisor sandbox: runsc is in the Engine image", func(ctx SpecContext) {
+			Expect(kubectlApply(ctx, sandboxYAML(ns, "gvisor", "", "  runtime: gvisor\n"))).To(Succeed())
+			waitSandboxesReady(ctx, ns, 3*time.Minute, "gvisor")
+			n := sandboxNode(ctx, ns, "gvisor")
+			id := strings.TrimPrefix(mustKubectl(ctx, "get", "sandbox/gvisor", "-n", ns, "-o", "jsonpath={.status.containerID}"), "docker://")
+			out, err := dockerOn(ctx, n, "inspect", "--format", "{{.HostConfig.Runtime}}", id)
+			Expect(err).NotTo(HaveOccurred(), out)
+			Expect(strings.TrimSpace(out)).To(Equal("runsc"))
+			out, err = plugin(ctx, nil, "exec", "gvisor", "-n", ns, "--", "sh", "-c", "dmesg 2>/dev/null | head -5; cat /proc/version")
+			Expect(err).NotTo(HaveOccurred())
+			Expect(out).To(ContainSubstring("gVisor"))
+		}, NodeTimeout(4*time.Minute))
 	})
 }
 

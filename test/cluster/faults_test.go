@@ -170,7 +170,7 @@ spec:
 					got = append(got, r)
 				}
 				return got, nil
-			}).WithContext(ctx).WithTimeout(60*time.Second - time.Since(stopped)).WithPolling(time.Second).
+			}).WithContext(ctx).WithTimeout(60*time.Second-time.Since(stopped)).WithPolling(time.Second).
 				Should(HaveEach("False/"+nodeLostReason), func() string { return describeSandbox(ctx, ns, "lost-0") })
 			AddReportEntry("node stopped to NodeLost", time.Since(stopped).Round(time.Second).String())
 			Expect(readyOf(ctx, ns, "kept")).To(Equal("True/Running"), "a Sandbox on the other node is untouched")
