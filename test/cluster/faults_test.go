@@ -64,9 +64,7 @@ func waitWorkersBack(ctx context.Context) {
 	Expect(err).NotTo(HaveOccurred())
 	Expect(waitOperatorRollout(ctx)).To(Succeed())
 	Eventually(func() ([]string, error) {
-		out, err := kubectl(ctx, "get", "pods", "-n", operatorNS, "-l", managerSelector, "-o",
-			`jsonpath={range .items[?(@.status.conditions[?(@.type=="Ready")].status=="True")]}{.spec.nodeName}{"\n"}{end}`)
-		return strings.Fields(out), err
+		return withCondition(ctx, "pods", operatorNS, managerSelector, "Ready", ".spec.nodeName")
 	}).WithContext(ctx).WithTimeout(3*time.Minute).WithPolling(2*time.Second).Should(ConsistOf(workers), describeOperator(ctx))
 }
 
@@ -128,9 +126,7 @@ spec:
     imagePullPolicy: Never
 `, pool, poolNS, sampleImage))).To(Succeed())
 			idleNodes := func(ctx context.Context) ([]string, error) {
-				out, err := kubectl(ctx, "get", "sandboxes", "-n", poolNS, "-l", warmPoolLabel+"="+pool, "-o",
-					`jsonpath={range .items[?(@.status.conditions[?(@.type=="Paused")].status=="True")]}{.status.nodeName}{"\n"}{end}`)
-				return strings.Fields(out), err
+				return withCondition(ctx, "sandboxes", poolNS, warmPoolLabel+"="+pool, "Paused", ".status.nodeName")
 			}
 			Eventually(idleNodes).WithContext(ctx).WithTimeout(3*time.Minute).WithPolling(2*time.Second).
 				Should(ConsistOf(survivor, victim), func() string { return describePool(ctx, poolNS, pool) })
@@ -274,11 +270,10 @@ spec:
 				// Up to 90 s for the wave; what is Ready by then counts.
 				deadline := time.Now().Add(90 * time.Second)
 				for time.Now().Before(deadline) {
-					out, err := kubectl(ctx, "get", "sandboxes", "-n", ns, "-o",
-						`jsonpath={range .items[?(@.status.conditions[?(@.type=="Ready")].status=="True")]}{.metadata.name}{"\n"}{end}`)
+					names, err := withCondition(ctx, "sandboxes", ns, "", "Ready", ".metadata.name")
 					if err == nil {
 						n := 0
-						for _, name := range strings.Fields(out) {
+						for _, name := range names {
 							readyOnce[name] = true
 							if k, _ := strconv.Atoi(strings.TrimPrefix(name, "churn-")); k/wave == w {
 								n++
@@ -290,9 +285,8 @@ spec:
 					}
 					time.Sleep(2 * time.Second)
 				}
-				out, _ := kubectl(ctx, "get", "sandboxes", "-n", ns, "-o",
-					`jsonpath={range .items[?(@.status.conditions[?(@.type=="Ready")].status=="True")]}{.metadata.name}{"\n"}{end}`)
-				for _, name := range strings.Fields(out) {
+				names, _ := withCondition(ctx, "sandboxes", ns, "", "Ready", ".metadata.name")
+				for _, name := range names {
 					if k, _ := strconv.Atoi(strings.TrimPrefix(name, "churn-")); k/wave == w {
 						readyAtEnd++
 					}

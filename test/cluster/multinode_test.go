@@ -142,9 +142,7 @@ spec:
 				_, _ = kubectl(ctx, "delete", "swp/"+pool, "-n", ns, "--wait", "--timeout=60s")
 			}, NodeTimeout(2*time.Minute))
 			memberNodes := func(ctx context.Context) ([]string, error) {
-				out, err := kubectl(ctx, "get", "sandboxes", "-n", ns, "-l", warmPoolLabel+"="+pool, "-o",
-					`jsonpath={range .items[?(@.status.conditions[?(@.type=="Paused")].status=="True")]}{.status.nodeName}{"\n"}{end}`)
-				return strings.Fields(out), err
+				return withCondition(ctx, "sandboxes", ns, warmPoolLabel+"="+pool, "Paused", ".status.nodeName")
 			}
 			Eventually(memberNodes).WithContext(ctx).WithTimeout(3*time.Minute).WithPolling(2*time.Second).
 				Should(ConsistOf(workers), func() string { return describePool(ctx, ns, pool) })

@@ -249,3 +249,26 @@ func routeServicesThroughKind(ctx context.Context) {
 	Expect(err).NotTo(HaveOccurred(), "routing %s via %s (root needed): %s", m[1], ip, out)
 	DeferCleanup(func() { _ = exec.Command("ip", "route", "del", m[1], "via", ip).Run() })
 }
+
+// withCondition lists the objects of kind (in ns, selected by selector
+// unless it is empty) whose condition cond is True, as the value of field
+// (a JSONPath inside the object, such as .metadata.name). kubectl's
+// JSONPath cannot filter on a filter, so the condition is checked here.
+func withCondition(ctx context.Context, kind, ns, selector, cond, field string) ([]string, error) {
+	args := []string{"get", kind, "-n", ns, "-o",
+		`jsonpath={range .items[*]}{` + field + `}{"|"}{.status.conditions[?(@.type=="` + cond + `")].status}{"\n"}{end}`}
+	if selector != "" {
+		args = append(args, "-l", selector)
+	}
+	out, err := kubectl(ctx, args...)
+	if err != nil {
+		return nil, err
+	}
+	var got []string
+	for _, line := range strings.Split(strings.TrimSpace(out), "\n") {
+		if v, status, ok := strings.Cut(line, "|"); ok && status == "True" && v != "" {
+			got = append(got, v)
+		}
+	}
+	return got, nil
+}
