@@ -219,7 +219,7 @@ spec:
 				return plugin(ctx, nil, "exec", "egress-0", "-n", ns, "--", "python3", "-c",
 					"import sys,urllib.request\ntry:\n print(urllib.request.urlopen(sys.argv[1], timeout=3).read().decode().strip())\nexcept Exception as e:\n print('blocked', type(e).__name__)", url)
 			}
-			Expect(fetch("http://" + inet + ":8080/")).To(Equal("hello from the internet"))
+			Expect(fetch("http://" + inet + ":8080/")).To(Equal("hello from the internet\n"))
 
 			nodeIP := mustKubectl(ctx, "get", "node", workers[0], "-o", `jsonpath={.status.addresses[?(@.type=="InternalIP")].address}`)
 			peer := mustKubectl(ctx, "get", "sandbox/egress-1", "-n", ns, "-o", "jsonpath={.metadata.uid}")
