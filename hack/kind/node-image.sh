@@ -336,7 +336,10 @@ assemble() {
   install -m 0755 "${FILES}/simple-cni.sh" "${R}/kind/bin/"
   install -m 0644 "${FILES}/simple-cni-rbac.yaml" "${R}/kind/manifests/"
   install -m 0644 "${FILES}/simple-cni.service" "${R}/etc/systemd/system/"
-  chroot "${R}" systemctl enable kubelet.service containerd.service undo-mount-hacks.service simple-cni.service >&2
+  # Paused sandboxes would keep a stopping node from ever exiting.
+  install -m 0755 "${FILES}/thaw-on-shutdown.sh" "${R}/kind/bin/"
+  install -m 0644 "${FILES}/thaw-on-shutdown.service" "${R}/etc/systemd/system/"
+  chroot "${R}" systemctl enable kubelet.service containerd.service undo-mount-hacks.service simple-cni.service thaw-on-shutdown.service >&2
   chroot "${R}" systemctl mask systemd-binfmt.service >&2
   : >"${R}/etc/machine-id"
 }

@@ -288,6 +288,10 @@ spec:
 			Expect(sandboxUID).NotTo(BeEmpty(), "no Sandbox from the earlier spec")
 			DeferCleanup(func(ctx SpecContext) {
 				mustKubectl(ctx, "uncordon", nodeName)
+				// The drain put both webhook replicas on the other worker,
+				// and nothing moves one back: spread them again, as
+				// config/webhook/deployment.yaml tells operators to.
+				mustKubectl(ctx, "rollout", "restart", "-n", operatorNS, "deployment/"+prefix+"webhook")
 				Expect(waitOperatorRollout(ctx)).To(Succeed())
 			}, NodeTimeout(4*time.Minute))
 			// On one node the webhook's PodDisruptionBudget (minAvailable 1)

@@ -85,7 +85,17 @@ func faultSpecs() {
 				mcpNS  = "sandboxes"
 				pool   = "loss"
 			)
+			// The victim is a worker without the MCP server (one replica,
+			// which the MCP call below needs), and the webhook's replicas
+			// (the control plane, which marks NodeLost) must not all be on
+			// it.
+			mcpNode := mustKubectl(ctx, "get", "pods", "-n", operatorNS, "-l", "app.kubernetes.io/component=mcp-server", "-o", "jsonpath={.items[0].spec.nodeName}")
 			survivor, victim := workers[0], workers[1]
+			if mcpNode == victim {
+				survivor, victim = victim, survivor
+			}
+			Expect(strings.Fields(mustKubectl(ctx, "get", "pods", "-n", operatorNS, "-l", "app.kubernetes.io/component=webhook",
+				"-o", "jsonpath={.items[*].spec.nodeName}"))).To(ContainElement(survivor), "a control plane replica runs on %s", survivor)
 			freshNamespace(ctx, ns)
 			freshNamespace(ctx, poolNS)
 			freshNamespace(ctx, mcpNS)
