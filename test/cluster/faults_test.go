@@ -12,6 +12,7 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -151,7 +152,7 @@ spec:
 			for range 8 {
 				id := mcpInit(ctx, sess)
 				out := mustKubectl(ctx, "get", "sandboxes", "-n", mcpNS, "-o", `jsonpath={range .items[*]}{.metadata.name} {.status.nodeName}{"\n"}{end}`)
-				if strings.Contains(out, id+" "+victim) {
+				if slices.Contains(strings.Split(strings.TrimSpace(out), "\n"), id+" "+victim) {
 					onVictim = id
 					break
 				}
