@@ -232,7 +232,7 @@ build-installer: manifests kustomize ## Write everything deploy installs to dist
 ##@ kind
 
 # A three-node kind cluster (one control plane, two workers) from a node
-# image built on this machine with no registry (docs/cluster.md#kind):
+# image built on this machine with no registry (docs/cluster.md#make-the-cluster):
 #   make kind-up && export KUBECONFIG=$$PWD/bin/kind-cluster/kubeconfig
 #   make kind-deploy          # docker-build, kind-load, deploy
 #   make kind-smoke           # nodes, a pod per worker, pod to pod, Service DNS
@@ -324,7 +324,7 @@ CONTROLLER_TOOLS_VERSION ?= v0.23.0
 KUSTOMIZE_VERSION ?= v5.8.0
 GOLANGCI_LINT_VERSION ?= v2.15.0
 # v0.33: its kubeadm config is v1beta4, which kubeadm 1.37 needs (v0.31
-# writes v1beta3); docs/cluster.md#kind. Its own node image is
+# writes v1beta3); docs/cluster.md#make-the-cluster. Its own node image is
 # kindest/node:v1.37.0, the envtest minor version.
 KIND_VERSION ?= v0.33.0
 

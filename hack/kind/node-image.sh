@@ -12,7 +12,7 @@
 #                                        root filesystem image (root)
 #
 # What `kind build node-image` and kind's images/base do, from parts built
-# on this machine (docs/cluster.md#kind):
+# on this machine (docs/cluster.md#make-the-cluster):
 #   - a Debian bookworm root filesystem from debootstrap (systemd, iptables,
 #     runc and the CNI plugins from Debian), cached as a Docker image that
 #     is also the base of the kube-proxy image;
