@@ -222,7 +222,7 @@ func NewHTTPServer(s *server.MCPServer, opts HTTPOptions) (*HTTPServer, error) {
 	// request is read (by limitBody) only once its caller is known, so an
 	// unauthenticated peer costs a connection and its headers, never a
 	// buffered body.
-	mux.Handle(EndpointPath, h.limitPeer(h.rejectQueryTokens(h.authenticate(h.rateLimit(h.limitBody(h.bindSession(h.capSessions(h.capToolCalls(h.mcp)))))))))
+	mux.Handle(EndpointPath, h.limitPeer(h.rejectQueryTokens(h.authenticate(h.rateLimit(h.limitBody(h.modernRequests(h.bindSession(h.capSessions(h.capToolCalls(h.mcp))))))))))
 	h.handler = h.checkHostAndOrigin(mux)
 	return h, nil
 }
