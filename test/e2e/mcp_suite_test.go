@@ -122,12 +122,21 @@ func procAttr() *syscall.SysProcAttr {
 
 // startStdio starts the server under the go-sdk's CommandTransport.
 func startStdio(ctx context.Context, opts *mcp.ClientOptions, args ...string) *mcpServer {
+	return startStdioSession(ctx, opts, nil, args...)
+}
+
+// startStdioSession is startStdio with session options: their
+// ProtocolVersion is how the go-sdk client is made to speak a given MCP
+// revision (2026-07-28 and later: server/discover, stateless requests;
+// earlier ones: the initialize handshake). Without it, the client asks for
+// the newest it knows, 2026-07-28 with go-sdk v1.8.0.
+func startStdioSession(ctx context.Context, opts *mcp.ClientOptions, sopts *mcp.ClientSessionOptions, args ...string) *mcpServer {
 	cmd := exec.Command(mcpBinary, baseArgs(args...)...)
 	stderr := &syncBuffer{}
 	cmd.Stderr = stderr
 	cmd.SysProcAttr = procAttr()
 	client := mcp.NewClient(&mcp.Implementation{Name: "e2e", Version: "1"}, opts)
-	session, err := client.Connect(ctx, &mcp.CommandTransport{Command: cmd, TerminateDuration: 30 * time.Second}, nil)
+	session, err := client.Connect(ctx, &mcp.CommandTransport{Command: cmd, TerminateDuration: 30 * time.Second}, sopts)
 	Expect(err).NotTo(HaveOccurred(), "stderr:\n%s", stderr.String())
 	s := &mcpServer{cmd: cmd, stderr: stderr, session: session}
 	Eventually(s.instance).WithTimeout(10 * time.Second).ShouldNot(BeEmpty())
