@@ -247,6 +247,17 @@ var _ = Describe("MCP 2026-07-28 on the HTTP endpoint", Label("unit"), func() {
 		Expect(serve(h, r).Code).To(Equal(http.StatusBadRequest))
 	})
 
+	It("has no GET stream and no DELETE for a 2026-07-28 client", func() {
+		for _, verb := range []string{http.MethodGet, http.MethodDelete} {
+			r := mcpRequest("192.0.2.1:1", aliceToken, "", nil)
+			r.Method = verb
+			r.Header.Set("MCP-Protocol-Version", modern)
+			w := serve(h, r)
+			Expect(w.Code).To(Equal(http.StatusMethodNotAllowed), "%s: %s", verb, w.Body.String())
+			Expect(w.Header().Get("Allow")).To(Equal(http.MethodPost))
+		}
+	})
+
 	It("opens every subscriptions/listen stream with its acknowledgement", func() {
 		// mcp-go v1.2.1 races the acknowledgement against the result and
 		// often drops it; listenWriter puts it back. Many tries, so that a
