@@ -193,6 +193,28 @@ var _ = Describe("--auth oidc against the API server's service-account issuer", 
 		Expect(code).To(Equal(http.StatusOK), "the same caller's token for this resource: %s", body)
 	}, NodeTimeout(3*time.Minute))
 
+	It("on the docker backend admits the OIDC users RBAC lets create sandboxes in --namespace, and they can use sandboxes", func(ctx SpecContext) {
+		testenv.RequireDocker(testenv.BusyboxImage)
+		url := oidcServer(func(o *Config) {
+			o.Backend, o.Kubeconfig, o.DefaultImage, o.PullPolicy = "docker", reviewerKubeconfig, testenv.BusyboxImage, "Never"
+		})
+		cp.Bind(defaultNS, "oidc-test-sandbox-user", testenv.UserSubject(oidcUser("erin")))
+		code, _, body := initialize(ctx, url, oidcToken("frank", url))
+		Expect(code).To(Equal(http.StatusForbidden), "an OIDC user without RBAC in --namespace was admitted: %s", body)
+		Expect(body).To(ContainSubstring("may not create sandboxes"))
+
+		s := connect(ctx, url, oidcToken("erin", url))
+		res, text := callTool(ctx, s, "sandbox_initialize", nil)
+		Expect(res.IsError).To(BeFalse(), text)
+		id, _ := res.StructuredContent.(map[string]any)["container_id"].(string)
+		Expect(id).NotTo(BeEmpty(), text)
+		res, text = callTool(ctx, s, "sandbox_exec", map[string]any{"container_id": id, "commands": []string{"echo hello-from-oidc"}})
+		Expect(res.IsError).To(BeFalse(), text)
+		Expect(text).To(ContainSubstring("hello-from-oidc"))
+		res, text = callTool(ctx, s, "sandbox_stop", map[string]any{"container_id": id})
+		Expect(res.IsError).To(BeFalse(), text)
+	}, NodeTimeout(3*time.Minute))
+
 	It("refuses an expired token", func(ctx SpecContext) {
 		// TokenRequest mints tokens for ten minutes at least, so the
 		// server's clock runs two hours ahead instead.
