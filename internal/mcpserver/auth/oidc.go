@@ -212,12 +212,6 @@ func (a *OIDCAuth) tokenVerifier() (*oidc.IDTokenVerifier, error) {
 	return a.verifier, nil
 }
 
-// Ready reports whether discovery has succeeded, trying it if not.
-func (a *OIDCAuth) Ready() error {
-	_, err := a.tokenVerifier()
-	return err
-}
-
 // Recognizes implements TokenRecognizer: the token was accepted within
 // oidcCacheTTL and has not expired since.
 func (a *OIDCAuth) Recognizes(token string) bool {

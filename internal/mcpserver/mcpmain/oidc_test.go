@@ -249,6 +249,8 @@ var _ = Describe("--auth oidc against the API server's service-account issuer", 
 				o.Backend, o.OIDC.NamespaceClaim, o.OIDC.Namespaces = "docker", "t", map[string]string{"a": teamA}
 			}},
 			"--oidc-* without --auth oidc":    {loopbackNoAuth, func(o *Config) { o.OIDC.IssuerURL = issuer }},
+			"--oidc-* over stdio":             {func(o *Config) { o.OIDC.IssuerURL = issuer }},
+			"--scope over stdio":              {func(o *Config) { o.ScopesSupported = []string{"mcp"} }},
 			"a scope with a quote":            {oidc, func(o *Config) { base(o); o.ScopesSupported = []string{`a"b`} }},
 			"--namespace-from-serviceaccount": {oidc, func(o *Config) { base(o); o.NamespaceFromServiceAccount = true }},
 		} {
