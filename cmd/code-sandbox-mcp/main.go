@@ -17,6 +17,7 @@ import (
 	"io"
 	"log"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -125,6 +126,33 @@ func (l *defaultListFlag) Set(v string) error {
 	return (*listFlag)(l.vals).Set(v)
 }
 
+// mapFlag is a repeatable KEY=VALUE flag.
+type mapFlag map[string]string
+
+func (m *mapFlag) String() string {
+	var kv []string
+	for k, v := range *m {
+		kv = append(kv, k+"="+v)
+	}
+	slices.Sort(kv)
+	return strings.Join(kv, ",")
+}
+
+func (m *mapFlag) Set(v string) error {
+	k, val, ok := strings.Cut(strings.TrimSpace(v), "=")
+	if !ok || k == "" || val == "" {
+		return fmt.Errorf("%q: want VALUE=NAMESPACE", v)
+	}
+	if *m == nil {
+		*m = map[string]string{}
+	}
+	if old, dup := (*m)[k]; dup && old != val {
+		return fmt.Errorf("%q is mapped twice (to %s and %s)", k, old, val)
+	}
+	(*m)[k] = val
+	return nil
+}
+
 // sizeFlag is a byte count written as "1MiB", "512k" or a plain number.
 type sizeFlag int64
 
@@ -156,16 +184,25 @@ func newFlagSet(o *mcpmain.Config, showVersion *bool) *flag.FlagSet {
 	fs.StringVar(&o.DockerHost, "docker-host", o.DockerHost, "Docker endpoint (default: DOCKER_HOST or the local socket)")
 
 	fs.StringVar(&o.HTTPAddr, "http", o.HTTPAddr, "serve streamable HTTP on this address (for example 127.0.0.1:8080) instead of stdio")
-	fs.BoolVar(&o.AllowRemote, "allow-remote", o.AllowRemote, "allow --http to bind a non-loopback address (requires --auth token or kubernetes)")
-	fs.StringVar(&o.Auth, "auth", o.Auth, "HTTP authentication: token (--token-file), kubernetes (TokenReview) or none (loopback only)")
+	fs.BoolVar(&o.AllowRemote, "allow-remote", o.AllowRemote, "allow --http to bind a non-loopback address (requires --auth token, kubernetes or oidc)")
+	fs.StringVar(&o.Auth, "auth", o.Auth, "HTTP authentication: token (--token-file), kubernetes (TokenReview), oidc (JWT access tokens from --oidc-issuer-url) or none (loopback only)")
 	fs.StringVar(&o.TokenFile, "token-file", o.TokenFile, "file of \"TOKEN IDENTITY\" lines for --auth token; re-read when it changes")
 	audiences := &defaultListFlag{vals: &o.TokenAudiences}
 	fs.Var(audiences, "token-audience", "--auth kubernetes: the server's own audiences; a token must be valid for one of them (repeatable; callers get one with `kubectl create token SA --audience "+auth.DefaultTokenAudience+"`)")
 	fs.BoolVar(&o.AcceptAPIServerAudience, "accept-apiserver-audience", o.AcceptAPIServerAudience, "--auth kubernetes: also accept tokens for the API server's own audiences (tried after --token-audience fails). WEAKER: such a token can be replayed against the API server, and any token a caller hands to another service for the API server becomes a credential for this one")
 	fs.Var((*listFlag)(&o.AllowUsers), "allow-user", "--backend docker with --auth kubernetes: admit this Kubernetes user, for example system:serviceaccount:NS:NAME (repeatable; with --allow-group replaces the RBAC check on --namespace)")
 	fs.Var((*listFlag)(&o.AllowGroups), "allow-group", "--backend docker with --auth kubernetes: admit members of this Kubernetes group, for example system:serviceaccounts:NS (repeatable; with --allow-user replaces the RBAC check on --namespace)")
-	fs.Var((*listFlag)(&o.AuthorizationServers), "authorization-server", "OAuth authorization server issuer to advertise in the protected resource metadata (repeatable)")
-	fs.StringVar(&o.PublicURL, "public-url", o.PublicURL, "the MCP endpoint's public URL (default http://ADDR/mcp)")
+	fs.Var((*listFlag)(&o.AuthorizationServers), "authorization-server", "OAuth authorization server issuer to advertise in the protected resource metadata (repeatable; --auth oidc: default --oidc-issuer-url)")
+	fs.Var((*listFlag)(&o.ScopesSupported), "scope", "OAuth scope a client should ask its authorization server for, advertised in the protected resource metadata and in every 401's WWW-Authenticate (repeatable; default: none)")
+	fs.StringVar(&o.PublicURL, "public-url", o.PublicURL, "the MCP endpoint's public URL: the OAuth resource identifier, and under --auth oidc the audience every token must name (default http://ADDR/mcp)")
+	fs.StringVar(&o.OIDC.IssuerURL, "oidc-issuer-url", o.OIDC.IssuerURL, "--auth oidc: the OpenID Connect issuer (https; must equal its tokens' iss exactly); discovery and keys come from it")
+	fs.StringVar(&o.OIDC.CAFile, "oidc-ca-file", o.OIDC.CAFile, "--auth oidc: PEM CAs the issuer's certificate must chain to (default: the system roots)")
+	fs.StringVar(&o.OIDC.UsernameClaim, "oidc-username-claim", o.OIDC.UsernameClaim, "--auth oidc: the claim that names the caller")
+	fs.StringVar(&o.OIDC.UsernamePrefix, "oidc-username-prefix", o.OIDC.UsernamePrefix, "--auth oidc: prefix of the Kubernetes username the claim maps to (what RBAC and SubjectAccessReviews see); may not start with system:")
+	fs.StringVar(&o.OIDC.GroupsClaim, "oidc-groups-claim", o.OIDC.GroupsClaim, "--auth oidc: claim (string or list) whose values, each after --oidc-groups-prefix, are the caller's Kubernetes groups (default: none)")
+	fs.StringVar(&o.OIDC.GroupsPrefix, "oidc-groups-prefix", o.OIDC.GroupsPrefix, "--auth oidc: prefix of every group --oidc-groups-claim gives; may not start with system:")
+	fs.StringVar(&o.OIDC.NamespaceClaim, "oidc-namespace-claim", o.OIDC.NamespaceClaim, "--auth oidc, kubernetes backend: claim (string or list) whose value --oidc-namespace maps to the namespace of the caller's Sandboxes")
+	fs.Var((*mapFlag)(&o.OIDC.Namespaces), "oidc-namespace", "--auth oidc, kubernetes backend: VALUE=NAMESPACE: a caller whose --oidc-namespace-claim has VALUE keeps its Sandboxes in NAMESPACE (repeatable). Only mapped values count; unmapped callers use --namespace; values mapping to several namespaces are refused")
 	fs.Var((*listFlag)(&o.AllowedHosts), "allowed-hosts", "Host header values accepted (default: localhost, 127.0.0.1 and [::1] with the listening port, and the public URL's host)")
 	fs.Var((*listFlag)(&o.AllowedOrigins), "allowed-origins", "browser Origins accepted besides the request's own loopback origin (http://localhost:PORT and the like); requests without Origin are always accepted")
 	fs.StringVar(&o.TLSCert, "tls-cert", o.TLSCert, "serve HTTPS with this certificate")

@@ -85,6 +85,10 @@ type Options struct {
 	// serves many teams, each under its own namespace's RBAC and
 	// SandboxQuotas.
 	NamespaceFromServiceAccount bool
+	// CallerNamespaces says callers may come with a namespace of their own
+	// (contract.Caller.Namespace: --auth oidc's claim mapping); the
+	// server then looks for its Sandboxes in every namespace.
+	CallerNamespaces bool
 	// NodeName, when set, pins the Sandboxes to one node (spec.nodeName).
 	NodeName string
 	// PullPolicy and Runtime go to spec.imagePullPolicy and spec.runtime
@@ -146,6 +150,9 @@ const serviceAccountPrefix = "system:serviceaccount:"
 
 // namespaceFor is where caller's Sandboxes live.
 func (b *driver) namespaceFor(caller contract.Caller) string {
+	if b.opts.CallerNamespaces && caller.Namespace != "" {
+		return caller.Namespace
+	}
 	if b.opts.NamespaceFromServiceAccount && caller.IsKubernetesUser() {
 		if rest, ok := strings.CutPrefix(caller.Username, serviceAccountPrefix); ok {
 			if ns, _, ok := strings.Cut(rest, ":"); ok && len(validation.IsDNS1123Label(ns)) == 0 {
@@ -159,7 +166,7 @@ func (b *driver) namespaceFor(caller contract.Caller) string {
 // sweepNamespace is where the server looks for its own Sandboxes in bulk:
 // every namespace when callers bring their own.
 func (b *driver) sweepNamespace() string {
-	if b.opts.NamespaceFromServiceAccount {
+	if b.opts.NamespaceFromServiceAccount || b.opts.CallerNamespaces {
 		return ""
 	}
 	return b.ns

@@ -37,14 +37,22 @@ type Config struct {
 	// HTTPAddr serves streamable HTTP on this address instead of stdio.
 	HTTPAddr                string
 	AllowRemote             bool
-	Auth                    string // token, kubernetes or none
+	Auth                    string // token, kubernetes, oidc or none
 	TokenFile               string
 	TokenAudiences          []string
 	AcceptAPIServerAudience bool
 	AllowUsers              []string
 	AllowGroups             []string
 	AuthorizationServers    []string
-	PublicURL               string
+	// ScopesSupported are advertised in the protected resource metadata
+	// and in every 401's challenge (--scope).
+	ScopesSupported []string
+	// PublicURL is the resource URL: the MCP endpoint's public URL, and
+	// under --auth oidc the audience every token must name (--public-url).
+	PublicURL string
+	// OIDC configures --auth oidc (the --oidc-* flags); see
+	// auth.OIDCOptions.
+	OIDC                    OIDCConfig
 	AllowedHosts            []string
 	AllowedOrigins          []string
 	TLSCert                 string
@@ -98,6 +106,20 @@ type Config struct {
 	LogFormat string // text or json
 }
 
+// OIDCConfig is --auth oidc's part of Config.
+type OIDCConfig struct {
+	IssuerURL      string // --oidc-issuer-url
+	CAFile         string // --oidc-ca-file
+	UsernameClaim  string // --oidc-username-claim
+	UsernamePrefix string // --oidc-username-prefix
+	GroupsClaim    string // --oidc-groups-claim
+	GroupsPrefix   string // --oidc-groups-prefix
+	NamespaceClaim string // --oidc-namespace-claim
+	// Namespaces maps values of NamespaceClaim to namespaces
+	// (--oidc-namespace VALUE=NAMESPACE, repeatable).
+	Namespaces map[string]string
+}
+
 // DefaultConfig is the configuration of a command line without flags.
 func DefaultConfig() Config {
 	return Config{
@@ -105,6 +127,7 @@ func DefaultConfig() Config {
 		ReadyTimeout:            kubebackend.DefaultReadyTimeout,
 		Auth:                    "token",
 		TokenAudiences:          []string{auth.DefaultTokenAudience},
+		OIDC:                    OIDCConfig{UsernameClaim: auth.DefaultOIDCUsernameClaim, UsernamePrefix: auth.DefaultOIDCPrefix, GroupsPrefix: auth.DefaultOIDCPrefix},
 		MaxBodyBytes:            transport.DefaultMaxBodyBytes,
 		MaxMessageBytes:         transport.DefaultMaxMessageBytes,
 		MaxToolCallsPerIdentity: transport.DefaultMaxToolCallsPerIdentity,

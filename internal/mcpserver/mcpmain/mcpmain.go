@@ -13,6 +13,7 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"reflect"
 	"strings"
 	"syscall"
 	"time"
@@ -87,6 +88,9 @@ func serve(o Config, logger *slog.Logger) error {
 func serveWith(o Config, logger *slog.Logger, newCtx func() (context.Context, context.CancelFunc), listening func(url string)) error {
 	if o.HTTPAddr == "" && (o.AcceptAPIServerAudience || len(o.AllowUsers) > 0 || len(o.AllowGroups) > 0) {
 		return usagef("--accept-apiserver-audience, --allow-user and --allow-group are for --http with --auth kubernetes")
+	}
+	if o.HTTPAddr == "" && (!reflect.DeepEqual(o.OIDC, DefaultConfig().OIDC) || len(o.ScopesSupported) > 0) {
+		return usagef("the --oidc-* flags and --scope are for --http with --auth oidc")
 	}
 	cfg, err := toolConfig(o)
 	if err != nil {

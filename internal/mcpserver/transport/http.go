@@ -77,6 +77,13 @@ type HTTPOptions struct {
 	// AuthorizationServers are advertised in the protected resource
 	// metadata.
 	AuthorizationServers []string
+	// ScopesSupported are advertised in the protected resource metadata
+	// and named in every 401's challenge (scope=), so that a client asks
+	// its authorization server for them at once. There is no step-up: no
+	// scope widens what a caller may do (RBAC decides that, through
+	// SubjectAccessReviews), so a refused call is a 403 naming the missing
+	// permission, never insufficient_scope.
+	ScopesSupported []string
 	// MaxBodyBytes caps request bodies (413 beyond it): a call of one of
 	// LargeBodyTools (write_file) may be this long.
 	MaxBodyBytes int64
@@ -199,6 +206,7 @@ func NewHTTPServer(s *server.MCPServer, opts HTTPOptions) (*HTTPServer, error) {
 	meta := server.ProtectedResourceMetadataConfig{
 		Resource:               opts.ResourceURL,
 		AuthorizationServers:   opts.AuthorizationServers,
+		ScopesSupported:        opts.ScopesSupported,
 		BearerMethodsSupported: []string{"header"},
 		ResourceName:           mcpserver.ServerName,
 	}
@@ -500,6 +508,9 @@ func (h *HTTPServer) metadataURL() string {
 
 func (h *HTTPServer) unauthorized(w http.ResponseWriter, reason string, tokenPresented bool) {
 	challenge := fmt.Sprintf(`Bearer resource_metadata=%q`, h.metadataURL())
+	if len(h.opts.ScopesSupported) > 0 {
+		challenge += fmt.Sprintf(`, scope=%q`, strings.Join(h.opts.ScopesSupported, " "))
+	}
 	if tokenPresented {
 		challenge += `, error="invalid_token"`
 	}
