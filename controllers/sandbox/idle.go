@@ -199,13 +199,14 @@ func (r *SandboxReconciler) notIdleFrozen(sbx *sandboxv1alpha1.Sandbox) {
 	e.frozen, e.known = "", true
 }
 
-// applyIdle applies spec.lifecycle's idle timeouts to a live container
-// (ct) of a Sandbox that is not a warm pool member, after settlePaused
-// recorded it: it persists the last activity (throttled), pauses the
-// container once idlePauseSeconds passed (Paused=True, reason Idle; Ready
-// stays True), and marks the Sandbox for deletion once idleDeleteSeconds
-// passed. It returns when to look again.
-func (r *SandboxReconciler) applyIdle(ctx context.Context, sbx *sandboxv1alpha1.Sandbox, ct dockerruntime.Container, result ctrl.Result) (ctrl.Result, error) {
+// applyIdle applies spec.lifecycle's idle timeouts to a Sandbox that is not
+// a warm pool member, after settlePaused recorded its live container ct
+// (nil when its container exited: then only idle deletion applies): it
+// persists the last activity (throttled), pauses the container once
+// idlePauseSeconds passed (Paused=True, reason Idle; Ready stays True), and
+// marks the Sandbox for deletion once idleDeleteSeconds passed. It returns
+// when to look again.
+func (r *SandboxReconciler) applyIdle(ctx context.Context, sbx *sandboxv1alpha1.Sandbox, ct *dockerruntime.Container, result ctrl.Result) (ctrl.Result, error) {
 	e := r.activity.entry(sbx.UID)
 	e.mu.Lock()
 	defer e.mu.Unlock()
@@ -242,7 +243,7 @@ func (r *SandboxReconciler) applyIdle(ctx context.Context, sbx *sandboxv1alpha1.
 		}
 		result = soonest(result, after-idle)
 	}
-	if lc.IdlePauseSeconds == nil || sbx.Spec.Paused {
+	if lc.IdlePauseSeconds == nil || sbx.Spec.Paused || ct == nil {
 		return result, nil
 	}
 	after := time.Duration(*lc.IdlePauseSeconds) * time.Second

@@ -16,6 +16,7 @@ import (
 	"k8s.io/utils/ptr"
 
 	sandboxv1alpha1 "github.com/code-sandbox/code-sandbox-operator/api/v1alpha1"
+	"github.com/code-sandbox/code-sandbox-operator/internal/dockerruntime"
 )
 
 // The idle policy on the fake clock: exact times, which the envtest specs
@@ -121,6 +122,22 @@ var _ = Describe("Reconcile, idle policy (unit)", Label("unit"), func() {
 		Expect(s.DeletionTimestamp).NotTo(BeNil())
 		Expect(s.Status.LastActivityTime).NotTo(BeNil())
 		Expect(e.events()).To(ContainElement("Normal " + EventReasonDeleted))
+	})
+
+	It("deletes an idle Sandbox whose container exited, and never pauses it", func() {
+		e := newUnitEnv(unitSandbox(true, withLifecycle(10, 60)))
+		e.mustReconcile()
+		ids := e.rt.ids(unitUID)
+		Expect(ids).To(HaveLen(1))
+		e.rt.setState(ids[0], dockerruntime.ContainerState{Status: "exited", ExitCode: 1})
+		e.clk.Step(30 * time.Second)
+		res := e.mustReconcile()
+		Expect(ready(e.get())).To(Equal("False/" + sandboxv1alpha1.SandboxReasonContainerExited))
+		Expect(e.rt.callsWith("pause ")).To(BeEmpty())
+		Expect(res.RequeueAfter).To(Equal(30*time.Second), "the next look is when the idle delete is due")
+		e.clk.Step(30 * time.Second)
+		e.mustReconcile()
+		Expect(e.get().DeletionTimestamp).NotTo(BeNil())
 	})
 
 	It("deletes an expired Sandbox with shutdownPolicy Delete, and keeps it with Retain", func() {

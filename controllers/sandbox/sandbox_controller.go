@@ -366,7 +366,11 @@ func (r *SandboxReconciler) reconcile(ctx context.Context, sbx *sandboxv1alpha1.
 			r.setReady(sbx, metav1.ConditionFalse, sandboxv1alpha1.SandboxReasonContainerExited, msg)
 		}
 		// Sandboxes are not restarted in place: the agent's state is gone.
-		return ctrl.Result{RequeueAfter: requeueAfter}, nil
+		// Nobody can use it any more, so an idle timeout still ends it.
+		if role.kind == poolMember {
+			return ctrl.Result{RequeueAfter: requeueAfter}, nil
+		}
+		return r.applyIdle(ctx, sbx, nil, ctrl.Result{RequeueAfter: requeueAfter})
 	default:
 		// restarting or removing: transient; look again shortly.
 		r.setReady(sbx, metav1.ConditionFalse, sandboxv1alpha1.SandboxReasonProvisioning, "container is "+ct.State.Status)
@@ -448,7 +452,7 @@ func (r *SandboxReconciler) settlePaused(ctx context.Context, sbx *sandboxv1alph
 		// claimant's idle clock starts at the claim (status.startTime).
 		return result, nil
 	}
-	return r.applyIdle(ctx, sbx, ct, result)
+	return r.applyIdle(ctx, sbx, &ct, result)
 }
 
 // verifyMemberContainer checks, before a Sandbox adopts the container of
