@@ -29,6 +29,7 @@ import (
 	. "github.com/onsi/gomega"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	sandboxv1alpha1 "github.com/code-sandbox/code-sandbox-operator/api/v1alpha1"
@@ -363,6 +364,43 @@ var _ = Describe("Node API", Ordered, ContinueOnFailure, func() {
 				}
 				g.Expect(res.status).To(Equal(http.StatusOK))
 			}, 10*time.Second, 100*time.Millisecond).Should(Succeed())
+		})
+
+		It("thaws a Sandbox the manager paused for idleness (spec.lifecycle) and runs the exec in it, its processes and files kept", func() {
+			idle := waitReady(createSandbox(ns, uniqueName("idle"), func(s *sandboxv1alpha1.Sandbox) {
+				s.Spec.Command = []string{"sh", "-c", "echo kept > /app/f; exec sleep 3600"}
+				s.Spec.Lifecycle = &sandboxv1alpha1.SandboxLifecycle{IdlePauseSeconds: ptr.To[int64](1)}
+			}))
+			idlePaused := func() string {
+				c := meta.FindStatusCondition(getSandbox(idle).Status.Conditions, string(sandboxv1alpha1.SandboxConditionPaused))
+				if c == nil {
+					return ""
+				}
+				return string(c.Status) + "/" + c.Reason
+			}
+			before := api.exec(ns, idle.Name, execio.Request{Command: []string{"pidof", "sleep"}})
+			Expect(before.status).To(Equal(http.StatusOK), before.stdout.String())
+			Expect(before.stdout.String()).NotTo(BeEmpty())
+			Eventually(idlePaused, 30*time.Second, 100*time.Millisecond).Should(Equal("True/Idle"))
+			ct, err := docker.Inspect(context.Background(), idle.Status.ContainerID)
+			Expect(err).NotTo(HaveOccurred())
+			Expect(ct.State.Paused).To(BeTrue())
+
+			res := api.exec(ns, idle.Name, execio.Request{Command: []string{"cat", "/app/f"}})
+			Expect(res.status).To(Equal(http.StatusOK), res.stdout.String())
+			Expect(res.result.ExitCode).To(BeZero())
+			Expect(res.stdout.String()).To(Equal("kept\n"))
+			Expect(getSandbox(idle).Status.ContainerID).To(Equal(idle.Status.ContainerID), "the same container, not a new one")
+			res = api.exec(ns, idle.Name, execio.Request{Command: []string{"pidof", "sleep"}})
+			Expect(res.status).To(Equal(http.StatusOK), res.stdout.String())
+			Expect(res.stdout.String()).To(Equal(before.stdout.String()), "the sandbox's main process did not survive the idle pause")
+			// The exec is the Sandbox's last activity, persisted by the manager.
+			Eventually(func() *metav1.Time { return getSandbox(idle).Status.LastActivityTime }, 10*time.Second, 100*time.Millisecond).ShouldNot(BeNil())
+			// Left alone, it idles out again, and the next exec thaws it again.
+			Eventually(idlePaused, 30*time.Second, 100*time.Millisecond).Should(Equal("True/Idle"))
+			res = api.exec(ns, idle.Name, execio.Request{Command: []string{"echo", "again"}})
+			Expect(res.status).To(Equal(http.StatusOK), res.stdout.String())
+			Expect(res.stdout.String()).To(Equal("again\n"))
 		})
 
 		It("refuses a container that is not the Sandbox's own, whatever status.containerID says", func() {
