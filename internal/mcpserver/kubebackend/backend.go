@@ -6,8 +6,13 @@
 // identities (--auth kubernetes), every operation is first put to a
 // SubjectAccessReview for the caller, so RBAC decides what each caller may
 // do; ownership labels then keep one identity's sandboxes invisible to
-// another. The bookkeeping (this instance's registry, limits, reaping) is the
-// session package's: this package is its Kubernetes driver.
+// another. Nothing about the Sandboxes lives in the process (the session
+// Manager runs Stateless): any replica finds, lists and counts an identity's
+// Sandboxes through its informer cache (cache.go), holds the identity to
+// --max-sandboxes exactly through a reservation record in the API
+// (reservation.go), and leaves idle pausing, idle deletion and expiry to the
+// node managers (spec.lifecycle). A replica's start or stop changes nothing
+// for the agents.
 package kubebackend
 
 import (
@@ -94,13 +99,16 @@ type Options struct {
 	// (empty: the CRD's defaults).
 	PullPolicy sandboxv1alpha1.ImagePullPolicy
 	Runtime    sandboxv1alpha1.RuntimeClass
-	// MaxSandboxes bounds the Sandboxes one identity may have at once.
+	// MaxSandboxes bounds the Sandboxes one identity may have at once,
+	// across every replica (reservation.go).
 	MaxSandboxes int
-	// IdleTimeout deletes a Sandbox of this instance nobody used this long.
+	// IdleTimeout deletes a Sandbox nobody used this long: written to its
+	// spec.lifecycle.idleDeleteSeconds, and the node manager acts on it.
 	IdleTimeout time.Duration
-	// IdlePause, when set, pauses a Sandbox of this instance nobody used
-	// for this long (spec.paused); its next exec or file transfer resumes
-	// it. It must be shorter than IdleTimeout.
+	// IdlePause, when set, pauses a Sandbox nobody used for this long
+	// (spec.lifecycle.idlePauseSeconds, enforced by the node manager, which
+	// also thaws it on the next exec or file transfer). It must be shorter
+	// than IdleTimeout.
 	IdlePause time.Duration
 	// ReadyTimeout bounds sandbox_initialize's wait for Ready.
 	ReadyTimeout time.Duration
@@ -345,15 +353,18 @@ func (b *driver) sandboxSpec(caller contract.Caller, name string, req contract.C
 		},
 	}
 	if req.Lifetime > 0 {
-		secs := int64((min(req.Lifetime, maxActiveDeadline) + time.Second - 1) / time.Second)
+		secs := seconds(req.Lifetime)
 		sbx.Spec.ActiveDeadlineSeconds = &secs
 	}
+	sbx.Spec.Lifecycle = b.lifecycle()
 	if b.claimsFromPool(req) {
-		// The pool's template decides the image and the shape.
+		// The pool's template decides the image and the shape; the
+		// lifecycle is the claimant's own.
 		sbx.Spec = sandboxv1alpha1.SandboxSpec{
 			WarmPoolRef:           &sandboxv1alpha1.WarmPoolReference{Name: b.opts.WarmPool},
 			NodeName:              b.opts.NodeName,
 			ActiveDeadlineSeconds: sbx.Spec.ActiveDeadlineSeconds,
+			Lifecycle:             sbx.Spec.Lifecycle,
 		}
 		return sbx
 	}
@@ -367,6 +378,33 @@ func (b *driver) sandboxSpec(caller contract.Caller, name string, req contract.C
 		sbx.Spec.Resources.Memory = resource.NewQuantity(req.MemoryBytes, resource.BinarySI)
 	}
 	return sbx
+}
+
+// seconds is d in whole seconds, rounded up, at most the CRD's ceiling.
+func seconds(d time.Duration) int64 {
+	return int64((min(d, maxActiveDeadline) + time.Second - 1) / time.Second)
+}
+
+// lifecycle is spec.lifecycle of every Sandbox this backend creates: the node
+// manager that runs it pauses it after --idle-pause and deletes it after
+// --idle-timeout without an exec, file transfer or log read (through any
+// replica: the node API sees them all), and deletes it once its
+// activeDeadlineSeconds (--max-lifetime) passes. No MCP process keeps an
+// idle clock, so a replica's stop or restart changes nothing for them.
+func (b *driver) lifecycle() *sandboxv1alpha1.SandboxLifecycle {
+	lc := &sandboxv1alpha1.SandboxLifecycle{ShutdownPolicy: sandboxv1alpha1.ShutdownDelete}
+	idle := b.opts.IdleTimeout
+	if idle <= 0 {
+		idle = DefaultIdleTimeout
+	}
+	del := seconds(idle)
+	lc.IdleDeleteSeconds = &del
+	if b.opts.IdlePause > 0 {
+		if pause := seconds(b.opts.IdlePause); pause < del {
+			lc.IdlePauseSeconds = &pause
+		}
+	}
+	return lc
 }
 
 // claimsFromPool reports whether req is a default create, which the warm
@@ -577,6 +615,11 @@ func view(sbx *sandboxv1alpha1.Sandbox) contract.Sandbox {
 		MemoryBytes: sandboxv1alpha1.DefaultMemoryBytes,
 		CreatedAt:   sbx.CreationTimestamp.Time,
 		LastUsedAt:  sbx.CreationTimestamp.Time,
+	}
+	if t := sbx.Status.LastActivityTime; t != nil {
+		// The node manager's record, whichever replica the calls came
+		// through.
+		s.LastUsedAt = t.Time
 	}
 	if sbx.Spec.Network.Mode == sandboxv1alpha1.NetworkEgress {
 		s.Network = contract.NetworkEgress

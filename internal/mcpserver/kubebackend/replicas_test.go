@@ -20,6 +20,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	sandboxv1alpha1 "github.com/code-sandbox/code-sandbox-operator/api/v1alpha1"
@@ -49,6 +50,7 @@ var _ = Describe("Backend replicas on one API server", Ordered, func() {
 		replica = func(maxSandboxes int) *Backend {
 			GinkgoHelper()
 			b, err := New(Options{Config: cp.Config, Namespace: ns, MaxSandboxes: maxSandboxes,
+				IdleTimeout: 10 * time.Minute, IdlePause: 90 * time.Second,
 				ReadyTimeout: 30 * time.Second, StopTimeout: 10 * time.Second,
 				Logger: slog.New(slog.NewTextHandler(GinkgoWriter, nil))})
 			Expect(err).NotTo(HaveOccurred())
@@ -80,12 +82,26 @@ var _ = Describe("Backend replicas on one API server", Ordered, func() {
 
 	It("serves a sandbox made on A from B, keeps it when A stops, and hides it from others", func() {
 		a, b := replica(3), replica(3)
-		sb, err := a.Create(ctx, alice, contract.CreateRequest{Image: "busybox:1"})
+		sb, err := a.Create(ctx, alice, contract.CreateRequest{Image: "busybox:1", Lifetime: time.Hour})
 		Expect(err).NotTo(HaveOccurred())
+		// Its lifetimes are the node manager's to enforce, not a replica's.
+		var obj sandboxv1alpha1.Sandbox
+		Expect(cp.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: sb.ID}, &obj)).To(Succeed())
+		Expect(obj.Spec.Lifecycle).To(HaveValue(Equal(sandboxv1alpha1.SandboxLifecycle{
+			IdlePauseSeconds: ptr.To[int64](90), IdleDeleteSeconds: ptr.To[int64](600), ShutdownPolicy: sandboxv1alpha1.ShutdownDelete})))
+		Expect(obj.Spec.ActiveDeadlineSeconds).To(HaveValue(BeEquivalentTo(3600)))
 
 		got, err := b.Get(ctx, alice, sb.ID)
 		Expect(err).NotTo(HaveOccurred(), "replica B does not know a sandbox replica A made")
 		Expect(got.Status).To(Equal("running"))
+		// The last use any replica reports is the node manager's record.
+		used := metav1.NewTime(time.Now().Add(-time.Minute).Truncate(time.Second))
+		obj.Status.LastActivityTime = &used
+		Expect(cp.Client.Status().Update(ctx, &obj)).To(Succeed())
+		Eventually(func() (time.Time, error) {
+			got, err := b.Get(ctx, alice, sb.ID)
+			return got.LastUsedAt, err
+		}).Should(BeTemporally("==", used.Time))
 		Eventually(func() ([]string, error) {
 			list, err := b.List(ctx, alice)
 			ids := make([]string, 0, len(list))
