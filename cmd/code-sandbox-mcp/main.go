@@ -213,7 +213,7 @@ func newFlagSet(o *mcpmain.Config, showVersion *bool) *flag.FlagSet {
 	fs.Float64Var(&o.RateLimit, "rate-limit", o.RateLimit, "HTTP requests per second per identity, with bursts of twice that (429 beyond); 0 disables")
 	fs.IntVar(&o.MaxRequestsPerPeer, "max-requests-per-peer", o.MaxRequestsPerPeer, "HTTP requests one remote address (IPv4, or IPv6 /64) may have in flight at once, GET streams included (429 beyond); 0 disables. Behind a reverse proxy every client shares the proxy's address")
 	fs.IntVar(&o.AuthFailuresPerMinute, "auth-failures-per-minute", o.AuthFailuresPerMinute, "failed HTTP authentications one remote address may cause per minute (a bucket of that size); beyond it the address gets 429 before its token is checked (no TokenReview); 0 disables")
-	fs.IntVar(&o.MaxSessionsPerIdentity, "max-sessions-per-identity", o.MaxSessionsPerIdentity, "open MCP sessions one identity may have over HTTP (an initialize beyond it gets 429); 0 disables")
+	fs.IntVar(&o.MaxSessionsPerIdentity, "max-sessions-per-identity", o.MaxSessionsPerIdentity, "open MCP sessions one identity may have over HTTP on this replica (an initialize beyond it gets 429); 0 disables")
 	fs.DurationVar(&o.HTTPReadHeaderTimeout, "http-read-header-timeout", o.HTTPReadHeaderTimeout, "how long a client may take to send an HTTP request's headers")
 	fs.DurationVar(&o.HTTPReadTimeout, "http-read-timeout", o.HTTPReadTimeout, "how long a client may take to send a whole HTTP request, body included (responses, such as SSE streams, are not limited)")
 	fs.DurationVar(&o.HTTPIdleTimeout, "http-idle-timeout", o.HTTPIdleTimeout, "how long an idle keep-alive HTTP connection is kept open")
@@ -227,7 +227,7 @@ func newFlagSet(o *mcpmain.Config, showVersion *bool) *flag.FlagSet {
 	fs.BoolVar(&o.AllowEgress, "allow-egress", o.AllowEgress, "let sandbox_initialize ask for network \"egress\"")
 	fs.Var((*listFlag)(&o.EgressAllowCIDRs), "egress-allow-cidr", "with --allow-egress and the docker backend: IPv4 CIDR egress sandboxes may reach although private or link-local (repeatable; default: none). The docker backend installs the egress iptables rules (needs root) unless a node manager owns them")
 	fs.Var((*listFlag)(&o.HostDirs), "allow-host-dir", "host directory copy_project, copy_file and copy_file_from_sandbox may use (repeatable; default: none). Over HTTP each identity gets its own subdirectory of it")
-	fs.StringVar(&o.OwnerKeyFile, "owner-key-file", o.OwnerKeyFile, "file holding the secret key (at least 16 bytes, e.g. openssl rand -hex 32) of the identity hashes that label sandboxes (sandbox.code-sandbox.dev/mcp-owner) and name per-identity host directories; share it between instances and keep it across restarts. Missing: a random key for this process")
+	fs.StringVar(&o.OwnerKeyFile, "owner-key-file", o.OwnerKeyFile, "file holding the secret key (at least 16 bytes, e.g. openssl rand -hex 32) of the identity hashes that label sandboxes (sandbox.code-sandbox.dev/mcp-owner) and name per-identity host directories, and of the MCP session IDs; share it between instances and keep it across restarts. Missing: a random key for this process")
 
 	fs.DurationVar(&o.CommandTimeout, "command-timeout", o.CommandTimeout, "default timeout of one command")
 	fs.DurationVar(&o.MaxCommandTimeout, "max-command-timeout", o.MaxCommandTimeout, "largest timeout_seconds a call may ask for")

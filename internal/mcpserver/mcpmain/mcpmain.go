@@ -165,7 +165,7 @@ func serveWith(o Config, logger *slog.Logger, newCtx func() (context.Context, co
 		cctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 		defer cancel()
 		if err := backend.Close(cctx); err != nil {
-			logger.Error("removing this server's sandboxes at exit", "error", err)
+			logger.Error("closing the backend at exit (docker: removing this server's sandboxes)", "error", err)
 		}
 	}()
 	attrs := []any{"version", version.Version, "backend", o.Backend, "instance", backend.InstanceID(),
@@ -200,7 +200,7 @@ func loadOwnerKey(o Config, logger *slog.Logger) error {
 		}
 	}
 	if generated && (o.Backend == "kubernetes" || (o.HTTPAddr != "" && len(o.HostDirs) > 0)) {
-		logger.Warn("no owner key (--owner-key-file): using a random key of this process, so after a restart it no longer recognizes the Sandboxes and per-identity host directories of earlier runs, and other instances never do",
+		logger.Warn("no owner key (--owner-key-file): using a random key of this process, so after a restart it no longer recognizes the Sandboxes, per-identity host directories and MCP session IDs of earlier runs, and other instances (replicas) never do",
 			"owner_key_file", o.OwnerKeyFile)
 	}
 	return nil
