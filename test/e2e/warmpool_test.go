@@ -24,6 +24,7 @@ import (
 
 	"github.com/code-sandbox/code-sandbox-operator/internal/execio"
 	"github.com/code-sandbox/code-sandbox-operator/internal/sandboxclient"
+	"github.com/code-sandbox/code-sandbox-operator/test/framework"
 )
 
 // A SandboxWarmPool driven with kubectl as a user would: the pool controller
@@ -38,7 +39,7 @@ var _ = Describe("warm pools (SandboxWarmPool)", Ordered, func() {
 		namespace = "warm-pool-e2e"
 		pool      = "py-pool"
 		claimant  = "agent-42"
-		poolLabel = labelPrefix + "warm-pool"
+		poolLabel = framework.LabelPrefix + "warm-pool"
 	)
 	var (
 		// member is the member whose container the claimant took over,
@@ -127,19 +128,7 @@ var _ = Describe("warm pools (SandboxWarmPool)", Ordered, func() {
 	}, NodeTimeout(time.Minute))
 
 	It("fills a pool of two with idle (paused) members and shows it with kubectl get swp", func(ctx SpecContext) {
-		manifest := fmt.Sprintf(`apiVersion: sandbox.code-sandbox.dev/v1alpha1
-kind: SandboxWarmPool
-metadata:
-  name: %s
-  namespace: %s
-spec:
-  replicas: 2
-  template:
-    image: %s
-    imagePullPolicy: Never
-`, pool, namespace, sampleImage)
-		_, err := runWithStdin(ctx, repoRoot, strings.NewReader(manifest), "kubectl", "--kubeconfig", kubeconfig, "apply", "-f", "-")
-		Expect(err).NotTo(HaveOccurred())
+		Expect(kube().Apply(ctx, framework.WarmPoolManifest(pool, namespace, sampleImage, 2))).To(Succeed())
 		Eventually(func() (string, error) {
 			return get(ctx, "swp/"+pool, "{.status.readyReplicas}")
 		}).WithContext(ctx).WithTimeout(2*time.Minute).WithPolling(time.Second).Should(Equal("2"), func() string { return describe(ctx) })
