@@ -161,8 +161,7 @@ spec:
 `, claimant, namespace, pool)
 		_, err = runWithStdin(ctx, repoRoot, strings.NewReader(manifest), "kubectl", "--kubeconfig", kubeconfig, "apply", "-f", "-")
 		Expect(err).NotTo(HaveOccurred())
-		_, err = kubectl(ctx, ns("wait", "--for=condition=Ready", "sandbox/"+claimant, "--timeout=90s")...)
-		Expect(err).NotTo(HaveOccurred(), "the claimant did not become Ready:\n%s", describe(ctx))
+		kube().WaitSandboxesReady(ctx, namespace, 90*time.Second, func() string { return describe(ctx) }, claimant)
 
 		out, err := get(ctx, "sandbox/"+claimant,
 			`{.status.conditions[?(@.type=="WarmPoolClaim")].status} {.status.conditions[?(@.type=="WarmPoolClaim")].reason} {.status.warmPool.member.name} {.status.warmPool.member.uid} {.status.containerID}`)
