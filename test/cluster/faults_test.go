@@ -21,7 +21,7 @@ import (
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
 
-	"github.com/code-sandbox/code-sandbox-operator/test/framework"
+	"github.com/code-sandbox/code-sandbox-operator/internal/testenv/framework"
 )
 
 // nodeLostReason is api/v1alpha1.SandboxReasonNodeLost.

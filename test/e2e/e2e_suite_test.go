@@ -45,7 +45,7 @@ import (
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
-	"github.com/code-sandbox/code-sandbox-operator/test/framework"
+	"github.com/code-sandbox/code-sandbox-operator/internal/testenv/framework"
 )
 
 const (

@@ -19,7 +19,7 @@ import (
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
 
-	"github.com/code-sandbox/code-sandbox-operator/test/framework"
+	"github.com/code-sandbox/code-sandbox-operator/internal/testenv/framework"
 )
 
 // The sample is the first thing a new user applies, so it is what the

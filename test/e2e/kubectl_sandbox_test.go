@@ -26,8 +26,8 @@ import (
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
 
+	"github.com/code-sandbox/code-sandbox-operator/internal/testenv/framework"
 	"github.com/code-sandbox/code-sandbox-operator/internal/testenv/fstree"
-	"github.com/code-sandbox/code-sandbox-operator/test/framework"
 )
 
 // The kubectl plugin, built from the tree, driven as a user would:

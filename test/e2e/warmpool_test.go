@@ -24,7 +24,7 @@ import (
 
 	"github.com/code-sandbox/code-sandbox-operator/internal/execio"
 	"github.com/code-sandbox/code-sandbox-operator/internal/sandboxclient"
-	"github.com/code-sandbox/code-sandbox-operator/test/framework"
+	"github.com/code-sandbox/code-sandbox-operator/internal/testenv/framework"
 )
 
 // A SandboxWarmPool driven with kubectl as a user would: the pool controller
