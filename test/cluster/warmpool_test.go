@@ -282,19 +282,7 @@ func warmPoolSpecs() {
 			Expect(formerCIDs).To(HaveLen(2))
 
 			start := time.Now()
-			Expect(kubectlApply(ctx, fmt.Sprintf(`apiVersion: sandbox.code-sandbox.dev/v1alpha1
-kind: Sandbox
-metadata:
-  name: %s
-  namespace: %s
-spec:
-  warmPoolRef:
-    name: %s
-  env:
-  - name: TASK_ID
-    value: %q
-  activeDeadlineSeconds: 1800
-`, claimant, ns, pool, taskID))).To(Succeed())
+			Expect(kubectlApply(ctx, framework.ClaimManifest(claimant, ns, pool, taskID, 1800))).To(Succeed())
 			waitSandboxesReady(ctx, ns, 120*time.Second, claimant)
 			AddReportEntry("warm claim apply-to-Ready (kubectl)", time.Since(start).Round(time.Millisecond).String())
 

@@ -146,21 +146,7 @@ var _ = Describe("warm pools (SandboxWarmPool)", Ordered, func() {
 		idle, err := idleMembers(ctx)
 		Expect(err).NotTo(HaveOccurred())
 		Expect(idle).To(HaveLen(2))
-		manifest := fmt.Sprintf(`apiVersion: sandbox.code-sandbox.dev/v1alpha1
-kind: Sandbox
-metadata:
-  name: %s
-  namespace: %s
-spec:
-  warmPoolRef:
-    name: %s
-  env:
-  - name: TASK_ID
-    value: "42"
-  activeDeadlineSeconds: 600
-`, claimant, namespace, pool)
-		_, err = runWithStdin(ctx, repoRoot, strings.NewReader(manifest), "kubectl", "--kubeconfig", kubeconfig, "apply", "-f", "-")
-		Expect(err).NotTo(HaveOccurred())
+		Expect(kube().Apply(ctx, framework.ClaimManifest(claimant, namespace, pool, "42", 600))).To(Succeed())
 		kube().WaitSandboxesReady(ctx, namespace, 90*time.Second, func() string { return describe(ctx) }, claimant)
 
 		out, err := get(ctx, "sandbox/"+claimant,

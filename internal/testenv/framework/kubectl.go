@@ -113,3 +113,21 @@ spec:
     imagePullPolicy: Never
 `, name, ns, replicas, image)
 }
+
+// ClaimManifest is a Sandbox that claims a member of warm pool pool, with
+// TASK_ID=taskID in its env and an activeDeadlineSeconds of deadline.
+func ClaimManifest(name, ns, pool, taskID string, deadline int) string {
+	return fmt.Sprintf(`apiVersion: sandbox.code-sandbox.dev/v1alpha1
+kind: Sandbox
+metadata:
+  name: %s
+  namespace: %s
+spec:
+  warmPoolRef:
+    name: %s
+  env:
+  - name: TASK_ID
+    value: %q
+  activeDeadlineSeconds: %d
+`, name, ns, pool, taskID, deadline)
+}
