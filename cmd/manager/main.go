@@ -88,7 +88,7 @@ func run() error {
 	flag.StringVar(&nodeName, "node-name", os.Getenv("NODE_NAME"), "Name of the node this manager runs on (default $NODE_NAME). Required.")
 	flag.StringVar(&dockerHost, "docker-host", os.Getenv("DOCKER_HOST"), "Docker Engine endpoint (default $DOCKER_HOST, else unix:///var/run/docker.sock).")
 	flag.IntVar(&maxSandboxes, "max-sandboxes", 50, "Most Sandboxes this node runs at once; unbound Sandboxes beyond it are left to other nodes.")
-	flag.DurationVar(&stopGrace, "stop-grace-period", 10*time.Second, "Time between SIGTERM and SIGKILL when a sandbox is deleted.")
+	flag.DurationVar(&stopGrace, "stop-grace-period", sandboxv1alpha1.DefaultStopGracePeriod, "Time between SIGTERM and SIGKILL when a sandbox is deleted.")
 	flag.DurationVar(&dockerTimeout, "docker-timeout", 30*time.Second, "Timeout for each Docker API call (image pulls use --pull-timeout).")
 	flag.DurationVar(&pullTimeout, "pull-timeout", 5*time.Minute, "Timeout for one image pull.")
 	flag.DurationVar(&orphanGCInterval, "orphan-gc-interval", time.Minute, "How often to remove containers whose Sandbox no longer exists (also done at start-up).")

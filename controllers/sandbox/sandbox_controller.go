@@ -50,7 +50,8 @@ type Options struct {
 	NodeName string
 	// MaxSandboxes is how many Sandboxes this node runs at once.
 	MaxSandboxes int
-	// StopGracePeriod is the time between SIGTERM and SIGKILL on delete.
+	// StopGracePeriod is the time between SIGTERM and SIGKILL on delete;
+	// zero means sandboxv1alpha1.DefaultStopGracePeriod.
 	StopGracePeriod time.Duration
 	// MaxConcurrentReconciles bounds parallel reconciles (and Docker calls).
 	MaxConcurrentReconciles int
@@ -89,7 +90,7 @@ func (o *Options) defaults() {
 		o.MaxSandboxes = 50
 	}
 	if o.StopGracePeriod <= 0 {
-		o.StopGracePeriod = 10 * time.Second
+		o.StopGracePeriod = sandboxv1alpha1.DefaultStopGracePeriod
 	}
 	if o.MaxConcurrentReconciles <= 0 {
 		o.MaxConcurrentReconciles = 4

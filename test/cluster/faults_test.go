@@ -20,6 +20,8 @@ import (
 
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
+
+	"github.com/code-sandbox/code-sandbox-operator/internal/testenv/framework"
 )
 
 // nodeLostReason is api/v1alpha1.SandboxReasonNodeLost.
@@ -125,17 +127,7 @@ spec:
 			}
 			Eventually(used).WithContext(ctx).WithTimeout(time.Minute).Should(Equal("3"))
 
-			Expect(kubectlApply(ctx, fmt.Sprintf(`apiVersion: sandbox.code-sandbox.dev/v1alpha1
-kind: SandboxWarmPool
-metadata:
-  name: %s
-  namespace: %s
-spec:
-  replicas: 2
-  template:
-    image: %s
-    imagePullPolicy: Never
-`, pool, poolNS, sampleImage))).To(Succeed())
+			Expect(kubectlApply(ctx, framework.WarmPoolManifest(pool, poolNS, sampleImage, 2))).To(Succeed())
 			idleNodes := func(ctx context.Context) ([]string, error) {
 				return withCondition(ctx, "sandboxes", poolNS, warmPoolLabel+"="+pool, "Paused", ".status.nodeName")
 			}

@@ -196,7 +196,7 @@ func connectMCP(ctx context.Context, token string) *mcp.ClientSession {
 	GinkgoHelper()
 	client := mcp.NewClient(&mcp.Implementation{Name: "cluster-e2e", Version: "1"}, nil)
 	base := serviceHTTPClient(ctx)
-	hc := &http.Client{Transport: bearer{token: token, base: base.Transport}}
+	hc := &http.Client{Transport: mcpclient.Bearer{Token: token, Base: base.Transport}}
 	var sess *mcp.ClientSession
 	// The Service may still be settling on a new pod.
 	Eventually(func() error {
@@ -210,33 +210,13 @@ func connectMCP(ctx context.Context, token string) *mcp.ClientSession {
 	return sess
 }
 
-type bearer struct {
-	token string
-	base  http.RoundTripper
-}
-
-func (b bearer) RoundTrip(r *http.Request) (*http.Response, error) {
-	r = r.Clone(r.Context())
-	r.Header.Set("Authorization", "Bearer "+b.token)
-	return b.base.RoundTrip(r)
-}
-
-func mcpCall(ctx context.Context, s *mcp.ClientSession, name string, args map[string]any) *mcp.CallToolResult {
-	GinkgoHelper()
-	res, err := s.CallTool(ctx, &mcp.CallToolParams{Name: name, Arguments: args})
-	Expect(err).NotTo(HaveOccurred(), "calling %s", name)
-	return res
-}
-
-func mcpText(res *mcp.CallToolResult) string { return mcpclient.Text(res) }
+// The MCP client helpers the suites share (internal/testenv/mcpclient).
+var (
+	mcpCall = mcpclient.Call
+	mcpText = mcpclient.Text
+)
 
 func mcpInit(ctx context.Context, s *mcp.ClientSession) string {
 	GinkgoHelper()
-	res := mcpCall(ctx, s, "sandbox_initialize", map[string]any{"image": sampleImage})
-	Expect(res.IsError).To(BeFalse(), mcpText(res))
-	m, ok := res.StructuredContent.(map[string]any)
-	Expect(ok).To(BeTrue(), "structured content is %T: %s", res.StructuredContent, mcpText(res))
-	id, _ := m["container_id"].(string)
-	Expect(id).NotTo(BeEmpty())
-	return id
+	return mcpclient.Initialize(ctx, s, map[string]any{"image": sampleImage})
 }

@@ -20,6 +20,8 @@ import (
 
 	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
+
+	"github.com/code-sandbox/code-sandbox-operator/internal/testenv/mcpclient"
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
 )
@@ -94,7 +96,7 @@ var _ = Describe("code-sandbox-mcp over streamable HTTP in both MCP revisions", 
 
 	connect := func(ctx context.Context, revision string, opts *mcp.ClientOptions) (*mcp.ClientSession, *wireLog) {
 		GinkgoHelper()
-		wire := &wireLog{base: bearer{token: tokenA, base: http.DefaultTransport}}
+		wire := &wireLog{base: mcpclient.Bearer{Token: tokenA, Base: http.DefaultTransport}}
 		client := mcp.NewClient(&mcp.Implementation{Name: "e2e-revisions", Version: "1"}, opts)
 		sess, err := client.Connect(ctx, &mcp.StreamableClientTransport{Endpoint: srv.url, HTTPClient: &http.Client{Transport: wire}, MaxRetries: -1},
 			&mcp.ClientSessionOptions{ProtocolVersion: revision})

@@ -73,7 +73,8 @@ const (
 	DefaultReadyTimeout = 2 * time.Minute
 	// DefaultStopTimeout bounds the wait for a deleted Sandbox to be gone:
 	// the manager holds its finalizer until the container is removed,
-	// after a 10 s grace period by default.
+	// after the manager's --stop-grace-period
+	// (sandboxv1alpha1.DefaultStopGracePeriod, 10 s) by default.
 	DefaultStopTimeout = 30 * time.Second
 	// maxActiveDeadline is the CRD's ceiling on activeDeadlineSeconds.
 	maxActiveDeadline = 30 * 24 * time.Hour
