@@ -14,6 +14,7 @@ import (
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	authenticationv1 "k8s.io/api/authentication/v1"
 	coordinationv1 "k8s.io/api/coordination/v1"
+	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
@@ -213,5 +214,35 @@ var _ = Describe("The MCP reservation Lease policy of the default overlay, appli
 		refused(dave.Update(ctx, &l), "update")
 		refused(dave.Delete(ctx, &l), "delete")
 		Expect(dave.Create(ctx, lease("someone-elses-lease"))).To(Succeed(), "another Lease is not the policy's business")
+	})
+
+	It("keeps the namespace deletable: a delete-collection is checked per item, and a namespace being deleted is emptied", func(ctx SpecContext) {
+		const record = "mcp-sandboxes-id-fedcba9876543210"
+		Expect(mcp.Create(ctx, lease(record))).To(Succeed())
+		Expect(dave.Create(ctx, lease("other-lease"))).To(Succeed())
+		// The collection-level check has no name, and neither have its
+		// items' checks: each record is still refused by the object's name.
+		err := dave.DeleteAllOf(ctx, &coordinationv1.Lease{}, client.InNamespace(ns))
+		Expect(err).To(MatchError(ContainSubstring("may not delete Lease " + ns + "/mcp-sandboxes-")))
+		Expect(err).NotTo(MatchError(ContainSubstring("no such key")))
+		var l coordinationv1.Lease
+		Expect(mcp.Get(ctx, client.ObjectKey{Namespace: ns, Name: record}, &l)).To(Succeed(), "the record was deleted in a live namespace")
+
+		// envtest runs no namespace controller: the namespace stays
+		// Terminating, and deleting its contents is what that controller
+		// (any user, for the policy) then does.
+		var nsObj corev1.Namespace
+		Expect(cp.Client.Get(ctx, client.ObjectKey{Name: ns}, &nsObj)).To(Succeed())
+		Expect(cp.Client.Delete(ctx, &nsObj)).To(Succeed())
+		Eventually(func(g Gomega) {
+			g.Expect(cp.Client.Get(ctx, client.ObjectKey{Name: ns}, &nsObj)).To(Succeed())
+			g.Expect(nsObj.DeletionTimestamp).NotTo(BeNil())
+		}).WithContext(ctx).WithTimeout(30 * time.Second).Should(Succeed())
+		// The policy reads the namespace from the API server's informer,
+		// which may lag the delete by a moment.
+		Eventually(func() error {
+			return dave.DeleteAllOf(ctx, &coordinationv1.Lease{}, client.InNamespace(ns))
+		}).WithContext(ctx).WithTimeout(30 * time.Second).Should(Succeed())
+		Expect(apierrors.IsNotFound(mcp.Get(ctx, client.ObjectKey{Namespace: ns, Name: record}, &l))).To(BeTrue(), "the record outlived its namespace's teardown")
 	})
 })
