@@ -176,7 +176,7 @@ func newFlagSet(o *mcpmain.Config, showVersion *bool) *flag.FlagSet {
 	fs.Float64Var(&o.RateLimit, "rate-limit", o.RateLimit, "HTTP requests per second per identity, with bursts of twice that (429 beyond); 0 disables")
 	fs.IntVar(&o.MaxRequestsPerPeer, "max-requests-per-peer", o.MaxRequestsPerPeer, "HTTP requests one remote address (IPv4, or IPv6 /64) may have in flight at once, GET streams included (429 beyond); 0 disables. Behind a reverse proxy every client shares the proxy's address")
 	fs.IntVar(&o.AuthFailuresPerMinute, "auth-failures-per-minute", o.AuthFailuresPerMinute, "failed HTTP authentications one remote address may cause per minute (a bucket of that size); beyond it the address gets 429 before its token is checked (no TokenReview); 0 disables")
-	fs.IntVar(&o.MaxSessionsPerIdentity, "max-sessions-per-identity", o.MaxSessionsPerIdentity, "open MCP sessions one identity may have over HTTP (an initialize beyond it gets 429); 0 disables")
+	fs.IntVar(&o.MaxSessionsPerIdentity, "max-sessions-per-identity", o.MaxSessionsPerIdentity, "open MCP sessions one identity may have over HTTP on this replica (an initialize beyond it gets 429); 0 disables")
 	fs.DurationVar(&o.HTTPReadHeaderTimeout, "http-read-header-timeout", o.HTTPReadHeaderTimeout, "how long a client may take to send an HTTP request's headers")
 	fs.DurationVar(&o.HTTPReadTimeout, "http-read-timeout", o.HTTPReadTimeout, "how long a client may take to send a whole HTTP request, body included (responses, such as SSE streams, are not limited)")
 	fs.DurationVar(&o.HTTPIdleTimeout, "http-idle-timeout", o.HTTPIdleTimeout, "how long an idle keep-alive HTTP connection is kept open")

@@ -48,8 +48,10 @@ const (
 	// LabelOwner is contract.IdentityHash of the identity that created
 	// the Sandbox: the ownership record.
 	LabelOwner = "sandbox.code-sandbox.dev/mcp-owner"
-	// LabelInstance is the server instance that created it, which removes
-	// it when idle and when the server exits.
+	// LabelInstance is the server instance (replica run) that created it:
+	// for people and logs only. No instance removes its Sandboxes when it
+	// exits (Options.KeepOnClose of the session Manager), so that any
+	// replica serves them.
 	LabelInstance = "sandbox.code-sandbox.dev/mcp-instance"
 	// AnnotationIdentity spells out the owner identity for people reading
 	// the object (labels cannot hold it).
@@ -215,7 +217,10 @@ func newBackend(d *driver) *Backend {
 		MaxSandboxes: d.opts.MaxSandboxes,
 		IdleTimeout:  d.opts.IdleTimeout,
 		IdlePause:    d.opts.IdlePause,
-		Logger:       d.opts.Logger,
+		// A replica that stops leaves its Sandboxes to the others: they
+		// serve them at once (ownership is on the objects).
+		KeepOnClose: true,
+		Logger:      d.opts.Logger,
 		LimitError: func(have, limit int) error {
 			return &messageError{kind: contract.ErrQuota, msg: fmt.Sprintf("you already have %d sandboxes; the limit is %d", have, limit)}
 		},
@@ -782,8 +787,9 @@ func (b *driver) Ready(ctx context.Context) error {
 
 // RemoveAll implements session.Driver: it deletes every Sandbox this
 // instance created, including any a create still in flight made, and waits
-// (bounded by ctx) until they are gone. Sandboxes of a server that crashed
-// end through their activeDeadlineSeconds.
+// (bounded by ctx) until they are gone. The Manager of this backend never
+// calls it (KeepOnClose: a replica's stop must not end the agents' work);
+// it stays for the Driver contract and for tests.
 func (b *driver) RemoveAll(ctx context.Context) error {
 	var list sandboxv1alpha1.SandboxList
 	if err := b.kube.List(ctx, &list, client.InNamespace(b.sweepNamespace()), client.MatchingLabels{LabelManagedBy: ManagedBy, LabelInstance: b.instance}); err != nil {

@@ -165,7 +165,7 @@ func serveWith(o Config, logger *slog.Logger, newCtx func() (context.Context, co
 		cctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 		defer cancel()
 		if err := backend.Close(cctx); err != nil {
-			logger.Error("removing this server's sandboxes at exit", "error", err)
+			logger.Error("closing the backend at exit (docker: removing this server's sandboxes)", "error", err)
 		}
 	}()
 	attrs := []any{"version", version.Version, "backend", o.Backend, "instance", backend.InstanceID(),

@@ -36,6 +36,13 @@ type Options struct {
 	// Clock is the time activity, idle and lifetime reaping go by
 	// (default time.Now); tests set a fake one.
 	Clock func() time.Time
+	// KeepOnClose leaves the sandboxes where they are when the Manager
+	// closes: for a SharedDriver whose sandboxes other server instances
+	// (replicas) serve too, so that a replica's stop (a rollout, a drain,
+	// an eviction) ends nobody's work. Without it Close removes every
+	// sandbox of this instance, which is what a local single-process
+	// server (the docker backend over stdio) is expected to do.
+	KeepOnClose bool
 	// LimitError words the refusal of a create past MaxSandboxes (default:
 	// contract.ErrQuota, "you already have N sandboxes; the limit is M").
 	LimitError func(have, limit int) error
@@ -434,13 +441,16 @@ func (m *Manager) Ready(ctx context.Context) error { return m.d.Ready(ctx) }
 
 // Close implements contract.Backend: it stops the reaper, has the driver
 // remove every sandbox of this server instance (including any the registry
-// does not know), forgets them all and closes the driver.
+// does not know) unless KeepOnClose, forgets them all and closes the driver.
 func (m *Manager) Close(ctx context.Context) error {
 	m.stopOnce.Do(func() {
 		close(m.stop)
 		m.sweepCancel()
 	})
-	err := m.d.RemoveAll(ctx)
+	var err error
+	if !m.opts.KeepOnClose {
+		err = m.d.RemoveAll(ctx)
+	}
 	m.mu.Lock()
 	m.entries = map[key]*entry{}
 	m.mu.Unlock()
