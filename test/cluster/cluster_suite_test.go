@@ -224,6 +224,7 @@ func mustKubectl(ctx context.Context, args ...string) string {
 var _ = Describe("the operator on a real cluster", Ordered, func() {
 	sandboxSpecs()
 	mcpSpecs()
+	mcpHASpecs()
 	warmPoolSpecs()
 	webhookSpecs()
 	benchSpecs()
