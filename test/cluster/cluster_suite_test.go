@@ -225,6 +225,7 @@ var _ = Describe("the operator on a real cluster", Ordered, func() {
 	sandboxSpecs()
 	mcpSpecs()
 	mcpHASpecs()
+	mcpBenchSpecs()
 	warmPoolSpecs()
 	webhookSpecs()
 	benchSpecs()

@@ -401,9 +401,6 @@ func mcpHASpecs() {
 			stopLoops()
 			wg.Wait()
 
-			By("checking that every sandbox an agent holds still answers")
-			expectHomesAnswer(ctx, agents)
-
 			total := 0
 			for _, r := range rounds {
 				total += r
@@ -412,6 +409,8 @@ func mcpHASpecs() {
 				protocol, len(agents), total, len(rec.calls), rolled.Round(time.Second), rec.latencies(), rec.reinits, len(rec.failures()))
 			AddReportEntry("MCP rollout under load", report)
 			GinkgoWriter.Println("MCP rollout under load: " + report)
+			By("checking that every sandbox an agent holds still answers")
+			expectHomesAnswer(ctx, agents)
 			Expect(rec.failures()).To(BeEmpty(), "calls failed during the rollout")
 			Expect(errors.Join(loopErrs...)).NotTo(HaveOccurred())
 		}, NodeTimeout(6*time.Minute))
@@ -498,5 +497,195 @@ func mcpHASpecs() {
 			// The killed container restarts; the Deployment is whole again.
 			waitMCPRolledOut(ctx, 3)
 		}, NodeTimeout(5*time.Minute))
+	})
+}
+
+// benchRound is one agent's init, exec and stop, timed.
+type benchRound struct {
+	start, end          time.Time
+	initT, execT, stopT time.Duration
+	err                 error
+}
+
+// benchSummary is a run of rounds started at once.
+type benchSummary struct {
+	rounds     int
+	failed     int
+	wall       time.Duration
+	p50, p99   time.Duration
+	perSecond  float64
+	opP50      string
+	firstError error
+}
+
+func summarize(rs []benchRound) benchSummary {
+	var s benchSummary
+	var total, inits, execs, stops []time.Duration
+	var first, last time.Time
+	for _, r := range rs {
+		if r.err != nil {
+			s.failed++
+			if s.firstError == nil {
+				s.firstError = r.err
+			}
+			continue
+		}
+		s.rounds++
+		total = append(total, r.end.Sub(r.start))
+		inits, execs, stops = append(inits, r.initT), append(execs, r.execT), append(stops, r.stopT)
+		if first.IsZero() || r.start.Before(first) {
+			first = r.start
+		}
+		if r.end.After(last) {
+			last = r.end
+		}
+	}
+	s.wall = last.Sub(first)
+	s.p50, s.p99 = percentile(total, 50), percentile(total, 99)
+	if s.wall > 0 {
+		s.perSecond = float64(s.rounds) / s.wall.Seconds()
+	}
+	s.opP50 = fmt.Sprintf("init %v, exec %v, stop %v", percentile(inits, 50), percentile(execs, 50), percentile(stops, 50))
+	return s
+}
+
+func (s benchSummary) String() string {
+	return fmt.Sprintf("%d rounds (%d failed) in %v: %.2f rounds/s, round p50 %v p99 %v (p50 of %s)",
+		s.rounds, s.failed, s.wall.Round(time.Millisecond), s.perSecond, s.p50, s.p99, s.opP50)
+}
+
+// rawDockerScript runs $2 agents in the Engine at $1 at once, each docker
+// run (the manager's main hardening), docker exec and docker rm -f of
+// image $3, and prints "ok START RUN EXEC END" in nanoseconds per agent.
+const rawDockerScript = `sock=$1 n=$2 img=$3
+for i in $(seq 1 "$n"); do
+  (
+    s=$(date +%s%N)
+    id=$(docker -H "$sock" run -d --network none --read-only --cap-drop ALL --security-opt no-new-privileges --init \
+      --pids-limit 256 --memory 512m --memory-swap 512m --cpus 1 --user 65534:65534 \
+      --label code-sandbox-cluster-bench=raw "$img" sleep 600) || { echo "fail run"; exit 0; }
+    a=$(date +%s%N)
+    docker -H "$sock" exec "$id" echo hi >/dev/null || { echo "fail exec"; docker -H "$sock" rm -f "$id" >/dev/null; exit 0; }
+    b=$(date +%s%N)
+    docker -H "$sock" rm -f "$id" >/dev/null || { echo "fail rm"; exit 0; }
+    e=$(date +%s%N)
+    echo "ok $s $a $b $e"
+  ) &
+done
+wait`
+
+func mcpBenchSpecs() {
+	// Slow (hundreds of sandboxes): `make bench-kind` runs it, `make
+	// test-kind` does not.
+	Describe("the MCP server at 1 and 3 replicas against raw Docker", Ordered, Label("mcp-bench"), func() {
+		const agentsN = 100
+
+		It("reports throughput and p50/p99 of 100 agents doing init, exec and stop, as ratios to raw Docker", func(ctx SpecContext) {
+			haNamespace(ctx)
+			// Every agent's connection reaches the replicas from the same
+			// address (kube-proxy masquerades this machine's traffic), so
+			// the per-address cap (64 requests in flight) would refuse a
+			// third of them on one replica. Off for the run.
+			origArgs := mustKubectl(ctx, "get", "deployment", mcpDeploy, "-n", operatorNS, "-o", "jsonpath={.spec.template.spec.containers[0].args}")
+			DeferCleanup(func(ctx SpecContext) {
+				mustKubectl(ctx, "patch", "deployment", mcpDeploy, "-n", operatorNS, "--type=json",
+					"-p", `[{"op":"replace","path":"/spec/template/spec/containers/0/args","value":`+origArgs+`}]`)
+				mustKubectl(ctx, "scale", "deployment", mcpDeploy, "-n", operatorNS, "--replicas=3")
+				waitMCPRolledOut(ctx, 3)
+			}, NodeTimeout(5*time.Minute))
+			mustKubectl(ctx, "patch", "deployment", mcpDeploy, "-n", operatorNS, "--type=json",
+				"-p", `[{"op":"add","path":"/spec/template/spec/containers/0/args/-","value":"--max-requests-per-peer=0"}]`)
+
+			rec := &haRecorder{}
+			agents := haAgents(ctx, "bench", agentsN, rec)
+
+			By(fmt.Sprintf("raw Docker: %d agents at once, split over the workers' Engines", agentsN))
+			var rawRounds []benchRound
+			var mu sync.Mutex
+			var wg sync.WaitGroup
+			for i, node := range workers {
+				n := agentsN / len(workers)
+				if i == 0 {
+					n += agentsN % len(workers)
+				}
+				wg.Go(func() {
+					defer GinkgoRecover()
+					out, err := engineExec(ctx, node, "sh", "-c", rawDockerScript, "sh", engineSocket, fmt.Sprint(n), sampleImage)
+					Expect(err).NotTo(HaveOccurred())
+					mu.Lock()
+					defer mu.Unlock()
+					for _, line := range strings.Split(strings.TrimSpace(out), "\n") {
+						var s, a, b, e int64
+						if _, err := fmt.Sscanf(line, "ok %d %d %d %d", &s, &a, &b, &e); err != nil {
+							rawRounds = append(rawRounds, benchRound{err: fmt.Errorf("node %s: %s", node, line)})
+							continue
+						}
+						rawRounds = append(rawRounds, benchRound{start: time.Unix(0, s), end: time.Unix(0, e),
+							initT: time.Duration(a - s), execT: time.Duration(b - a), stopT: time.Duration(e - b)})
+					}
+				})
+			}
+			wg.Wait()
+			raw := summarize(rawRounds)
+			GinkgoWriter.Println("raw Docker: " + raw.String())
+			Expect(raw.failed).To(BeZero(), "raw Docker failed: %v", raw.firstError)
+
+			results := map[int]benchSummary{}
+			for _, replicas := range []int{1, 3} {
+				By(fmt.Sprintf("MCP with %d replica(s): %d agents at once", replicas, agentsN))
+				mustKubectl(ctx, "scale", "deployment", mcpDeploy, "-n", operatorNS, fmt.Sprintf("--replicas=%d", replicas))
+				waitMCPRolledOut(ctx, replicas)
+				errs := parallel(agents, func(a *haAgent) error { return a.connect(ctx, false) })
+				Expect(errors.Join(errs...)).NotTo(HaveOccurred())
+				rounds := make([]benchRound, len(agents))
+				start := make(chan struct{})
+				for i, a := range agents {
+					wg.Go(func() {
+						<-start
+						r := benchRound{start: time.Now()}
+						defer func() { r.end = time.Now(); rounds[i] = r }()
+						t := time.Now()
+						id, err := a.initSandbox(ctx)
+						if r.initT = time.Since(t); err != nil {
+							r.err = err
+							return
+						}
+						t = time.Now()
+						_, err = a.call(ctx, "sandbox_exec", map[string]any{"container_id": id, "commands": []string{"echo hi"}})
+						if r.execT = time.Since(t); err != nil {
+							r.err = err
+							return
+						}
+						t = time.Now()
+						_, err = a.call(ctx, "sandbox_stop", map[string]any{"container_id": id})
+						r.stopT, r.err = time.Since(t), err
+					})
+				}
+				close(start)
+				wg.Wait()
+				for _, a := range agents {
+					_ = a.sess.Close()
+				}
+				s := summarize(rounds)
+				results[replicas] = s
+				GinkgoWriter.Printf("MCP, %d replica(s): %s\n", replicas, s)
+				Expect(s.failed).To(BeZero(), "MCP with %d replica(s) failed: %v", replicas, s.firstError)
+				// The stopped Sandboxes are gone before the next run.
+				Eventually(func() (string, error) {
+					out, err := kubectl(ctx, "get", "sandboxes", "-n", haNS, "-o", "name")
+					return strings.TrimSpace(out), err
+				}).WithContext(ctx).WithTimeout(3 * time.Minute).Should(BeEmpty())
+			}
+
+			ratio := func(a, b time.Duration) float64 { return float64(a) / float64(b) }
+			report := fmt.Sprintf("%d agents, init+exec+stop each. raw Docker: %s. MCP 1 replica: %s. MCP 3 replicas: %s. "+
+				"Ratios to raw Docker (p50, p99, throughput): 1 replica %.2f×, %.2f×, %.2f×; 3 replicas %.2f×, %.2f×, %.2f×. 3 vs 1 replica throughput %.2f×.",
+				agentsN, raw, results[1], results[3],
+				ratio(results[1].p50, raw.p50), ratio(results[1].p99, raw.p99), results[1].perSecond/raw.perSecond,
+				ratio(results[3].p50, raw.p50), ratio(results[3].p99, raw.p99), results[3].perSecond/raw.perSecond,
+				results[3].perSecond/results[1].perSecond)
+			AddReportEntry("MCP scale benchmark", report)
+			GinkgoWriter.Println("MCP scale benchmark: " + report)
+		}, NodeTimeout(25*time.Minute))
 	})
 }
