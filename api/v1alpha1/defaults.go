@@ -36,6 +36,10 @@ const (
 	DefaultMemoryBytes int64 = 512 << 20
 	DefaultDiskBytes   int64 = 256 << 20
 
+	// DefaultShutdownPolicy is spec.lifecycle.shutdownPolicy (when
+	// spec.lifecycle is set; no lifecycle means the same).
+	DefaultShutdownPolicy = ShutdownRetain
+
 	// DefaultWarmPoolReplicas is a SandboxWarmPool's spec.replicas.
 	DefaultWarmPoolReplicas int32 = 1
 )

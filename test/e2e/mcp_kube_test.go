@@ -226,11 +226,14 @@ var _ = Describe("code-sandbox-mcp --backend kubernetes", Ordered, func() {
 			Eventually(mcpSandboxes).WithContext(ctx).WithTimeout(time.Minute).Should(BeEmpty())
 		}, NodeTimeout(2*time.Minute))
 
-		It("deletes its Sandboxes when the session ends", func(ctx SpecContext) {
+		It("leaves its Sandboxes when the server exits: another replica, or the next run, serves them", func(ctx SpecContext) {
 			other := kmcpInit(ctx, sess, nil)
 			Expect(sandboxExists(ctx, other)).To(BeTrue())
 			Expect(sess.Close()).To(Succeed())
-			Eventually(func() (bool, error) { return sandboxExists(ctx, other) }).WithTimeout(time.Minute).Should(BeFalse())
+			Consistently(func() (bool, error) { return sandboxExists(ctx, other) }).WithTimeout(5*time.Second).Should(BeTrue(),
+				"the exiting server deleted a Sandbox (spec.lifecycle and activeDeadlineSeconds end it, not the server)")
+			_, err := kubectl(ctx, "delete", "sandbox", "-n", kmcpNamespace, "--wait=true", "--timeout=60s", other)
+			Expect(err).NotTo(HaveOccurred())
 		}, NodeTimeout(3*time.Minute))
 	})
 

@@ -167,6 +167,9 @@ var _ = Describe("The default overlay (make deploy, make build-installer)", func
 			// Only the MCP server sets the MCP ownership label.
 			"ValidatingAdmissionPolicy code-sandbox-mcp-owner-labels",
 			"ValidatingAdmissionPolicyBinding code-sandbox-mcp-owner-labels",
+			// and writes its --max-sandboxes reservation Leases.
+			"ValidatingAdmissionPolicy code-sandbox-mcp-reservations",
+			"ValidatingAdmissionPolicyBinding code-sandbox-mcp-reservations",
 			// The control plane only releases the finalizer of a deleted
 			// Sandbox on a lost node.
 			"ValidatingAdmissionPolicy code-sandbox-sandbox-control-plane-updates",

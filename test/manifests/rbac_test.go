@@ -297,7 +297,12 @@ var _ = Describe("RBAC of the default overlay, applied for real", Ordered, func(
 			in(sbxNS, "get", "sandboxes/files"), in(sbxNS, "get", "sandboxes/log"),
 			agg(sbxNS, "create", "sandboxes/exec"), agg(sbxNS, "create", "sandboxes/files"), agg(sbxNS, "get", "sandboxes/files"),
 			agg(sbxNS, "get", "sandboxes/log"), agg(sbxNS, "get", "sandboxes/history"),
+			// The --max-sandboxes reservation records (one Lease per
+			// identity), written with resourceVersion preconditions.
+			core("coordination.k8s.io", sbxNS, "get", "leases", ""), core("coordination.k8s.io", sbxNS, "create", "leases", ""),
+			core("coordination.k8s.io", sbxNS, "update", "leases", ""),
 		}, []access{
+			core("coordination.k8s.io", sbxNS, "delete", "leases", ""),
 			in(sbxNS, "update", "sandboxes"), in(sbxNS, "update", "sandboxes/status"), in(sbxNS, "patch", "sandboxes/status"),
 			in(sbxNS, "update", "sandboxquotas"), in(sbxNS, "list", "sandboxquotas"),
 			core("", sbxNS, "get", "secrets", ""),
