@@ -192,7 +192,7 @@ func newFlagSet(o *mcpmain.Config, showVersion *bool) *flag.FlagSet {
 	fs.BoolVar(&o.AllowEgress, "allow-egress", o.AllowEgress, "let sandbox_initialize ask for network \"egress\"")
 	fs.Var((*listFlag)(&o.EgressAllowCIDRs), "egress-allow-cidr", "with --allow-egress and the docker backend: IPv4 CIDR egress sandboxes may reach although private or link-local (repeatable; default: none). The docker backend installs the egress iptables rules (needs root) unless a node manager owns them")
 	fs.Var((*listFlag)(&o.HostDirs), "allow-host-dir", "host directory copy_project, copy_file and copy_file_from_sandbox may use (repeatable; default: none). Over HTTP each identity gets its own subdirectory of it")
-	fs.StringVar(&o.OwnerKeyFile, "owner-key-file", o.OwnerKeyFile, "file holding the secret key (at least 16 bytes, e.g. openssl rand -hex 32) of the identity hashes that label sandboxes (sandbox.code-sandbox.dev/mcp-owner) and name per-identity host directories; share it between instances and keep it across restarts. Missing: a random key for this process")
+	fs.StringVar(&o.OwnerKeyFile, "owner-key-file", o.OwnerKeyFile, "file holding the secret key (at least 16 bytes, e.g. openssl rand -hex 32) of the identity hashes that label sandboxes (sandbox.code-sandbox.dev/mcp-owner) and name per-identity host directories, and of the MCP session IDs; share it between instances and keep it across restarts. Missing: a random key for this process")
 
 	fs.DurationVar(&o.CommandTimeout, "command-timeout", o.CommandTimeout, "default timeout of one command")
 	fs.DurationVar(&o.MaxCommandTimeout, "max-command-timeout", o.MaxCommandTimeout, "largest timeout_seconds a call may ask for")

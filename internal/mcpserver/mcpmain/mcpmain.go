@@ -200,7 +200,7 @@ func loadOwnerKey(o Config, logger *slog.Logger) error {
 		}
 	}
 	if generated && (o.Backend == "kubernetes" || (o.HTTPAddr != "" && len(o.HostDirs) > 0)) {
-		logger.Warn("no owner key (--owner-key-file): using a random key of this process, so after a restart it no longer recognizes the Sandboxes and per-identity host directories of earlier runs, and other instances never do",
+		logger.Warn("no owner key (--owner-key-file): using a random key of this process, so after a restart it no longer recognizes the Sandboxes, per-identity host directories and MCP session IDs of earlier runs, and other instances (replicas) never do",
 			"owner_key_file", o.OwnerKeyFile)
 	}
 	return nil
