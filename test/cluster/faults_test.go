@@ -147,15 +147,19 @@ spec:
 			mcpToken := mustKubectl(ctx, "create", "token", "agent", "-n", mcpNS, "--duration=1h", "--audience", "code-sandbox-mcp")
 			sess := connectMCP(ctx, mcpToken)
 			var onVictim string
-			for range 8 {
+			for range 12 {
 				id := mcpInit(ctx, sess)
 				out := mustKubectl(ctx, "get", "sandboxes", "-n", mcpNS, "-o", `jsonpath={range .items[*]}{.metadata.name} {.status.nodeName}{"\n"}{end}`)
 				if slices.Contains(strings.Split(strings.TrimSpace(out), "\n"), id+" "+victim) {
 					onVictim = id
 					break
 				}
+				// Not there: stop it, so that --max-sandboxes (5) does not
+				// end the search.
+				res := mcpCall(ctx, sess, "sandbox_stop", map[string]any{"container_id": id})
+				Expect(res.IsError).To(BeFalse(), mcpText(res))
 			}
-			Expect(onVictim).NotTo(BeEmpty(), "no MCP sandbox landed on %s in 8 tries", victim)
+			Expect(onVictim).NotTo(BeEmpty(), "no MCP sandbox landed on %s in 12 tries", victim)
 			lostUIDs := map[string]bool{}
 			for _, n := range []string{"lost-0", "lost-1"} {
 				lostUIDs[mustKubectl(ctx, "get", "sandbox/"+n, "-n", ns, "-o", "jsonpath={.metadata.uid}")] = true
