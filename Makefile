@@ -301,9 +301,14 @@ kind-deploy: docker-build engine-image kind ## Build the images, load them into 
 	KUBECONFIG="$(KIND_KUBECONFIG)" $(MAKE) deploy IMG="$$1" MCP_IMG="$$2" ENGINE_IMG="$$3" WEBHOOK_CLIENT_CA="$(KIND_WEBHOOK_CLIENT_CA)"
 
 .PHONY: test-kind
-test-kind: build test-images ## Run the Ginkgo suite test/cluster against the operator deployed on the kind cluster (kind-up and kind-deploy first): placement on both workers, warm pools, a manager rollout, Egress, node loss, churn with faults.
+test-kind: build test-images ## Run the Ginkgo suite test/cluster against the operator deployed on the kind cluster (kind-up and kind-deploy first): placement on both workers, warm pools, a manager rollout, an MCP rollout under load and a replica kill, Egress, node loss, churn with faults (not the MCP scale benchmark: make bench-kind).
 	KUBECONFIG="$(KIND_KUBECONFIG)" WEBHOOK_CLIENT_CA="$(KIND_WEBHOOK_CLIENT_CA)" KIND_CLUSTER="$(KIND_CLUSTER)" KIND_KUBECONFIG="$(KIND_KUBECONFIG)" \
-		$(GO) test -tags cluster ./test/cluster/... -count=1 -timeout 60m -v
+		$(GO) test -tags cluster ./test/cluster/... -count=1 -timeout 60m -v -ginkgo.label-filter='!mcp-bench'
+
+.PHONY: bench-kind
+bench-kind: build test-images ## Run the slow MCP scale benchmark on the kind cluster (kind-up and kind-deploy first): 100 agents doing init, exec and stop through 1 and then 3 MCP replicas, against raw Docker in the Engine pods, reported as ratios.
+	KUBECONFIG="$(KIND_KUBECONFIG)" WEBHOOK_CLIENT_CA="$(KIND_WEBHOOK_CLIENT_CA)" KIND_CLUSTER="$(KIND_CLUSTER)" KIND_KUBECONFIG="$(KIND_KUBECONFIG)" \
+		$(GO) test -tags cluster ./test/cluster/... -count=1 -timeout 40m -v -ginkgo.label-filter=mcp-bench
 
 .PHONY: kind-smoke
 kind-smoke: kind test-images ## Check the kind cluster: three Ready nodes, a pod on each worker, pod to pod across nodes, Service DNS.

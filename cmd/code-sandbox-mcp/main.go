@@ -217,6 +217,8 @@ func newFlagSet(o *mcpmain.Config, showVersion *bool) *flag.FlagSet {
 	fs.DurationVar(&o.HTTPReadHeaderTimeout, "http-read-header-timeout", o.HTTPReadHeaderTimeout, "how long a client may take to send an HTTP request's headers")
 	fs.DurationVar(&o.HTTPReadTimeout, "http-read-timeout", o.HTTPReadTimeout, "how long a client may take to send a whole HTTP request, body included (responses, such as SSE streams, are not limited)")
 	fs.DurationVar(&o.HTTPIdleTimeout, "http-idle-timeout", o.HTTPIdleTimeout, "how long an idle keep-alive HTTP connection is kept open")
+	fs.DurationVar(&o.DrainDelay, "drain-delay", o.DrainDelay, "on SIGTERM over HTTP: how long to keep serving with /readyz failing before no longer accepting connections, so that a Service's endpoints drop this replica first (a few seconds behind a Service; 0 locally)")
+	fs.DurationVar(&o.ShutdownGrace, "shutdown-grace", o.ShutdownGrace, "on SIGTERM over HTTP: how long calls in flight may take to finish after --drain-delay (0: --max-command-timeout plus 30s); keep the pod's terminationGracePeriodSeconds above --drain-delay plus this")
 
 	fs.StringVar(&o.DefaultImage, "default-image", o.DefaultImage, "image sandbox_initialize uses when none is given")
 	fs.Var((*listFlag)(&o.AllowedImages), "allowed-image", "image pattern (path.Match) sandboxes may use, for example python:* (repeatable; default: any)")

@@ -199,6 +199,8 @@ func mustKubectl(ctx context.Context, args ...string) string {
 var _ = Describe("the operator on a real cluster", Ordered, func() {
 	sandboxSpecs()
 	mcpSpecs()
+	mcpHASpecs()
+	mcpBenchSpecs()
 	warmPoolSpecs()
 	webhookSpecs()
 	benchSpecs()

@@ -273,6 +273,8 @@ spec:
 				// and nothing moves one back: spread them again, as
 				// config/webhook/deployment.yaml tells operators to.
 				mustKubectl(ctx, "rollout", "restart", "-n", operatorNS, "deployment/"+prefix+"webhook")
+				// The same for the MCP server's replicas.
+				mustKubectl(ctx, "rollout", "restart", "-n", operatorNS, "deployment/"+prefix+"mcp-server")
 				Expect(waitOperatorRollout(ctx)).To(Succeed())
 			}, NodeTimeout(4*time.Minute))
 			// On one node the webhook's PodDisruptionBudget (minAvailable 1)

@@ -134,24 +134,23 @@ spec:
 			mustKubectl(ctx, "delete", "sandboxquota", quotaName, "-n", mcpNS)
 		}, NodeTimeout(4*time.Minute))
 
-		It("cleans up the sandboxes of a deleted MCP pod when the Deployment recreates it", func(ctx SpecContext) {
+		It("keeps the sandboxes when every MCP pod is deleted, and serves them from the pods the Deployment recreates", func(ctx SpecContext) {
 			id := mcpInit(ctx, sess)
-			_ = id
-			pod := mustKubectl(ctx, "get", "pods", "-n", operatorNS, "-l", "app.kubernetes.io/component=mcp-server", "-o", "jsonpath={.items[0].metadata.name}")
-			// A graceful delete: the server deletes the Sandboxes it created on
-			// SIGTERM (config/mcp: terminationGracePeriodSeconds 60).
-			mustKubectl(ctx, "delete", "pod", "-n", operatorNS, pod, "--wait", "--timeout=90s")
-			Eventually(func() (string, error) {
-				out, err := kubectl(ctx, "get", "sandboxes", "-n", mcpNS, "-o", "name")
-				return strings.TrimSpace(out), err
-			}).WithContext(ctx).WithTimeout(90 * time.Second).Should(BeEmpty())
-			_, err := kubectl(ctx, "rollout", "status", "-n", operatorNS, "deployment/"+prefix+"mcp-server", "--timeout=120s")
+			pods := strings.Fields(mustKubectl(ctx, "get", "pods", "-n", operatorNS, "-l", "app.kubernetes.io/component=mcp-server", "-o", "jsonpath={.items[*].metadata.name}"))
+			Expect(pods).NotTo(BeEmpty())
+			// A graceful delete of every replica: each drains and leaves
+			// the Sandboxes it created alone on SIGTERM.
+			mustKubectl(ctx, append([]string{"delete", "pod", "-n", operatorNS, "--wait", "--timeout=120s"}, pods...)...)
+			_, err := kubectl(ctx, "rollout", "status", "-n", operatorNS, "deployment/"+prefix+"mcp-server", "--timeout=180s")
 			Expect(err).NotTo(HaveOccurred(), describeOperator(ctx))
+			Expect(mustKubectl(ctx, "get", "sandbox", id, "-n", mcpNS, "-o", "name")).To(Equal("sandbox.sandbox.code-sandbox.dev/"+id), "the Sandbox went with the MCP pods")
 
-			By("connecting to the new pod through the same Service")
+			By("using the same sandbox through the new pods")
 			sess = connectMCP(ctx, token)
-			id = mcpInit(ctx, sess)
-			res := mcpCall(ctx, sess, "sandbox_stop", map[string]any{"container_id": id})
+			res := mcpCall(ctx, sess, "sandbox_exec", map[string]any{"container_id": id, "commands": []string{"echo still-here"}})
+			Expect(res.IsError).To(BeFalse(), mcpText(res))
+			Expect(mcpText(res)).To(ContainSubstring("still-here"))
+			res = mcpCall(ctx, sess, "sandbox_stop", map[string]any{"container_id": id})
 			Expect(res.IsError).To(BeFalse(), mcpText(res))
 		}, NodeTimeout(5*time.Minute))
 	})

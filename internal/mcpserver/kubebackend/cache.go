@@ -22,6 +22,7 @@ import (
 
 	sandboxv1alpha1 "github.com/code-sandbox/code-sandbox-operator/api/v1alpha1"
 	"github.com/code-sandbox/code-sandbox-operator/internal/mcpserver/contract"
+	"github.com/code-sandbox/code-sandbox-operator/internal/sandboxclient"
 )
 
 // The informer cache of the MCP Sandboxes: every replica lists, counts and
@@ -114,8 +115,26 @@ func (b *driver) reader() client.Reader {
 func (b *driver) getSandbox(ctx context.Context, key client.ObjectKey, sbx *sandboxv1alpha1.Sandbox) error {
 	r := b.reader()
 	err := r.Get(ctx, key, sbx)
-	if apierrors.IsNotFound(err) && r != client.Reader(b.kube) {
-		err = b.kube.Get(ctx, key, sbx)
+	if r == client.Reader(b.kube) {
+		return err
+	}
+	if apierrors.IsNotFound(err) {
+		return b.kube.Get(ctx, key, sbx)
+	}
+	// The cache may lag behind a Sandbox that became Ready a moment ago:
+	// sandbox_initialize watched it become Ready (maybe on another
+	// replica), and the agent's next call must not be told it is still
+	// provisioning. A copy that cannot take commands is read again from
+	// the API server before anyone acts on it (seen on kind under load:
+	// an exec right after sandbox_initialize refused as "Provisioning").
+	if err == nil && sandboxclient.CheckReady(sbx) != nil {
+		var fresh sandboxv1alpha1.Sandbox
+		switch ferr := b.kube.Get(ctx, key, &fresh); {
+		case ferr == nil:
+			*sbx = fresh
+		case apierrors.IsNotFound(ferr):
+			return ferr
+		}
 	}
 	return err
 }

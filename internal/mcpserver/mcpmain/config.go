@@ -68,6 +68,13 @@ type Config struct {
 	HTTPReadHeaderTimeout   time.Duration
 	HTTPReadTimeout         time.Duration
 	HTTPIdleTimeout         time.Duration
+	// DrainDelay is how long a stopping HTTP server stays not ready but
+	// still serving, before it stops accepting connections, so that the
+	// Service's endpoints drop it first. ShutdownGrace then bounds how
+	// long calls in flight may take to finish (zero: MaxCommandTimeout
+	// plus DefaultShutdownMargin).
+	DrainDelay    time.Duration
+	ShutdownGrace time.Duration
 
 	DefaultImage  string
 	AllowedImages []string
@@ -161,6 +168,20 @@ func DefaultConfig() Config {
 		LogLevel:  "info",
 		LogFormat: "text",
 	}
+}
+
+// DefaultShutdownMargin is what the default shutdown grace allows a call
+// beyond its longest command (--max-command-timeout): resuming a paused
+// sandbox, starting the exec, returning the output.
+const DefaultShutdownMargin = 30 * time.Second
+
+// shutdownGrace is how long calls in flight may take to finish once the
+// server stops accepting connections.
+func (o Config) shutdownGrace() time.Duration {
+	if o.ShutdownGrace > 0 {
+		return o.ShutdownGrace
+	}
+	return o.MaxCommandTimeout + DefaultShutdownMargin
 }
 
 // DefaultRateLimit is the default of Config.RateLimit: HTTP requests per

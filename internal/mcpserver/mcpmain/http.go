@@ -31,6 +31,9 @@ type httpSetup struct {
 	opts     transport.HTTPOptions
 	tlsCert  string
 	tlsKey   string
+	// drainDelay and shutdownGrace: see Config.DrainDelay.
+	drainDelay    time.Duration
+	shutdownGrace time.Duration
 }
 
 func isLoopbackHost(host string) bool {
@@ -60,6 +63,13 @@ func setupHTTP(o Config, kube *kubeSetup, logger *slog.Logger) (*httpSetup, erro
 	}
 	if o.HTTPReadHeaderTimeout <= 0 || o.HTTPReadTimeout <= 0 || o.HTTPIdleTimeout <= 0 {
 		return nil, usagef("--http-read-header-timeout, --http-read-timeout and --http-idle-timeout must be positive")
+	}
+	if o.DrainDelay < 0 || o.ShutdownGrace < 0 {
+		return nil, usagef("--drain-delay and --shutdown-grace take a duration (0: none, and the default grace), not a negative one")
+	}
+	if o.ShutdownGrace > 0 && o.ShutdownGrace < o.MaxCommandTimeout {
+		logger.Warn("--shutdown-grace is shorter than --max-command-timeout: a stopping server may cut a command it allowed",
+			"shutdown_grace", o.ShutdownGrace, "max_command_timeout", o.MaxCommandTimeout)
 	}
 	if o.Auth != "kubernetes" && o.AcceptAPIServerAudience {
 		return nil, usagef("--accept-apiserver-audience needs --auth kubernetes")
@@ -169,8 +179,10 @@ func setupHTTP(o Config, kube *kubeSetup, logger *slog.Logger) (*httpSetup, erro
 			IdleTimeout:             o.HTTPIdleTimeout,
 			Logger:                  logger,
 		},
-		tlsCert: o.TLSCert,
-		tlsKey:  o.TLSKey,
+		tlsCert:       o.TLSCert,
+		tlsKey:        o.TLSKey,
+		drainDelay:    o.DrainDelay,
+		shutdownGrace: o.shutdownGrace(),
 	}, nil
 }
 
@@ -329,7 +341,11 @@ func oidcAuth(o Config, kube *kubeSetup, resource string, logger *slog.Logger) (
 // TokenRequest) mint tokens for at least ten minutes.
 var oidcClock func() time.Time
 
-// run serves until ctx ends, then shuts the HTTP server down.
+// run serves until ctx ends, then drains: /readyz fails at once while
+// everything is still served for --drain-delay (the Service's endpoints
+// drop this replica meanwhile), then the listener closes and calls in
+// flight get up to --shutdown-grace to finish before their connections are
+// cut.
 func (hs *httpSetup) run(ctx context.Context, stop context.CancelFunc, s *server.MCPServer, backend contract.Backend, logger *slog.Logger, listening func(url string)) error {
 	hs.opts.Ready = backend.Ready
 	handler, err := transport.NewHTTPServer(s, hs.opts)
@@ -337,6 +353,15 @@ func (hs *httpSetup) run(ctx context.Context, stop context.CancelFunc, s *server
 		return usageError{err}
 	}
 	srv := handler.Server(slog.NewLogLogger(logger.Handler(), slog.LevelWarn))
+	// Shutdown runs this once the listener is closed: the sessions' GET
+	// streams never end on their own, and Shutdown would wait for them.
+	// Ending them earlier would turn away requests that still arrive on
+	// those sessions during the drain delay.
+	srv.RegisterOnShutdown(func() {
+		sctx, cancel := context.WithTimeout(context.Background(), hs.shutdownGrace)
+		defer cancel()
+		_ = handler.Shutdown(sctx)
+	})
 	served := make(chan error, 1)
 	go func() {
 		if hs.tlsCert != "" {
@@ -351,15 +376,32 @@ func (hs *httpSetup) run(ctx context.Context, stop context.CancelFunc, s *server
 	}
 	select {
 	case err = <-served:
+		// Serving failed: nothing is left to drain.
 		stop()
+		_ = handler.Shutdown(context.Background())
+		return err
 	case <-ctx.Done():
-		logger.Info("shutting down")
 	}
-	sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	handler.Drain()
+	logger.Info("shutting down: not ready, still serving until the endpoints drop this replica", "drain_delay", hs.drainDelay)
+	if hs.drainDelay > 0 {
+		select {
+		case <-time.After(hs.drainDelay):
+		case err = <-served:
+			return err
+		}
+	}
+	start := time.Now()
+	logger.Info("no longer accepting connections; waiting for the calls in flight", "shutdown_grace", hs.shutdownGrace)
+	sctx, cancel := context.WithTimeout(context.Background(), hs.shutdownGrace)
 	defer cancel()
-	_ = handler.Shutdown(sctx)
-	_ = srv.Shutdown(sctx)
-	if errors.Is(err, http.ErrServerClosed) {
+	if err := srv.Shutdown(sctx); err != nil {
+		logger.Warn("calls still in flight at the end of --shutdown-grace: closing their connections", "shutdown_grace", hs.shutdownGrace, "error", err)
+		_ = srv.Close()
+	} else {
+		logger.Info("calls in flight finished", "after", time.Since(start).Round(time.Millisecond))
+	}
+	if err = <-served; errors.Is(err, http.ErrServerClosed) {
 		return nil
 	}
 	return err

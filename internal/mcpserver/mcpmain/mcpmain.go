@@ -160,7 +160,11 @@ func serveWith(o Config, logger *slog.Logger, newCtx func() (context.Context, co
 	}
 	ctx, stop := newCtx()
 	defer stop()
-	backend.Start(ctx)
+	// The backend outlives ctx (a signal): calls in flight while the HTTP
+	// server drains still need it.
+	bctx, bstop := context.WithCancel(context.WithoutCancel(ctx))
+	defer bstop()
+	backend.Start(bctx)
 	defer func() {
 		cctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 		defer cancel()

@@ -22,6 +22,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/code-sandbox/code-sandbox-operator/internal/mcpserver"
@@ -149,6 +150,10 @@ type HTTPServer struct {
 	largeCalls   *peerLimits // of those, the ones over MaxMessageBytes
 	bodyReads    *peerLimits // bodies being read per identity; nil: no cap
 	authFailures *authFailureLimiter
+
+	// draining is set by Drain: /readyz fails and every response closes
+	// its connection.
+	draining atomic.Bool
 }
 
 type identityLimiter struct {
@@ -266,13 +271,36 @@ func (h *HTTPServer) Server(errorLog *log.Logger) *http.Server {
 }
 
 // ServeHTTP implements http.Handler.
-func (h *HTTPServer) ServeHTTP(w http.ResponseWriter, r *http.Request) { h.handler.ServeHTTP(w, r) }
+func (h *HTTPServer) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if h.draining.Load() {
+		// net/http closes the connection after this response, so that the
+		// client's next request opens a new one, which the Service sends
+		// to another replica. Closing idle connections instead (as
+		// http.Server.Shutdown does) races with a request the client is
+		// sending on one at that moment, and a POST is not retried.
+		w.Header().Set("Connection", "close")
+	}
+	h.handler.ServeHTTP(w, r)
+}
 
-// Shutdown ends the MCP sessions.
+// Drain begins a graceful stop: /readyz answers 503 from now on, so that
+// the Service takes this replica out of its endpoints, and every response
+// closes its connection. Requests are still served, in flight and new
+// ones alike, until http.Server.Shutdown stops accepting them.
+func (h *HTTPServer) Drain() { h.draining.Store(true) }
+
+// Shutdown ends the MCP sessions: it closes their GET streams, which
+// http.Server.Shutdown would otherwise wait for forever. Tool calls in
+// flight are not affected; each finishes on its own POST.
 func (h *HTTPServer) Shutdown(ctx context.Context) error { return h.mcp.Shutdown(ctx) }
 
 func (h *HTTPServer) readyz(w http.ResponseWriter, r *http.Request) {
 	w.Header().Set("Content-Type", "text/plain")
+	if h.draining.Load() {
+		w.WriteHeader(http.StatusServiceUnavailable)
+		_, _ = io.WriteString(w, "not ready: shutting down\n")
+		return
+	}
 	if h.opts.Ready != nil {
 		ctx, cancel := context.WithTimeout(r.Context(), 3*time.Second)
 		defer cancel()
