@@ -175,6 +175,14 @@ func serveWith(o Config, logger *slog.Logger, newCtx func() (context.Context, co
 	}
 	logger.Info("code-sandbox-mcp starting", attrs...)
 
+	if o.PreviewAddr != "" {
+		base, stopPreview, err := startPreview(o, backend, logger)
+		if err != nil {
+			return err
+		}
+		defer stopPreview()
+		cfg.PreviewBaseURL = base
+	}
 	mcpSrv, err := mcpserver.New(cfg, backend, logger)
 	if err != nil {
 		return usageError{err}
