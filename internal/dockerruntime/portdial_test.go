@@ -29,7 +29,7 @@ var _ = Describe("DialPort", func() {
 		res := sh(ctx, id, `mkdir -p /tmp/www && echo hello-from-the-sandbox > /tmp/www/index.html &&
 			head -c 1048576 /dev/urandom > /tmp/www/big.bin && sha256sum /tmp/www/big.bin | cut -d' ' -f1 > /tmp/sum &&
 			(httpd -f -p 127.0.0.1:8080 -h /tmp/www </dev/null >/dev/null 2>&1 &) &&
-			for i in $(seq 50); do nc -z 127.0.0.1 8080 2>/dev/null && break; sleep 0.1; done; cat /tmp/sum`)
+			for i in $(seq 50); do wget -q -O /dev/null http://127.0.0.1:8080/ && break; sleep 0.1; done; cat /tmp/sum`)
 		Expect(res.Code).To(BeZero(), "%v", res)
 	})
 
