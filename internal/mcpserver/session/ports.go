@@ -3,6 +3,7 @@ package session
 import (
 	"context"
 	"fmt"
+	"sync"
 	"time"
 
 	"github.com/code-sandbox/code-sandbox-operator/internal/mcpserver/contract"
@@ -43,15 +44,12 @@ func (m *Manager) DialPort(ctx context.Context, caller contract.Caller, id strin
 type releasingConn struct {
 	contract.PortConn
 	release func()
-	closed  bool
+	once    sync.Once
 }
 
 func (c *releasingConn) Close() error {
 	err := c.PortConn.Close()
-	if !c.closed {
-		c.closed = true
-		c.release()
-	}
+	c.once.Do(c.release)
 	return err
 }
 
