@@ -19,6 +19,7 @@ import (
 	"os"
 	"os/exec"
 	"regexp"
+	"slices"
 	"strings"
 	"time"
 
@@ -197,6 +198,17 @@ var _ = Describe("preview URLs (expose_port)", Ordered, func() {
 		Expect(body).To(Equal(pageA))
 		code, body = previewGet(ctx, urlA+"missing.html", nil)
 		Expect(code).To(Equal(http.StatusNotFound), body)
+
+		// What a request costs: one helper exec to dial, then the proxy.
+		var took []time.Duration
+		for range 15 {
+			start := time.Now()
+			code, _ := previewGet(ctx, urlA, nil)
+			took = append(took, time.Since(start))
+			Expect(code).To(Equal(http.StatusOK))
+		}
+		slices.Sort(took)
+		AddReportEntry("preview GET round trip", fmt.Sprintf("p50 %s, max %s over %d requests", took[len(took)/2], took[len(took)-1], len(took)))
 	})
 
 	It("loads the page in headless Chromium", func() {
