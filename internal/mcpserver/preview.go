@@ -5,6 +5,7 @@ import (
 	"crypto/hmac"
 	"crypto/sha256"
 	"encoding/base64"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -108,12 +109,15 @@ func PreviewHandler(backend contract.PortBackend, logger *slog.Logger) http.Hand
 			}
 			return portNetConn{pc}, nil
 		},
-		// No pooling: every request dials, and so is checked against
-		// the exposure (DialExposed), so a revocation refuses the next
-		// request at once. A request costs one helper exec (Docker
-		// backend, tens of ms); an open WebSocket lives on until either
-		// end closes it.
-		DisableKeepAlives:     true,
+		// A new connection costs one helper exec (Docker backend, tens
+		// of ms), so a few are kept per sandbox and port (the host names
+		// them) for a short while. Every request is checked against the
+		// exposure first (CheckExposed), pooled connection or not, so a
+		// revocation refuses the next request at once; an open WebSocket
+		// lives on until either end closes it. A pooled connection keeps
+		// its sandbox marked in use until IdleConnTimeout.
+		MaxIdleConnsPerHost:   4,
+		IdleConnTimeout:       30 * time.Second,
 		ResponseHeaderTimeout: 5 * time.Minute,
 	}
 	proxy := &httputil.ReverseProxy{
@@ -146,6 +150,10 @@ func PreviewHandler(backend contract.PortBackend, logger *slog.Logger) http.Hand
 			return
 		}
 		x := contract.Exposure{Owner: c.Owner, ID: c.ID, Port: c.Port, Nonce: c.Nonce}
+		if err := backend.CheckExposed(r.Context(), x); err != nil {
+			writePreviewError(w, err)
+			return
+		}
 		r2 := r.Clone(context.WithValue(r.Context(), previewTargetKey{}, x))
 		r2.URL.Path = "/" + path
 		r2.URL.RawPath = ""
@@ -160,8 +168,12 @@ func PreviewHandler(backend contract.PortBackend, logger *slog.Logger) http.Hand
 	})
 }
 
+// previewHost names a sandbox's port for the connection pool: connections
+// are reused only for the same owner, sandbox and port (a hash, so that no
+// two targets share a name).
 func previewHost(x contract.Exposure) string {
-	return "sandbox-" + strings.ToLower(base64.RawURLEncoding.EncodeToString([]byte(x.Owner+"/"+x.ID))) + "-" + strconv.Itoa(x.Port) + ".preview.invalid"
+	sum := sha256.Sum256([]byte(x.Owner + "\x00" + x.ID))
+	return "s" + hex.EncodeToString(sum[:16]) + "-" + strconv.Itoa(x.Port) + ".preview.invalid"
 }
 
 // writePreviewError answers a refused or failed preview with a plain text

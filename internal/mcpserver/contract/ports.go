@@ -35,6 +35,9 @@ type PortBackend interface {
 	// exposure (else ErrNotExposed), of a sandbox that still exists and
 	// whose owner's IdentityHash is x.Owner (else ErrNotFound).
 	DialExposed(ctx context.Context, x Exposure) (PortConn, error)
+	// CheckExposed is DialExposed's check alone, for a request that
+	// reuses a connection DialExposed made.
+	CheckExposed(ctx context.Context, x Exposure) error
 }
 
 // Exposure names one exposure of a port, as a preview URL carries it.

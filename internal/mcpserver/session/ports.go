@@ -95,6 +95,22 @@ func (m *Manager) Unexpose(ctx context.Context, caller contract.Caller, id strin
 
 // DialExposed implements contract.PortBackend.
 func (m *Manager) DialExposed(ctx context.Context, x contract.Exposure) (contract.PortConn, error) {
+	owner, err := m.exposedOwner(x)
+	if err != nil {
+		return nil, err
+	}
+	return m.DialPort(ctx, owner, x.ID, x.Port)
+}
+
+// CheckExposed implements contract.PortBackend.
+func (m *Manager) CheckExposed(_ context.Context, x contract.Exposure) error {
+	_, err := m.exposedOwner(x)
+	return err
+}
+
+// exposedOwner is the owner of x's sandbox when x is the port's current,
+// unexpired exposure.
+func (m *Manager) exposedOwner(x contract.Exposure) (contract.Caller, error) {
 	m.mu.Lock()
 	var owner *contract.Caller
 	active := false
@@ -111,9 +127,9 @@ func (m *Manager) DialExposed(ctx context.Context, x contract.Exposure) (contrac
 	m.mu.Unlock()
 	switch {
 	case owner == nil:
-		return nil, notFound(x.ID)
+		return contract.Caller{}, notFound(x.ID)
 	case !active:
-		return nil, fmt.Errorf("%w: port %d of sandbox %q", contract.ErrNotExposed, x.Port, x.ID)
+		return contract.Caller{}, fmt.Errorf("%w: port %d of sandbox %q", contract.ErrNotExposed, x.Port, x.ID)
 	}
-	return m.DialPort(ctx, *owner, x.ID, x.Port)
+	return *owner, nil
 }
