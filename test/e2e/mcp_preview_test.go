@@ -301,6 +301,18 @@ var _ = Describe("preview URLs (expose_port)", Ordered, func() {
 		Expect(code).To(Equal(http.StatusForbidden), body)
 		Expect(body).To(ContainSubstring("revoked"))
 		urlA = expose(ctx, s, a, 8000, nil)
+
+		// The echo server keeps connections alive, so the proxy reuses
+		// one: revocation must still refuse the next request on it.
+		u3 := expose(ctx, s, a, 8001, nil)
+		for range 3 {
+			code, body := previewGet(ctx, u3+"headers", nil)
+			Expect(code).To(Equal(http.StatusOK), body)
+		}
+		res = call(ctx, s, "unexpose_port", map[string]any{"container_id": a, "port": 8001})
+		Expect(res.IsError).To(BeFalse(), text(res))
+		code, body = previewGet(ctx, u3+"headers", nil)
+		Expect(code).To(Equal(http.StatusForbidden), body)
 	})
 
 	It("says when nothing listens on the port", func() {
