@@ -47,7 +47,7 @@ type previewClaims struct {
 }
 
 func previewMAC(payload string) []byte {
-	mac := hmac.New(sha256.New, contract.DeriveKey(previewKeyPurpose))
+	mac := hmac.New(sha256.New, contract.DerivedKey(previewKeyPurpose))
 	mac.Write([]byte(previewTokenVersion + "." + payload))
 	return mac.Sum(nil)
 }

@@ -2,8 +2,6 @@ package contract
 
 import (
 	"context"
-	"crypto/hmac"
-	"crypto/sha256"
 	"errors"
 	"io"
 	"time"
@@ -52,11 +50,3 @@ type Exposure struct {
 // ErrNotExposed: the port is not exposed under this URL any more (revoked
 // by unexpose_port, replaced by a later expose_port, or expired).
 var ErrNotExposed = errors.New("preview revoked or expired")
-
-// DeriveKey is a key for purpose derived from the owner key
-// (SetIdentityKey), so that the owner key itself signs nothing else.
-func DeriveKey(purpose string) []byte {
-	mac := hmac.New(sha256.New, *identityKey.Load())
-	mac.Write([]byte("code-sandbox-operator derived key: " + purpose))
-	return mac.Sum(nil)
-}
