@@ -83,7 +83,7 @@ func New(cfg Config, backend contract.Backend, logger *slog.Logger) (*server.MCP
 		server.WithLogging(),
 		server.WithInstructions(fmt.Sprintf(instructions, defaultParenthesized(cfg.SandboxWorkingDir))),
 	}, cacheHints()...)...)
-	for _, ctor := range []func(*deps) (mcp.Tool, server.ToolHandlerFunc){
+	for _, ctor := range append([]func(*deps) (mcp.Tool, server.ToolHandlerFunc){
 		sandboxInitializeTool,
 		copyProjectTool,
 		writeFileTool,
@@ -93,7 +93,7 @@ func New(cfg Config, backend contract.Backend, logger *slog.Logger) (*server.MCP
 		readFileTool,
 		listSandboxesTool,
 		sandboxStopTool,
-	} {
+	}, portTools(d)...) {
 		tool, handler := ctor(d)
 		s.AddTool(tool, d.wrap(tool.Name, handler))
 	}

@@ -39,6 +39,7 @@ type Runtime interface {
 	CopyIn(ctx context.Context, id string, dest execio.Target, archive io.Reader, limits execio.UploadLimits) (execio.TransferStats, error)
 	CopyOut(ctx context.Context, id string, src execio.Target, w io.Writer, maxBytes int64) (execio.TransferStats, error)
 	Logs(ctx context.Context, id string, opts dockerruntime.LogsOptions, stdout, stderr io.Writer) error
+	DialPort(ctx context.Context, id string, port int) (dockerruntime.PortConn, error)
 }
 
 // Activity hears of every exec, file transfer and log read, which are
@@ -281,6 +282,8 @@ func (s *Server) serve(w http.ResponseWriter, r *http.Request) {
 		}
 	case subresource.SubresourceLog:
 		s.serveLog(w, r, sbx, ct)
+	case subresource.SubresourcePortForward:
+		s.servePortForward(w, r, sbx, ct)
 	}
 }
 

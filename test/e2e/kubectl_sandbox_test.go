@@ -21,6 +21,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"time"
 
 	. "github.com/onsi/ginkgo/v2"
@@ -304,6 +305,69 @@ spec:
 		Expect(filepath.Join(workDir, "never")).NotTo(BeAnExistingFile())
 	}, NodeTimeout(2*time.Minute))
 
+	It("forwards local connections to a port in the Sandbox (port-forward), through kube-apiserver and the aggregated API", func(ctx SpecContext) {
+		_, stderr, code := sandbox(ctx, "token", "", "exec", box, "--", "sh", "-c",
+			`mkdir -p /tmp/pf && echo forwarded-through-the-api-server > /tmp/pf/index.html && cd /tmp/pf && (nohup python3 -m http.server 8000 --bind 127.0.0.1 >/dev/null 2>&1 &) && python3 -c '
+import socket, time
+for i in range(100):
+    try: socket.create_connection(("127.0.0.1", 8000)).close(); break
+    except OSError: time.sleep(0.1)'`)
+		Expect(code).To(BeZero(), stderr)
+
+		for _, cred := range []string{"token", "kubectl-proxy"} {
+			pctx, cancel := context.WithCancel(ctx)
+			cmd := command(pctx, cred, "", "port-forward", box, ":8000")
+			out, err := cmd.StdoutPipe()
+			Expect(err).NotTo(HaveOccurred())
+			var errOut bytes.Buffer
+			cmd.Stderr = &errOut
+			Expect(cmd.Start()).To(Succeed())
+			line, err := bufio.NewReader(out).ReadString('\n')
+			Expect(err).NotTo(HaveOccurred(), errOut.String())
+			Expect(line).To(MatchRegexp(`^Forwarding from 127\.0\.0\.1:\d+ -> 8000\n$`))
+			addr := strings.Fields(line)[2]
+			for range 3 {
+				resp, err := http.Get("http://" + addr + "/index.html")
+				Expect(err).NotTo(HaveOccurred(), errOut.String())
+				body, _ := io.ReadAll(resp.Body)
+				resp.Body.Close()
+				Expect(resp.StatusCode).To(Equal(http.StatusOK), cred)
+				Expect(string(body)).To(Equal("forwarded-through-the-api-server\n"), cred)
+			}
+			cancel()
+			_ = cmd.Wait()
+		}
+
+		By("a closed port: the connection is closed and the plugin says why")
+		pctx, cancel := context.WithCancel(ctx)
+		defer cancel()
+		cmd := command(pctx, "token", "", "port-forward", box, ":9")
+		out, err := cmd.StdoutPipe()
+		Expect(err).NotTo(HaveOccurred())
+		var errOut syncBuf
+		cmd.Stderr = &errOut
+		Expect(cmd.Start()).To(Succeed())
+		line, err := bufio.NewReader(out).ReadString('\n')
+		Expect(err).NotTo(HaveOccurred())
+		_, err = http.Get("http://" + strings.Fields(line)[2] + "/")
+		Expect(err).To(HaveOccurred())
+		Eventually(errOut.String).Should(ContainSubstring("port 9"))
+
+		By("a user without the role: the API server's 403")
+		cmd = command(pctx, "no-rights", "", "port-forward", box, ":8000")
+		out, err = cmd.StdoutPipe()
+		Expect(err).NotTo(HaveOccurred())
+		var denied syncBuf
+		cmd.Stderr = &denied
+		Expect(cmd.Start()).To(Succeed())
+		line, err = bufio.NewReader(out).ReadString('\n')
+		Expect(err).NotTo(HaveOccurred())
+		_, err = http.Get("http://" + strings.Fields(line)[2] + "/")
+		Expect(err).To(HaveOccurred())
+		Eventually(denied.String).Should(ContainSubstring("forbidden"))
+		Expect(denied.String()).To(ContainSubstring("sandboxes/portforward"))
+	}, NodeTimeout(3*time.Minute))
+
 	It("fails like kubectl for a Sandbox that does not exist", func(ctx SpecContext) {
 		_, stderr, code := sandbox(ctx, "token", "", "exec", "nope", "--", "true")
 		Expect(code).To(Equal(1))
@@ -367,3 +431,21 @@ spec:
 		}, NodeTimeout(time.Minute))
 	})
 })
+
+// syncBuf is a bytes.Buffer a process writes while a spec reads it.
+type syncBuf struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *syncBuf) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *syncBuf) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}

@@ -233,8 +233,9 @@ var _ = Describe("RBAC of the default overlay, applied for real", Ordered, func(
 			in(team, "get", "sandboxquotas"), in(team, "list", "sandboxquotas"), in(team, "watch", "sandboxquotas"),
 			agg(team, "create", "sandboxes/exec"), agg(team, "create", "sandboxes/files"), agg(team, "get", "sandboxes/files"),
 			agg(team, "get", "sandboxes/log"), agg(team, "get", "sandboxes/history"),
+			in(team, "create", "sandboxes/portforward"), agg(team, "create", "sandboxes/portforward"),
 		}, []access{
-			agg("default", "create", "sandboxes/exec"),
+			agg("default", "create", "sandboxes/exec"), agg("default", "create", "sandboxes/portforward"),
 			in(team, "create", "sandboxquotas"), in(team, "update", "sandboxquotas"), in(team, "patch", "sandboxquotas"),
 			in(team, "delete", "sandboxquotas"), in(team, "update", "sandboxquotas/status"),
 			in(team, "update", "sandboxes/status"), in(team, "patch", "sandboxes/status"),
@@ -251,6 +252,7 @@ var _ = Describe("RBAC of the default overlay, applied for real", Ordered, func(
 			agg(team, "get", "sandboxes/log"), agg(team, "get", "sandboxes/history"),
 		}, []access{
 			agg(team, "create", "sandboxes/exec"), agg(team, "create", "sandboxes/files"), agg(team, "get", "sandboxes/files"),
+			agg(team, "create", "sandboxes/portforward"), in(team, "create", "sandboxes/portforward"),
 			in(team, "create", "sandboxes"), in(team, "delete", "sandboxes"), in(team, "update", "sandboxes"),
 			in(team, "create", "sandboxes/exec"), in(team, "create", "sandboxes/files"), in(team, "get", "sandboxes/files"),
 			in(team, "update", "sandboxquotas"), in(team, "create", "sandboxquotas"),
@@ -263,6 +265,7 @@ var _ = Describe("RBAC of the default overlay, applied for real", Ordered, func(
 			in(team, "create", "sandboxes"), in(team, "deletecollection", "sandboxes"),
 			in(team, "get", "sandboxes/status"), in(team, "create", "sandboxes/exec"),
 			in(team, "get", "sandboxes/log"), in(team, "list", "sandboxquotas"),
+			agg(team, "create", "sandboxes/portforward"),
 			agg(team, "create", "sandboxes/exec"), agg(team, "create", "sandboxes/files"), agg(team, "get", "sandboxes/files"),
 			agg(team, "get", "sandboxes/log"), agg(team, "get", "sandboxes/history"),
 		}, []access{

@@ -35,7 +35,12 @@ type Config struct {
 	DockerHost string
 
 	// HTTPAddr serves streamable HTTP on this address instead of stdio.
-	HTTPAddr                string
+	HTTPAddr string
+	// PreviewAddr serves expose_port's preview URLs on this address
+	// (their own origin); PreviewURL is their external base URL (default
+	// http://PreviewAddr).
+	PreviewAddr             string
+	PreviewURL              string
 	AllowRemote             bool
 	Auth                    string // token, kubernetes, oidc or none
 	TokenFile               string

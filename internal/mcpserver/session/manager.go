@@ -92,6 +92,8 @@ type entry struct {
 	sandbox contract.Sandbox
 	// state serialises pausing and resuming the sandbox.
 	state sync.Mutex
+	// exposures are its exposed ports (ports.go), under Manager.mu.
+	exposures map[int]exposure
 	Activity
 }
 
