@@ -171,6 +171,32 @@ var _ = Describe("code-sandbox-mcp over streamable HTTP in both MCP revisions", 
 		}
 	})
 
+	It("keeps serving a 2026-07-28 client after it cancels a call (its notifications/cancelled is accepted)", func(ctx SpecContext) {
+		sess, wire := connect(ctx, "2026-07-28", nil)
+		defer sess.Close()
+		id := initSandbox(ctx, sess, nil)
+		cctx, cancel := context.WithTimeout(ctx, time.Second)
+		_, err := sess.CallTool(cctx, &mcp.CallToolParams{Name: "sandbox_exec",
+			Arguments: map[string]any{"container_id": id, "commands": []string{"sleep 30"}}})
+		cancel()
+		Expect(err).To(HaveOccurred(), "the call outlived its context")
+		var cancels []int
+		Eventually(func() []int {
+			cancels = nil
+			for _, r := range wire.records() {
+				if r.method == "notifications/cancelled" {
+					cancels = append(cancels, r.status)
+				}
+			}
+			return cancels
+		}).WithTimeout(10 * time.Second).ShouldNot(BeEmpty())
+		Expect(cancels).To(HaveEach(http.StatusAccepted))
+		// Before, the 400 it got made the SDK fail every later call.
+		res := call(ctx, sess, "sandbox_exec", map[string]any{"container_id": id, "commands": []string{"echo after"}})
+		Expect(res.IsError).To(BeFalse(), text(res))
+		Expect(call(ctx, sess, "sandbox_stop", map[string]any{"container_id": id}).IsError).To(BeFalse())
+	})
+
 	It("serves both revisions to one identity at once, each a sandbox of the other's", func(ctx SpecContext) {
 		legacy, _ := connect(ctx, "2025-11-25", nil)
 		defer legacy.Close()

@@ -44,6 +44,7 @@ func modernVersion(r *http.Request) string {
 // (its keep-alive stops and the session lives on), so -32601 is both what
 // the revision says and what lets the client recover.
 //
+// notifications/cancelled is accepted whatever its _meta (see below), and
 // subscriptions/listen is wrapped by listenWriter, below.
 func (h *HTTPServer) modernRequests(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -58,6 +59,20 @@ func (h *HTTPServer) modernRequests(next http.Handler) http.Handler {
 			writeJSONRPCError(w, &precheckError{status: http.StatusNotFound, code: mcp.METHOD_NOT_FOUND,
 				message: fmt.Sprintf("Method not found: ping is not part of MCP %s (SEP-2575 removed it); a client that wants to know the server is up may call server/discover", version)},
 				buffered.info.ID)
+		case string(mcp.MethodNotificationCancelled):
+			if len(buffered.info.ID) != 0 {
+				next.ServeHTTP(w, r)
+				return
+			}
+			// The Go SDK (v1.8.0) sends notifications/cancelled when a
+			// call's context ends, with only the header version and no
+			// _meta; mcp-go refused it with 400, and the SDK then failed
+			// every later call of the connection. A 2026-07-28 call is
+			// cancelled by closing its request (its context ends with it,
+			// here as on any replica), and mcp-go acts on no cancelled
+			// notification in either revision: accept it, as a notification
+			// is accepted, and do nothing.
+			w.WriteHeader(http.StatusAccepted)
 		case string(mcp.MethodSubscriptionsListen):
 			lw := &listenWriter{w: w}
 			next.ServeHTTP(lw, r)

@@ -247,6 +247,23 @@ var _ = Describe("MCP 2026-07-28 on the HTTP endpoint", Label("unit"), func() {
 		Expect(serve(h, r).Code).To(Equal(http.StatusBadRequest))
 	})
 
+	It("accepts notifications/cancelled with or without _meta (the Go SDK sends it bare) and answers nothing", func() {
+		bare := `{"jsonrpc":"2.0","method":"notifications/cancelled","params":{"requestId":7,"reason":"context canceled"}}`
+		for _, body := range []string{bare, modernBody(0, "notifications/cancelled", "")} {
+			var msg map[string]any
+			Expect(json.Unmarshal([]byte(body), &msg)).To(Succeed())
+			delete(msg, "id")
+			b, err := json.Marshal(msg)
+			Expect(err).NotTo(HaveOccurred())
+			w := serve(h, modernRequest(string(b), "notifications/cancelled", ""))
+			Expect(w.Code).To(Equal(http.StatusAccepted), w.Body.String())
+			Expect(w.Body.Len()).To(BeZero())
+		}
+		// A tool call after it is served as before.
+		w := serve(h, modernRequest(modernBody(21, "tools/list", ""), "tools/list", ""))
+		Expect(w.Code).To(Equal(http.StatusOK), w.Body.String())
+	})
+
 	It("has no GET stream and no DELETE for a 2026-07-28 client", func() {
 		for _, verb := range []string{http.MethodGet, http.MethodDelete} {
 			r := mcpRequest("192.0.2.1:1", aliceToken, "", nil)
