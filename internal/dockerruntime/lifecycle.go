@@ -74,6 +74,7 @@ func (c *Client) CreateAndStart(ctx context.Context, spec Spec) (Container, erro
 		}
 		return Container{}, err
 	}
+	c.prestartHelper(id)
 	return c.Inspect(ctx, id)
 }
 

@@ -54,11 +54,13 @@ const HealthCheckTimeout = 10 * time.Second
 
 // CheckHealth is a warm pool member's check before it is frozen: the
 // helper's `check` (internal/sandboxhelper/check.go), run as a command the
-// way every exec runs, leaving no resident helper, no process and no file.
-// It needs nothing from the image. An error says what failed.
+// way every exec runs, leaving no process but the resident helper it ran
+// in (so that a claimed member's first command finds that helper: see
+// prestart.go), and no file. It needs nothing from the image. An error
+// says what failed.
 func (c *Client) CheckHealth(ctx context.Context, id string) error {
 	stderr := &boundedBuffer{max: 4 << 10}
-	res, err := c.RunCommandOnce(ctx, id, execio.Request{
+	res, err := c.RunCommand(ctx, id, execio.Request{
 		Command: []string{HelperPath, "check"}, TimeoutSeconds: int64(HealthCheckTimeout / time.Second),
 	}, nil, stderr)
 	switch {
@@ -131,6 +133,7 @@ func (c *Client) runCommand(ctx context.Context, id string, req execio.Request, 
 func (c *Client) acceptedServe(ctx context.Context, id string, request []byte, bound time.Duration) (*serveExec, error) {
 	actx, cancel := context.WithTimeout(ctx, bound)
 	defer cancel()
+	c.awaitPrestart(actx, id)
 	if s := c.takeStandby(id); s != nil {
 		// A frozen helper would hold the command until its container
 		// thaws, and run it then; Docker refuses an exec in a paused
