@@ -7,8 +7,10 @@ Licensed under the MIT License; see the LICENSE file.
 package dockerruntime
 
 import (
+	"archive/tar"
 	"bytes"
 	"context"
+	"io"
 	"strconv"
 	"strings"
 	"time"
@@ -86,4 +88,38 @@ var _ = Describe("The helper started with the container", dockerLabel, func() {
 		Expect(res.ExitCode).To(BeZero())
 		Expect(execCreates(ctx, ct.ID, t0)).To(Equal([]string{HelperPath + " serve"}))
 	}, SpecTimeout(60*time.Second))
+
+	It("carries file transfers: a write and a read need no exec, and an upload over what a request carries still streams through one", func(ctx SpecContext) {
+		serve := HelperPath + " serve"
+		t0 := time.Now()
+		ct, _ := startSandbox(ctx, nil)
+		data := bytes.Repeat([]byte("x"), 1024)
+		_, err := rt.CopyIn(ctx, ct.ID, execio.Target{Root: "/tmp"}, bytes.NewReader(makeTar(tarEntry{Name: "d/f", Type: tar.TypeReg, Mode: 0o640, Body: data})), execio.UploadLimits{})
+		Expect(err).NotTo(HaveOccurred())
+		var out bytes.Buffer
+		_, err = rt.CopyOut(ctx, ct.ID, execio.Target{Root: "/tmp", Rel: "d/f"}, &out, 0)
+		Expect(err).NotTo(HaveOccurred())
+		hdr, body := readOneEntry(out.Bytes())
+		Expect(hdr.Mode & 0o777).To(Equal(int64(0o640)))
+		Expect(body).To(Equal(data))
+		Expect(execCreates(ctx, ct.ID, t0)).To(Equal([]string{serve}), "the transfers ran in the resident helper")
+
+		// Over serveUploadMax: an exec of `helper untar`, as before.
+		big := bytes.Repeat([]byte("y"), serveUploadMax+1)
+		_, err = rt.CopyIn(ctx, ct.ID, execio.Target{Root: "/tmp"}, bytes.NewReader(makeTar(tarEntry{Name: "big", Type: tar.TypeReg, Mode: 0o644, Body: big})), execio.UploadLimits{})
+		Expect(err).NotTo(HaveOccurred())
+		Expect(sh(ctx, ct.ID, "wc -c < /tmp/big").Stdout).To(Equal(strconv.Itoa(len(big)) + "\n"))
+		Expect(execCreates(ctx, ct.ID, t0)).To(ContainElement(HavePrefix(HelperPath+" untar")))
+	}, SpecTimeout(60*time.Second))
 })
+
+// readOneEntry is the first entry of a tar and its content.
+func readOneEntry(archive []byte) (*tar.Header, []byte) {
+	GinkgoHelper()
+	tr := tar.NewReader(bytes.NewReader(archive))
+	hdr, err := tr.Next()
+	Expect(err).NotTo(HaveOccurred())
+	body, err := io.ReadAll(tr)
+	Expect(err).NotTo(HaveOccurred())
+	return hdr, body
+}
