@@ -109,7 +109,7 @@ var _ = Describe("The helper started with the container", dockerLabel, func() {
 		_, err = rt.CopyIn(ctx, ct.ID, execio.Target{Root: "/tmp"}, bytes.NewReader(makeTar(tarEntry{Name: "big", Type: tar.TypeReg, Mode: 0o644, Body: big})), execio.UploadLimits{})
 		Expect(err).NotTo(HaveOccurred())
 		Expect(sh(ctx, ct.ID, "wc -c < /tmp/big").Stdout).To(Equal(strconv.Itoa(len(big)) + "\n"))
-		Expect(execCreates(ctx, ct.ID, t0)).To(ContainElement(HavePrefix(HelperPath+" untar")))
+		Expect(execCreates(ctx, ct.ID, t0)).To(ContainElement(HavePrefix(HelperPath + " untar")))
 	}, SpecTimeout(60*time.Second))
 })
 
