@@ -34,6 +34,9 @@ type interactiveSample struct {
 	repeated time.Duration // a second command, `true`
 	write    time.Duration // a 1 KiB file written
 	read     time.Duration // the same file read back (ours only)
+	// claimed is a warm member's thaw and first command: created, checked
+	// (ours: CheckHealth) and paused untimed, then unpaused and `true` run.
+	claimed time.Duration
 }
 
 // serveStartSample splits one `helper serve` start, done with the raw
@@ -113,7 +116,38 @@ func (e *benchEnv) oursInteractive(ctx context.Context) (interactiveSample, stri
 	if !bytes.Contains(out.Bytes(), oneKiB) {
 		return s, ct.ID, errors.New("the file read back is not the one written")
 	}
-	return s, ct.ID, nil
+	s.claimed, err = e.oursClaimed(ctx)
+	return s, ct.ID, err
+}
+
+// oursClaimed times a warm pool member's claim as the node manager does
+// it: a member created, health-checked and frozen (untimed), then thawed
+// and its first command run.
+func (e *benchEnv) oursClaimed(ctx context.Context) (time.Duration, error) {
+	uid := fmt.Sprintf("tti-warm-%s-%d", runID, seq.Add(1))
+	ct, err := e.docker.CreateAndStart(ctx, dockerruntime.Spec{
+		Owner: dockerruntime.Owner{UID: uid, Namespace: namespace, Name: uid, Node: rawNode},
+		Image: e.image,
+	})
+	if err != nil {
+		return 0, err
+	}
+	defer func() { _ = e.docker.Remove(context.WithoutCancel(ctx), ct.ID, 0) }()
+	if err := e.docker.CheckHealth(ctx, ct.ID); err != nil {
+		return 0, err
+	}
+	if err := e.docker.Pause(ctx, ct.ID); err != nil {
+		return 0, err
+	}
+	t := time.Now()
+	if err := e.docker.BeginUnpause(ct.ID)(ctx); err != nil {
+		return 0, err
+	}
+	res, err := e.docker.RunCommand(ctx, ct.ID, execio.Request{Command: []string{"true"}}, nil, nil)
+	if err == nil && res.ExitCode != 0 {
+		err = fmt.Errorf("true exited %d", res.ExitCode)
+	}
+	return time.Since(t), err
 }
 
 // rawInteractive is the baseline: raw create+start until running, a raw
@@ -142,6 +176,18 @@ func (e *benchEnv) rawInteractive(ctx context.Context) (interactiveSample, strin
 		return s, id, err
 	}
 	s.write = time.Since(t)
+	// A claim: pause (untimed), then unpause and a raw exec.
+	if err := e.raw.ContainerPause(ctx, id); err != nil {
+		return s, id, err
+	}
+	t = time.Now()
+	if err := e.raw.ContainerUnpause(ctx, id); err != nil {
+		return s, id, err
+	}
+	if err := e.rawExec(ctx, id, []string{"true"}, ""); err != nil {
+		return s, id, err
+	}
+	s.claimed = time.Since(t)
 	return s, id, nil
 }
 
@@ -251,7 +297,8 @@ func (e *benchEnv) untarExec(ctx context.Context, id string) (untarExecSample, e
 // command, a repeated command, a 1 KiB write_file and its read back,
 // against (b) raw Docker create+start, a raw exec, another, and a raw exec
 // writing 1 KiB from stdin, in the same run. ns/op is (a)'s time to
-// interactive (create + first command). It also splits a resident helper's
+// interactive (create + first command). A warm member's claim (thaw and
+// first command) is timed on both paths too. It also splits a resident helper's
 // start and an exec-per-transfer upload into Docker's calls.
 func BenchmarkTimeToInteractive(b *testing.B) {
 	e := env(b)
@@ -331,6 +378,7 @@ func BenchmarkTimeToInteractive(b *testing.B) {
 		{"repeated-exec", func(s interactiveSample) time.Duration { return s.repeated }, true},
 		{"write-1k", func(s interactiveSample) time.Duration { return s.write }, true},
 		{"read-1k", func(s interactiveSample) time.Duration { return s.read }, false},
+		{"claimed-first", func(s interactiveSample) time.Duration { return s.claimed }, true},
 	}
 	var t strings.Builder
 	fmt.Fprintf(&t, "time to interactive, Docker backend (runtime) vs raw Docker, p50 [n=%d]:\n", len(ours))
