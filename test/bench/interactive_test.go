@@ -184,8 +184,17 @@ func (e *benchEnv) rawInteractive(ctx context.Context) (interactiveSample, strin
 	if err := e.raw.ContainerUnpause(ctx, id); err != nil {
 		return s, id, err
 	}
-	if err := e.rawExec(ctx, id, []string{"true"}, ""); err != nil {
-		return s, id, err
+	// Docker records the thaw from containerd's event, a moment after
+	// the unpause returns: an exec can still be refused as paused then.
+	for deadline := time.Now().Add(5 * time.Second); ; {
+		err := e.rawExec(ctx, id, []string{"true"}, "")
+		if err == nil {
+			break
+		}
+		if !strings.Contains(err.Error(), "is paused") || time.Now().After(deadline) {
+			return s, id, err
+		}
+		time.Sleep(time.Millisecond)
 	}
 	s.claimed = time.Since(t)
 	return s, id, nil
