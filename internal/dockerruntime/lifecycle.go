@@ -74,7 +74,13 @@ func (c *Client) CreateAndStart(ctx context.Context, spec Spec) (Container, erro
 		}
 		return Container{}, err
 	}
-	return c.Inspect(ctx, id)
+	ct, err := c.Inspect(ctx, id)
+	if err == nil {
+		// After the inspect, so that Docker's work on the exec does not
+		// hold up this call (prestart.go).
+		c.prestartHelper(id)
+	}
+	return ct, err
 }
 
 // EnsureEgressNetwork checks that egress sandboxes may be created: the

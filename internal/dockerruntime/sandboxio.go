@@ -54,11 +54,13 @@ const HealthCheckTimeout = 10 * time.Second
 
 // CheckHealth is a warm pool member's check before it is frozen: the
 // helper's `check` (internal/sandboxhelper/check.go), run as a command the
-// way every exec runs, leaving no resident helper, no process and no file.
-// It needs nothing from the image. An error says what failed.
+// way every exec runs, leaving no process but the resident helper it ran
+// in (so that a claimed member's first command finds that helper: see
+// prestart.go), and no file. It needs nothing from the image. An error
+// says what failed.
 func (c *Client) CheckHealth(ctx context.Context, id string) error {
 	stderr := &boundedBuffer{max: 4 << 10}
-	res, err := c.RunCommandOnce(ctx, id, execio.Request{
+	res, err := c.RunCommand(ctx, id, execio.Request{
 		Command: []string{HelperPath, "check"}, TimeoutSeconds: int64(HealthCheckTimeout / time.Second),
 	}, nil, stderr)
 	switch {
@@ -131,6 +133,7 @@ func (c *Client) runCommand(ctx context.Context, id string, req execio.Request, 
 func (c *Client) acceptedServe(ctx context.Context, id string, request []byte, bound time.Duration) (*serveExec, error) {
 	actx, cancel := context.WithTimeout(ctx, bound)
 	defer cancel()
+	c.awaitPrestart(actx, id)
 	if s := c.takeStandby(id); s != nil {
 		// A frozen helper would hold the command until its container
 		// thaws, and run it then; Docker refuses an exec in a paused
@@ -405,17 +408,49 @@ func (c *Client) CopyIn(ctx context.Context, id string, dest execio.Target, arch
 		pw.CloseWithError(err)
 		done <- sanitized{stats, err}
 	}()
+	where := fmt.Sprintf("uploading to %s in sandbox %s", joinTarget(dest), ShortID(id))
+	// An archive that fits in a request goes through the resident helper
+	// (transfer_serve.go); a larger one, or one the sanitiser refused part
+	// way, streams through an exec as it always did.
+	prefix := make([]byte, serveUploadMax+1)
+	n, rerr := io.ReadFull(pr, prefix)
+	prefix = prefix[:n]
+	var stdin io.Reader
+	var s *sanitized
+	switch {
+	case rerr == nil:
+		// Larger: the rest follows the prefix.
+		stdin = io.MultiReader(bytes.NewReader(prefix), pr)
+	case errors.Is(rerr, io.EOF) || errors.Is(rerr, io.ErrUnexpectedEOF):
+		got := <-done
+		s = &got
+		stderr := &boundedBuffer{max: helperStderrMax}
+		code, handled, err := c.runInHelper(ctx, id, untarArgv(dest, limits), prefix, io.Discard, stderr)
+		if handled {
+			switch {
+			case err != nil:
+				return s.stats, err
+			case code != 0:
+				return s.stats, helperFailure(where, code, stderr.buf.Bytes())
+			}
+			return s.stats, nil
+		}
+		stdin = bytes.NewReader(prefix)
+	default:
+		// The sanitiser's verdict: the helper gets the archive cut there.
+		got := <-done
+		s = &got
+		stdin = io.MultiReader(bytes.NewReader(prefix), failingReader{rerr})
+	}
 	stderr := &boundedBuffer{max: helperStderrMax}
-	res, execErr := c.Exec(ctx, id, ExecOptions{
-		Cmd: []string{HelperPath, "untar", "--root=" + dest.Root, "--dest=" + dest.Rel,
-			"--max-bytes=" + strconv.FormatInt(limits.MaxBytes, 10), "--max-entries=" + strconv.Itoa(limits.MaxEntries)},
-		Stdin: pr,
-	}, io.Discard, stderr)
+	res, execErr := c.Exec(ctx, id, ExecOptions{Cmd: untarArgv(dest, limits), Stdin: stdin}, io.Discard, stderr)
 	// Unblock the sanitiser if the helper stopped reading early.
 	errHelperGone := errors.New("the sandbox helper stopped reading the upload")
 	pr.CloseWithError(errHelperGone)
-	s := <-done
-	where := fmt.Sprintf("uploading to %s in sandbox %s", joinTarget(dest), ShortID(id))
+	if s == nil {
+		got := <-done
+		s = &got
+	}
 	switch {
 	case s.err != nil && !errors.Is(s.err, errHelperGone):
 		// The sanitiser's verdict names the offending entry.
@@ -460,9 +495,14 @@ func (c *Client) CopyOut(ctx context.Context, id string, src execio.Target, w io
 		done <- counted{stats, err}
 	}()
 	stderr := &boundedBuffer{max: helperStderrMax}
-	res, execErr := c.Exec(ctx, id, ExecOptions{
-		Cmd: []string{HelperPath, "tar", "--root=" + src.Root, "--path=" + src.Rel, "--max-bytes=" + strconv.FormatInt(maxBytes, 10)},
-	}, pw, stderr)
+	// Through the resident helper (transfer_serve.go), or an exec for a
+	// helper without serve.
+	var res ExecResult
+	code, handled, execErr := c.runInHelper(ctx, id, tarArgv(src, maxBytes), nil, pw, stderr)
+	res.ExitCode = code
+	if !handled {
+		res, execErr = c.Exec(ctx, id, ExecOptions{Cmd: tarArgv(src, maxBytes)}, pw, stderr)
+	}
 	pw.CloseWithError(execErr)
 	s := <-done
 	where := fmt.Sprintf("downloading %s from sandbox %s", joinTarget(src), ShortID(id))

@@ -224,6 +224,9 @@ type standbys struct {
 	closed bool
 	// legacy are containers whose helper predates serve.
 	legacy map[string]bool
+	// starting are the helper starts prestartHelper began, closed when
+	// each ends (prestart.go).
+	starting map[string]chan struct{}
 }
 
 // takeStandby returns the container's idle helper, or nil.
