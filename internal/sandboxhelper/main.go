@@ -15,6 +15,7 @@ const usage = `usage:
   code-sandbox-helper kill ID
   code-sandbox-helper check   (a warm pool member's health check; see check.go)
   code-sandbox-helper serve   (one command, on request; see helperproto)
+  code-sandbox-helper proc start|list|poll|wait|kill|stdin [--id=HANDLE] ...   (background processes; see bg_linux.go)
   code-sandbox-helper untar --root=DIR --dest=REL [--max-bytes=N] [--max-entries=N] < archive.tar
   code-sandbox-helper tar --root=DIR --path=REL [--max-bytes=N] > archive.tar`
 
@@ -24,7 +25,7 @@ func Main(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 		return usageError(stderr, errors.New("no subcommand"))
 	}
 	switch args[0] {
-	case "run", "serve", "tar", "untar":
+	case "run", "serve", "tar", "untar", "proc":
 		// Before any frame or file content is read: see hideFromSandbox.
 		if err := hideFromSandbox(); err != nil {
 			return report(stderr, fmt.Errorf("making the helper non-dumpable: %w", err))
@@ -42,6 +43,8 @@ func Main(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 			return usageError(stderr, errors.New("serve takes no arguments"))
 		}
 		return serve(stdin, stdout)
+	case "proc":
+		return procMain(args[1:], stdin, stdout, stderr)
 	case "check":
 		if len(args) != 1 {
 			return usageError(stderr, errors.New("check takes no arguments"))
