@@ -42,23 +42,23 @@ type ProcessOffsets struct {
 // its status. req's stdin must be empty (write it with WriteProcessStdin);
 // its timeout is ignored: a background process runs until it exits, is
 // killed, or the sandbox ends.
-func (c *Client) StartProcess(ctx context.Context, id, handle string, req execio.Request) (helperproto.ProcStatus, error) {
+func (c *Client) StartProcess(ctx context.Context, id, handle string, req execio.Request) (execio.ProcessStatus, error) {
 	req, err := req.Normalize()
 	if err != nil {
-		return helperproto.ProcStatus{}, err
+		return execio.ProcessStatus{}, err
 	}
 	if len(req.Stdin) > 0 {
-		return helperproto.ProcStatus{}, fmt.Errorf("%w: a background command takes no stdin in its request; write it to the process's stdin once started", execio.ErrInvalidRequest)
+		return execio.ProcessStatus{}, fmt.Errorf("%w: a background command takes no stdin in its request; write it to the process's stdin once started", execio.ErrInvalidRequest)
 	}
 	args := append([]string{"start", "--id=" + handle, "--"}, req.Argv()...)
-	var st helperproto.ProcStatus
+	var st execio.ProcessStatus
 	err = c.procCall(ctx, id, execio.Request{Env: req.Env, WorkingDir: req.WorkingDir}, procCallTimeout, nil, &st, args...)
 	return st, err
 }
 
 // ListProcesses reports the sandbox's background processes, oldest first.
-func (c *Client) ListProcesses(ctx context.Context, id string) ([]helperproto.ProcStatus, error) {
-	var out []helperproto.ProcStatus
+func (c *Client) ListProcesses(ctx context.Context, id string) ([]execio.ProcessStatus, error) {
+	var out []execio.ProcessStatus
 	if err := c.procCall(ctx, id, execio.Request{}, procCallTimeout, nil, &out, "list"); err != nil {
 		return nil, err
 	}
@@ -71,14 +71,14 @@ func (c *Client) ListProcesses(ctx context.Context, id string) ([]helperproto.Pr
 }
 
 // PollProcess reports the process's status and its output since off.
-func (c *Client) PollProcess(ctx context.Context, id, handle string, off ProcessOffsets) (helperproto.ProcOutput, error) {
+func (c *Client) PollProcess(ctx context.Context, id, handle string, off ProcessOffsets) (execio.ProcessOutput, error) {
 	return c.WaitProcess(ctx, id, handle, off, 0)
 }
 
 // WaitProcess is PollProcess once the process has exited or timeout has
 // passed (at most helperproto.MaxProcWait), whichever comes first.
-func (c *Client) WaitProcess(ctx context.Context, id, handle string, off ProcessOffsets, timeout time.Duration) (helperproto.ProcOutput, error) {
-	var out helperproto.ProcOutput
+func (c *Client) WaitProcess(ctx context.Context, id, handle string, off ProcessOffsets, timeout time.Duration) (execio.ProcessOutput, error) {
+	var out execio.ProcessOutput
 	if timeout < 0 || timeout > helperproto.MaxProcWait {
 		return out, fmt.Errorf("%w: a wait is bounded to %s, got %s", execio.ErrInvalidRequest, helperproto.MaxProcWait, timeout)
 	}
@@ -93,8 +93,8 @@ func (c *Client) WaitProcess(ctx context.Context, id, handle string, off Process
 
 // KillProcess kills the process's whole tree and reports its status (that
 // of a process that had already ended, unchanged).
-func (c *Client) KillProcess(ctx context.Context, id, handle string) (helperproto.ProcStatus, error) {
-	var st helperproto.ProcStatus
+func (c *Client) KillProcess(ctx context.Context, id, handle string) (execio.ProcessStatus, error) {
+	var st execio.ProcessStatus
 	err := c.procCall(ctx, id, execio.Request{}, procCallTimeout, nil, &st, "kill", "--id="+handle)
 	return st, err
 }
@@ -102,8 +102,8 @@ func (c *Client) KillProcess(ctx context.Context, id, handle string) (helperprot
 // WriteProcessStdin writes data (at most helperproto.MaxStdinWrite) to the
 // process's stdin, then closes it when eof is set. It blocks while the
 // process does not read, up to ctx.
-func (c *Client) WriteProcessStdin(ctx context.Context, id, handle string, data []byte, eof bool) (helperproto.ProcStatus, error) {
-	var st helperproto.ProcStatus
+func (c *Client) WriteProcessStdin(ctx context.Context, id, handle string, data []byte, eof bool) (execio.ProcessStatus, error) {
+	var st execio.ProcessStatus
 	if len(data) > helperproto.MaxStdinWrite {
 		return st, fmt.Errorf("%w: a write to stdin is at most %d bytes, got %d", execio.ErrTooLarge, helperproto.MaxStdinWrite, len(data))
 	}

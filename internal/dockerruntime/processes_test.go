@@ -32,17 +32,17 @@ var _ = Describe("Background processes", dockerLabel, Ordered, ContinueOnFailure
 		st, err := first.StartProcess(ctx, ct.ID, h, execio.Request{Shell: `echo "start $FOO in $PWD"; sleep 3; echo end; echo oops >&2; exit 5`, Env: []string{"FOO=bar"}, WorkingDir: "/tmp"})
 		Expect(err).NotTo(HaveOccurred())
 		Expect(st.Handle).To(Equal(h))
-		Expect(st.State).To(Equal(helperproto.ProcRunning))
+		Expect(st.State).To(Equal(execio.ProcessRunning))
 		// The manager restarts: its resident helper's exec ends with it.
 		Expect(first.Close()).To(Succeed())
 
 		out, err := rt.WaitProcess(ctx, ct.ID, h, ProcessOffsets{}, 200*time.Millisecond)
 		Expect(err).NotTo(HaveOccurred())
-		Expect(out.State).To(Equal(helperproto.ProcRunning), "a short wait returns while it runs")
+		Expect(out.State).To(Equal(execio.ProcessRunning), "a short wait returns while it runs")
 		Expect(string(out.Stdout.Data)).To(Equal("start bar in /tmp\n"))
 		out, err = rt.WaitProcess(ctx, ct.ID, h, ProcessOffsets{Stdout: out.Stdout.Next}, 30*time.Second)
 		Expect(err).NotTo(HaveOccurred())
-		Expect(out.State).To(Equal(helperproto.ProcExited))
+		Expect(out.State).To(Equal(execio.ProcessExited))
 		Expect(*out.ExitCode).To(Equal(5))
 		Expect(string(out.Stdout.Data)).To(Equal("end\n"))
 		Expect(string(out.Stderr.Data)).To(Equal("oops\n"))
@@ -67,7 +67,7 @@ var _ = Describe("Background processes", dockerLabel, Ordered, ContinueOnFailure
 		Eventually(sleeps).WithTimeout(10 * time.Second).Should(HaveLen(3))
 		st, err := rt.KillProcess(ctx, ct.ID, h)
 		Expect(err).NotTo(HaveOccurred())
-		Expect(st.State).To(Equal(helperproto.ProcExited))
+		Expect(st.State).To(Equal(execio.ProcessExited))
 		Expect(*st.ExitCode).To(Equal(helperproto.ExitKilled))
 		Expect(survivors(ctx, ct.ID, "sleep 401")).To(BeEmpty(), "the tree, the runner and the supervisor are gone")
 		Expect(zombies(ctx, ct.ID)).To(BeZero())
@@ -102,7 +102,7 @@ var _ = Describe("Background processes", dockerLabel, Ordered, ContinueOnFailure
 		}
 		out, err := rt.PollProcess(ctx, ct.ID, h, ProcessOffsets{})
 		Expect(err).NotTo(HaveOccurred())
-		Expect(out.State).To(Equal(helperproto.ProcRunning), "the process of the other sandbox is untouched")
+		Expect(out.State).To(Equal(execio.ProcessRunning), "the process of the other sandbox is untouched")
 	})
 
 	It("refuses stdin in the start request and an unbounded wait", func(ctx SpecContext) {

@@ -16,6 +16,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/code-sandbox/code-sandbox-operator/internal/execio"
 	"github.com/code-sandbox/code-sandbox-operator/internal/sandboxhelper/helperproto"
 )
 
@@ -166,7 +167,7 @@ func noSuchProcess(id string) error {
 }
 
 // procStart creates the handle's directory and starts its supervisor.
-func procStart(f procFlags) (*helperproto.ProcStatus, error) {
+func procStart(f procFlags) (*execio.ProcessStatus, error) {
 	if err := os.MkdirAll(f.dir, 0o700); err != nil {
 		return nil, fmt.Errorf("creating %s: %w", f.dir, err)
 	}
@@ -185,7 +186,7 @@ func procStart(f procFlags) (*helperproto.ProcStatus, error) {
 		}
 		return nil, fmt.Errorf("creating %s: %w", dir, err)
 	}
-	cleanup := func(err error) (*helperproto.ProcStatus, error) {
+	cleanup := func(err error) (*execio.ProcessStatus, error) {
 		_ = os.RemoveAll(dir)
 		return nil, err
 	}
@@ -232,7 +233,7 @@ func procStart(f procFlags) (*helperproto.ProcStatus, error) {
 		if err != nil {
 			return nil, err
 		}
-		if st.State != helperproto.ProcRunning || fileExists(filepath.Join(dir, "pid")) {
+		if st.State != execio.ProcessRunning || fileExists(filepath.Join(dir, "pid")) {
 			return st, nil
 		}
 		if time.Now().After(deadline) {
@@ -249,13 +250,13 @@ func makeRoom(root string) error {
 	if err != nil {
 		return err
 	}
-	var finished []helperproto.ProcStatus
+	var finished []execio.ProcessStatus
 	for _, st := range all {
-		if st.State != helperproto.ProcRunning {
+		if st.State != execio.ProcessRunning {
 			finished = append(finished, st)
 		}
 	}
-	slices.SortFunc(finished, func(a, b helperproto.ProcStatus) int { return endOf(a).Compare(endOf(b)) })
+	slices.SortFunc(finished, func(a, b execio.ProcessStatus) int { return endOf(a).Compare(endOf(b)) })
 	for n := len(all); n >= helperproto.MaxProcs; n-- {
 		if len(finished) == 0 {
 			return &helperproto.Error{Kind: helperproto.KindTooManyProcesses, Message: fmt.Sprintf(
@@ -267,7 +268,7 @@ func makeRoom(root string) error {
 	return nil
 }
 
-func endOf(st helperproto.ProcStatus) time.Time {
+func endOf(st execio.ProcessStatus) time.Time {
 	if st.EndedAt != nil {
 		return *st.EndedAt
 	}
@@ -423,10 +424,10 @@ func (r *ring) Write(p []byte) (int, error) {
 }
 
 // readRing reads up to limit bytes of a ring from offset.
-func readRing(p string, offset, limit int64) (helperproto.StreamChunk, error) {
+func readRing(p string, offset, limit int64) (execio.StreamChunk, error) {
 	f, err := os.Open(p)
 	if err != nil {
-		return helperproto.StreamChunk{}, fmt.Errorf("opening the ring: %w", err)
+		return execio.StreamChunk{}, fmt.Errorf("opening the ring: %w", err)
 	}
 	defer f.Close()
 	total := func() (int64, error) {
@@ -442,7 +443,7 @@ func readRing(p string, offset, limit int64) (helperproto.StreamChunk, error) {
 	}
 	t1, err := total()
 	if err != nil {
-		return helperproto.StreamChunk{}, err
+		return execio.StreamChunk{}, err
 	}
 	offset = min(offset, t1)
 	start := max(offset, t1-helperproto.RingBytes)
@@ -452,25 +453,25 @@ func readRing(p string, offset, limit int64) (helperproto.StreamChunk, error) {
 		pos := (start + got) % helperproto.RingBytes
 		k := min(int64(len(data))-got, helperproto.RingBytes-pos)
 		if _, err := f.ReadAt(data[got:got+k], helperproto.RingHeader+pos); err != nil {
-			return helperproto.StreamChunk{}, fmt.Errorf("reading the ring: %w", err)
+			return execio.StreamChunk{}, fmt.Errorf("reading the ring: %w", err)
 		}
 		got += k
 	}
 	// Output written while we read may have overwritten the oldest bytes.
 	t2, err := total()
 	if err != nil {
-		return helperproto.StreamChunk{}, err
+		return execio.StreamChunk{}, err
 	}
 	if lost := t2 - helperproto.RingBytes - start; lost > 0 {
 		lost = min(lost, int64(len(data)))
 		data = data[lost:]
 		start += lost
 	}
-	return helperproto.StreamChunk{Offset: start, Data: data, Next: start + int64(len(data)), Dropped: start - offset}, nil
+	return execio.StreamChunk{Offset: start, Data: data, Next: start + int64(len(data)), Dropped: start - offset}, nil
 }
 
 // procStatus reads one handle's state.
-func procStatus(root, id string) (*helperproto.ProcStatus, error) {
+func procStatus(root, id string) (*execio.ProcessStatus, error) {
 	dir := filepath.Join(root, id)
 	metaData, err := readBounded(filepath.Join(dir, "meta"), maxProcMeta)
 	if err != nil {
@@ -483,20 +484,20 @@ func procStatus(root, id string) (*helperproto.ProcStatus, error) {
 	if err := json.Unmarshal(metaData, &meta); err != nil {
 		return nil, fmt.Errorf("the metadata of %q is corrupt: %w", id, err)
 	}
-	st := &helperproto.ProcStatus{Handle: id, Command: meta.Command, StartedAt: meta.StartedAt, State: helperproto.ProcRunning}
+	st := &execio.ProcessStatus{Handle: id, Command: meta.Command, StartedAt: meta.StartedAt, State: execio.ProcessRunning}
 	if data, err := readBounded(filepath.Join(dir, "exit"), 4<<10); err == nil {
 		var exit helperproto.ProcExit
 		if json.Unmarshal(data, &exit) == nil {
-			st.State, st.ExitCode, st.EndedAt = helperproto.ProcExited, &exit.Code, &exit.EndedAt
+			st.State, st.ExitCode, st.EndedAt = execio.ProcessExited, &exit.Code, &exit.EndedAt
 		}
 	}
-	if st.State == helperproto.ProcRunning {
+	if st.State == execio.ProcessRunning {
 		if pid, ok := readPID(filepath.Join(dir, "pid")); ok && !isSupervisor(pid, id) {
 			// Re-read: it may have recorded its exit just now.
 			if _, err := os.Lstat(filepath.Join(dir, "exit")); err == nil {
 				return procStatus(root, id)
 			}
-			st.State = helperproto.ProcLost
+			st.State = execio.ProcessLost
 		}
 	}
 	for _, s := range []struct {
@@ -565,15 +566,15 @@ func isSupervisor(pid int, id string) bool {
 }
 
 // procList reports every handle, oldest first.
-func procList(root string) ([]helperproto.ProcStatus, error) {
+func procList(root string) ([]execio.ProcessStatus, error) {
 	entries, err := os.ReadDir(root)
 	if errors.Is(err, os.ErrNotExist) {
-		return []helperproto.ProcStatus{}, nil
+		return []execio.ProcessStatus{}, nil
 	}
 	if err != nil {
 		return nil, fmt.Errorf("listing %s: %w", root, err)
 	}
-	out := []helperproto.ProcStatus{}
+	out := []execio.ProcessStatus{}
 	for _, e := range entries {
 		if len(out) >= maxProcEntries {
 			break
@@ -585,17 +586,17 @@ func procList(root string) ([]helperproto.ProcStatus, error) {
 			out = append(out, *st)
 		}
 	}
-	slices.SortFunc(out, func(a, b helperproto.ProcStatus) int { return a.StartedAt.Compare(b.StartedAt) })
+	slices.SortFunc(out, func(a, b execio.ProcessStatus) int { return a.StartedAt.Compare(b.StartedAt) })
 	return out, nil
 }
 
-func procPoll(f procFlags) (*helperproto.ProcOutput, error) {
+func procPoll(f procFlags) (*execio.ProcessOutput, error) {
 	st, err := procStatus(f.dir, f.id)
 	if err != nil {
 		return nil, err
 	}
 	dir := filepath.Join(f.dir, f.id)
-	out := &helperproto.ProcOutput{ProcStatus: *st}
+	out := &execio.ProcessOutput{ProcessStatus: *st}
 	if out.Stdout, err = readRing(filepath.Join(dir, "stdout"), f.stdoutOffset, f.maxBytes); err != nil {
 		return nil, err
 	}
@@ -607,14 +608,14 @@ func procPoll(f procFlags) (*helperproto.ProcOutput, error) {
 
 // procWait polls until the process is no longer running or the timeout
 // passes, then reports as poll does.
-func procWait(f procFlags) (*helperproto.ProcOutput, error) {
+func procWait(f procFlags) (*execio.ProcessOutput, error) {
 	deadline := time.Now().Add(f.timeout)
 	for pause := 5 * time.Millisecond; ; pause = min(2*pause, 100*time.Millisecond) {
 		st, err := procStatus(f.dir, f.id)
 		if err != nil {
 			return nil, err
 		}
-		if st.State != helperproto.ProcRunning || !time.Now().Before(deadline) {
+		if st.State != execio.ProcessRunning || !time.Now().Before(deadline) {
 			return procPoll(f)
 		}
 		time.Sleep(min(pause, time.Until(deadline)))
@@ -623,9 +624,9 @@ func procWait(f procFlags) (*helperproto.ProcOutput, error) {
 
 // procKill kills the process's whole tree and reports its status once the
 // exit is recorded. A process that already ended is reported as it is.
-func procKill(f procFlags) (*helperproto.ProcStatus, error) {
+func procKill(f procFlags) (*execio.ProcessStatus, error) {
 	st, err := procStatus(f.dir, f.id)
-	if err != nil || st.State != helperproto.ProcRunning {
+	if err != nil || st.State != execio.ProcessRunning {
 		return st, err
 	}
 	if err := kill(helperproto.ProcRunIDPrefix + f.id); err != nil {
@@ -634,7 +635,7 @@ func procKill(f procFlags) (*helperproto.ProcStatus, error) {
 	deadline := time.Now().Add(procKillWait)
 	for {
 		st, err := procStatus(f.dir, f.id)
-		if err != nil || st.State != helperproto.ProcRunning {
+		if err != nil || st.State != execio.ProcessRunning {
 			return st, err
 		}
 		if time.Now().After(deadline) {
@@ -647,7 +648,7 @@ func procKill(f procFlags) (*helperproto.ProcStatus, error) {
 // procStdin writes what arrives on stdin (at most MaxStdinWrite) to the
 // process's stdin, then closes it with --eof. It blocks while the process
 // does not read.
-func procStdin(f procFlags, stdin io.Reader) (*helperproto.ProcStatus, error) {
+func procStdin(f procFlags, stdin io.Reader) (*execio.ProcessStatus, error) {
 	data, err := io.ReadAll(io.LimitReader(stdin, helperproto.MaxStdinWrite+1))
 	if err != nil {
 		return nil, fmt.Errorf("reading the data: %w", err)
@@ -661,7 +662,7 @@ func procStdin(f procFlags, stdin io.Reader) (*helperproto.ProcStatus, error) {
 	}
 	dir := filepath.Join(f.dir, f.id)
 	exited := &helperproto.Error{Kind: helperproto.KindProcessExited, Message: fmt.Sprintf("background process %q has exited (or closed its stdin)", f.id)}
-	if st.State != helperproto.ProcRunning || fileExists(filepath.Join(dir, "stdin-closed")) {
+	if st.State != execio.ProcessRunning || fileExists(filepath.Join(dir, "stdin-closed")) {
 		return nil, exited
 	}
 	unlock, err := lockFile(filepath.Join(dir, ".stdin.lock"))

@@ -64,15 +64,15 @@ var _ = Describe("Background processes (a built helper)", unit, Ordered, func() 
 		}
 		return nil
 	}
-	start := func(id string, argv ...string) helperproto.ProcStatus {
+	start := func(id string, argv ...string) execio.ProcessStatus {
 		GinkgoHelper()
-		var st helperproto.ProcStatus
+		var st execio.ProcessStatus
 		Expect(proc(&st, nil, "start", append([]string{"--id=" + id, "--"}, argv...)...)).To(Succeed())
 		return st
 	}
-	wait := func(id string, timeout time.Duration, offsets ...int64) helperproto.ProcOutput {
+	wait := func(id string, timeout time.Duration, offsets ...int64) execio.ProcessOutput {
 		GinkgoHelper()
-		var out helperproto.ProcOutput
+		var out execio.ProcessOutput
 		args := []string{"--id=" + id, "--timeout-ms=" + strconv.FormatInt(timeout.Milliseconds(), 10)}
 		if len(offsets) == 2 {
 			args = append(args, "--stdout-offset="+strconv.FormatInt(offsets[0], 10), "--stderr-offset="+strconv.FormatInt(offsets[1], 10))
@@ -83,14 +83,14 @@ var _ = Describe("Background processes (a built helper)", unit, Ordered, func() 
 
 	It("runs a command detached from the call that started it and reads back its output and exit code", func() {
 		st := start("h1", "sh", "-c", "echo out; echo err >&2; sleep 1; echo late; exit 7")
-		Expect(st.State).To(Equal(helperproto.ProcRunning))
+		Expect(st.State).To(Equal(execio.ProcessRunning))
 		Expect(st.Command).To(Equal([]string{"sh", "-c", "echo out; echo err >&2; sleep 1; echo late; exit 7"}))
 		// A short wait returns with the process still running.
 		out := wait("h1", 100*time.Millisecond)
-		Expect(out.State).To(Equal(helperproto.ProcRunning))
+		Expect(out.State).To(Equal(execio.ProcessRunning))
 		Expect(out.ExitCode).To(BeNil())
 		out = wait("h1", 20*time.Second)
-		Expect(out.State).To(Equal(helperproto.ProcExited))
+		Expect(out.State).To(Equal(execio.ProcessExited))
 		Expect(*out.ExitCode).To(Equal(7))
 		Expect(string(out.Stdout.Data)).To(Equal("out\nlate\n"))
 		Expect(string(out.Stderr.Data)).To(Equal("err\n"))
@@ -100,7 +100,7 @@ var _ = Describe("Background processes (a built helper)", unit, Ordered, func() 
 		Expect(string(out.Stdout.Data)).To(Equal("late\n"))
 		Expect(out.Stdout.Offset).To(Equal(int64(4)))
 		Expect(out.Stderr.Data).To(BeEmpty())
-		var list []helperproto.ProcStatus
+		var list []execio.ProcessStatus
 		Expect(proc(&list, nil, "list")).To(Succeed())
 		Expect(list).To(HaveLen(1))
 		Expect(list[0].Handle).To(Equal("h1"))
@@ -117,7 +117,7 @@ var _ = Describe("Background processes (a built helper)", unit, Ordered, func() 
 		Expect(out.Stdout.Offset).To(Equal(out.Stdout.Dropped))
 		Expect(strings.HasSuffix(string(out.Stdout.Data), "aaa\nEND\n")).To(BeFalse())
 		Expect(strings.HasSuffix(string(out.Stdout.Data), "aEND\n")).To(BeTrue())
-		Expect(helperproto.DroppedMarker("stdout", out.Stdout.Dropped)).To(ContainSubstring("bytes dropped"))
+		Expect(execio.DroppedMarker("stdout", out.Stdout.Dropped)).To(ContainSubstring("bytes dropped"))
 	})
 
 	It("kills the whole tree, a setsid grandchild too, and records 137", func() {
@@ -125,9 +125,9 @@ var _ = Describe("Background processes (a built helper)", unit, Ordered, func() 
 		start("k1", "sh", "-c", tag+"1 & setsid sh -c '"+tag+"2' & (sh -c '"+tag+"3 &' &); "+tag+"4")
 		Eventually(func() bool { return procAlive(tag + "2") }).WithTimeout(5 * time.Second).Should(BeTrue())
 		Eventually(func() bool { return procAlive(tag + "3") }).WithTimeout(5 * time.Second).Should(BeTrue())
-		var st helperproto.ProcStatus
+		var st execio.ProcessStatus
 		Expect(proc(&st, nil, "kill", "--id=k1")).To(Succeed())
-		Expect(st.State).To(Equal(helperproto.ProcExited))
+		Expect(st.State).To(Equal(execio.ProcessExited))
 		Expect(*st.ExitCode).To(Equal(helperproto.ExitKilled))
 		Expect(procAlive(tag)).To(BeFalse(), "a process of the tree survived the kill")
 		Expect(procAlive("supervise --dir="+dir)).To(BeFalse(), "the supervisor stays")
@@ -164,7 +164,7 @@ var _ = Describe("Background processes (a built helper)", unit, Ordered, func() 
 		err = proc(nil, nil, "start", "--id=s-over", "--", "true")
 		Expect(errors.Is(err, execio.ErrTooManyProcesses)).To(BeTrue(), "%v", err)
 		Expect(err.Error()).To(ContainSubstring("limit"))
-		var list []helperproto.ProcStatus
+		var list []execio.ProcessStatus
 		Expect(proc(&list, nil, "list")).To(Succeed())
 		Expect(list).To(HaveLen(helperproto.MaxProcs))
 	})

@@ -4,6 +4,8 @@ import (
 	"encoding/binary"
 	"strconv"
 	"time"
+
+	"github.com/code-sandbox/code-sandbox-operator/internal/execio"
 )
 
 // Background processes. `helper proc start` starts a command detached from
@@ -14,7 +16,7 @@ import (
 // disk count against the sandbox, never against the manager, and a manager
 // that restarts finds the processes and their output again with `helper proc
 // list` / `poll`. Every proc subcommand prints one JSON document on stdout
-// (ProcStatus, []ProcStatus or ProcOutput) or fails with the error line.
+// (execio.ProcessStatus, a list of them, or execio.ProcessOutput) or fails with the error line.
 //
 // The manager must treat all of it as hostile: code in the sandbox may
 // rewrite the files, so it bounds what it reads and validates handles.
@@ -24,18 +26,18 @@ const (
 	// MaxProcs bounds a sandbox's handles, running or finished. Starting
 	// one more removes the oldest finished one; with MaxProcs running, it
 	// fails with KindTooManyProcesses.
-	MaxProcs = 16
+	MaxProcs = execio.MaxProcesses
 	// RingBytes is the size of each stream's ring: the last RingBytes of
 	// stdout and of stderr are kept (1 MiB per process in all).
-	RingBytes = 512 << 10
+	RingBytes = execio.ProcessRingBytes
 	// RingHeader is the ring file's header: the number of bytes ever
 	// written to the stream, little-endian uint64. The data region of
 	// RingBytes follows; byte n of the stream is at RingHeader+n%RingBytes.
 	RingHeader = 8
 	// MaxStdinWrite bounds one write to a background process's stdin.
-	MaxStdinWrite = 1 << 20
+	MaxStdinWrite = execio.MaxProcessStdinWrite
 	// MaxProcWait bounds `proc wait`.
-	MaxProcWait = 5 * time.Minute
+	MaxProcWait = execio.MaxProcessWait
 	// ProcRunIDPrefix prefixes the run ID of a background process's
 	// `helper run` (the handle follows), so `helper kill` finds it.
 	ProcRunIDPrefix = "bg-"
@@ -47,48 +49,6 @@ const (
 	KindTooManyProcesses = "too_many_processes"
 	KindProcessExited    = "process_exited"
 )
-
-// Process states.
-const (
-	ProcRunning = "running"
-	ProcExited  = "exited"
-	// ProcLost is a process whose supervisor is gone without recording an
-	// exit (something in the sandbox killed it).
-	ProcLost = "lost"
-)
-
-// ProcStatus is what `proc start`, `list`, `kill` report of one process.
-type ProcStatus struct {
-	Handle    string    `json:"handle"`
-	Command   []string  `json:"command"`
-	State     string    `json:"state"`
-	StartedAt time.Time `json:"startedAt"`
-	// ExitCode is set once State is exited (137 after a kill).
-	ExitCode *int       `json:"exitCode,omitempty"`
-	EndedAt  *time.Time `json:"endedAt,omitempty"`
-	// StdoutBytes and StderrBytes count everything the process wrote,
-	// dropped bytes included: the offset a poll for new output starts at.
-	StdoutBytes int64 `json:"stdoutBytes"`
-	StderrBytes int64 `json:"stderrBytes"`
-}
-
-// ProcOutput is what `proc poll` and `proc wait` report: the status and the
-// output from the offsets asked for.
-type ProcOutput struct {
-	ProcStatus
-	Stdout StreamChunk `json:"stdout"`
-	Stderr StreamChunk `json:"stderr"`
-}
-
-// StreamChunk is a stream's output from Offset to Next. Dropped counts the
-// bytes between the offset asked for and Offset that the ring no longer
-// holds (overwritten by newer output).
-type StreamChunk struct {
-	Offset  int64  `json:"offset"`
-	Data    []byte `json:"data"`
-	Next    int64  `json:"next"`
-	Dropped int64  `json:"dropped,omitempty"`
-}
 
 // ProcExit is the supervisor's record of the exit (the "exit" file).
 type ProcExit struct {
