@@ -2,6 +2,7 @@ package execio
 
 import (
 	"encoding/json"
+	"strconv"
 	"time"
 )
 
@@ -77,14 +78,7 @@ func (c StreamChunk) Text(stream string) string {
 
 // DroppedMarker is the line shown where a ring lost output.
 func DroppedMarker(stream string, n int64) string {
-	return "[code-sandbox: " + formatCount(n) + " of " + stream + " dropped; only the last " + formatSize(ProcessRingBytes) + " is kept]\n"
-}
-
-func formatCount(n int64) string {
-	if n == 1 {
-		return "1 byte"
-	}
-	return formatSize(n)
+	return "[code-sandbox: " + strconv.FormatInt(n, 10) + " bytes of " + stream + " dropped; only the last " + formatSize(ProcessRingBytes) + " are kept]\n"
 }
 
 // Process actions (ProcessRequest.Action).
