@@ -21,8 +21,11 @@ const (
 	ProcessRingBytes = 512 << 10
 	// MaxProcessStdinWrite bounds one write to a process's stdin.
 	MaxProcessStdinWrite = 1 << 20
-	// MaxProcessWait bounds one wait.
-	MaxProcessWait = 5 * time.Minute
+	// MaxProcessWait bounds one wait: under kube-apiserver's default
+	// request timeout of 60 s for a request that is not long-running (the
+	// processes subresource is not), and under the 60 s an MCP client
+	// commonly gives a tool call. Wait again for longer.
+	MaxProcessWait = 50 * time.Second
 )
 
 // Process states.
