@@ -39,10 +39,11 @@ type ProcessOffsets struct {
 }
 
 // StartProcess starts req detached in the sandbox under handle and returns
-// its status. req's stdin must be empty (write it with WriteProcessStdin);
-// its timeout is ignored: a background process runs until it exits, is
-// killed, or the sandbox ends.
-func (c *Client) StartProcess(ctx context.Context, id, handle string, req execio.Request) (execio.ProcessStatus, error) {
+// its status. req's stdin must be empty (write it with WriteProcessStdin),
+// and its own timeout is ignored: the process runs until it exits, is
+// killed, the sandbox ends, or timeout passes (0: never), when the helper
+// kills its tree (exit 137).
+func (c *Client) StartProcess(ctx context.Context, id, handle string, req execio.Request, timeout time.Duration) (execio.ProcessStatus, error) {
 	req, err := req.Normalize()
 	if err != nil {
 		return execio.ProcessStatus{}, err
@@ -50,7 +51,11 @@ func (c *Client) StartProcess(ctx context.Context, id, handle string, req execio
 	if len(req.Stdin) > 0 {
 		return execio.ProcessStatus{}, fmt.Errorf("%w: a background command takes no stdin in its request; write it to the process's stdin once started", execio.ErrInvalidRequest)
 	}
-	args := append([]string{"start", "--id=" + handle, "--"}, req.Argv()...)
+	if timeout < 0 || timeout > execio.MaxTimeout {
+		return execio.ProcessStatus{}, fmt.Errorf("%w: a background process's timeout is between 0 (none) and %s, got %s", execio.ErrInvalidRequest, execio.MaxTimeout, timeout)
+	}
+	backstop := int64((timeout + time.Second - 1) / time.Second)
+	args := append([]string{"start", "--id=" + handle, "--backstop=" + strconv.FormatInt(backstop, 10), "--"}, req.Argv()...)
 	var st execio.ProcessStatus
 	err = c.procCall(ctx, id, execio.Request{Env: req.Env, WorkingDir: req.WorkingDir}, procCallTimeout, nil, &st, args...)
 	return st, err

@@ -29,7 +29,7 @@ var _ = Describe("Background processes", dockerLabel, Ordered, ContinueOnFailure
 		first, err := New(Options{CallTimeout: 30 * time.Second})
 		Expect(err).NotTo(HaveOccurred())
 		h := NewProcessHandle()
-		st, err := first.StartProcess(ctx, ct.ID, h, execio.Request{Shell: `echo "start $FOO in $PWD"; sleep 3; echo end; echo oops >&2; exit 5`, Env: []string{"FOO=bar"}, WorkingDir: "/tmp"})
+		st, err := first.StartProcess(ctx, ct.ID, h, execio.Request{Shell: `echo "start $FOO in $PWD"; sleep 3; echo end; echo oops >&2; exit 5`, Env: []string{"FOO=bar"}, WorkingDir: "/tmp"}, 0)
 		Expect(err).NotTo(HaveOccurred())
 		Expect(st.Handle).To(Equal(h))
 		Expect(st.State).To(Equal(execio.ProcessRunning))
@@ -53,7 +53,7 @@ var _ = Describe("Background processes", dockerLabel, Ordered, ContinueOnFailure
 
 	It("kills the whole tree, a grandchild in its own session too", func(ctx SpecContext) {
 		h := NewProcessHandle()
-		_, err := rt.StartProcess(ctx, ct.ID, h, execio.Request{Shell: "setsid sh -c 'sleep 4011' & sh -c 'sleep 4012 &'; sleep 4013"})
+		_, err := rt.StartProcess(ctx, ct.ID, h, execio.Request{Shell: "setsid sh -c 'sleep 4011' & sh -c 'sleep 4012 &'; sleep 4013"}, 0)
 		Expect(err).NotTo(HaveOccurred())
 		sleeps := func() []string {
 			var out []string
@@ -75,7 +75,7 @@ var _ = Describe("Background processes", dockerLabel, Ordered, ContinueOnFailure
 
 	It("writes stdin", func(ctx SpecContext) {
 		h := NewProcessHandle()
-		_, err := rt.StartProcess(ctx, ct.ID, h, execio.Request{Command: []string{"sh", "-c", "read a; echo got $a; cat"}})
+		_, err := rt.StartProcess(ctx, ct.ID, h, execio.Request{Command: []string{"sh", "-c", "read a; echo got $a; cat"}}, 0)
 		Expect(err).NotTo(HaveOccurred())
 		_, err = rt.WriteProcessStdin(ctx, ct.ID, h, []byte("one\n"), false)
 		Expect(err).NotTo(HaveOccurred())
@@ -91,7 +91,7 @@ var _ = Describe("Background processes", dockerLabel, Ordered, ContinueOnFailure
 
 	It("refuses another sandbox's handle, garbage and path-looking handles", func(ctx SpecContext) {
 		h := NewProcessHandle()
-		_, err := rt.StartProcess(ctx, ct.ID, h, execio.Request{Command: []string{"sleep", "30"}})
+		_, err := rt.StartProcess(ctx, ct.ID, h, execio.Request{Command: []string{"sleep", "30"}}, 0)
 		Expect(err).NotTo(HaveOccurred())
 		DeferCleanup(func(ctx SpecContext) { _, _ = rt.KillProcess(ctx, ct.ID, h) })
 		for _, bad := range []string{h, "../../etc/passwd", "..", "x/y", "", strings.Repeat("a", 200), "a;b"} {
@@ -106,9 +106,24 @@ var _ = Describe("Background processes", dockerLabel, Ordered, ContinueOnFailure
 	})
 
 	It("refuses stdin in the start request and an unbounded wait", func(ctx SpecContext) {
-		_, err := rt.StartProcess(ctx, ct.ID, NewProcessHandle(), execio.Request{Command: []string{"cat"}, Stdin: []byte("x")})
+		_, err := rt.StartProcess(ctx, ct.ID, NewProcessHandle(), execio.Request{Command: []string{"cat"}, Stdin: []byte("x")}, 0)
 		Expect(errors.Is(err, execio.ErrInvalidRequest)).To(BeTrue(), "%v", err)
 		_, err = rt.WaitProcess(ctx, ct.ID, NewProcessHandle(), ProcessOffsets{}, time.Hour)
 		Expect(errors.Is(err, execio.ErrInvalidRequest)).To(BeTrue(), "%v", err)
+	})
+})
+
+var _ = Describe("Background processes with a timeout", dockerLabel, func() {
+	It("kills the tree when the process's own timeout passes", func(ctx SpecContext) {
+		ct, _ := startSandbox(ctx, nil)
+		h := NewProcessHandle()
+		_, err := rt.StartProcess(ctx, ct.ID, h, execio.Request{Shell: "echo started; sleep 600"}, time.Second)
+		Expect(err).NotTo(HaveOccurred())
+		out, err := rt.WaitProcess(ctx, ct.ID, h, ProcessOffsets{}, 30*time.Second)
+		Expect(err).NotTo(HaveOccurred())
+		Expect(out.State).To(Equal(execio.ProcessExited))
+		Expect(*out.ExitCode).To(Equal(helperproto.ExitKilled))
+		Expect(string(out.Stdout.Data)).To(Equal("started\n"))
+		Expect(string(out.Stderr.Data)).To(ContainSubstring("backstop deadline"))
 	})
 })

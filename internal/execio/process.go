@@ -105,6 +105,10 @@ type ProcessRequest struct {
 	// timeout is ignored). Raw, so that the server decodes it with the
 	// bounds of DecodeRequest.
 	Command json.RawMessage `json:"command,omitempty"`
+	// TimeoutSeconds kills a started process's tree after that long; 0
+	// means never (it runs until it exits, is killed, or the Sandbox
+	// ends). At most MaxTimeout.
+	TimeoutSeconds int64 `json:"timeoutSeconds,omitempty"`
 	// StdoutOffset and StderrOffset are where poll and wait start reading
 	// (Next of the previous answer; 0 for everything still kept).
 	StdoutOffset int64 `json:"stdoutOffset,omitempty"`

@@ -76,7 +76,7 @@ func (s *Server) serveProcesses(w http.ResponseWriter, r *http.Request, sbx *san
 		}
 		var st execio.ProcessStatus
 		handle := dockerruntime.NewProcessHandle()
-		st, err = rt.StartProcess(ctx, ct.ID, handle, req)
+		st, err = rt.StartProcess(ctx, ct.ID, handle, req, time.Duration(preq.TimeoutSeconds)*time.Second)
 		resp.Process = &st
 		logf.FromContext(ctx).Info("background process started", "handle", handle, "command", truncatedArgv(req.Argv()), "error", errText(err))
 	case execio.ProcessActionList:
@@ -123,6 +123,10 @@ func checkProcessRequest(p execio.ProcessRequest) error {
 		return notFound("%q is not a background process handle", p.Handle).Because(subresource.CauseProcessNotFound, "handle")
 	case (p.Action == execio.ProcessActionStart) != (len(p.Command) > 0):
 		return badRequest("command is required by start and taken by nothing else").Because("FieldValueInvalid", "command")
+	case p.Action != execio.ProcessActionStart && p.TimeoutSeconds != 0:
+		return badRequest("only start takes timeoutSeconds").Because("FieldValueForbidden", "timeoutSeconds")
+	case p.TimeoutSeconds < 0 || p.TimeoutSeconds > int64(execio.MaxTimeout/time.Second):
+		return badRequest("timeoutSeconds must be between 0 (none) and %d", int64(execio.MaxTimeout/time.Second)).Because("FieldValueInvalid", "timeoutSeconds")
 	case p.StdoutOffset < 0 || p.StderrOffset < 0:
 		return badRequest("output offsets must not be negative").Because("FieldValueInvalid", "stdoutOffset")
 	case p.TimeoutMillis < 0 || time.Duration(p.TimeoutMillis)*time.Millisecond > execio.MaxProcessWait:

@@ -41,7 +41,7 @@ type Runtime interface {
 	Logs(ctx context.Context, id string, opts dockerruntime.LogsOptions, stdout, stderr io.Writer) error
 
 	// Background processes (processes.go).
-	StartProcess(ctx context.Context, id, handle string, req execio.Request) (execio.ProcessStatus, error)
+	StartProcess(ctx context.Context, id, handle string, req execio.Request, timeout time.Duration) (execio.ProcessStatus, error)
 	ListProcesses(ctx context.Context, id string) ([]execio.ProcessStatus, error)
 	WaitProcess(ctx context.Context, id, handle string, off dockerruntime.ProcessOffsets, timeout time.Duration) (execio.ProcessOutput, error)
 	KillProcess(ctx context.Context, id, handle string) (execio.ProcessStatus, error)

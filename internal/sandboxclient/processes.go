@@ -25,15 +25,16 @@ const maxProcessResponse = 4*(2*execio.ProcessRingBytes+execio.MaxArgBytes) + 1<
 
 // StartProcess starts req in the Sandbox as a background process and
 // returns at once with its status; its Handle names it in later calls.
-// req's stdin must be empty (write it with WriteProcessStdin), and its
-// timeout is ignored: a background process runs until it exits, is killed,
-// or the Sandbox ends.
-func (c *Client) StartProcess(ctx context.Context, ref Ref, req execio.Request) (execio.ProcessStatus, error) {
+// req's stdin must be empty (write it with WriteProcessStdin), and its own
+// timeout is ignored: the process runs until it exits, is killed, the
+// Sandbox ends, or timeout (0: none) passes.
+func (c *Client) StartProcess(ctx context.Context, ref Ref, req execio.Request, timeout time.Duration) (execio.ProcessStatus, error) {
 	raw, err := json.Marshal(req)
 	if err != nil {
 		return execio.ProcessStatus{}, fmt.Errorf("encoding the command: %w", err)
 	}
-	resp, err := c.processes(ctx, ref, execio.ProcessRequest{Action: execio.ProcessActionStart, Command: raw})
+	resp, err := c.processes(ctx, ref, execio.ProcessRequest{Action: execio.ProcessActionStart, Command: raw,
+		TimeoutSeconds: int64((timeout + time.Second - 1) / time.Second)})
 	return statusOf(resp), err
 }
 

@@ -57,6 +57,7 @@ type procFlags struct {
 	maxBytes     int64
 	timeout      time.Duration
 	eof          bool
+	backstop     int64 // seconds; 0 means none
 	argv         []string
 }
 
@@ -86,6 +87,11 @@ func parseProc(sub string, args []string) (procFlags, error) {
 			f.timeout = time.Duration(ms) * time.Millisecond
 		case "--eof":
 			f.eof = true
+		case "--backstop":
+			f.backstop, err = strconv.ParseInt(value, 10, 64)
+			if err == nil && f.backstop < 0 {
+				err = errors.New("negative")
+			}
 		default:
 			return f, fmt.Errorf("proc %s: unknown flag %q", sub, arg)
 		}
@@ -215,7 +221,7 @@ func procStart(f procFlags) (*execio.ProcessStatus, error) {
 			env = append(env, kv)
 		}
 	}
-	args := append([]string{os.Args[0], "proc", "supervise", "--dir=" + f.dir, "--id=" + f.id, "--"}, f.argv...)
+	args := append([]string{os.Args[0], "proc", "supervise", "--dir=" + f.dir, "--id=" + f.id, "--backstop=" + strconv.FormatInt(f.backstop, 10), "--"}, f.argv...)
 	p, err := os.StartProcess("/proc/self/exe", args, &os.ProcAttr{
 		Env:   env,
 		Files: []*os.File{devNull, devNull, devNull},
@@ -341,7 +347,7 @@ func superviseRun(dir string, f procFlags) int {
 	if err != nil {
 		return failed(err)
 	}
-	args := append([]string{os.Args[0], "run", "--id=" + helperproto.ProcRunIDPrefix + f.id, "--"}, f.argv...)
+	args := append([]string{os.Args[0], "run", "--id=" + helperproto.ProcRunIDPrefix + f.id, "--backstop=" + strconv.FormatInt(f.backstop, 10), "--"}, f.argv...)
 	proc, err := os.StartProcess("/proc/self/exe", args, &os.ProcAttr{Files: []*os.File{inR, outW, errW}})
 	inR.Close()
 	outW.Close()

@@ -109,7 +109,7 @@ var _ = Describe("Background processes (a built helper)", unit, Ordered, func() 
 
 	It("keeps the last RingBytes of a flood and says how much was dropped", func() {
 		start("flood", "sh", "-c", "head -c 3000000 /dev/zero | tr '\\0' a; echo END")
-		out := wait("flood", 60*time.Second)
+		out := wait("flood", 45*time.Second)
 		Expect(*out.ExitCode).To(BeZero())
 		Expect(out.StdoutBytes).To(Equal(int64(3000004)))
 		Expect(out.Stdout.Data).To(HaveLen(helperproto.RingBytes))

@@ -41,7 +41,7 @@ var _ = Describe("background processes through the API server and the aggregated
 		var st execio.ProcessStatus
 		Eventually(func() error {
 			var err error
-			st, err = c.StartProcess(ctx, ref, shell("echo begin; sleep 4; echo end; exit 9"))
+			st, err = c.StartProcess(ctx, ref, shell("echo begin; sleep 4; echo end; exit 9"), 0)
 			return err
 		}, 10*time.Second, 500*time.Millisecond).Should(Succeed())
 		Expect(st.State).To(Equal(execio.ProcessRunning))
@@ -72,7 +72,7 @@ var _ = Describe("background processes through the API server and the aggregated
 
 	It("writes stdin, kills the tree, and types its refusals", func() {
 		ref := sandboxclient.Named(ns, "bg")
-		st, err := admin().StartProcess(ctx, ref, execio.Request{Command: []string{"sh", "-c", "cat; sleep 600"}})
+		st, err := admin().StartProcess(ctx, ref, execio.Request{Command: []string{"sh", "-c", "cat; sleep 600"}}, 0)
 		Expect(err).NotTo(HaveOccurred())
 		_, err = admin().WriteProcessStdin(ctx, ref, st.Handle, []byte("hello\n"), true)
 		Expect(err).NotTo(HaveOccurred())
