@@ -96,13 +96,22 @@ test-e2e: helper build envtest test-images ## Run the end-to-end tests: real bin
 	KUBEBUILDER_ASSETS="$$(hack/setup-envtest.sh)" $(GO) test -tags e2e ./test/e2e/... -count=1 -timeout 20m -v
 	$(MAKE) test-e2e-mcp
 
+# The official MCP conformance suite, pinned: CONFORMANCE_VERSION runs over the
+# session-based revisions (up to 2025-11-25), CONFORMANCE_2026_VERSION with
+# --requirements 2026-07-28 (test/e2e/mcp_conformance_test.go). Each is
+# installed from npm once and cached per user (hack/setup-conformance.sh).
+CONFORMANCE_VERSION ?= 0.1.16
+CONFORMANCE_2026_VERSION ?= 0.2.0-alpha.12
+CONFORMANCE_ENV = CODE_SANDBOX_CONFORMANCE="$$(CONFORMANCE_VERSION=$(CONFORMANCE_VERSION) hack/setup-conformance.sh)" \
+	CODE_SANDBOX_CONFORMANCE_2026="$$(CONFORMANCE_VERSION=$(CONFORMANCE_2026_VERSION) hack/setup-conformance.sh)"
+
 .PHONY: test-e2e-mcp
 test-e2e-mcp: helper test-images ## Run the MCP server's end-to-end tests on the Docker backend (no cluster needed), including the official MCP conformance suite.
-	CODE_SANDBOX_CONFORMANCE="$$(hack/setup-conformance.sh)" $(GO) test -tags mcp_e2e ./test/e2e/... -count=1 -timeout 20m
+	$(CONFORMANCE_ENV) $(GO) test -tags mcp_e2e ./test/e2e/... -count=1 -timeout 20m
 
 .PHONY: test-conformance
 test-conformance: helper test-images ## Run only the official MCP conformance suite (npm @modelcontextprotocol/conformance on Node 22, cached per user) against the HTTP server.
-	CODE_SANDBOX_CONFORMANCE="$$(hack/setup-conformance.sh)" $(GO) test -tags mcp_e2e ./test/e2e/... -count=1 -timeout 20m -ginkgo.label-filter=conformance -v
+	$(CONFORMANCE_ENV) $(GO) test -tags mcp_e2e ./test/e2e/... -count=1 -timeout 20m -ginkgo.label-filter=conformance -v
 
 .PHONY: bench
 bench: helper envtest test-images ## Run the benchmarks against raw Docker: create-to-Ready, exec round trip, MCP (Docker backend), warm pool claims and bursts, the API server's exec path and the MCP kubernetes backend.
@@ -292,9 +301,14 @@ kind-deploy: docker-build engine-image kind ## Build the images, load them into 
 	KUBECONFIG="$(KIND_KUBECONFIG)" $(MAKE) deploy IMG="$$1" MCP_IMG="$$2" ENGINE_IMG="$$3" WEBHOOK_CLIENT_CA="$(KIND_WEBHOOK_CLIENT_CA)"
 
 .PHONY: test-kind
-test-kind: build test-images ## Run the Ginkgo suite test/cluster against the operator deployed on the kind cluster (kind-up and kind-deploy first): placement on both workers, warm pools, a manager rollout, Egress, node loss, churn with faults.
+test-kind: build test-images ## Run the Ginkgo suite test/cluster against the operator deployed on the kind cluster (kind-up and kind-deploy first): placement on both workers, warm pools, a manager rollout, an MCP rollout under load and a replica kill, Egress, node loss, churn with faults (not the MCP scale benchmark: make bench-kind).
 	KUBECONFIG="$(KIND_KUBECONFIG)" WEBHOOK_CLIENT_CA="$(KIND_WEBHOOK_CLIENT_CA)" KIND_CLUSTER="$(KIND_CLUSTER)" KIND_KUBECONFIG="$(KIND_KUBECONFIG)" \
-		$(GO) test -tags cluster ./test/cluster/... -count=1 -timeout 60m -v
+		$(GO) test -tags cluster ./test/cluster/... -count=1 -timeout 60m -v -ginkgo.label-filter='!mcp-bench'
+
+.PHONY: bench-kind
+bench-kind: build test-images ## Run the slow MCP scale benchmark on the kind cluster (kind-up and kind-deploy first): 100 agents doing init, exec and stop through 1 and then 3 MCP replicas, against raw Docker in the Engine pods, reported as ratios.
+	KUBECONFIG="$(KIND_KUBECONFIG)" WEBHOOK_CLIENT_CA="$(KIND_WEBHOOK_CLIENT_CA)" KIND_CLUSTER="$(KIND_CLUSTER)" KIND_KUBECONFIG="$(KIND_KUBECONFIG)" \
+		$(GO) test -tags cluster ./test/cluster/... -count=1 -timeout 40m -v -ginkgo.label-filter=mcp-bench
 
 .PHONY: kind-smoke
 kind-smoke: kind test-images ## Check the kind cluster: three Ready nodes, a pod on each worker, pod to pod across nodes, Service DNS.

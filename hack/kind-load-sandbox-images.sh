@@ -2,7 +2,9 @@
 # Loads images from this machine's Docker into every Engine Pod
 # (config/engine) of the cluster in $KUBECONFIG: the sandboxes run in the
 # Engine Pods' Docker, which cannot pull where there is no registry. Each
-# image is saved once and streamed into each Pod's `docker load`.
+# image is saved once and streamed into each Pod's `docker load`; a Pod
+# whose Engine has them all (the same image IDs) is skipped. test/cluster
+# loads its images with this too (make kind-load-sandbox-images).
 #
 # Usage: hack/kind-load-sandbox-images.sh IMAGE...
 # Environment: ENGINE_NAMESPACE (default code-sandbox-system),
@@ -30,11 +32,19 @@ if [[ ${#pods[@]} -eq 0 ]]; then
   exit 1
 fi
 
+# An Engine that has every image already (the same IDs) is skipped, so that
+# loading again (test/cluster does, before its specs) costs little.
+want=$(docker image inspect --format '{{.Id}}' "$@")
 tmp=$(mktemp)
 trap 'rm -f "${tmp}"' EXIT
-docker save "$@" >"${tmp}"
 for line in "${pods[@]}"; do
   read -r pod node <<<"${line}"
+  have=$(kubectl -n "${NS}" exec "${pod}" -c dockerd -- docker --host="${SOCK}" image inspect --format '{{.Id}}' "$@" 2>/dev/null || true)
+  if [[ "${have}" == "${want}" ]]; then
+    log "${pod} (node ${node}) has $* already"
+    continue
+  fi
+  [[ -s "${tmp}" ]] || docker save "$@" >"${tmp}"
   log "loading $* into ${pod} (node ${node})"
   kubectl -n "${NS}" exec -i "${pod}" -c dockerd -- docker --host="${SOCK}" load -q <"${tmp}" >&2
 done

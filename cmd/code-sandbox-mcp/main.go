@@ -17,6 +17,7 @@ import (
 	"io"
 	"log"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -125,6 +126,33 @@ func (l *defaultListFlag) Set(v string) error {
 	return (*listFlag)(l.vals).Set(v)
 }
 
+// mapFlag is a repeatable KEY=VALUE flag.
+type mapFlag map[string]string
+
+func (m *mapFlag) String() string {
+	var kv []string
+	for k, v := range *m {
+		kv = append(kv, k+"="+v)
+	}
+	slices.Sort(kv)
+	return strings.Join(kv, ",")
+}
+
+func (m *mapFlag) Set(v string) error {
+	k, val, ok := strings.Cut(strings.TrimSpace(v), "=")
+	if !ok || k == "" || val == "" {
+		return fmt.Errorf("%q: want VALUE=NAMESPACE", v)
+	}
+	if *m == nil {
+		*m = map[string]string{}
+	}
+	if old, dup := (*m)[k]; dup && old != val {
+		return fmt.Errorf("%q is mapped twice (to %s and %s)", k, old, val)
+	}
+	(*m)[k] = val
+	return nil
+}
+
 // sizeFlag is a byte count written as "1MiB", "512k" or a plain number.
 type sizeFlag int64
 
@@ -156,16 +184,27 @@ func newFlagSet(o *mcpmain.Config, showVersion *bool) *flag.FlagSet {
 	fs.StringVar(&o.DockerHost, "docker-host", o.DockerHost, "Docker endpoint (default: DOCKER_HOST or the local socket)")
 
 	fs.StringVar(&o.HTTPAddr, "http", o.HTTPAddr, "serve streamable HTTP on this address (for example 127.0.0.1:8080) instead of stdio")
-	fs.BoolVar(&o.AllowRemote, "allow-remote", o.AllowRemote, "allow --http to bind a non-loopback address (requires --auth token or kubernetes)")
-	fs.StringVar(&o.Auth, "auth", o.Auth, "HTTP authentication: token (--token-file), kubernetes (TokenReview) or none (loopback only)")
+	fs.StringVar(&o.PreviewAddr, "preview-addr", o.PreviewAddr, "serve expose_port's preview URLs on this address (for example 127.0.0.1:8081), a separate origin from --http; docker backend only. Empty: no expose_port")
+	fs.StringVar(&o.PreviewURL, "preview-url", o.PreviewURL, "external base URL of --preview-addr put in preview URLs (default http://ADDR)")
+	fs.BoolVar(&o.AllowRemote, "allow-remote", o.AllowRemote, "allow --http to bind a non-loopback address (requires --auth token, kubernetes or oidc)")
+	fs.StringVar(&o.Auth, "auth", o.Auth, "HTTP authentication: token (--token-file), kubernetes (TokenReview), oidc (JWT access tokens from --oidc-issuer-url) or none (loopback only)")
 	fs.StringVar(&o.TokenFile, "token-file", o.TokenFile, "file of \"TOKEN IDENTITY\" lines for --auth token; re-read when it changes")
 	audiences := &defaultListFlag{vals: &o.TokenAudiences}
 	fs.Var(audiences, "token-audience", "--auth kubernetes: the server's own audiences; a token must be valid for one of them (repeatable; callers get one with `kubectl create token SA --audience "+auth.DefaultTokenAudience+"`)")
 	fs.BoolVar(&o.AcceptAPIServerAudience, "accept-apiserver-audience", o.AcceptAPIServerAudience, "--auth kubernetes: also accept tokens for the API server's own audiences (tried after --token-audience fails). WEAKER: such a token can be replayed against the API server, and any token a caller hands to another service for the API server becomes a credential for this one")
 	fs.Var((*listFlag)(&o.AllowUsers), "allow-user", "--backend docker with --auth kubernetes: admit this Kubernetes user, for example system:serviceaccount:NS:NAME (repeatable; with --allow-group replaces the RBAC check on --namespace)")
 	fs.Var((*listFlag)(&o.AllowGroups), "allow-group", "--backend docker with --auth kubernetes: admit members of this Kubernetes group, for example system:serviceaccounts:NS (repeatable; with --allow-user replaces the RBAC check on --namespace)")
-	fs.Var((*listFlag)(&o.AuthorizationServers), "authorization-server", "OAuth authorization server issuer to advertise in the protected resource metadata (repeatable)")
-	fs.StringVar(&o.PublicURL, "public-url", o.PublicURL, "the MCP endpoint's public URL (default http://ADDR/mcp)")
+	fs.Var((*listFlag)(&o.AuthorizationServers), "authorization-server", "OAuth authorization server issuer to advertise in the protected resource metadata (repeatable; --auth oidc: default --oidc-issuer-url)")
+	fs.Var((*listFlag)(&o.ScopesSupported), "scope", "OAuth scope a client should ask its authorization server for, advertised in the protected resource metadata and in every 401's WWW-Authenticate (repeatable; default: none)")
+	fs.StringVar(&o.PublicURL, "public-url", o.PublicURL, "the MCP endpoint's public URL: the OAuth resource identifier, and under --auth oidc the audience every token must name (default http://ADDR/mcp)")
+	fs.StringVar(&o.OIDC.IssuerURL, "oidc-issuer-url", o.OIDC.IssuerURL, "--auth oidc: the OpenID Connect issuer (https; must equal its tokens' iss exactly); discovery and keys come from it")
+	fs.StringVar(&o.OIDC.CAFile, "oidc-ca-file", o.OIDC.CAFile, "--auth oidc: PEM CAs the issuer's certificate must chain to (default: the system roots)")
+	fs.StringVar(&o.OIDC.UsernameClaim, "oidc-username-claim", o.OIDC.UsernameClaim, "--auth oidc: the claim that names the caller")
+	fs.StringVar(&o.OIDC.UsernamePrefix, "oidc-username-prefix", o.OIDC.UsernamePrefix, "--auth oidc: prefix of the Kubernetes username the claim maps to (what RBAC and SubjectAccessReviews see); may not start with system:")
+	fs.StringVar(&o.OIDC.GroupsClaim, "oidc-groups-claim", o.OIDC.GroupsClaim, "--auth oidc: claim (string or list) whose values, each after --oidc-groups-prefix, are the caller's Kubernetes groups (default: none)")
+	fs.StringVar(&o.OIDC.GroupsPrefix, "oidc-groups-prefix", o.OIDC.GroupsPrefix, "--auth oidc: prefix of every group --oidc-groups-claim gives; may not start with system:")
+	fs.StringVar(&o.OIDC.NamespaceClaim, "oidc-namespace-claim", o.OIDC.NamespaceClaim, "--auth oidc, kubernetes backend: claim (string or list) whose value --oidc-namespace maps to the namespace of the caller's Sandboxes")
+	fs.Var((*mapFlag)(&o.OIDC.Namespaces), "oidc-namespace", "--auth oidc, kubernetes backend: VALUE=NAMESPACE: a caller whose --oidc-namespace-claim has VALUE keeps its Sandboxes in NAMESPACE (repeatable). Only mapped values count; unmapped callers use --namespace; values mapping to several namespaces are refused")
 	fs.Var((*listFlag)(&o.AllowedHosts), "allowed-hosts", "Host header values accepted (default: localhost, 127.0.0.1 and [::1] with the listening port, and the public URL's host)")
 	fs.Var((*listFlag)(&o.AllowedOrigins), "allowed-origins", "browser Origins accepted besides the request's own loopback origin (http://localhost:PORT and the like); requests without Origin are always accepted")
 	fs.StringVar(&o.TLSCert, "tls-cert", o.TLSCert, "serve HTTPS with this certificate")
@@ -176,10 +215,12 @@ func newFlagSet(o *mcpmain.Config, showVersion *bool) *flag.FlagSet {
 	fs.Float64Var(&o.RateLimit, "rate-limit", o.RateLimit, "HTTP requests per second per identity, with bursts of twice that (429 beyond); 0 disables")
 	fs.IntVar(&o.MaxRequestsPerPeer, "max-requests-per-peer", o.MaxRequestsPerPeer, "HTTP requests one remote address (IPv4, or IPv6 /64) may have in flight at once, GET streams included (429 beyond); 0 disables. Behind a reverse proxy every client shares the proxy's address")
 	fs.IntVar(&o.AuthFailuresPerMinute, "auth-failures-per-minute", o.AuthFailuresPerMinute, "failed HTTP authentications one remote address may cause per minute (a bucket of that size); beyond it the address gets 429 before its token is checked (no TokenReview); 0 disables")
-	fs.IntVar(&o.MaxSessionsPerIdentity, "max-sessions-per-identity", o.MaxSessionsPerIdentity, "open MCP sessions one identity may have over HTTP (an initialize beyond it gets 429); 0 disables")
+	fs.IntVar(&o.MaxSessionsPerIdentity, "max-sessions-per-identity", o.MaxSessionsPerIdentity, "open MCP sessions one identity may have over HTTP on this replica (an initialize beyond it gets 429); 0 disables")
 	fs.DurationVar(&o.HTTPReadHeaderTimeout, "http-read-header-timeout", o.HTTPReadHeaderTimeout, "how long a client may take to send an HTTP request's headers")
 	fs.DurationVar(&o.HTTPReadTimeout, "http-read-timeout", o.HTTPReadTimeout, "how long a client may take to send a whole HTTP request, body included (responses, such as SSE streams, are not limited)")
 	fs.DurationVar(&o.HTTPIdleTimeout, "http-idle-timeout", o.HTTPIdleTimeout, "how long an idle keep-alive HTTP connection is kept open")
+	fs.DurationVar(&o.DrainDelay, "drain-delay", o.DrainDelay, "on SIGTERM over HTTP: how long to keep serving with /readyz failing before no longer accepting connections, so that a Service's endpoints drop this replica first (a few seconds behind a Service; 0 locally)")
+	fs.DurationVar(&o.ShutdownGrace, "shutdown-grace", o.ShutdownGrace, "on SIGTERM over HTTP: how long calls in flight may take to finish after --drain-delay (0: --max-command-timeout plus 30s); keep the pod's terminationGracePeriodSeconds above --drain-delay plus this")
 
 	fs.StringVar(&o.DefaultImage, "default-image", o.DefaultImage, "image sandbox_initialize uses when none is given")
 	fs.Var((*listFlag)(&o.AllowedImages), "allowed-image", "image pattern (path.Match) sandboxes may use, for example python:* (repeatable; default: any)")
@@ -190,7 +231,7 @@ func newFlagSet(o *mcpmain.Config, showVersion *bool) *flag.FlagSet {
 	fs.BoolVar(&o.AllowEgress, "allow-egress", o.AllowEgress, "let sandbox_initialize ask for network \"egress\"")
 	fs.Var((*listFlag)(&o.EgressAllowCIDRs), "egress-allow-cidr", "with --allow-egress and the docker backend: IPv4 CIDR egress sandboxes may reach although private or link-local (repeatable; default: none). The docker backend installs the egress iptables rules (needs root) unless a node manager owns them")
 	fs.Var((*listFlag)(&o.HostDirs), "allow-host-dir", "host directory copy_project, copy_file and copy_file_from_sandbox may use (repeatable; default: none). Over HTTP each identity gets its own subdirectory of it")
-	fs.StringVar(&o.OwnerKeyFile, "owner-key-file", o.OwnerKeyFile, "file holding the secret key (at least 16 bytes, e.g. openssl rand -hex 32) of the identity hashes that label sandboxes (sandbox.code-sandbox.dev/mcp-owner) and name per-identity host directories; share it between instances and keep it across restarts. Missing: a random key for this process")
+	fs.StringVar(&o.OwnerKeyFile, "owner-key-file", o.OwnerKeyFile, "file holding the secret key (at least 16 bytes, e.g. openssl rand -hex 32) of the identity hashes that label sandboxes (sandbox.code-sandbox.dev/mcp-owner) and name per-identity host directories, and of the MCP session IDs; share it between instances and keep it across restarts. Missing: a random key for this process")
 
 	fs.DurationVar(&o.CommandTimeout, "command-timeout", o.CommandTimeout, "default timeout of one command")
 	fs.DurationVar(&o.MaxCommandTimeout, "max-command-timeout", o.MaxCommandTimeout, "largest timeout_seconds a call may ask for")

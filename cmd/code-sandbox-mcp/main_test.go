@@ -134,3 +134,32 @@ func TestConfigSubcommand(t *testing.T) {
 		t.Errorf("http url %q", got)
 	}
 }
+
+func TestOIDCFlagsFillTheConfig(t *testing.T) {
+	code, cfg, out := runWith(t, "--auth", "oidc", "--oidc-issuer-url", "https://login.example/", "--oidc-ca-file", "/ca.crt",
+		"--oidc-username-claim", "email", "--oidc-groups-claim", "groups", "--oidc-namespace-claim", "team",
+		"--oidc-namespace", "red=team-red", "--oidc-namespace", "blue=team-blue", "--scope", "mcp,openid")
+	if code != 0 || cfg == nil {
+		t.Fatalf("exit %d, config %v: %s", code, cfg, out)
+	}
+	want := mcpmain.OIDCConfig{
+		IssuerURL: "https://login.example/", CAFile: "/ca.crt", UsernameClaim: "email", UsernamePrefix: auth.DefaultOIDCPrefix,
+		GroupsClaim: "groups", GroupsPrefix: auth.DefaultOIDCPrefix, NamespaceClaim: "team",
+		Namespaces: map[string]string{"red": "team-red", "blue": "team-blue"},
+	}
+	if !reflect.DeepEqual(cfg.OIDC, want) {
+		t.Errorf("got %+v, want %+v", cfg.OIDC, want)
+	}
+	if !reflect.DeepEqual(cfg.ScopesSupported, []string{"mcp", "openid"}) {
+		t.Errorf("--scope gave %v", cfg.ScopesSupported)
+	}
+	for _, bad := range []string{"red", "=team-red", "red=", "red=a,red=b"} {
+		args := []string{}
+		for _, kv := range strings.Split(bad, ",") {
+			args = append(args, "--oidc-namespace", kv)
+		}
+		if code, _, out := runWith(t, args...); code == 0 {
+			t.Errorf("--oidc-namespace %s was accepted: %s", bad, out)
+		}
+	}
+}

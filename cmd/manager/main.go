@@ -88,7 +88,7 @@ func run() error {
 	flag.StringVar(&nodeName, "node-name", os.Getenv("NODE_NAME"), "Name of the node this manager runs on (default $NODE_NAME). Required.")
 	flag.StringVar(&dockerHost, "docker-host", os.Getenv("DOCKER_HOST"), "Docker Engine endpoint (default $DOCKER_HOST, else unix:///var/run/docker.sock).")
 	flag.IntVar(&maxSandboxes, "max-sandboxes", 50, "Most Sandboxes this node runs at once; unbound Sandboxes beyond it are left to other nodes.")
-	flag.DurationVar(&stopGrace, "stop-grace-period", 10*time.Second, "Time between SIGTERM and SIGKILL when a sandbox is deleted.")
+	flag.DurationVar(&stopGrace, "stop-grace-period", sandboxv1alpha1.DefaultStopGracePeriod, "Time between SIGTERM and SIGKILL when a sandbox is deleted.")
 	flag.DurationVar(&dockerTimeout, "docker-timeout", 30*time.Second, "Timeout for each Docker API call (image pulls use --pull-timeout).")
 	flag.DurationVar(&pullTimeout, "pull-timeout", 5*time.Minute, "Timeout for one image pull.")
 	flag.DurationVar(&orphanGCInterval, "orphan-gc-interval", time.Minute, "How often to remove containers whose Sandbox no longer exists (also done at start-up).")
@@ -184,6 +184,10 @@ func run() error {
 		return fmt.Errorf("creating manager: %w", err)
 	}
 
+	// What the node API serves is the activity the idle policy of
+	// spec.lifecycle counts (controllers/sandbox/idle.go).
+	activity := sandboxcontroller.NewActivity(clock.RealClock{})
+
 	// The node API listens before the controller starts, so that the
 	// endpoint every Running Sandbox advertises carries the real port.
 	api, err := nodeAPI.listen(nodeName)
@@ -191,7 +195,7 @@ func run() error {
 		return err
 	}
 	if api.listener != nil {
-		if err := nodeAPI.serve(mgr, cfg, api.listener, nodeName, docker, hist); err != nil {
+		if err := nodeAPI.serve(mgr, cfg, api.listener, nodeName, docker, hist, activity); err != nil {
 			return err
 		}
 		log.Info("node API", "endpoint", api.endpoint, "listen", api.listener.Addr().String())
@@ -227,6 +231,7 @@ func run() error {
 			NodeAPIEndpoint:         api.endpoint,
 			History:                 hist,
 			LiveNodes:               liveNodes,
+			Activity:                activity,
 		})
 	if err != nil {
 		return err
@@ -337,7 +342,7 @@ func (f *nodeAPIFlags) listen(nodeName string) (nodeAPIListener, error) {
 // certificate comes from the operator CA through a CSR made with the
 // manager's own (node-bound) credentials, and only the operator's
 // aggregated API server may connect.
-func (f *nodeAPIFlags) serve(mgr ctrl.Manager, cfg *rest.Config, l net.Listener, nodeName string, docker *dockerruntime.Client, hist *history.Store) error {
+func (f *nodeAPIFlags) serve(mgr ctrl.Manager, cfg *rest.Config, l net.Listener, nodeName string, docker *dockerruntime.Client, hist *history.Store, activity *sandboxcontroller.Activity) error {
 	cs, err := kubernetes.NewForConfig(cfg)
 	if err != nil {
 		return fmt.Errorf("creating clientset for the node API: %w", err)
@@ -364,6 +369,7 @@ func (f *nodeAPIFlags) serve(mgr ctrl.Manager, cfg *rest.Config, l net.Listener,
 		APIReader:          mgr.GetAPIReader(),
 		Runtime:            docker,
 		History:            hist,
+		Activity:           activity,
 		Authenticator:      authn,
 		ExecOutputLimit:    f.execOutputLimit.Value(),
 		FileTransferLimit:  f.fileTransferLimit.Value(),

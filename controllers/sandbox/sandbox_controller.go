@@ -50,7 +50,8 @@ type Options struct {
 	NodeName string
 	// MaxSandboxes is how many Sandboxes this node runs at once.
 	MaxSandboxes int
-	// StopGracePeriod is the time between SIGTERM and SIGKILL on delete.
+	// StopGracePeriod is the time between SIGTERM and SIGKILL on delete;
+	// zero means sandboxv1alpha1.DefaultStopGracePeriod.
 	StopGracePeriod time.Duration
 	// MaxConcurrentReconciles bounds parallel reconciles (and Docker calls).
 	MaxConcurrentReconciles int
@@ -71,6 +72,11 @@ type Options struct {
 	// Leases, internal/nodelease), so that warm pool members spread over
 	// them (spread.go). Unset, members go to whichever manager claims first.
 	LiveNodes func(context.Context) ([]string, error)
+	// Activity is the record of exec, file transfer and log read activity
+	// that the node API keeps (nodeapi.Config.Activity) and spec.lifecycle's
+	// idle timeouts act on (idle.go). Unset, the reconciler keeps its own,
+	// which only its status and clock feed.
+	Activity *Activity
 }
 
 // HistoryDeleter forgets the exec history of one Sandbox, keyed by its UID.
@@ -84,7 +90,7 @@ func (o *Options) defaults() {
 		o.MaxSandboxes = 50
 	}
 	if o.StopGracePeriod <= 0 {
-		o.StopGracePeriod = 10 * time.Second
+		o.StopGracePeriod = sandboxv1alpha1.DefaultStopGracePeriod
 	}
 	if o.MaxConcurrentReconciles <= 0 {
 		o.MaxConcurrentReconciles = 4
@@ -112,11 +118,15 @@ type SandboxReconciler struct {
 	spread  *spreadTracker
 	// deleted holds the UIDs of deleted Sandboxes not yet cleaned up after.
 	deleted *deletedTracker
+	// activity is the node API's record of use, for the idle policy.
+	activity *Activity
 	// dockerEvents carries Docker container events into the work queue.
 	dockerEvents chan eventGeneric
 }
 
-// +kubebuilder:rbac:groups=sandbox.code-sandbox.dev,resources=sandboxes,verbs=get;list;watch;update;patch
+// A manager deletes a Sandbox of its own node when spec.lifecycle says so
+// (idle.go); config/policy/sandbox_manager_policy.yaml confines that.
+// +kubebuilder:rbac:groups=sandbox.code-sandbox.dev,resources=sandboxes,verbs=get;list;watch;update;patch;delete
 // +kubebuilder:rbac:groups=sandbox.code-sandbox.dev,resources=sandboxes/status,verbs=get;update;patch
 // +kubebuilder:rbac:groups=sandbox.code-sandbox.dev,resources=sandboxes/finalizers,verbs=update
 // +kubebuilder:rbac:groups=sandbox.code-sandbox.dev,resources=sandboxwarmpools,verbs=get;list;watch
@@ -130,7 +140,10 @@ func NewSandboxReconciler(c client.Client, apiReader client.Reader, docker Runti
 		return nil, errors.New("a node name is required (--node-name or NODE_NAME)")
 	}
 	opts.defaults()
-	return &SandboxReconciler{
+	if opts.Activity == nil {
+		opts.Activity = NewActivity(clk)
+	}
+	r := &SandboxReconciler{
 		client:       c,
 		apiReader:    apiReader,
 		docker:       docker,
@@ -142,8 +155,12 @@ func NewSandboxReconciler(c client.Client, apiReader client.Reader, docker Runti
 		backoff:      newBackoffTracker(clk, opts.RetryBackoffBase, opts.RetryBackoffMax),
 		spread:       newSpreadTracker(),
 		deleted:      newDeletedTracker(),
+		activity:     opts.Activity,
 		dockerEvents: make(chan eventGeneric, 1024),
-	}, nil
+	}
+	r.activity.thaw = docker.BeginUnpause
+	r.activity.notify = r.enqueue
+	return r, nil
 }
 
 // Reconcile brings one Sandbox's container in line with its spec. Its shape
@@ -169,6 +186,7 @@ func (r *SandboxReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ct
 		r.members.releaseClaimant(req.NamespacedName)
 		for _, uid := range deleted {
 			r.members.forgetSeen(uid)
+			r.activity.forget(uid)
 		}
 		// Gone: remove whatever this node still runs for that name. Also
 		// reached from a Docker event of a container whose Sandbox is gone.
@@ -238,6 +256,11 @@ func (r *SandboxReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ct
 		}
 		return ctrl.Result{}, errors.Join(reconcileErr, fmt.Errorf("writing status: %w", err))
 	}
+	// After the status write, which holds the last activity: a Sandbox
+	// that spec.lifecycle ends deletes itself.
+	if why := r.endingReason(sbx); why != "" && reconcileErr == nil {
+		return r.selfDelete(ctx, sbx, why)
+	}
 	return result, reconcileErr
 }
 
@@ -252,6 +275,7 @@ func (r *SandboxReconciler) writeStatus(ctx context.Context, sbx *sandboxv1alpha
 		return err
 	}
 	r.recordTransition(sbx, old)
+	r.recordIdleTransition(sbx, old)
 	return nil
 }
 
@@ -343,7 +367,11 @@ func (r *SandboxReconciler) reconcile(ctx context.Context, sbx *sandboxv1alpha1.
 			r.setReady(sbx, metav1.ConditionFalse, sandboxv1alpha1.SandboxReasonContainerExited, msg)
 		}
 		// Sandboxes are not restarted in place: the agent's state is gone.
-		return ctrl.Result{RequeueAfter: requeueAfter}, nil
+		// Nobody can use it any more, so an idle timeout still ends it.
+		if role.kind == poolMember {
+			return ctrl.Result{RequeueAfter: requeueAfter}, nil
+		}
+		return r.applyIdle(ctx, sbx, nil, ctrl.Result{RequeueAfter: requeueAfter})
 	default:
 		// restarting or removing: transient; look again shortly.
 		r.setReady(sbx, metav1.ConditionFalse, sandboxv1alpha1.SandboxReasonProvisioning, "container is "+ct.State.Status)
@@ -377,6 +405,7 @@ func (r *SandboxReconciler) create(ctx context.Context, sbx *sandboxv1alpha1.San
 // and Paused when frozen. The lifetime counts from the first start either
 // way, so a Sandbox created paused still expires on time.
 func (r *SandboxReconciler) settlePaused(ctx context.Context, sbx *sandboxv1alpha1.Sandbox, ct dockerruntime.Container, role poolRole, requeueAfter time.Duration) (ctrl.Result, error) {
+	idleFrozen := false
 	switch {
 	case sbx.Spec.Paused && !ct.State.Paused:
 		if role.kind == poolMember {
@@ -388,13 +417,23 @@ func (r *SandboxReconciler) settlePaused(ctx context.Context, sbx *sandboxv1alph
 			return r.dockerFailure(ctx, sbx, err)
 		}
 	case !sbx.Spec.Paused && ct.State.Paused:
+		if role.kind != poolMember && r.idleFrozen(sbx, ct) {
+			// Frozen for idleness (idle.go): the next exec thaws it.
+			idleFrozen = true
+			break
+		}
 		if err := r.docker.Unpause(ctx, ct.ID); err != nil {
 			return r.dockerFailure(ctx, sbx, err)
 		}
 	}
+	if !idleFrozen {
+		r.notIdleFrozen(sbx)
+	}
 	result := r.markRunning(sbx, ct.ID, requeueAfter)
 	paused := meta.FindStatusCondition(sbx.Status.Conditions, string(sandboxv1alpha1.SandboxConditionPaused))
 	switch {
+	case idleFrozen:
+		// Paused=True, reason Idle, stays as applyIdle wrote it.
 	case sbx.Spec.Paused:
 		msg := "container " + dockerruntime.ShortID(ct.ID) + " is paused (spec.paused is true); set spec.paused to false to resume it"
 		r.setReady(sbx, metav1.ConditionFalse, sandboxv1alpha1.SandboxReasonPaused, msg)
@@ -409,7 +448,12 @@ func (r *SandboxReconciler) settlePaused(ctx context.Context, sbx *sandboxv1alph
 			ObservedGeneration: sbx.Generation,
 		})
 	}
-	return result, nil
+	if role.kind == poolMember {
+		// A member waits frozen for a claimant and never idles out; its
+		// claimant's idle clock starts at the claim (status.startTime).
+		return result, nil
+	}
+	return r.applyIdle(ctx, sbx, &ct, result)
 }
 
 // verifyMemberContainer checks, before a Sandbox adopts the container of
@@ -578,6 +622,7 @@ func (r *SandboxReconciler) finalize(ctx context.Context, sbx *sandboxv1alpha1.S
 		r.members.release(m.Member.UID)
 	}
 	r.backoff.reset(sbx.UID)
+	r.activity.forget(sbx.UID)
 	r.recorder.Eventf(sbx, nil, "Normal", "ContainerRemoved", "Delete", "container removed from node %s", r.opts.NodeName)
 	return ctrl.Result{}, nil
 }
@@ -653,6 +698,22 @@ func (r *SandboxReconciler) recordTransition(sbx *sandboxv1alpha1.Sandbox, old *
 		eventType = "Normal"
 	}
 	r.recorder.Eventf(sbx, nil, eventType, now.Reason, "Reconcile", "%s", now.Message)
+}
+
+// recordIdleTransition emits an Event when the Paused condition turns to
+// Idle (an idle pause) or leaves it (a thaw): the Ready reason does not
+// change then, so recordTransition says nothing.
+func (r *SandboxReconciler) recordIdleTransition(sbx *sandboxv1alpha1.Sandbox, old *sandboxv1alpha1.SandboxStatus) {
+	now := meta.FindStatusCondition(sbx.Status.Conditions, string(sandboxv1alpha1.SandboxConditionPaused))
+	before := meta.FindStatusCondition(old.Conditions, string(sandboxv1alpha1.SandboxConditionPaused))
+	wasIdle := before != nil && before.Status == metav1.ConditionTrue && before.Reason == sandboxv1alpha1.SandboxReasonIdle
+	isIdle := now != nil && now.Status == metav1.ConditionTrue && now.Reason == sandboxv1alpha1.SandboxReasonIdle
+	switch {
+	case isIdle && !wasIdle:
+		r.recorder.Eventf(sbx, nil, "Normal", sandboxv1alpha1.SandboxReasonIdle, "Pause", "%s", now.Message)
+	case wasIdle && !isIdle && now != nil:
+		r.recorder.Eventf(sbx, nil, "Normal", now.Reason, "Resume", "%s", now.Message)
+	}
 }
 
 // expiryTime is when the Sandbox's lifetime ends, if it has one and has

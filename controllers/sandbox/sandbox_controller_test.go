@@ -878,6 +878,11 @@ var _ = Describe("Sandbox validation", func() {
 		Entry("workingDir with ..", map[string]any{"image": "x", "workingDir": "/app/../etc"}, "'..'"),
 		Entry("workingDir on /proc", map[string]any{"image": "x", "workingDir": "/proc/self"}, "workingDir must not be"),
 		Entry("negative activeDeadlineSeconds", map[string]any{"image": "x", "activeDeadlineSeconds": -5}, "spec.activeDeadlineSeconds"),
+		Entry("zero idlePauseSeconds", map[string]any{"image": "x", "lifecycle": map[string]any{"idlePauseSeconds": 0}}, "spec.lifecycle.idlePauseSeconds"),
+		Entry("idleDeleteSeconds over 30 days", map[string]any{"image": "x", "lifecycle": map[string]any{"idleDeleteSeconds": 2592001}}, "spec.lifecycle.idleDeleteSeconds"),
+		Entry("idle pause not before idle delete", map[string]any{"image": "x", "lifecycle": map[string]any{"idlePauseSeconds": 60, "idleDeleteSeconds": 60}},
+			"lifecycle.idlePauseSeconds must be less than lifecycle.idleDeleteSeconds"),
+		Entry("unknown shutdown policy", map[string]any{"image": "x", "lifecycle": map[string]any{"shutdownPolicy": "Forget"}}, "spec.lifecycle.shutdownPolicy"),
 		Entry("bad env name", map[string]any{"image": "x", "env": []any{map[string]any{"name": "1BAD", "value": "v"}}}, "spec.env[0].name"),
 		Entry("bad node name", map[string]any{"image": "x", "nodeName": "Node_1"}, "spec.nodeName"),
 		// Every manager caches every Sandbox: one object's size is paid
@@ -885,6 +890,14 @@ var _ = Describe("Sandbox validation", func() {
 		Entry("a command over 64 KiB in all", map[string]any{"image": "x", "command": bigList(17, 4096)}, "command must total at most 65536 bytes"),
 		Entry("env over 64 KiB in all", map[string]any{"image": "x", "env": bigEnv(3, 32768)}, "env names and values must total at most 65536 bytes"),
 	)
+
+	It("accepts a lifecycle at its bounds and defaults its shutdown policy to Retain", func() {
+		sbx := newSandbox(ns, "lifecycle", testNodePrefix+"nowhere", func(s *sandboxv1alpha1.Sandbox) {
+			s.Spec.Lifecycle = &sandboxv1alpha1.SandboxLifecycle{IdlePauseSeconds: ptr.To[int64](1), IdleDeleteSeconds: ptr.To[int64](2592000)}
+		})
+		Expect(k8sClient.Create(ctx, sbx)).To(Succeed())
+		Expect(getSandbox(client.ObjectKeyFromObject(sbx)).Spec.Lifecycle.ShutdownPolicy).To(Equal(sandboxv1alpha1.DefaultShutdownPolicy))
+	})
 
 	It("accepts a command and env of exactly 64 KiB each", func() {
 		obj := map[string]any{
@@ -956,6 +969,10 @@ var _ = Describe("Sandbox validation", func() {
 
 		s := getSandbox(key)
 		s.Spec.ActiveDeadlineSeconds = ptr.To[int64](600)
+		Expect(k8sClient.Update(ctx, s)).To(Succeed())
+		// The lifecycle is the user's to change too.
+		s = getSandbox(key)
+		s.Spec.Lifecycle = &sandboxv1alpha1.SandboxLifecycle{IdleDeleteSeconds: ptr.To[int64](60), ShutdownPolicy: sandboxv1alpha1.ShutdownDelete}
 		Expect(k8sClient.Update(ctx, s)).To(Succeed())
 	})
 })

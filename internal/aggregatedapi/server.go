@@ -245,8 +245,12 @@ func (s *Server) forward(w http.ResponseWriter, r *http.Request, u user.Info, rt
 		unavailable()
 		return
 	}
+	transport := s.transport(node, endpoint.Host)
+	if isUpgrade(r) {
+		transport = s.upgradeTransport(node, endpoint.Host)
+	}
 	proxy := &httputil.ReverseProxy{
-		Transport: s.transport(node, endpoint.Host),
+		Transport: transport,
 		// Exec output and followed logs stream: pass every write on.
 		FlushInterval: -1,
 		Rewrite: func(pr *httputil.ProxyRequest) {

@@ -30,6 +30,7 @@ func TestRuntimeDefaultsAreTheSandboxDefaults(t *testing.T) {
 		{"User", dockerruntime.DefaultUser, sandboxv1alpha1.DefaultUser},
 		{"PullPolicy", string(dockerruntime.PullIfNotPresent), string(sandboxv1alpha1.DefaultImagePullPolicy)},
 		{"Runtime", dockerruntime.RuntimeRunc, string(sandboxv1alpha1.DefaultRuntime)},
+		{"StopGracePeriod", dockerruntime.DefaultStopGracePeriod, sandboxv1alpha1.DefaultStopGracePeriod},
 	} {
 		if c.got != c.want {
 			t.Errorf("dockerruntime.Default%s is %v, the Sandbox default is %v", c.name, c.got, c.want)

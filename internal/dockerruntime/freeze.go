@@ -4,31 +4,64 @@ import (
 	"context"
 	"strings"
 	"sync"
+	"time"
 )
 
 // Pause freezes a running container with the cgroup freezer: its processes
 // get no CPU time and keep their memory. Pausing a paused container is not
-// an error.
+// an error. It returns once Docker records the container as paused.
 func (c *Client) Pause(ctx context.Context, id string) error {
 	ctx, cancel := c.bounded(ctx)
 	defer cancel()
 	err := c.docker.ContainerPause(ctx, id)
-	if err != nil && strings.Contains(err.Error(), "already paused") {
-		return nil
+	if err != nil && !strings.Contains(err.Error(), "already paused") {
+		return classify(err, "pausing container "+ShortID(id))
 	}
-	return classify(err, "pausing container "+ShortID(id))
+	return c.awaitPausedRecord(ctx, id, true)
 }
 
 // Unpause thaws a paused container. Unpausing a running container that is
-// not paused is not an error.
+// not paused is not an error. It returns once Docker records the container
+// as not paused, so that an exec right after it is not refused.
 func (c *Client) Unpause(ctx context.Context, id string) error {
 	ctx, cancel := c.bounded(ctx)
 	defer cancel()
 	err := c.docker.ContainerUnpause(ctx, id)
-	if err != nil && strings.Contains(err.Error(), "is not paused") {
-		return nil
+	if err != nil && !strings.Contains(err.Error(), "is not paused") {
+		return classify(err, "unpausing container "+ShortID(id))
 	}
-	return classify(err, "unpausing container "+ShortID(id))
+	return c.awaitPausedRecord(ctx, id, false)
+}
+
+// awaitPausedRecord waits until Docker's record of id (State.Paused, which
+// it checks before an exec and before an unpause) says paused, or says not.
+// Docker 20.10 updates that record when it handles containerd's "paused"
+// and "resumed" events, asynchronously, so the record can lag a call that
+// has returned. After a quick pause and unpause that lag made two failures:
+// an unpause right after a pause was answered "is not paused" (taken for
+// success) while the container stayed frozen, and an exec right after an
+// unpause was refused as paused though the container ran. Events for one
+// container are handled in order, so once the record shows the call's
+// effect it stays.
+func (c *Client) awaitPausedRecord(ctx context.Context, id string, paused bool) error {
+	what := "unpausing"
+	if paused {
+		what = "pausing"
+	}
+	for delay := 2 * time.Millisecond; ; delay = min(2*delay, 100*time.Millisecond) {
+		resp, err := c.docker.ContainerInspect(ctx, id)
+		if err != nil {
+			return classify(err, what+" container "+ShortID(id)+": inspecting it")
+		}
+		if resp.ContainerJSONBase != nil && resp.State != nil && resp.State.Paused == paused {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return classify(ctx.Err(), what+" container "+ShortID(id)+": waiting for Docker to record it")
+		case <-time.After(delay):
+		}
+	}
 }
 
 // thaws are the unpauses BeginUnpause started that have not ended.

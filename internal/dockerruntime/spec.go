@@ -50,6 +50,8 @@ const (
 	DefaultDiskBytes   int64 = 256 << 20
 	DefaultWorkingDir        = "/app"
 	DefaultUser              = "65534:65534"
+	// DefaultStopGracePeriod is sandboxv1alpha1.DefaultStopGracePeriod.
+	DefaultStopGracePeriod = 10 * time.Second
 	// DefaultNoFile bounds open file descriptors.
 	DefaultNoFile int64 = 1024
 	// LogMaxSize caps the json-file log so a chatty sandbox cannot fill the
@@ -92,7 +94,8 @@ type Spec struct {
 	Network string
 	// Runtime is RuntimeRunc or RuntimeRunsc.
 	Runtime string
-	// StopGracePeriod is how long Docker waits after SIGTERM before SIGKILL.
+	// StopGracePeriod is how long Docker waits after SIGTERM before SIGKILL;
+	// zero means DefaultStopGracePeriod.
 	StopGracePeriod time.Duration
 }
 
@@ -126,7 +129,7 @@ func (s Spec) withDefaults() Spec {
 		s.Runtime = RuntimeRunc
 	}
 	if s.StopGracePeriod == 0 {
-		s.StopGracePeriod = 10 * time.Second
+		s.StopGracePeriod = DefaultStopGracePeriod
 	}
 	return s
 }

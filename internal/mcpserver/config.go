@@ -44,6 +44,9 @@ const (
 type Config struct {
 	// Version is reported in the server's implementation info.
 	Version string
+	// PreviewBaseURL, when set, is the external base URL of the preview
+	// listener (PreviewHandler), and enables expose_port/unexpose_port.
+	PreviewBaseURL string
 	// DefaultImage is used when sandbox_initialize names none.
 	DefaultImage string
 	// AllowedImages, when not empty, are path.Match patterns an image must

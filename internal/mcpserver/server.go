@@ -34,6 +34,30 @@ const ServerName = "code-sandbox-mcp"
 const instructions = `Runs code in disposable, hardened sandboxes (no network unless allowed, no capabilities, read-only root filesystem, non-root user, bounded CPU, memory, processes and disk).
 Call sandbox_initialize first; it returns a container_id that every other tool takes. Write files with write_file (or copy_project/copy_file from allowed host directories), run shell commands with sandbox_exec, read results with read_file, and call sandbox_stop when done. Writable paths: the working directory%s, /tmp and /var/tmp. Idle sandboxes are removed automatically.`
 
+// ListCacheTTL is the freshness MCP 2026-07-28 clients are told (ttlMs,
+// SEP-2549) for tools/list, resources/list, resources/templates/list and
+// server/discover. Those answers are fixed for the life of a server
+// process: they depend on its flags and version only, never on the caller
+// (no tool or template is filtered per identity), so their cacheScope is
+// "public". They change when a new version rolls out, and the server
+// declares no listChanged to announce that, so the TTL is what bounds how
+// long a client keeps a list from before a rollout: five minutes, short
+// against a rollout and long against the seconds between an agent's calls.
+//
+// resources/read (a sandbox's logs, private to its owner and changing with
+// every command) and anything else keep ttlMs 0 and "private".
+const ListCacheTTL = 5 * time.Minute
+
+// cacheHints are the server options that set the hints above.
+func cacheHints() []server.ServerOption {
+	ttl := ListCacheTTL.Milliseconds()
+	opts := []server.ServerOption{server.WithCacheHints(0, mcp.CacheScopePrivate)}
+	for _, m := range []mcp.MCPMethod{mcp.MethodToolsList, mcp.MethodResourcesList, mcp.MethodResourcesTemplatesList, mcp.MethodServerDiscover} {
+		opts = append(opts, server.WithMethodCacheHints(m, ttl, mcp.CacheScopePublic))
+	}
+	return opts
+}
+
 // deps is what every tool handler closes over.
 type deps struct {
 	cfg     Config
@@ -53,13 +77,13 @@ func New(cfg Config, backend contract.Backend, logger *slog.Logger) (*server.MCP
 	if version == "" {
 		version = "dev"
 	}
-	s := server.NewMCPServer(ServerName, version,
+	s := server.NewMCPServer(ServerName, version, append([]server.ServerOption{
 		server.WithToolCapabilities(false),
 		server.WithResourceCapabilities(false, false),
 		server.WithLogging(),
 		server.WithInstructions(fmt.Sprintf(instructions, defaultParenthesized(cfg.SandboxWorkingDir))),
-	)
-	for _, ctor := range []func(*deps) (mcp.Tool, server.ToolHandlerFunc){
+	}, cacheHints()...)...)
+	for _, ctor := range append([]func(*deps) (mcp.Tool, server.ToolHandlerFunc){
 		sandboxInitializeTool,
 		copyProjectTool,
 		writeFileTool,
@@ -74,7 +98,7 @@ func New(cfg Config, backend contract.Backend, logger *slog.Logger) (*server.MCP
 		readFileTool,
 		listSandboxesTool,
 		sandboxStopTool,
-	} {
+	}, portTools(d)...) {
 		tool, handler := ctor(d)
 		s.AddTool(tool, d.wrap(tool.Name, handler))
 	}

@@ -46,6 +46,18 @@ type Runtime interface {
 	WaitProcess(ctx context.Context, id, handle string, off dockerruntime.ProcessOffsets, timeout time.Duration) (execio.ProcessOutput, error)
 	KillProcess(ctx context.Context, id, handle string) (execio.ProcessStatus, error)
 	WriteProcessStdin(ctx context.Context, id, handle string, data []byte, eof bool) (execio.ProcessStatus, error)
+
+	DialPort(ctx context.Context, id string, port int) (dockerruntime.PortConn, error)
+}
+
+// Activity hears of every exec, file transfer and log read, which are
+// what spec.lifecycle's idle timeouts count. The node manager's
+// *sandbox.Activity (controllers/sandbox/idle.go) implements it.
+type Activity interface {
+	// Begin records activity on sbx. With wake the operation needs the
+	// container running, and an idle-paused one is thawed before Begin
+	// returns. end is called when the operation ends.
+	Begin(ctx context.Context, sbx *sandboxv1alpha1.Sandbox, wake bool) (end func(), err error)
 }
 
 // HistoryStore keeps the exec history of each Sandbox, keyed by its UID.
@@ -126,6 +138,9 @@ type Config struct {
 	// DockerCheckTimeout bounds the container check before each request, so
 	// that a hung Docker Engine yields a quick 503.
 	DockerCheckTimeout time.Duration
+	// Activity, when set, is told of every exec, file transfer and log
+	// read, and thaws an idle-paused container for an exec or transfer.
+	Activity Activity
 	// Logger is the server's logger; empty means logf.Log.WithName("nodeapi").
 	Logger logr.Logger
 }
@@ -249,6 +264,16 @@ func (s *Server) serve(w http.ResponseWriter, r *http.Request) {
 		s.serveHistory(w, r, sbx)
 		return
 	}
+	// Before the container check: an idle-paused container is thawed for
+	// an exec or transfer (needReady), which then finds it running.
+	if s.cfg.Activity != nil {
+		end, err := s.cfg.Activity.Begin(ctx, sbx, needReady)
+		if err != nil {
+			writeError(w, err)
+			return
+		}
+		defer end()
+	}
 	ct, err := s.container(ctx, sbx, needReady)
 	if err != nil {
 		writeError(w, err)
@@ -267,6 +292,8 @@ func (s *Server) serve(w http.ResponseWriter, r *http.Request) {
 		}
 	case subresource.SubresourceLog:
 		s.serveLog(w, r, sbx, ct)
+	case subresource.SubresourcePortForward:
+		s.servePortForward(w, r, sbx, ct)
 	}
 }
 

@@ -39,6 +39,10 @@ type Options struct {
 // safe for concurrent use; connections are reused.
 type Client struct {
 	http *http.Client
+	// upgrade speaks HTTP/1.1 only, for portforward's upgrade
+	// (portforward.go); nil until the first one.
+	upgrade *http.Client
+	cfg     *rest.Config
 	// base is the API server's URL, including any path prefix of the
 	// rest.Config (as with kubectl proxy --api-prefix).
 	base *url.URL
@@ -72,7 +76,7 @@ func New(cfg *rest.Config, opts Options) (*Client, error) {
 	if err != nil {
 		return nil, fmt.Errorf("sandboxclient: API server address: %w", err)
 	}
-	return &Client{http: hc, base: base}, nil
+	return &Client{http: hc, base: base, cfg: cfg}, nil
 }
 
 // Ref names the Sandbox a call acts on. Sandbox, when set, is the object

@@ -37,7 +37,7 @@ func ParseRoute(prefix string, r *http.Request) (Route, *Error) {
 	rest, ok := strings.CutPrefix(r.URL.Path, prefix)
 	parts := strings.Split(rest, "/")
 	if !ok || len(parts) != 4 || parts[1] != "sandboxes" {
-		return Route{}, noSuchEndpoint("no such endpoint %q; this API serves %s{namespace}/sandboxes/{name}/{exec|processes|files|log|history}", r.URL.Path, prefix)
+		return Route{}, noSuchEndpoint("no such endpoint %q; this API serves %s{namespace}/sandboxes/{name}/{exec|processes|files|log|history|portforward}", r.URL.Path, prefix)
 	}
 	rt := Route{Namespace: parts[0], Name: parts[2], Subresource: parts[3]}
 	if errs := validation.IsDNS1123Label(rt.Namespace); len(errs) > 0 {
@@ -57,11 +57,14 @@ func ParseRoute(prefix string, r *http.Request) (Route, *Error) {
 	case SubresourceFiles:
 		allowed = []string{http.MethodPost, http.MethodGet}
 		rt.RBACSubresource = SubresourceFiles
+	case SubresourcePortForward:
+		allowed = []string{http.MethodPost}
+		rt.RBACSubresource = SubresourcePortForward
 	case SubresourceLog, SubresourceHistory:
 		allowed = []string{http.MethodGet}
 		rt.RBACSubresource = SubresourceLog
 	default:
-		return Route{}, noSuchEndpoint("no such subresource %q; this API serves exec, processes, files, log and history", rt.Subresource)
+		return Route{}, noSuchEndpoint("no such subresource %q; this API serves exec, processes, files, log, history and portforward", rt.Subresource)
 	}
 	switch r.Method {
 	case http.MethodPost:
@@ -81,7 +84,7 @@ func ParseRoute(prefix string, r *http.Request) (Route, *Error) {
 // needs a Ready Sandbox (CheckReady): exec, processes and files. Logs and history are
 // served for a Sandbox that is not Ready too, to show why it died.
 func NeedsReady(subresource string) bool {
-	return subresource == SubresourceExec || subresource == SubresourceProcesses || subresource == SubresourceFiles
+	return subresource == SubresourceExec || subresource == SubresourceProcesses || subresource == SubresourceFiles || subresource == SubresourcePortForward
 }
 
 func noSuchEndpoint(format string, args ...any) *Error {

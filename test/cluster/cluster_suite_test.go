@@ -25,12 +25,10 @@ Licensed under the MIT License; see the LICENSE file.
 package cluster
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"io"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -39,6 +37,8 @@ import (
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
 	"k8s.io/apimachinery/pkg/util/wait"
+
+	"github.com/code-sandbox/code-sandbox-operator/internal/testenv/framework"
 )
 
 const (
@@ -46,12 +46,10 @@ const (
 	operatorNS = "code-sandbox-system"
 	prefix     = "code-sandbox-"
 
-	labelPrefix = "sandbox.code-sandbox.dev/"
-	nodeLabel   = labelPrefix + "node"
-	uidLabel    = labelPrefix + "sandbox-uid"
-
-	// sampleImage is config/samples' image; make test-images builds it.
-	sampleImage = "code-sandbox-test/python:3"
+	labelPrefix = framework.LabelPrefix
+	nodeLabel   = framework.NodeLabel
+	uidLabel    = framework.UIDLabel
+	sampleImage = framework.SampleImage
 )
 
 var (
@@ -95,7 +93,7 @@ var _ = BeforeSuite(func(ctx SpecContext) {
 	Expect(discoverNodes(ctx)).To(Succeed())
 	nodeName = workers[0]
 	By(fmt.Sprintf("sandboxes run on %v (Engine in the operator's pods: %t, kind cluster: %q)", workers, engineMode, kindCluster))
-	Expect(ensureImageOnWorkers(ctx, sampleImage)).To(Succeed())
+	Expect(loadSandboxImages(ctx, sampleImage)).To(Succeed())
 	if kindCluster != "" {
 		routeServicesThroughKind(ctx)
 	}
@@ -146,21 +144,7 @@ func describeOperator(ctx context.Context) string {
 }
 
 func describeSandbox(ctx context.Context, ns, name string) string {
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
-	defer cancel()
-	var b strings.Builder
-	for _, args := range [][]string{
-		{"get", "sandbox", name, "-n", ns, "-o", "yaml"},
-		{"get", "events", "-n", ns, "--field-selector", "involvedObject.name=" + name},
-		{"logs", "-n", operatorNS, "-l", "app.kubernetes.io/component=manager", "--tail=40"},
-	} {
-		out, err := kubectl(ctx, args...)
-		fmt.Fprintf(&b, "$ kubectl %s\n%s", strings.Join(args, " "), out)
-		if err != nil {
-			fmt.Fprintf(&b, "(%v)\n", err)
-		}
-	}
-	return b.String()
+	return kube().DescribeSandbox(ctx, ns, name, []string{"logs", "-n", operatorNS, "-l", "app.kubernetes.io/component=manager", "--tail=40"})
 }
 
 func findRepoRoot() (string, error) {
@@ -182,27 +166,20 @@ func findRepoRoot() (string, error) {
 
 // run runs a command and returns its stdout; the error carries stderr.
 func run(ctx context.Context, dir string, stdin io.Reader, name string, args ...string) (string, error) {
-	cmd := exec.CommandContext(ctx, name, args...)
-	cmd.Dir = dir
-	cmd.Stdin = stdin
-	var stdout, stderr bytes.Buffer
-	cmd.Stdout = &stdout
-	cmd.Stderr = &stderr
-	fmt.Fprintf(GinkgoWriter, "$ %s %s\n", name, strings.Join(args, " "))
-	err := cmd.Run()
-	if err != nil {
-		return stdout.String(), fmt.Errorf("%s %s: %w: %s", name, strings.Join(args, " "), err, strings.TrimSpace(stderr.String()))
-	}
-	return stdout.String(), nil
+	return framework.Run(ctx, dir, stdin, name, args...)
+}
+
+// kube is kubectl with the suite's kubeconfig.
+func kube() framework.Kubectl {
+	return framework.Kubectl{Bin: kubectlBin, Kubeconfig: kubeconfig}
 }
 
 func kubectl(ctx context.Context, args ...string) (string, error) {
-	return run(ctx, "", nil, kubectlBin, append([]string{"--kubeconfig", kubeconfig}, args...)...)
+	return kube().Run(ctx, args...)
 }
 
 func kubectlApply(ctx context.Context, yaml string) error {
-	_, err := run(ctx, "", strings.NewReader(yaml), kubectlBin, "--kubeconfig", kubeconfig, "apply", "-f", "-")
-	return err
+	return kube().Apply(ctx, yaml)
 }
 
 func plugin(ctx context.Context, stdin io.Reader, args ...string) (string, error) {
@@ -215,15 +192,15 @@ func docker(ctx context.Context, args ...string) (string, error) {
 
 func mustKubectl(ctx context.Context, args ...string) string {
 	GinkgoHelper()
-	out, err := kubectl(ctx, args...)
-	Expect(err).NotTo(HaveOccurred())
-	return strings.TrimSpace(out)
+	return kube().Must(ctx, args...)
 }
 
 // One ordered tree, so that uninstalling comes last.
 var _ = Describe("the operator on a real cluster", Ordered, func() {
 	sandboxSpecs()
 	mcpSpecs()
+	mcpHASpecs()
+	mcpBenchSpecs()
 	warmPoolSpecs()
 	webhookSpecs()
 	benchSpecs()
@@ -246,10 +223,8 @@ spec:
   imagePullPolicy: Never
   activeDeadlineSeconds: 600
 `)).To(Succeed())
-			_, err := kubectl(ctx, "wait", "--for=condition=Ready", "sandbox/left", "-n", "cluster-undeploy", "--timeout=120s")
-			Expect(err).NotTo(HaveOccurred(), describeSandbox(ctx, "cluster-undeploy", "left"))
+			waitSandboxesReady(ctx, "cluster-undeploy", 120*time.Second, "left")
 			Expect(containersLeft(ctx)).NotTo(BeEmpty(), "the check below must see the Sandbox's container")
-			Expect(err).NotTo(HaveOccurred(), describeSandbox(ctx, "cluster-undeploy", "left"))
 
 			// The images running now, to deploy the same again below.
 			images := []string{"KUBECONFIG=" + kubeconfig,

@@ -9,15 +9,16 @@ Licensed under the MIT License; see the LICENSE file.
 package cluster
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
-	"os"
-	"path/filepath"
 	"strings"
 	"time"
 
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
+
+	"github.com/code-sandbox/code-sandbox-operator/internal/testenv/framework"
 )
 
 func sandboxSpecs() {
@@ -120,8 +121,7 @@ spec:
   imagePullPolicy: Never
   activeDeadlineSeconds: 1800
 `, ns, nodeName, sampleImage))).To(Succeed())
-			_, err := kubectl(ctx, "wait", "--for=condition=Ready", "sandbox/first", "-n", ns, "--timeout=120s")
-			Expect(err).NotTo(HaveOccurred(), describeSandbox(ctx, ns, "first"))
+			waitSandboxesReady(ctx, ns, 120*time.Second, "first")
 			Expect(mustKubectl(ctx, "get", "sandbox/first", "-n", ns, "-o", "jsonpath={.status.nodeName}")).To(Equal(nodeName))
 			sandboxUID = mustKubectl(ctx, "get", "sandbox/first", "-n", ns, "-o", "jsonpath={.metadata.uid}")
 			containerID = mustKubectl(ctx, "get", "sandbox/first", "-n", ns, "-o", "jsonpath={.status.containerID}")
@@ -192,33 +192,14 @@ spec:
 
 		It("streams kubectl sandbox exec, cp and logs through the API server and the aggregated API", func(ctx SpecContext) {
 			Expect(sandboxUID).NotTo(BeEmpty(), "no Sandbox from the previous spec")
-			out, err := plugin(ctx, nil, "exec", "first", "-n", ns, "--", "python3", "-c", "import sys; print(6*7); print('to stderr', file=sys.stderr)")
-			Expect(err).NotTo(HaveOccurred())
-			Expect(out).To(Equal("42\n"))
+			user := framework.PluginFor(pluginBin, kubeconfig, ns)
+			// The scenarios test/e2e runs for each kind of credential.
+			framework.ExecScenario(ctx, user, "first")
+			framework.CopyFileScenario(ctx, user, ns, "first", GinkgoT().TempDir(), "in.txt")
 
-			out, err = plugin(ctx, strings.NewReader("from stdin\n"), "exec", "-i", "first", "-n", ns, "--", "cat")
+			_, err := plugin(ctx, nil, "logs", "first", "-n", ns)
 			Expect(err).NotTo(HaveOccurred())
-			Expect(out).To(Equal("from stdin\n"))
-
-			_, err = plugin(ctx, nil, "exec", "first", "-n", ns, "--", "sh", "-c", "exit 7")
-			Expect(err).To(HaveOccurred(), "the command's exit status reaches the caller")
-
-			dir := GinkgoT().TempDir()
-			src := filepath.Join(dir, "in.txt")
-			Expect(os.WriteFile(src, []byte("a file from the host\n"), 0o644)).To(Succeed())
-			_, err = plugin(ctx, nil, "cp", src, ns+"/first:/tmp/in.txt")
-			Expect(err).NotTo(HaveOccurred())
-			out, err = plugin(ctx, nil, "exec", "first", "-n", ns, "--", "cat", "/tmp/in.txt")
-			Expect(err).NotTo(HaveOccurred())
-			Expect(out).To(Equal("a file from the host\n"))
-			back := filepath.Join(dir, "back.txt")
-			_, err = plugin(ctx, nil, "cp", ns+"/first:/tmp/in.txt", back)
-			Expect(err).NotTo(HaveOccurred())
-			Expect(os.ReadFile(back)).To(Equal([]byte("a file from the host\n")))
-
-			_, err = plugin(ctx, nil, "logs", "first", "-n", ns)
-			Expect(err).NotTo(HaveOccurred())
-			out, err = plugin(ctx, nil, "logs", "first", "-n", ns, "--history")
+			out, err := plugin(ctx, nil, "logs", "first", "-n", ns, "--history")
 			if err == nil {
 				Expect(out).To(ContainSubstring("cat"))
 			}
@@ -292,6 +273,8 @@ spec:
 				// and nothing moves one back: spread them again, as
 				// config/webhook/deployment.yaml tells operators to.
 				mustKubectl(ctx, "rollout", "restart", "-n", operatorNS, "deployment/"+prefix+"webhook")
+				// The same for the MCP server's replicas.
+				mustKubectl(ctx, "rollout", "restart", "-n", operatorNS, "deployment/"+prefix+"mcp-server")
 				Expect(waitOperatorRollout(ctx)).To(Succeed())
 			}, NodeTimeout(4*time.Minute))
 			// On one node the webhook's PodDisruptionBudget (minAvailable 1)
@@ -318,11 +301,8 @@ spec:
 		}, NodeTimeout(6*time.Minute))
 
 		It("removes the container when the Sandbox is deleted", func(ctx SpecContext) {
-			mustKubectl(ctx, "delete", "sandbox/first", "-n", ns, "--wait", "--timeout=90s")
-			Eventually(func() (string, error) {
-				out, err := dockerOn(ctx, nodeName, "ps", "-aq", "--filter", "label="+uidLabel+"="+sandboxUID)
-				return strings.TrimSpace(out), err
-			}).WithContext(ctx).WithTimeout(30 * time.Second).Should(BeEmpty())
+			onNode := func(ctx context.Context, args ...string) (string, error) { return dockerOn(ctx, nodeName, args...) }
+			framework.DeleteScenario(ctx, kube(), onNode, ns, "first", sandboxUID)
 		}, NodeTimeout(2*time.Minute))
 	})
 }

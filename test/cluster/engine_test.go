@@ -69,8 +69,7 @@ spec:
   imagePullPolicy: Never
   activeDeadlineSeconds: 1800
 `, ns, sampleImage))).To(Succeed())
-			_, err := kubectl(ctx, "wait", "--for=condition=Ready", "sandbox/keep", "-n", ns, "--timeout=120s")
-			Expect(err).NotTo(HaveOccurred(), describeSandbox(ctx, ns, "keep"))
+			waitSandboxesReady(ctx, ns, 120*time.Second, "keep")
 			node = mustKubectl(ctx, "get", "sandbox/keep", "-n", ns, "-o", "jsonpath={.status.nodeName}")
 			containerID = strings.TrimPrefix(mustKubectl(ctx, "get", "sandbox/keep", "-n", ns, "-o", "jsonpath={.status.containerID}"), "docker://")
 			Expect(containerID).NotTo(BeEmpty())
@@ -116,8 +115,7 @@ spec:
   network:
     mode: Egress
 `, ns, sampleImage))).To(Succeed())
-			_, err := kubectl(ctx, "wait", "--for=condition=Ready", "sandbox/egress", "-n", ns, "--timeout=120s")
-			Expect(err).NotTo(HaveOccurred(), describeSandbox(ctx, ns, "egress"))
+			waitSandboxesReady(ctx, ns, 120*time.Second, "egress")
 			n := mustKubectl(ctx, "get", "sandbox/egress", "-n", ns, "-o", "jsonpath={.status.nodeName}")
 			id := strings.TrimPrefix(mustKubectl(ctx, "get", "sandbox/egress", "-n", ns, "-o", "jsonpath={.status.containerID}"), "docker://")
 			out, err := dockerOn(ctx, n, "inspect", "--format", "{{range $k, $v := .NetworkSettings.Networks}}{{$k}}={{$v.IPAddress}} {{end}}", id)

@@ -20,6 +20,8 @@ import (
 
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
+
+	"github.com/code-sandbox/code-sandbox-operator/internal/testenv/framework"
 )
 
 // nodeLostReason is api/v1alpha1.SandboxReasonNodeLost.
@@ -86,15 +88,12 @@ func faultSpecs() {
 				mcpNS  = "sandboxes"
 				pool   = "loss"
 			)
-			// The victim is a worker without the MCP server (one replica,
-			// which the MCP call below needs), and the webhook's replicas
-			// (the control plane, which marks NodeLost) must not all be on
-			// it.
-			mcpNode := mustKubectl(ctx, "get", "pods", "-n", operatorNS, "-l", "app.kubernetes.io/component=mcp-server", "-o", "jsonpath={.items[0].spec.nodeName}")
+			// The webhook's replicas (the control plane, which marks
+			// NodeLost) must not all be on the victim. The MCP server's
+			// three replicas are on both workers: the one on the victim is
+			// lost with it, and the MCP call below goes to another through
+			// a new connection.
 			survivor, victim := workers[0], workers[1]
-			if mcpNode == victim {
-				survivor, victim = victim, survivor
-			}
 			Expect(strings.Fields(mustKubectl(ctx, "get", "pods", "-n", operatorNS, "-l", "app.kubernetes.io/component=webhook",
 				"-o", "jsonpath={.items[*].spec.nodeName}"))).To(ContainElement(survivor), "a control plane replica runs on %s", survivor)
 			freshNamespace(ctx, ns)
@@ -125,17 +124,7 @@ spec:
 			}
 			Eventually(used).WithContext(ctx).WithTimeout(time.Minute).Should(Equal("3"))
 
-			Expect(kubectlApply(ctx, fmt.Sprintf(`apiVersion: sandbox.code-sandbox.dev/v1alpha1
-kind: SandboxWarmPool
-metadata:
-  name: %s
-  namespace: %s
-spec:
-  replicas: 2
-  template:
-    image: %s
-    imagePullPolicy: Never
-`, pool, poolNS, sampleImage))).To(Succeed())
+			Expect(kubectlApply(ctx, framework.WarmPoolManifest(pool, poolNS, sampleImage, 2))).To(Succeed())
 			idleNodes := func(ctx context.Context) ([]string, error) {
 				return withCondition(ctx, "sandboxes", poolNS, warmPoolLabel+"="+pool, "Paused", ".status.nodeName")
 			}
@@ -147,17 +136,22 @@ spec:
 			mustKubectl(ctx, "create", "serviceaccount", "agent", "-n", mcpNS)
 			mustKubectl(ctx, "create", "rolebinding", "agent-editor", "-n", mcpNS,
 				"--clusterrole="+prefix+"sandbox-editor-role", "--serviceaccount="+mcpNS+":agent")
-			sess := connectMCP(ctx, mustKubectl(ctx, "create", "token", "agent", "-n", mcpNS, "--duration=1h", "--audience", "code-sandbox-mcp"))
+			mcpToken := mustKubectl(ctx, "create", "token", "agent", "-n", mcpNS, "--duration=1h", "--audience", "code-sandbox-mcp")
+			sess := connectMCP(ctx, mcpToken)
 			var onVictim string
-			for range 8 {
+			for range 12 {
 				id := mcpInit(ctx, sess)
 				out := mustKubectl(ctx, "get", "sandboxes", "-n", mcpNS, "-o", `jsonpath={range .items[*]}{.metadata.name} {.status.nodeName}{"\n"}{end}`)
 				if slices.Contains(strings.Split(strings.TrimSpace(out), "\n"), id+" "+victim) {
 					onVictim = id
 					break
 				}
+				// Not there: stop it, so that --max-sandboxes (5) does not
+				// end the search.
+				res := mcpCall(ctx, sess, "sandbox_stop", map[string]any{"container_id": id})
+				Expect(res.IsError).To(BeFalse(), mcpText(res))
 			}
-			Expect(onVictim).NotTo(BeEmpty(), "no MCP sandbox landed on %s in 8 tries", victim)
+			Expect(onVictim).NotTo(BeEmpty(), "no MCP sandbox landed on %s in 12 tries", victim)
 			lostUIDs := map[string]bool{}
 			for _, n := range []string{"lost-0", "lost-1"} {
 				lostUIDs[mustKubectl(ctx, "get", "sandbox/"+n, "-n", ns, "-o", "jsonpath={.metadata.uid}")] = true
@@ -186,6 +180,11 @@ spec:
 			Eventually(idleNodes).WithContext(ctx).WithTimeout(3*time.Minute).WithPolling(2*time.Second).
 				Should(ConsistOf(survivor, survivor), func() string { return describePool(ctx, poolNS, pool) })
 
+			// A new client (new connections): a kept-alive connection to the
+			// replica on the stopped node would wait for TCP to give up.
+			// By now the node is NotReady and its endpoints are out of the
+			// Service.
+			sess = connectMCP(ctx, mcpToken)
 			res := mcpCall(ctx, sess, "sandbox_exec", map[string]any{"container_id": onVictim, "commands": []string{"echo hi"}})
 			Expect(res.IsError).To(BeTrue(), mcpText(res))
 			Expect(mcpText(res)).To(ContainSubstring(nodeLostReason), "the model learns why")

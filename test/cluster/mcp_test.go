@@ -134,24 +134,23 @@ spec:
 			mustKubectl(ctx, "delete", "sandboxquota", quotaName, "-n", mcpNS)
 		}, NodeTimeout(4*time.Minute))
 
-		It("cleans up the sandboxes of a deleted MCP pod when the Deployment recreates it", func(ctx SpecContext) {
+		It("keeps the sandboxes when every MCP pod is deleted, and serves them from the pods the Deployment recreates", func(ctx SpecContext) {
 			id := mcpInit(ctx, sess)
-			_ = id
-			pod := mustKubectl(ctx, "get", "pods", "-n", operatorNS, "-l", "app.kubernetes.io/component=mcp-server", "-o", "jsonpath={.items[0].metadata.name}")
-			// A graceful delete: the server deletes the Sandboxes it created on
-			// SIGTERM (config/mcp: terminationGracePeriodSeconds 60).
-			mustKubectl(ctx, "delete", "pod", "-n", operatorNS, pod, "--wait", "--timeout=90s")
-			Eventually(func() (string, error) {
-				out, err := kubectl(ctx, "get", "sandboxes", "-n", mcpNS, "-o", "name")
-				return strings.TrimSpace(out), err
-			}).WithContext(ctx).WithTimeout(90 * time.Second).Should(BeEmpty())
-			_, err := kubectl(ctx, "rollout", "status", "-n", operatorNS, "deployment/"+prefix+"mcp-server", "--timeout=120s")
+			pods := strings.Fields(mustKubectl(ctx, "get", "pods", "-n", operatorNS, "-l", "app.kubernetes.io/component=mcp-server", "-o", "jsonpath={.items[*].metadata.name}"))
+			Expect(pods).NotTo(BeEmpty())
+			// A graceful delete of every replica: each drains and leaves
+			// the Sandboxes it created alone on SIGTERM.
+			mustKubectl(ctx, append([]string{"delete", "pod", "-n", operatorNS, "--wait", "--timeout=120s"}, pods...)...)
+			_, err := kubectl(ctx, "rollout", "status", "-n", operatorNS, "deployment/"+prefix+"mcp-server", "--timeout=180s")
 			Expect(err).NotTo(HaveOccurred(), describeOperator(ctx))
+			Expect(mustKubectl(ctx, "get", "sandbox", id, "-n", mcpNS, "-o", "name")).To(Equal("sandbox.sandbox.code-sandbox.dev/"+id), "the Sandbox went with the MCP pods")
 
-			By("connecting to the new pod through the same Service")
+			By("using the same sandbox through the new pods")
 			sess = connectMCP(ctx, token)
-			id = mcpInit(ctx, sess)
-			res := mcpCall(ctx, sess, "sandbox_stop", map[string]any{"container_id": id})
+			res := mcpCall(ctx, sess, "sandbox_exec", map[string]any{"container_id": id, "commands": []string{"echo still-here"}})
+			Expect(res.IsError).To(BeFalse(), mcpText(res))
+			Expect(mcpText(res)).To(ContainSubstring("still-here"))
+			res = mcpCall(ctx, sess, "sandbox_stop", map[string]any{"container_id": id})
 			Expect(res.IsError).To(BeFalse(), mcpText(res))
 		}, NodeTimeout(5*time.Minute))
 	})
@@ -196,7 +195,7 @@ func connectMCP(ctx context.Context, token string) *mcp.ClientSession {
 	GinkgoHelper()
 	client := mcp.NewClient(&mcp.Implementation{Name: "cluster-e2e", Version: "1"}, nil)
 	base := serviceHTTPClient(ctx)
-	hc := &http.Client{Transport: bearer{token: token, base: base.Transport}}
+	hc := &http.Client{Transport: mcpclient.Bearer{Token: token, Base: base.Transport}}
 	var sess *mcp.ClientSession
 	// The Service may still be settling on a new pod.
 	Eventually(func() error {
@@ -210,33 +209,13 @@ func connectMCP(ctx context.Context, token string) *mcp.ClientSession {
 	return sess
 }
 
-type bearer struct {
-	token string
-	base  http.RoundTripper
-}
-
-func (b bearer) RoundTrip(r *http.Request) (*http.Response, error) {
-	r = r.Clone(r.Context())
-	r.Header.Set("Authorization", "Bearer "+b.token)
-	return b.base.RoundTrip(r)
-}
-
-func mcpCall(ctx context.Context, s *mcp.ClientSession, name string, args map[string]any) *mcp.CallToolResult {
-	GinkgoHelper()
-	res, err := s.CallTool(ctx, &mcp.CallToolParams{Name: name, Arguments: args})
-	Expect(err).NotTo(HaveOccurred(), "calling %s", name)
-	return res
-}
-
-func mcpText(res *mcp.CallToolResult) string { return mcpclient.Text(res) }
+// The MCP client helpers the suites share (internal/testenv/mcpclient).
+var (
+	mcpCall = mcpclient.Call
+	mcpText = mcpclient.Text
+)
 
 func mcpInit(ctx context.Context, s *mcp.ClientSession) string {
 	GinkgoHelper()
-	res := mcpCall(ctx, s, "sandbox_initialize", map[string]any{"image": sampleImage})
-	Expect(res.IsError).To(BeFalse(), mcpText(res))
-	m, ok := res.StructuredContent.(map[string]any)
-	Expect(ok).To(BeTrue(), "structured content is %T: %s", res.StructuredContent, mcpText(res))
-	id, _ := m["container_id"].(string)
-	Expect(id).NotTo(BeEmpty())
-	return id
+	return mcpclient.Initialize(ctx, s, map[string]any{"image": sampleImage})
 }

@@ -19,6 +19,8 @@ import (
 
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
+
+	"github.com/code-sandbox/code-sandbox-operator/internal/testenv/framework"
 )
 
 // sandboxYAML is a Sandbox of the sample image, pinned to node unless it is
@@ -127,17 +129,7 @@ func multiNodeSpecs() {
 
 		It("spreads a warm pool's members over both workers and claims one on each", func(ctx SpecContext) {
 			const pool = "spread"
-			Expect(kubectlApply(ctx, fmt.Sprintf(`apiVersion: sandbox.code-sandbox.dev/v1alpha1
-kind: SandboxWarmPool
-metadata:
-  name: %s
-  namespace: %s
-spec:
-  replicas: %d
-  template:
-    image: %s
-    imagePullPolicy: Never
-`, pool, ns, len(workers), sampleImage))).To(Succeed())
+			Expect(kubectlApply(ctx, framework.WarmPoolManifest(pool, ns, sampleImage, len(workers)))).To(Succeed())
 			DeferCleanup(func(ctx SpecContext) {
 				_, _ = kubectl(ctx, "delete", "swp/"+pool, "-n", ns, "--wait", "--timeout=60s")
 			}, NodeTimeout(2*time.Minute))

@@ -145,42 +145,20 @@ func dockerFind(ctx context.Context, args ...string) (string, error) {
 	return "", errors.Join(errs...)
 }
 
-// ensureImageOnWorkers loads image from this machine's Docker into every
-// worker's Engine that lacks it: the test images are built here, and the
-// Engines cannot pull them from anywhere.
-func ensureImageOnWorkers(ctx context.Context, image string) error {
+// loadSandboxImages puts images from this machine's Docker into every
+// worker's Engine with the one loader the Makefile has (make
+// kind-load-sandbox-images, hack/kind-load-sandbox-images.sh: it skips an
+// Engine that has them already). With the nodes' own Engine
+// (config/node-docker, this machine) they must be here.
+func loadSandboxImages(ctx context.Context, images ...string) error {
 	if !engineMode {
-		_, err := docker(ctx, "image", "inspect", "--format", "{{.Id}}", image)
+		_, err := docker(ctx, append([]string{"image", "inspect", "--format", "{{.Id}}"}, images...)...)
 		return err
 	}
-	want, err := docker(ctx, "image", "inspect", "--format", "{{.Id}}", image)
+	out, err := run(ctx, repoRoot, nil, "make", "kind-load-sandbox-images",
+		"KIND_SANDBOX_IMAGES="+strings.Join(images, " "), "KIND_KUBECONFIG="+kubeconfig)
 	if err != nil {
-		return err
-	}
-	for _, n := range workers {
-		if have, err := dockerOn(ctx, n, "image", "inspect", "--format", "{{.Id}}", image); err == nil && have == want {
-			continue
-		}
-		pod, err := enginePod(ctx, n)
-		if err != nil {
-			return err
-		}
-		save := exec.CommandContext(ctx, "docker", "save", image)
-		stdout, err := save.StdoutPipe()
-		if err != nil {
-			return err
-		}
-		if err := save.Start(); err != nil {
-			return err
-		}
-		_, loadErr := run(ctx, "", stdout, kubectlBin, "--kubeconfig", kubeconfig, "exec", "-i", "-n", operatorNS, pod, "-c", "dockerd", "--",
-			"docker", "-H", engineSocket, "load", "-q")
-		if err := save.Wait(); err != nil {
-			return fmt.Errorf("docker save %s: %w", image, err)
-		}
-		if loadErr != nil {
-			return fmt.Errorf("loading %s into node %s's Engine: %w", image, n, loadErr)
-		}
+		return fmt.Errorf("loading %v into the Engines: %w\n%s", images, err, out)
 	}
 	return nil
 }
@@ -194,12 +172,7 @@ func sandboxNode(ctx context.Context, ns, name string) string {
 // waitSandboxesReady waits until every named Sandbox in ns is Ready.
 func waitSandboxesReady(ctx context.Context, ns string, timeout time.Duration, names ...string) {
 	GinkgoHelper()
-	args := []string{"wait", "--for=condition=Ready", "-n", ns, fmt.Sprintf("--timeout=%ds", int(timeout.Seconds()))}
-	for _, n := range names {
-		args = append(args, "sandbox/"+n)
-	}
-	_, err := kubectl(ctx, args...)
-	Expect(err).NotTo(HaveOccurred(), func() string { return describeSandbox(ctx, ns, names[0]) })
+	kube().WaitSandboxesReady(ctx, ns, timeout, func() string { return describeSandbox(ctx, ns, names[0]) }, names...)
 }
 
 // containersLeft lists the sandbox containers on the workers' Engines. Once

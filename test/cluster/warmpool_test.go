@@ -17,6 +17,8 @@ import (
 
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
+
+	"github.com/code-sandbox/code-sandbox-operator/internal/testenv/framework"
 )
 
 const (
@@ -242,17 +244,7 @@ func warmPoolSpecs() {
 
 		It("fills the pool with paused members bound to the node, Ready/Filled", func(ctx SpecContext) {
 			start := time.Now()
-			Expect(kubectlApply(ctx, fmt.Sprintf(`apiVersion: sandbox.code-sandbox.dev/v1alpha1
-kind: SandboxWarmPool
-metadata:
-  name: %s
-  namespace: %s
-spec:
-  replicas: 2
-  template:
-    image: %s
-    imagePullPolicy: Never
-`, pool, ns, sampleImage))).To(Succeed())
+			Expect(kubectlApply(ctx, framework.WarmPoolManifest(pool, ns, sampleImage, 2))).To(Succeed())
 			waitPool(ctx, "replicas=2 readyReplicas=2 Ready=True/Filled current=true", 2*time.Minute)
 			AddReportEntry("warm pool filled", time.Since(start).Round(time.Millisecond).String())
 
@@ -290,21 +282,8 @@ spec:
 			Expect(formerCIDs).To(HaveLen(2))
 
 			start := time.Now()
-			Expect(kubectlApply(ctx, fmt.Sprintf(`apiVersion: sandbox.code-sandbox.dev/v1alpha1
-kind: Sandbox
-metadata:
-  name: %s
-  namespace: %s
-spec:
-  warmPoolRef:
-    name: %s
-  env:
-  - name: TASK_ID
-    value: %q
-  activeDeadlineSeconds: 1800
-`, claimant, ns, pool, taskID))).To(Succeed())
-			_, err = kubectl(ctx, "wait", "--for=condition=Ready", "sandbox/"+claimant, "-n", ns, "--timeout=120s")
-			Expect(err).NotTo(HaveOccurred(), describeSandbox(ctx, ns, claimant))
+			Expect(kubectlApply(ctx, framework.ClaimManifest(claimant, ns, pool, taskID, 1800))).To(Succeed())
+			waitSandboxesReady(ctx, ns, 120*time.Second, claimant)
 			AddReportEntry("warm claim apply-to-Ready (kubectl)", time.Since(start).Round(time.Millisecond).String())
 
 			s, err := getSandbox(ctx, claimant)

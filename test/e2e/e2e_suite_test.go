@@ -27,7 +27,6 @@ Licensed under the MIT License; see the LICENSE file.
 package e2e
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -45,6 +44,8 @@ import (
 	. "github.com/onsi/gomega"
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
+
+	"github.com/code-sandbox/code-sandbox-operator/internal/testenv/framework"
 )
 
 const (
@@ -52,12 +53,9 @@ const (
 	// carries it in nodeLabel, which is how cleanup finds them.
 	nodeName = "e2e-node"
 
-	labelPrefix = "sandbox.code-sandbox.dev/"
-	nodeLabel   = labelPrefix + "node"
-	uidLabel    = labelPrefix + "sandbox-uid"
-
-	// sampleImage is the image config/samples uses; make test-images builds it.
-	sampleImage = "code-sandbox-test/python:3"
+	nodeLabel   = framework.NodeLabel
+	uidLabel    = framework.UIDLabel
+	sampleImage = framework.SampleImage
 )
 
 var (
@@ -278,46 +276,23 @@ func findRepoRoot(ctx context.Context) (string, error) {
 	return filepath.Dir(gomod), nil
 }
 
-// commandError carries a failed command's stderr, which is what kubectl and
-// docker explain themselves in.
-type commandError struct {
-	cmd    string
-	err    error
-	stderr string
-}
-
-func (e *commandError) Error() string {
-	return fmt.Sprintf("%s: %v\n%s", e.cmd, e.err, strings.TrimSpace(e.stderr))
-}
-
-func (e *commandError) Unwrap() error { return e.err }
-
-// run runs a command to completion and returns its stdout. It is bounded, so
-// that a hung CLI fails the spec instead of the whole run.
+// run runs a command to completion and returns its stdout (the framework's
+// Run: bounded, its error carrying stderr).
 func run(ctx context.Context, dir, name string, args ...string) (string, error) {
-	return runWithStdin(ctx, dir, nil, name, args...)
+	return framework.Run(ctx, dir, nil, name, args...)
 }
 
 func runWithStdin(ctx context.Context, dir string, stdin io.Reader, name string, args ...string) (string, error) {
-	ctx, cancel := context.WithTimeout(ctx, 10*time.Minute)
-	defer cancel()
-	cmd := exec.CommandContext(ctx, name, args...)
-	cmd.Dir = dir
-	cmd.Stdin = stdin
-	var stdout, stderr bytes.Buffer
-	cmd.Stdout = &stdout
-	cmd.Stderr = &stderr
-	// Killing the process is not enough if it left children holding the
-	// pipes open; stop waiting for them shortly after.
-	cmd.WaitDelay = 5 * time.Second
-	if err := cmd.Run(); err != nil {
-		return stdout.String(), &commandError{cmd: name + " " + strings.Join(args, " "), err: err, stderr: stderr.String()}
-	}
-	return stdout.String(), nil
+	return framework.Run(ctx, dir, stdin, name, args...)
+}
+
+// kube is kubectl with the suite's admin kubeconfig, run in the repository.
+func kube() framework.Kubectl {
+	return framework.Kubectl{Kubeconfig: kubeconfig, Dir: repoRoot}
 }
 
 func kubectl(ctx context.Context, args ...string) (string, error) {
-	return run(ctx, repoRoot, "kubectl", append([]string{"--kubeconfig", kubeconfig}, args...)...)
+	return kube().Run(ctx, args...)
 }
 
 func docker(ctx context.Context, args ...string) (string, error) {

@@ -18,6 +18,8 @@ import (
 
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
+
+	"github.com/code-sandbox/code-sandbox-operator/internal/testenv/framework"
 )
 
 // The sample is the first thing a new user applies, so it is what the
@@ -47,8 +49,7 @@ var _ = Describe("The sample Sandbox", Ordered, func() {
 		name = "sandbox-sample"
 
 		for _, sbx := range []string{name, "sandbox-from-pool"} {
-			_, err = kubectl(ctx, "wait", "--for=condition=Ready", "sandbox/"+sbx, "--timeout=60s")
-			Expect(err).NotTo(HaveOccurred(), "the Sandbox did not become Ready:\n%s", describeSandbox(ctx, sbx))
+			kube().WaitSandboxesReady(ctx, "", 60*time.Second, nil, sbx)
 		}
 		_, err = kubectl(ctx, "wait", "--for=jsonpath={.status.readyReplicas}=2", "sandboxwarmpool/sandboxwarmpool-sample", "--timeout=60s")
 		Expect(err).NotTo(HaveOccurred(), "the sample warm pool did not fill")
@@ -96,15 +97,9 @@ var _ = Describe("The sample Sandbox", Ordered, func() {
 	It("is gone with its container after kubectl delete", func(ctx SpecContext) {
 		_, err := kubectl(ctx, "delete", "-f", samplesDir, "--wait", "--timeout=60s")
 		Expect(err).NotTo(HaveOccurred(), "deleting the Sandbox failed:\n%s", describeSandbox(ctx, name))
-
-		_, err = kubectl(ctx, "get", "sandbox/"+name)
-		Expect(err).To(MatchError(ContainSubstring("NotFound")))
-
 		// The finalizer is only released once the container is gone, so
 		// there is nothing to wait for here.
-		out, err := docker(ctx, "ps", "-a", "--filter", "label="+uidLabel+"="+uid, "--format", "{{.ID}} {{.Status}}")
-		Expect(err).NotTo(HaveOccurred())
-		Expect(strings.TrimSpace(out)).To(BeEmpty(), "the Sandbox's container is still there")
+		framework.ExpectSandboxGone(ctx, kube(), docker, "", name, uid)
 	}, NodeTimeout(2*time.Minute))
 })
 
@@ -139,21 +134,8 @@ spec: %s
 	)
 })
 
-// describeSandbox gathers what a user would look at when a Sandbox misbehaves.
-// Failures to gather it are part of the report, not a second failure.
+// describeSandbox gathers what a user would look at when a Sandbox in the
+// kubeconfig's namespace misbehaves.
 func describeSandbox(ctx context.Context, name string) string {
-	var b strings.Builder
-	for _, args := range [][]string{
-		{"get", "sandbox/" + name, "-o", "yaml"},
-		{"get", "events", "--field-selector", "involvedObject.name=" + name},
-	} {
-		ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 15*time.Second)
-		out, err := kubectl(ctx, args...)
-		cancel()
-		fmt.Fprintf(&b, "$ kubectl %s\n%s", strings.Join(args, " "), out)
-		if err != nil {
-			fmt.Fprintf(&b, "(%v)\n", err)
-		}
-	}
-	return b.String()
+	return kube().DescribeSandbox(ctx, "", name)
 }

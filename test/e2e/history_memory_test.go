@@ -81,8 +81,7 @@ spec:
 `, box, namespace, sampleImage, node)
 		_, err = runWithStdin(ctx, repoRoot, strings.NewReader(manifest), "kubectl", "--kubeconfig", kubeconfig, "apply", "-f", "-")
 		Expect(err).NotTo(HaveOccurred())
-		_, err = kubectl(ctx, "wait", "-n", namespace, "--for=condition=Ready", "sandbox/"+box, "--timeout=90s")
-		Expect(err).NotTo(HaveOccurred(), "the Sandbox did not become Ready:\n%s", describeSandbox(ctx, box))
+		kube().WaitSandboxesReady(ctx, namespace, 90*time.Second, nil, box)
 
 		client, err = sandboxclient.New(adminConfig, sandboxclient.Options{UserAgent: "e2e-history-memory"})
 		Expect(err).NotTo(HaveOccurred())

@@ -14,7 +14,6 @@ import (
 	"context"
 	"crypto/rand"
 	"crypto/tls"
-	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -22,11 +21,13 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"time"
 
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
 
+	"github.com/code-sandbox/code-sandbox-operator/internal/testenv/framework"
 	"github.com/code-sandbox/code-sandbox-operator/internal/testenv/fstree"
 )
 
@@ -96,8 +97,7 @@ spec:
 `, box, namespace, sampleImage, pluginNode, boxGreeting)
 		_, err = runWithStdin(ctx, repoRoot, strings.NewReader(manifest), "kubectl", "--kubeconfig", kubeconfig, "apply", "-f", "-")
 		Expect(err).NotTo(HaveOccurred())
-		_, err = kubectl(ctx, "wait", "-n", namespace, "--for=condition=Ready", "sandbox/"+box, "--timeout=90s")
-		Expect(err).NotTo(HaveOccurred(), "the Sandbox did not become Ready:\n%s", describeSandbox(ctx, box))
+		kube().WaitSandboxesReady(ctx, namespace, 90*time.Second, nil, box)
 		endpoint, err = kubectl(ctx, "get", "-n", namespace, "sandbox/"+box, "-o", "jsonpath={.status.nodeAPIEndpoint}")
 		Expect(err).NotTo(HaveOccurred())
 		Expect(endpoint).To(HavePrefix("https://127.0.0.1:"))
@@ -147,21 +147,7 @@ spec:
 	// sandbox runs the plugin and returns its outputs and exit code.
 	sandbox := func(ctx context.Context, credential, stdin string, args ...string) (stdout, stderr string, code int) {
 		GinkgoHelper()
-		ctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
-		defer cancel()
-		cmd := command(ctx, credential, stdin, args...)
-		var out, errOut bytes.Buffer
-		cmd.Stdout, cmd.Stderr = &out, &errOut
-		err := cmd.Run()
-		var exitErr *exec.ExitError
-		switch {
-		case err == nil:
-		case errors.As(err, &exitErr):
-			code = exitErr.ExitCode()
-		default:
-			Fail(fmt.Sprintf("running kubectl-sandbox %v: %v", args, err))
-		}
-		return out.String(), errOut.String(), code
+		return framework.PluginFor(pluginBin, kubeconfigs[credential], namespace)(ctx, stdin, args...)
 	}
 
 	for _, cred := range []struct{ what, key string }{
@@ -172,14 +158,7 @@ spec:
 	} {
 		Context("with "+cred.what+" in the kubeconfig", func() {
 			It("runs a command and exits with its exit code", func(ctx SpecContext) {
-				stdout, stderr, code := sandbox(ctx, cred.key, "", "exec", box, "--", "sh", "-c", "echo out; echo err >&2; exit 7")
-				Expect(code).To(Equal(7), stderr)
-				Expect(stdout).To(Equal("out\n"))
-				Expect(stderr).To(Equal("err\n"))
-
-				stdout, stderr, code = sandbox(ctx, cred.key, "print(6*7)\n", "exec", box, "-i", "--", "python3", "-")
-				Expect(code).To(BeZero(), stderr)
-				Expect(stdout).To(Equal("42\n"))
+				framework.ExecScenario(ctx, framework.PluginFor(pluginBin, kubeconfigs[cred.key], namespace), box)
 			}, NodeTimeout(3*time.Minute))
 
 			It("streams the output while the command runs", func(ctx SpecContext) {
@@ -242,19 +221,7 @@ spec:
 			}, NodeTimeout(3*time.Minute))
 
 			It("copies a single file in and out", func(ctx SpecContext) {
-				src := filepath.Join(workDir, cred.key+"-note.txt")
-				Expect(os.WriteFile(src, []byte("a note\n"), 0o640)).To(Succeed())
-				_, stderr, code := sandbox(ctx, cred.key, "", "cp", src, box+":/tmp/")
-				Expect(code).To(BeZero(), stderr)
-				name := filepath.Base(src)
-				stdout, _, code := sandbox(ctx, cred.key, "", "exec", box, "--shell", "stat -c %a /tmp/"+name+" && cat /tmp/"+name)
-				Expect(code).To(BeZero())
-				Expect(stdout).To(Equal("640\na note\n"))
-
-				out := filepath.Join(workDir, cred.key+"-note-back.txt")
-				_, stderr, code = sandbox(ctx, cred.key, "", "cp", box+":/tmp/"+name, out)
-				Expect(code).To(BeZero(), stderr)
-				Expect(os.ReadFile(out)).To(Equal([]byte("a note\n")))
+				framework.CopyFileScenario(ctx, framework.PluginFor(pluginBin, kubeconfigs[cred.key], namespace), namespace, box, workDir, cred.key+"-note.txt")
 			}, NodeTimeout(3*time.Minute))
 
 			It("shows the container's output with logs, and the commands run with logs --history", func(ctx SpecContext) {
@@ -363,6 +330,69 @@ spec:
 		Expect(filepath.Join(workDir, "never")).NotTo(BeAnExistingFile())
 	}, NodeTimeout(2*time.Minute))
 
+	It("forwards local connections to a port in the Sandbox (port-forward), through kube-apiserver and the aggregated API", func(ctx SpecContext) {
+		_, stderr, code := sandbox(ctx, "token", "", "exec", box, "--", "sh", "-c",
+			`mkdir -p /tmp/pf && echo forwarded-through-the-api-server > /tmp/pf/index.html && cd /tmp/pf && (nohup python3 -m http.server 8000 --bind 127.0.0.1 >/dev/null 2>&1 &) && python3 -c '
+import socket, time
+for i in range(100):
+    try: socket.create_connection(("127.0.0.1", 8000)).close(); break
+    except OSError: time.sleep(0.1)'`)
+		Expect(code).To(BeZero(), stderr)
+
+		for _, cred := range []string{"token", "kubectl-proxy"} {
+			pctx, cancel := context.WithCancel(ctx)
+			cmd := command(pctx, cred, "", "port-forward", box, ":8000")
+			out, err := cmd.StdoutPipe()
+			Expect(err).NotTo(HaveOccurred())
+			var errOut bytes.Buffer
+			cmd.Stderr = &errOut
+			Expect(cmd.Start()).To(Succeed())
+			line, err := bufio.NewReader(out).ReadString('\n')
+			Expect(err).NotTo(HaveOccurred(), errOut.String())
+			Expect(line).To(MatchRegexp(`^Forwarding from 127\.0\.0\.1:\d+ -> 8000\n$`))
+			addr := strings.Fields(line)[2]
+			for range 3 {
+				resp, err := http.Get("http://" + addr + "/index.html")
+				Expect(err).NotTo(HaveOccurred(), errOut.String())
+				body, _ := io.ReadAll(resp.Body)
+				resp.Body.Close()
+				Expect(resp.StatusCode).To(Equal(http.StatusOK), cred)
+				Expect(string(body)).To(Equal("forwarded-through-the-api-server\n"), cred)
+			}
+			cancel()
+			_ = cmd.Wait()
+		}
+
+		By("a closed port: the connection is closed and the plugin says why")
+		pctx, cancel := context.WithCancel(ctx)
+		defer cancel()
+		cmd := command(pctx, "token", "", "port-forward", box, ":9")
+		out, err := cmd.StdoutPipe()
+		Expect(err).NotTo(HaveOccurred())
+		var errOut syncBuf
+		cmd.Stderr = &errOut
+		Expect(cmd.Start()).To(Succeed())
+		line, err := bufio.NewReader(out).ReadString('\n')
+		Expect(err).NotTo(HaveOccurred())
+		_, err = http.Get("http://" + strings.Fields(line)[2] + "/")
+		Expect(err).To(HaveOccurred())
+		Eventually(errOut.String).Should(ContainSubstring("port 9"))
+
+		By("a user without the role: the API server's 403")
+		cmd = command(pctx, "no-rights", "", "port-forward", box, ":8000")
+		out, err = cmd.StdoutPipe()
+		Expect(err).NotTo(HaveOccurred())
+		var denied syncBuf
+		cmd.Stderr = &denied
+		Expect(cmd.Start()).To(Succeed())
+		line, err = bufio.NewReader(out).ReadString('\n')
+		Expect(err).NotTo(HaveOccurred())
+		_, err = http.Get("http://" + strings.Fields(line)[2] + "/")
+		Expect(err).To(HaveOccurred())
+		Eventually(denied.String).Should(ContainSubstring("forbidden"))
+		Expect(denied.String()).To(ContainSubstring("sandboxes/portforward"))
+	}, NodeTimeout(3*time.Minute))
+
 	It("fails like kubectl for a Sandbox that does not exist", func(ctx SpecContext) {
 		_, stderr, code := sandbox(ctx, "token", "", "exec", "nope", "--", "true")
 		Expect(code).To(Equal(1))
@@ -426,3 +456,21 @@ spec:
 		}, NodeTimeout(time.Minute))
 	})
 })
+
+// syncBuf is a bytes.Buffer a process writes while a spec reads it.
+type syncBuf struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *syncBuf) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *syncBuf) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}

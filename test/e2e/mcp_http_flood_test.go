@@ -28,6 +28,8 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
+
+	"github.com/code-sandbox/code-sandbox-operator/internal/testenv/mcpclient"
 )
 
 const (
@@ -99,7 +101,7 @@ var _ = Describe("code-sandbox-mcp over streamable HTTP under an unauthenticated
 
 		By("opening an authenticated session from another address (127.0.0.2)")
 		client := mcp.NewClient(&mcp.Implementation{Name: "e2e", Version: "1"}, nil)
-		hc := &http.Client{Transport: bearer{token: tokenA, base: transportFrom("127.0.0.2")}}
+		hc := &http.Client{Transport: mcpclient.Bearer{Token: tokenA, Base: transportFrom("127.0.0.2")}}
 		session, err := client.Connect(ctx, &mcp.StreamableClientTransport{Endpoint: srv.url, HTTPClient: hc, MaxRetries: -1}, nil)
 		Expect(err).NotTo(HaveOccurred())
 		DeferCleanup(session.Close)

@@ -226,11 +226,14 @@ var _ = Describe("code-sandbox-mcp --backend kubernetes", Ordered, func() {
 			Eventually(mcpSandboxes).WithContext(ctx).WithTimeout(time.Minute).Should(BeEmpty())
 		}, NodeTimeout(2*time.Minute))
 
-		It("deletes its Sandboxes when the session ends", func(ctx SpecContext) {
+		It("leaves its Sandboxes when the server exits: another replica, or the next run, serves them", func(ctx SpecContext) {
 			other := kmcpInit(ctx, sess, nil)
 			Expect(sandboxExists(ctx, other)).To(BeTrue())
 			Expect(sess.Close()).To(Succeed())
-			Eventually(func() (bool, error) { return sandboxExists(ctx, other) }).WithTimeout(time.Minute).Should(BeFalse())
+			Consistently(func() (bool, error) { return sandboxExists(ctx, other) }).WithTimeout(5*time.Second).Should(BeTrue(),
+				"the exiting server deleted a Sandbox (spec.lifecycle and activeDeadlineSeconds end it, not the server)")
+			_, err := kubectl(ctx, "delete", "sandbox", "-n", kmcpNamespace, "--wait=true", "--timeout=60s", other)
+			Expect(err).NotTo(HaveOccurred())
 		}, NodeTimeout(3*time.Minute))
 	})
 
@@ -260,7 +263,7 @@ var _ = Describe("code-sandbox-mcp --backend kubernetes", Ordered, func() {
 
 		It("refuses a token the API server does not accept", func(ctx SpecContext) {
 			client := mcp.NewClient(&mcp.Implementation{Name: "e2e", Version: "1"}, nil)
-			hc := &http.Client{Transport: kmcpBearer{token: "not-a-kubernetes-token-at-all", base: http.DefaultTransport}}
+			hc := &http.Client{Transport: mcpclient.Bearer{Token: "not-a-kubernetes-token-at-all", Base: http.DefaultTransport}}
 			_, err := client.Connect(ctx, &mcp.StreamableClientTransport{Endpoint: url, HTTPClient: hc, MaxRetries: -1}, nil)
 			Expect(err).To(HaveOccurred())
 		})
@@ -492,7 +495,7 @@ func startKubeMCPHTTP(args ...string) (string, *processLog) {
 func connectKubeMCP(ctx context.Context, url, token, clientName string, opts *mcp.ClientOptions) *mcp.ClientSession {
 	GinkgoHelper()
 	client := mcp.NewClient(&mcp.Implementation{Name: clientName, Version: "1"}, opts)
-	hc := &http.Client{Transport: kmcpBearer{token: token, base: http.DefaultTransport}}
+	hc := &http.Client{Transport: mcpclient.Bearer{Token: token, Base: http.DefaultTransport}}
 	sess, err := client.Connect(ctx, &mcp.StreamableClientTransport{Endpoint: url, HTTPClient: hc, MaxRetries: -1}, nil)
 	Expect(err).NotTo(HaveOccurred())
 	DeferCleanup(func() { _ = sess.Close() })
@@ -519,45 +522,11 @@ func (l *processLog) String() string {
 	return l.buf.String()
 }
 
-// kmcpBearer adds an Authorization header to every request.
-type kmcpBearer struct {
-	token string
-	base  http.RoundTripper
-}
-
-func (b kmcpBearer) RoundTrip(r *http.Request) (*http.Response, error) {
-	r = r.Clone(r.Context())
-	r.Header.Set("Authorization", "Bearer "+b.token)
-	return b.base.RoundTrip(r)
-}
-
-// kmcpCall invokes a tool; a protocol error fails the spec, since every
-// tool must answer with a tool result.
-func kmcpCall(ctx context.Context, s *mcp.ClientSession, name string, args map[string]any) *mcp.CallToolResult {
-	GinkgoHelper()
-	res, err := s.CallTool(ctx, &mcp.CallToolParams{Name: name, Arguments: args})
-	Expect(err).NotTo(HaveOccurred(), "calling %s", name)
-	return res
-}
-
-func kmcpText(res *mcp.CallToolResult) string { return mcpclient.Text(res) }
-
-func kmcpStructured(res *mcp.CallToolResult) map[string]any {
-	GinkgoHelper()
-	m, ok := res.StructuredContent.(map[string]any)
-	Expect(ok).To(BeTrue(), "structured content is %T: %s", res.StructuredContent, kmcpText(res))
-	return m
-}
-
-// kmcpInit creates a sandbox and returns its ID.
-func kmcpInit(ctx context.Context, s *mcp.ClientSession, args map[string]any) string {
-	GinkgoHelper()
-	if args == nil {
-		args = map[string]any{}
-	}
-	res := kmcpCall(ctx, s, "sandbox_initialize", args)
-	Expect(res.IsError).To(BeFalse(), kmcpText(res))
-	id, _ := kmcpStructured(res)["container_id"].(string)
-	Expect(id).NotTo(BeEmpty())
-	return id
-}
+// The MCP client helpers the suites share (internal/testenv/mcpclient).
+var (
+	kmcpCall       = mcpclient.Call
+	kmcpText       = mcpclient.Text
+	kmcpStructured = mcpclient.Structured
+	// kmcpInit creates a sandbox and returns its ID.
+	kmcpInit = mcpclient.Initialize
+)

@@ -122,12 +122,21 @@ func procAttr() *syscall.SysProcAttr {
 
 // startStdio starts the server under the go-sdk's CommandTransport.
 func startStdio(ctx context.Context, opts *mcp.ClientOptions, args ...string) *mcpServer {
+	return startStdioSession(ctx, opts, nil, args...)
+}
+
+// startStdioSession is startStdio with session options: their
+// ProtocolVersion is how the go-sdk client is made to speak a given MCP
+// revision (2026-07-28 and later: server/discover, stateless requests;
+// earlier ones: the initialize handshake). Without it, the client asks for
+// the newest it knows, 2026-07-28 with go-sdk v1.8.0.
+func startStdioSession(ctx context.Context, opts *mcp.ClientOptions, sopts *mcp.ClientSessionOptions, args ...string) *mcpServer {
 	cmd := exec.Command(mcpBinary, baseArgs(args...)...)
 	stderr := &syncBuffer{}
 	cmd.Stderr = stderr
 	cmd.SysProcAttr = procAttr()
 	client := mcp.NewClient(&mcp.Implementation{Name: "e2e", Version: "1"}, opts)
-	session, err := client.Connect(ctx, &mcp.CommandTransport{Command: cmd, TerminateDuration: 30 * time.Second}, nil)
+	session, err := client.Connect(ctx, &mcp.CommandTransport{Command: cmd, TerminateDuration: 30 * time.Second}, sopts)
 	Expect(err).NotTo(HaveOccurred(), "stderr:\n%s", stderr.String())
 	s := &mcpServer{cmd: cmd, stderr: stderr, session: session}
 	Eventually(s.instance).WithTimeout(10 * time.Second).ShouldNot(BeEmpty())
@@ -191,52 +200,21 @@ func containersOf(ctx context.Context, instance string) []string {
 	return strings.Fields(string(out))
 }
 
-// bearer adds an Authorization header to every request.
-type bearer struct {
-	token string
-	base  http.RoundTripper
-}
-
-func (b bearer) RoundTrip(r *http.Request) (*http.Response, error) {
-	r = r.Clone(r.Context())
-	r.Header.Set("Authorization", "Bearer "+b.token)
-	return b.base.RoundTrip(r)
-}
-
 // connectHTTP connects a go-sdk client with a bearer token.
 func connectHTTP(ctx context.Context, url, token string, opts *mcp.ClientOptions, sopts *mcp.ClientSessionOptions) (*mcp.ClientSession, error) {
 	client := mcp.NewClient(&mcp.Implementation{Name: "e2e", Version: "1"}, opts)
-	hc := &http.Client{Transport: bearer{token: token, base: http.DefaultTransport}}
+	hc := &http.Client{Transport: mcpclient.Bearer{Token: token, Base: http.DefaultTransport}}
 	return client.Connect(ctx, &mcp.StreamableClientTransport{Endpoint: url, HTTPClient: hc, MaxRetries: -1}, sopts)
 }
 
-// call invokes a tool and returns its result (protocol errors fail the
-// spec: every tool must answer bad input with a tool error).
-func call(ctx context.Context, s *mcp.ClientSession, name string, args map[string]any) *mcp.CallToolResult {
-	res, err := s.CallTool(ctx, &mcp.CallToolParams{Name: name, Arguments: args})
-	Expect(err).NotTo(HaveOccurred(), "calling %s", name)
-	return res
-}
-
-func text(res *mcp.CallToolResult) string { return mcpclient.Text(res) }
-
-func structured(res *mcp.CallToolResult) map[string]any {
-	m, ok := res.StructuredContent.(map[string]any)
-	Expect(ok).To(BeTrue(), "structured content is %T: %s", res.StructuredContent, text(res))
-	return m
-}
-
-// initSandbox creates a sandbox and returns its ID.
-func initSandbox(ctx context.Context, s *mcp.ClientSession, args map[string]any) string {
-	if args == nil {
-		args = map[string]any{}
-	}
-	res := call(ctx, s, "sandbox_initialize", args)
-	Expect(res.IsError).To(BeFalse(), text(res))
-	id, _ := structured(res)["container_id"].(string)
-	Expect(id).NotTo(BeEmpty())
-	return id
-}
+// The MCP client helpers the suites share (internal/testenv/mcpclient).
+var (
+	call       = mcpclient.Call
+	text       = mcpclient.Text
+	structured = mcpclient.Structured
+	// initSandbox creates a sandbox and returns its ID.
+	initSandbox = mcpclient.Initialize
+)
 
 func writeTokenFile(lines ...string) string {
 	f := filepath.Join(mcpWorkDir, fmt.Sprintf("tokens-%d", time.Now().UnixNano()))

@@ -24,7 +24,17 @@ import (
 	"github.com/code-sandbox/code-sandbox-operator/internal/testenv/fstree"
 )
 
-var _ = Describe("code-sandbox-mcp tools over stdio", Ordered, func() {
+// The tools spec runs once per MCP revision the server serves, with the
+// official Go SDK client held to that revision.
+var _ = toolsOverStdio("2025-11-25")
+var _ = toolsOverStdio("2026-07-28")
+
+func toolsOverStdio(revision string) bool {
+	return Describe("code-sandbox-mcp tools over stdio, MCP "+revision, Ordered, func() { toolsSpecs(revision) })
+}
+
+// toolsSpecs are the tools spec for one MCP revision.
+func toolsSpecs(revision string) {
 	var (
 		srv      *mcpServer
 		sess     *mcp.ClientSession
@@ -37,8 +47,8 @@ var _ = Describe("code-sandbox-mcp tools over stdio", Ordered, func() {
 	)
 
 	BeforeAll(func(ctx SpecContext) {
-		hostDir = filepath.Join(mcpWorkDir, "host")
-		outside = filepath.Join(mcpWorkDir, "outside")
+		hostDir = filepath.Join(mcpWorkDir, "host-"+revision)
+		outside = filepath.Join(mcpWorkDir, "outside-"+revision)
 		Expect(os.MkdirAll(filepath.Join(hostDir, "proj", "pkg"), 0o755)).To(Succeed())
 		Expect(os.MkdirAll(outside, 0o755)).To(Succeed())
 		Expect(os.WriteFile(filepath.Join(hostDir, "proj", "main.py"), []byte("print('hello from main')\n"), 0o644)).To(Succeed())
@@ -60,9 +70,10 @@ var _ = Describe("code-sandbox-mcp tools over stdio", Ordered, func() {
 				progMu.Unlock()
 			},
 		}
-		srv = startStdio(ctx, opts, "--allow-host-dir", hostDir, "--output-limit", "64KiB")
+		srv = startStdioSession(ctx, opts, &mcp.ClientSessionOptions{ProtocolVersion: revision}, "--allow-host-dir", hostDir, "--output-limit", "64KiB")
 		sess = srv.session
 		DeferCleanup(func() { srv.stop() })
+		Expect(sess.InitializeResult().ProtocolVersion).To(Equal(revision))
 	})
 
 	It("lists every tool with annotations and the logs resource template", func(ctx SpecContext) {
@@ -128,15 +139,21 @@ var _ = Describe("code-sandbox-mcp tools over stdio", Ordered, func() {
 		progMu.Lock()
 		progress, logs = nil, nil
 		progMu.Unlock()
-		Expect(sess.SetLoggingLevel(ctx, &mcp.SetLoggingLevelParams{Level: "info"})).To(Succeed())
+		meta := mcp.Meta{"progressToken": "tok-1"}
+		if revision < "2026-07-28" {
+			Expect(sess.SetLoggingLevel(ctx, &mcp.SetLoggingLevelParams{Level: "info"})).To(Succeed())
+		} else {
+			// 2026-07-28 removed logging/setLevel: a request asks for
+			// its own log messages.
+			meta["io.modelcontextprotocol/logLevel"] = "info"
+		}
 		done := make(chan *mcp.CallToolResult, 1)
 		go func() {
 			defer GinkgoRecover()
 			res, err := sess.CallTool(ctx, &mcp.CallToolParams{
 				Name:      "sandbox_exec",
 				Arguments: map[string]any{"container_id": id, "commands": []string{"echo first; sleep 3; echo second"}},
-				// Protocol 2026-07-28 asks for log messages per request.
-				Meta: mcp.Meta{"progressToken": "tok-1", "io.modelcontextprotocol/logLevel": "info"},
+				Meta:      meta,
 			})
 			Expect(err).NotTo(HaveOccurred())
 			done <- res
@@ -161,10 +178,43 @@ var _ = Describe("code-sandbox-mcp tools over stdio", Ordered, func() {
 		Expect(logs[0].Logger).To(Equal("sandbox_exec"))
 	})
 
+	It("logs a call only at the level its request asks for", func(ctx SpecContext) {
+		if revision < "2026-07-28" {
+			Skip("per-request log levels are a 2026-07-28 feature")
+		}
+		logCount := func() int {
+			progMu.Lock()
+			defer progMu.Unlock()
+			return len(logs)
+		}
+		exec := func(meta mcp.Meta) {
+			res, err := sess.CallTool(ctx, &mcp.CallToolParams{Name: "sandbox_exec", Meta: meta,
+				Arguments: map[string]any{"container_id": id, "commands": []string{"echo hello"}}})
+			Expect(err).NotTo(HaveOccurred())
+			Expect(res.IsError).To(BeFalse(), text(res))
+		}
+		// A server MUST NOT send notifications/message for a request
+		// without io.modelcontextprotocol/logLevel, nor below its level.
+		for _, meta := range []mcp.Meta{nil, {"io.modelcontextprotocol/logLevel": "error"}} {
+			before := logCount()
+			exec(meta)
+			Consistently(logCount).WithTimeout(300*time.Millisecond).Should(Equal(before), "meta %v", meta)
+		}
+		before := logCount()
+		exec(mcp.Meta{"io.modelcontextprotocol/logLevel": "debug"})
+		Eventually(logCount).Should(BeNumerically(">", before))
+	})
+
 	It("kills a command at its timeout and reports timed_out", func(ctx SpecContext) {
 		start := time.Now()
-		res := call(ctx, sess, "sandbox_exec", map[string]any{"container_id": id, "commands": []string{"sleep 1000 & sleep 1000"}, "timeout_seconds": 2})
-		Expect(time.Since(start)).To(BeNumerically("<", 10*time.Second))
+		res := call(ctx, sess, "sandbox_exec", map[string]any{"container_id": id, "commands": []string{"true"}})
+		Expect(res.IsError).To(BeFalse(), text(res))
+		baseline := time.Since(start)
+		start = time.Now()
+		res = call(ctx, sess, "sandbox_exec", map[string]any{"container_id": id, "commands": []string{"sleep 1000 & sleep 1000"}, "timeout_seconds": 2})
+		// Relative to a trivial call just measured: the 2 s timeout plus ten
+		// of those (at least 3 s); a tree not killed runs 1000 s.
+		Expect(time.Since(start)).To(BeNumerically("<", 2*time.Second+max(3*time.Second, 10*baseline)))
 		Expect(res.IsError).To(BeTrue())
 		Expect(structured(res)["results"].([]any)[0]).To(HaveKeyWithValue("timed_out", true))
 		res = call(ctx, sess, "sandbox_exec", map[string]any{"container_id": id, "commands": []string{"ps -eo comm | grep -c sleep || true"}})
@@ -215,7 +265,7 @@ var _ = Describe("code-sandbox-mcp tools over stdio", Ordered, func() {
 	})
 
 	It("confines host paths to the allowed roots, symlinks included", func(ctx SpecContext) {
-		for _, p := range []string{filepath.Join(outside, "secret.txt"), filepath.Join(hostDir, "proj", "leak.txt"), filepath.Join(hostDir, "escape", "secret.txt"), "/etc/passwd", "relative.txt", filepath.Join(hostDir, "..", "outside", "secret.txt")} {
+		for _, p := range []string{filepath.Join(outside, "secret.txt"), filepath.Join(hostDir, "proj", "leak.txt"), filepath.Join(hostDir, "escape", "secret.txt"), "/etc/passwd", "relative.txt", filepath.Join(hostDir, "..", filepath.Base(outside), "secret.txt")} {
 			res := call(ctx, sess, "copy_file", map[string]any{"container_id": id, "local_src_file": p})
 			Expect(res.IsError).To(BeTrue(), p)
 			Expect(text(res)).To(Or(ContainSubstring("outside the allowed"), ContainSubstring("absolute")), p)
@@ -379,4 +429,4 @@ var _ = Describe("code-sandbox-mcp tools over stdio", Ordered, func() {
 		Expect(res.IsError).To(BeTrue())
 		Expect(text(res)).To(ContainSubstring("not found"))
 	})
-})
+}

@@ -226,8 +226,7 @@ spec:
 		By("creating a Sandbox while the webhook is up")
 		_, err := createSandbox(ctx, "kept", sampleImage)
 		Expect(err).NotTo(HaveOccurred())
-		_, err = kubectl(ctx, "wait", "--for=condition=Ready", "sandbox/kept", "-n", quotaNS, "--timeout=90s")
-		Expect(err).NotTo(HaveOccurred())
+		kube().WaitSandboxesReady(ctx, quotaNS, 90*time.Second, nil, "kept")
 
 		By("stopping the webhook (the operator's manager --role control-plane)")
 		Expect(operator.stop(15 * time.Second)).To(Succeed())

@@ -24,6 +24,7 @@ import (
 
 	"github.com/code-sandbox/code-sandbox-operator/internal/execio"
 	"github.com/code-sandbox/code-sandbox-operator/internal/sandboxclient"
+	"github.com/code-sandbox/code-sandbox-operator/internal/testenv/framework"
 )
 
 // A SandboxWarmPool driven with kubectl as a user would: the pool controller
@@ -38,7 +39,7 @@ var _ = Describe("warm pools (SandboxWarmPool)", Ordered, func() {
 		namespace = "warm-pool-e2e"
 		pool      = "py-pool"
 		claimant  = "agent-42"
-		poolLabel = labelPrefix + "warm-pool"
+		poolLabel = framework.LabelPrefix + "warm-pool"
 	)
 	var (
 		// member is the member whose container the claimant took over,
@@ -127,19 +128,7 @@ var _ = Describe("warm pools (SandboxWarmPool)", Ordered, func() {
 	}, NodeTimeout(time.Minute))
 
 	It("fills a pool of two with idle (paused) members and shows it with kubectl get swp", func(ctx SpecContext) {
-		manifest := fmt.Sprintf(`apiVersion: sandbox.code-sandbox.dev/v1alpha1
-kind: SandboxWarmPool
-metadata:
-  name: %s
-  namespace: %s
-spec:
-  replicas: 2
-  template:
-    image: %s
-    imagePullPolicy: Never
-`, pool, namespace, sampleImage)
-		_, err := runWithStdin(ctx, repoRoot, strings.NewReader(manifest), "kubectl", "--kubeconfig", kubeconfig, "apply", "-f", "-")
-		Expect(err).NotTo(HaveOccurred())
+		Expect(kube().Apply(ctx, framework.WarmPoolManifest(pool, namespace, sampleImage, 2))).To(Succeed())
 		Eventually(func() (string, error) {
 			return get(ctx, "swp/"+pool, "{.status.readyReplicas}")
 		}).WithContext(ctx).WithTimeout(2*time.Minute).WithPolling(time.Second).Should(Equal("2"), func() string { return describe(ctx) })
@@ -157,23 +146,8 @@ spec:
 		idle, err := idleMembers(ctx)
 		Expect(err).NotTo(HaveOccurred())
 		Expect(idle).To(HaveLen(2))
-		manifest := fmt.Sprintf(`apiVersion: sandbox.code-sandbox.dev/v1alpha1
-kind: Sandbox
-metadata:
-  name: %s
-  namespace: %s
-spec:
-  warmPoolRef:
-    name: %s
-  env:
-  - name: TASK_ID
-    value: "42"
-  activeDeadlineSeconds: 600
-`, claimant, namespace, pool)
-		_, err = runWithStdin(ctx, repoRoot, strings.NewReader(manifest), "kubectl", "--kubeconfig", kubeconfig, "apply", "-f", "-")
-		Expect(err).NotTo(HaveOccurred())
-		_, err = kubectl(ctx, ns("wait", "--for=condition=Ready", "sandbox/"+claimant, "--timeout=90s")...)
-		Expect(err).NotTo(HaveOccurred(), "the claimant did not become Ready:\n%s", describe(ctx))
+		Expect(kube().Apply(ctx, framework.ClaimManifest(claimant, namespace, pool, "42", 600))).To(Succeed())
+		kube().WaitSandboxesReady(ctx, namespace, 90*time.Second, func() string { return describe(ctx) }, claimant)
 
 		out, err := get(ctx, "sandbox/"+claimant,
 			`{.status.conditions[?(@.type=="WarmPoolClaim")].status} {.status.conditions[?(@.type=="WarmPoolClaim")].reason} {.status.warmPool.member.name} {.status.warmPool.member.uid} {.status.containerID}`)

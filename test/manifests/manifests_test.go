@@ -10,6 +10,7 @@ import (
 	"net"
 	"net/url"
 	"strings"
+	"time"
 
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
@@ -22,6 +23,9 @@ import (
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/util/intstr"
+
+	"github.com/code-sandbox/code-sandbox-operator/internal/mcpserver"
+	"github.com/code-sandbox/code-sandbox-operator/internal/mcpserver/mcpmain"
 )
 
 // What config/default installs, and where.
@@ -131,6 +135,7 @@ var _ = Describe("The default overlay (make deploy, make build-installer)", func
 			"RoleBinding "+ns+"code-sandbox-webhook-rolebinding",
 			"Deployment "+ns+"code-sandbox-webhook",
 			"PodDisruptionBudget "+ns+"code-sandbox-webhook",
+			"PodDisruptionBudget "+ns+"code-sandbox-mcp-server",
 			"Service "+ns+"code-sandbox-webhook-service",
 			"NetworkPolicy "+ns+"code-sandbox-webhook-ingress",
 			"ValidatingWebhookConfiguration code-sandbox-validating-webhook-configuration",
@@ -162,6 +167,9 @@ var _ = Describe("The default overlay (make deploy, make build-installer)", func
 			// Only the MCP server sets the MCP ownership label.
 			"ValidatingAdmissionPolicy code-sandbox-mcp-owner-labels",
 			"ValidatingAdmissionPolicyBinding code-sandbox-mcp-owner-labels",
+			// and writes its --max-sandboxes reservation Leases.
+			"ValidatingAdmissionPolicy code-sandbox-mcp-reservations",
+			"ValidatingAdmissionPolicyBinding code-sandbox-mcp-reservations",
 			// The control plane only releases the finalizer of a deleted
 			// Sandbox on a lost node.
 			"ValidatingAdmissionPolicy code-sandbox-sandbox-control-plane-updates",
@@ -481,10 +489,21 @@ var _ = Describe("The default overlay (make deploy, make build-installer)", func
 		Expect(open).To(ConsistOf(int32(9443), int32(8443), int32(8080), int32(8081)))
 	})
 
-	It("runs one MCP server on the kubernetes backend, reachable through its Service", func() {
+	It("runs three MCP server replicas on the kubernetes backend, spread over nodes, drained on SIGTERM, reachable through their Service", func() {
 		d := &appsv1.Deployment{}
 		convert(find(objs, "Deployment", "code-sandbox-mcp-server"), d)
-		Expect(d.Spec.Replicas).To(HaveValue(BeEquivalentTo(1)), "sessions live in one process's memory")
+		Expect(d.Spec.Replicas).To(HaveValue(BeEquivalentTo(3)))
+		Expect(d.Spec.Strategy.RollingUpdate).NotTo(BeNil())
+		Expect(d.Spec.Strategy.RollingUpdate.MaxUnavailable).To(HaveValue(Equal(intstr.FromInt32(0))), "a rollout must never go below the replicas")
+		Expect(d.Spec.Template.Spec.TopologySpreadConstraints).To(ContainElement(And(
+			HaveField("TopologyKey", "kubernetes.io/hostname"),
+			HaveField("WhenUnsatisfiable", corev1.DoNotSchedule),
+			HaveField("MatchLabelKeys", ContainElement("pod-template-hash")),
+			HaveField("LabelSelector.MatchLabels", d.Spec.Template.Labels))))
+		pdb := &policyv1.PodDisruptionBudget{}
+		convert(find(objs, "PodDisruptionBudget", "code-sandbox-mcp-server"), pdb)
+		Expect(pdb.Spec.MaxUnavailable).To(HaveValue(Equal(intstr.FromInt32(1))))
+		Expect(selects(pdb.Spec.Selector.MatchLabels, d.Spec.Template.Labels)).To(BeTrue(), "the PodDisruptionBudget must select the MCP server pods")
 		Expect(d.Spec.Template.Spec.ServiceAccountName).To(Equal("code-sandbox-mcp-server"))
 		c := d.Spec.Template.Spec.Containers[0]
 		Expect(c.Image).To(Equal(mcpImage))
@@ -499,6 +518,24 @@ var _ = Describe("The default overlay (make deploy, make build-installer)", func
 		Expect(c.Ports).To(ContainElement(And(HaveField("Name", "http"), HaveField("ContainerPort", BeEquivalentTo(atoi(port))))))
 		Expect(c.LivenessProbe.HTTPGet.Path).To(Equal("/healthz"))
 		Expect(c.ReadinessProbe.HTTPGet.Path).To(Equal("/readyz"))
+		// The pod outlives the drain: the delay plus the grace, which
+		// defaults to the longest command plus a margin.
+		drain, err := time.ParseDuration(args["--drain-delay"])
+		Expect(err).NotTo(HaveOccurred(), "--drain-delay must be set behind a Service")
+		Expect(drain).To(BeNumerically(">", 0))
+		grace := mcpserver.DefaultMaxTimeout + mcpmain.DefaultShutdownMargin
+		if v, ok := args["--shutdown-grace"]; ok {
+			grace, err = time.ParseDuration(v)
+			Expect(err).NotTo(HaveOccurred())
+		}
+		if v, ok := args["--max-command-timeout"]; ok {
+			mct, err := time.ParseDuration(v)
+			Expect(err).NotTo(HaveOccurred())
+			Expect(grace).To(BeNumerically(">=", mct), "a stopping replica would cut a command it allowed")
+		} else {
+			Expect(grace).To(BeNumerically(">=", mcpserver.DefaultMaxTimeout), "a stopping replica would cut a command it allowed")
+		}
+		Expect(d.Spec.Template.Spec.TerminationGracePeriodSeconds).To(HaveValue(BeNumerically(">", (drain + grace).Seconds())))
 
 		svcObj := find(objs, "Service", "code-sandbox-mcp-server")
 		expectServiceReaches(svcObj, d)

@@ -13,6 +13,8 @@ import (
 	. "github.com/onsi/gomega"
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	authenticationv1 "k8s.io/api/authentication/v1"
+	coordinationv1 "k8s.io/api/coordination/v1"
+	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
@@ -148,3 +150,99 @@ func expectMCPOwnerRefusal(err error, message string) {
 	Expect(err).To(MatchError(ContainSubstring(mcpOwnerPolicyDenied)))
 	Expect(err).To(MatchError(ContainSubstring(message)))
 }
+
+var _ = Describe("The MCP reservation Lease policy of the default overlay, applied for real", Ordered, func() {
+	const (
+		policyName = "code-sandbox-mcp-reservations"
+		denied     = "ValidatingAdmissionPolicy '" + policyName + "' with binding '" + policyName + "' denied request"
+	)
+	var (
+		ns string
+		// dave may do anything in ns (cluster-admin bound there): only the
+		// policy stands between him and the records.
+		dave, mcp client.Client
+	)
+	lease := func(name string) *coordinationv1.Lease {
+		return &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name,
+			Annotations: map[string]string{"sandbox.code-sandbox.dev/mcp-reservations": "{}"}}}
+	}
+
+	BeforeAll(func(ctx SpecContext) {
+		objs := render("config/default")
+		prepare(ctx, objs)
+		for _, o := range objs {
+			switch o.GetKind() {
+			case "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding", "ServiceAccount":
+				Expect(applyForReal(ctx, o)).To(Succeed(), describe(o))
+			}
+		}
+		ns = cp.NewNamespace("mcp-reservations-")
+		cp.Bind(ns, "cluster-admin", testenv.UserSubject("dave"))
+		dave = impersonate("dave")
+		tr, err := cp.Clientset.CoreV1().ServiceAccounts(installNamespace).CreateToken(ctx, mcpSA,
+			&authenticationv1.TokenRequest{Spec: authenticationv1.TokenRequestSpec{ExpirationSeconds: ptr.To[int64](3600)}}, metav1.CreateOptions{})
+		Expect(err).NotTo(HaveOccurred())
+		mcp = tokenClient(tr.Status.Token)
+		probe := func(ctx SpecContext) error {
+			return dave.Create(ctx, lease("mcp-sandboxes-probe"), client.DryRunAll)
+		}
+		Expect(probe(ctx)).To(Succeed(), "refused before the policy was installed")
+		for _, kind := range []string{"ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"} {
+			o := find(objs, kind, policyName)
+			Expect(applyForReal(ctx, o)).To(Succeed(), describe(o))
+			DeferCleanup(func(ctx SpecContext) {
+				Expect(client.IgnoreNotFound(cp.Client.Delete(ctx, o))).To(Succeed())
+			})
+		}
+		Eventually(probe).WithContext(ctx).WithTimeout(30 * time.Second).Should(MatchError(ContainSubstring(denied)))
+	})
+
+	It("lets only the MCP server create, update and delete mcp-sandboxes-* Leases, and leaves other Leases alone", func(ctx SpecContext) {
+		refused := func(err error, verb string) {
+			GinkgoHelper()
+			Expect(apierrors.IsForbidden(err)).To(BeTrue(), "403 expected: %v", err)
+			Expect(err).To(MatchError(ContainSubstring(denied)))
+			Expect(err).To(MatchError(ContainSubstring("may not " + verb + " Lease " + ns + "/mcp-sandboxes-id-0123456789abcdef")))
+		}
+		refused(dave.Create(ctx, lease("mcp-sandboxes-id-0123456789abcdef")), "create")
+		Expect(mcp.Create(ctx, lease("mcp-sandboxes-id-0123456789abcdef"))).To(Succeed())
+		var l coordinationv1.Lease
+		Expect(mcp.Get(ctx, client.ObjectKey{Namespace: ns, Name: "mcp-sandboxes-id-0123456789abcdef"}, &l)).To(Succeed())
+		l.Annotations["sandbox.code-sandbox.dev/mcp-reservations"] = `{"mcp-abc":"2026-01-01T00:00:00Z"}`
+		Expect(mcp.Update(ctx, &l)).To(Succeed(), "the MCP server updates its record")
+		l.Annotations["sandbox.code-sandbox.dev/mcp-reservations"] = "{}"
+		refused(dave.Update(ctx, &l), "update")
+		refused(dave.Delete(ctx, &l), "delete")
+		Expect(dave.Create(ctx, lease("someone-elses-lease"))).To(Succeed(), "another Lease is not the policy's business")
+	})
+
+	It("keeps the namespace deletable: a delete-collection is checked per item, and a namespace being deleted is emptied", func(ctx SpecContext) {
+		const record = "mcp-sandboxes-id-fedcba9876543210"
+		Expect(mcp.Create(ctx, lease(record))).To(Succeed())
+		Expect(dave.Create(ctx, lease("other-lease"))).To(Succeed())
+		// The collection-level check has no name, and neither have its
+		// items' checks: each record is still refused by the object's name.
+		err := dave.DeleteAllOf(ctx, &coordinationv1.Lease{}, client.InNamespace(ns))
+		Expect(err).To(MatchError(ContainSubstring("may not delete Lease " + ns + "/mcp-sandboxes-")))
+		Expect(err).NotTo(MatchError(ContainSubstring("no such key")))
+		var l coordinationv1.Lease
+		Expect(mcp.Get(ctx, client.ObjectKey{Namespace: ns, Name: record}, &l)).To(Succeed(), "the record was deleted in a live namespace")
+
+		// envtest runs no namespace controller: the namespace stays
+		// Terminating, and deleting its contents is what that controller
+		// (any user, for the policy) then does.
+		var nsObj corev1.Namespace
+		Expect(cp.Client.Get(ctx, client.ObjectKey{Name: ns}, &nsObj)).To(Succeed())
+		Expect(cp.Client.Delete(ctx, &nsObj)).To(Succeed())
+		Eventually(func(g Gomega) {
+			g.Expect(cp.Client.Get(ctx, client.ObjectKey{Name: ns}, &nsObj)).To(Succeed())
+			g.Expect(nsObj.DeletionTimestamp).NotTo(BeNil())
+		}).WithContext(ctx).WithTimeout(30 * time.Second).Should(Succeed())
+		// The policy reads the namespace from the API server's informer,
+		// which may lag the delete by a moment.
+		Eventually(func() error {
+			return dave.DeleteAllOf(ctx, &coordinationv1.Lease{}, client.InNamespace(ns))
+		}).WithContext(ctx).WithTimeout(30 * time.Second).Should(Succeed())
+		Expect(apierrors.IsNotFound(mcp.Get(ctx, client.ObjectKey{Namespace: ns, Name: record}, &l))).To(BeTrue(), "the record outlived its namespace's teardown")
+	})
+})

@@ -164,7 +164,7 @@ var _ = Describe("The Sandbox status policy as config/default renders it", func(
 		Expect(vap.Spec.MatchConstraints.ResourceRules).To(HaveLen(1))
 		rule := vap.Spec.MatchConstraints.ResourceRules[0]
 		Expect(rule.APIGroups).To(Equal([]string{group}))
-		Expect(rule.Operations).To(Equal([]admissionregistrationv1.OperationType{admissionregistrationv1.Update}))
+		Expect(rule.Operations).To(Equal([]admissionregistrationv1.OperationType{admissionregistrationv1.Update, admissionregistrationv1.Delete}))
 		Expect(rule.Resources).To(Equal([]string{"sandboxes"}), "the main resource only; the status has its own policy")
 		Expect(vap.Spec.MatchConstraints.ExcludeResourceRules).To(BeEmpty())
 		for _, v := range vap.Spec.Validations {
@@ -270,11 +270,12 @@ var _ = Describe("The Sandbox status policy of the default overlay, applied for 
 			expectAccess(ctx, s, []access{in(ns, "update", "sandboxes/status"), in(ns, "patch", "sandboxes/status")}, nil)
 		}
 		// The shipped RBAC lets the manager update the main resource of any
-		// Sandbox (for its finalizer), so that only the manager policy can
-		// confine it; it never creates or deletes one, and may not.
+		// Sandbox (for its finalizer) and delete any (spec.lifecycle), so
+		// that only the manager policy can confine it; it never creates one,
+		// nor deletes in bulk, and may not.
 		expectAccess(ctx, serviceAccount(installNamespace, managerSA),
-			[]access{in(ns, "update", "sandboxes"), in(ns, "patch", "sandboxes")},
-			[]access{in(ns, "delete", "sandboxes"), in(ns, "deletecollection", "sandboxes"), in(ns, "create", "sandboxes")})
+			[]access{in(ns, "update", "sandboxes"), in(ns, "patch", "sandboxes"), in(ns, "delete", "sandboxes")},
+			[]access{in(ns, "deletecollection", "sandboxes"), in(ns, "create", "sandboxes")})
 
 		Expect(cp.Client.Create(ctx, newSandbox(ns, sbxA, ""))).To(Succeed())
 		Expect(cp.Client.Create(ctx, newSandbox(ns, "probe", ""))).To(Succeed())
@@ -686,6 +687,53 @@ var _ = Describe("The Sandbox status policy of the default overlay, applied for 
 			map[string]any{"metadata": map[string]any{"finalizers": []any{managerFinalizer}}}),
 			"the manager of node "+nodeA+" ("+managerUser+") may not change Sandbox "+ns+"/unclaimed, which is not bound to any node")
 		Expect(getSandbox(ctx, cp.Client, ns, "unclaimed").GetFinalizers()).To(BeEmpty())
+	})
+
+	It("lets a manager delete only its own node's Sandboxes, and only those whose lifecycle asks for it", func(ctx SpecContext) {
+		create := func(name string, lifecycle map[string]any) {
+			sbx := newSandbox(ns, name, "")
+			if lifecycle != nil {
+				sbx.Object["spec"].(map[string]any)["lifecycle"] = lifecycle
+			}
+			Expect(cp.Client.Create(ctx, sbx)).To(Succeed())
+			Expect(patchStatus(ctx, managerA, ns, name, map[string]any{"nodeName": nodeA})).To(Succeed())
+		}
+		create("idle-delete", map[string]any{"idleDeleteSeconds": int64(60)})
+		create("shutdown-delete", map[string]any{"shutdownPolicy": "Delete"})
+		create("retained", map[string]any{"idlePauseSeconds": int64(60), "shutdownPolicy": "Retain"})
+		create("no-lifecycle", nil)
+
+		// Node B's manager may delete none of node A's, whatever they ask.
+		expectManagerPolicyRefusal(managerB.Delete(ctx, sandboxRef(ns, "idle-delete")),
+			"the manager of node "+nodeB+" ("+managerUser+") may not delete Sandbox "+ns+"/idle-delete, which is bound to node "+nodeA)
+		expectManagerPolicyRefusal(managerUnbound.Delete(ctx, sandboxRef(ns, "idle-delete")), "only with a token bound to its Pod")
+		// Node A's manager may not delete those that did not ask.
+		for _, name := range []string{"retained", "no-lifecycle"} {
+			expectManagerPolicyRefusal(managerA.Delete(ctx, sandboxRef(ns, name)),
+				"may delete Sandbox "+ns+"/"+name+" only when its spec.lifecycle asks for it")
+		}
+		// Nor an unbound one.
+		Expect(cp.Client.Create(ctx, newSandbox(ns, "unbound-delete", ""))).To(Succeed())
+		expectManagerPolicyRefusal(managerA.Delete(ctx, sandboxRef(ns, "unbound-delete")), "which is not bound to any node")
+		for _, name := range []string{"retained", "no-lifecycle", "unbound-delete"} {
+			Expect(getSandbox(ctx, cp.Client, ns, name).GetDeletionTimestamp()).To(BeNil(), name)
+		}
+		// The two that asked.
+		Expect(managerA.Delete(ctx, sandboxRef(ns, "idle-delete"))).To(Succeed())
+		Expect(managerA.Delete(ctx, sandboxRef(ns, "shutdown-delete"))).To(Succeed())
+	})
+
+	It("lets only node A's manager write status.lastActivityTime of its Sandbox", func(ctx SpecContext) {
+		Expect(cp.Client.Create(ctx, newSandbox(ns, "activity", ""))).To(Succeed())
+		Expect(patchStatus(ctx, managerA, ns, "activity", map[string]any{"nodeName": nodeA})).To(Succeed())
+		at := map[string]any{"lastActivityTime": "2026-01-02T03:04:05Z"}
+		Expect(patchStatus(ctx, managerA, ns, "activity", at)).To(Succeed())
+		later := map[string]any{"lastActivityTime": "2030-01-02T03:04:05Z"}
+		expectPolicyRefusal(patchStatus(ctx, managerB, ns, "activity", later), "which is bound to node "+nodeA)
+		expectPolicyRefusal(patchStatus(ctx, dave, ns, "activity", later), "dave may not")
+		expectPolicyRefusal(patchStatus(ctx, cp.Client, ns, "activity", later), "may not")
+		Expect(getSandbox(ctx, cp.Client, ns, "activity").Object).To(HaveKeyWithValue("status",
+			HaveKeyWithValue("lastActivityTime", "2026-01-02T03:04:05Z")))
 	})
 
 	It("leaves users alone: the namespace admin labels, annotates and extends their Sandbox, and manages finalizers", func(ctx SpecContext) {

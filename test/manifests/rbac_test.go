@@ -234,8 +234,9 @@ var _ = Describe("RBAC of the default overlay, applied for real", Ordered, func(
 			in(team, "get", "sandboxquotas"), in(team, "list", "sandboxquotas"), in(team, "watch", "sandboxquotas"),
 			agg(team, "create", "sandboxes/exec"), agg(team, "create", "sandboxes/files"), agg(team, "get", "sandboxes/files"),
 			agg(team, "get", "sandboxes/log"), agg(team, "get", "sandboxes/history"),
+			in(team, "create", "sandboxes/portforward"), agg(team, "create", "sandboxes/portforward"),
 		}, []access{
-			agg("default", "create", "sandboxes/exec"),
+			agg("default", "create", "sandboxes/exec"), agg("default", "create", "sandboxes/portforward"),
 			in(team, "create", "sandboxquotas"), in(team, "update", "sandboxquotas"), in(team, "patch", "sandboxquotas"),
 			in(team, "delete", "sandboxquotas"), in(team, "update", "sandboxquotas/status"),
 			in(team, "update", "sandboxes/status"), in(team, "patch", "sandboxes/status"),
@@ -253,6 +254,7 @@ var _ = Describe("RBAC of the default overlay, applied for real", Ordered, func(
 		}, []access{
 			agg(team, "create", "sandboxes/exec"), agg(team, "create", "sandboxes/files"), agg(team, "get", "sandboxes/files"),
 			agg(team, "create", "sandboxes/processes"), in(team, "create", "sandboxes/processes"),
+			agg(team, "create", "sandboxes/portforward"), in(team, "create", "sandboxes/portforward"),
 			in(team, "create", "sandboxes"), in(team, "delete", "sandboxes"), in(team, "update", "sandboxes"),
 			in(team, "create", "sandboxes/exec"), in(team, "create", "sandboxes/files"), in(team, "get", "sandboxes/files"),
 			in(team, "update", "sandboxquotas"), in(team, "create", "sandboxquotas"),
@@ -265,6 +267,7 @@ var _ = Describe("RBAC of the default overlay, applied for real", Ordered, func(
 			in(team, "create", "sandboxes"), in(team, "deletecollection", "sandboxes"),
 			in(team, "get", "sandboxes/status"), in(team, "create", "sandboxes/exec"),
 			in(team, "get", "sandboxes/log"), in(team, "list", "sandboxquotas"),
+			agg(team, "create", "sandboxes/portforward"),
 			agg(team, "create", "sandboxes/exec"), agg(team, "create", "sandboxes/files"), agg(team, "get", "sandboxes/files"),
 			agg(team, "get", "sandboxes/log"), agg(team, "get", "sandboxes/history"),
 		}, []access{
@@ -299,7 +302,12 @@ var _ = Describe("RBAC of the default overlay, applied for real", Ordered, func(
 			in(sbxNS, "get", "sandboxes/files"), in(sbxNS, "get", "sandboxes/log"),
 			agg(sbxNS, "create", "sandboxes/exec"), agg(sbxNS, "create", "sandboxes/files"), agg(sbxNS, "get", "sandboxes/files"),
 			agg(sbxNS, "get", "sandboxes/log"), agg(sbxNS, "get", "sandboxes/history"),
+			// The --max-sandboxes reservation records (one Lease per
+			// identity), written with resourceVersion preconditions.
+			core("coordination.k8s.io", sbxNS, "get", "leases", ""), core("coordination.k8s.io", sbxNS, "create", "leases", ""),
+			core("coordination.k8s.io", sbxNS, "update", "leases", ""),
 		}, []access{
+			core("coordination.k8s.io", sbxNS, "delete", "leases", ""),
 			in(sbxNS, "update", "sandboxes"), in(sbxNS, "update", "sandboxes/status"), in(sbxNS, "patch", "sandboxes/status"),
 			in(sbxNS, "update", "sandboxquotas"), in(sbxNS, "list", "sandboxquotas"),
 			core("", sbxNS, "get", "secrets", ""),

@@ -1,5 +1,6 @@
 // Package auth is the MCP server's authentication and the check of who may
-// use it at all: static tokens, Kubernetes TokenReview, and the allow-list
+// use it at all: static tokens, Kubernetes TokenReview, OpenID Connect JWT
+// access tokens (oidc.go), and the allow-list
 // (internal/mcpserver/accessreview is the RBAC one). It turns a bearer token
 // into a contract.Caller and knows nothing of the protocol or the transport:
 // the HTTP transport (internal/mcpserver/httptransport) calls it.

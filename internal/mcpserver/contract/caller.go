@@ -58,6 +58,17 @@ func init() {
 	identityKey.Store(&k)
 }
 
+// DerivedKey is a key for purpose derived from the owner key (an HMAC of
+// the purpose under it): what the server's replicas share besides the
+// identity hashes, such as the key of the HTTP transport's self-verifying
+// session IDs, without using the owner key itself for two things.
+func DerivedKey(purpose string) []byte {
+	mac := hmac.New(sha256.New, *identityKey.Load())
+	mac.Write([]byte("code-sandbox-mcp derived key\x00"))
+	mac.Write([]byte(purpose))
+	return mac.Sum(nil)
+}
+
 // MinIdentityKeyBytes is the shortest owner key accepted.
 const MinIdentityKeyBytes = 16
 

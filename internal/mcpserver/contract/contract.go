@@ -32,6 +32,11 @@ type Caller struct {
 	UID      string
 	Groups   []string
 	Extra    map[string][]string
+	// Namespace, when set, is the namespace the authenticator mapped the
+	// caller to (--auth oidc's claim mapping, which only the server's
+	// configuration decides); a Kubernetes backend keeps the caller's
+	// Sandboxes there. Empty: the backend's own choice.
+	Namespace string
 	// Session is the MCP session the request arrived on, for logs; empty
 	// when the transport has none.
 	Session string

@@ -32,7 +32,7 @@ import (
 const (
 	DefaultMaxSandboxes = session.DefaultMaxSandboxes
 	DefaultIdleTimeout  = session.DefaultIdleTimeout
-	DefaultStopGrace    = 10 * time.Second
+	DefaultStopGrace    = dockerruntime.DefaultStopGracePeriod
 )
 
 // Options configure a Backend.

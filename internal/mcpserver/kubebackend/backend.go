@@ -6,8 +6,13 @@
 // identities (--auth kubernetes), every operation is first put to a
 // SubjectAccessReview for the caller, so RBAC decides what each caller may
 // do; ownership labels then keep one identity's sandboxes invisible to
-// another. The bookkeeping (this instance's registry, limits, reaping) is the
-// session package's: this package is its Kubernetes driver.
+// another. Nothing about the Sandboxes lives in the process (the session
+// Manager runs Stateless): any replica finds, lists and counts an identity's
+// Sandboxes through its informer cache (cache.go), holds the identity to
+// --max-sandboxes exactly through a reservation record in the API
+// (reservation.go), and leaves idle pausing, idle deletion and expiry to the
+// node managers (spec.lifecycle). A replica's start or stop changes nothing
+// for the agents.
 package kubebackend
 
 import (
@@ -19,6 +24,7 @@ import (
 	"strings"
 	"time"
 
+	coordinationv1 "k8s.io/api/coordination/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/api/resource"
@@ -48,8 +54,10 @@ const (
 	// LabelOwner is contract.IdentityHash of the identity that created
 	// the Sandbox: the ownership record.
 	LabelOwner = "sandbox.code-sandbox.dev/mcp-owner"
-	// LabelInstance is the server instance that created it, which removes
-	// it when idle and when the server exits.
+	// LabelInstance is the server instance (replica run) that created it:
+	// for people and logs only. No instance removes its Sandboxes when it
+	// exits (Options.KeepOnClose of the session Manager), so that any
+	// replica serves them.
 	LabelInstance = "sandbox.code-sandbox.dev/mcp-instance"
 	// AnnotationIdentity spells out the owner identity for people reading
 	// the object (labels cannot hold it).
@@ -65,7 +73,8 @@ const (
 	DefaultReadyTimeout = 2 * time.Minute
 	// DefaultStopTimeout bounds the wait for a deleted Sandbox to be gone:
 	// the manager holds its finalizer until the container is removed,
-	// after a 10 s grace period by default.
+	// after the manager's --stop-grace-period
+	// (sandboxv1alpha1.DefaultStopGracePeriod, 10 s) by default.
 	DefaultStopTimeout = 30 * time.Second
 	// maxActiveDeadline is the CRD's ceiling on activeDeadlineSeconds.
 	maxActiveDeadline = 30 * 24 * time.Hour
@@ -85,19 +94,26 @@ type Options struct {
 	// serves many teams, each under its own namespace's RBAC and
 	// SandboxQuotas.
 	NamespaceFromServiceAccount bool
+	// CallerNamespaces says callers may come with a namespace of their own
+	// (contract.Caller.Namespace: --auth oidc's claim mapping); the
+	// server then looks for its Sandboxes in every namespace.
+	CallerNamespaces bool
 	// NodeName, when set, pins the Sandboxes to one node (spec.nodeName).
 	NodeName string
 	// PullPolicy and Runtime go to spec.imagePullPolicy and spec.runtime
 	// (empty: the CRD's defaults).
 	PullPolicy sandboxv1alpha1.ImagePullPolicy
 	Runtime    sandboxv1alpha1.RuntimeClass
-	// MaxSandboxes bounds the Sandboxes one identity may have at once.
+	// MaxSandboxes bounds the Sandboxes one identity may have at once,
+	// across every replica (reservation.go).
 	MaxSandboxes int
-	// IdleTimeout deletes a Sandbox of this instance nobody used this long.
+	// IdleTimeout deletes a Sandbox nobody used this long: written to its
+	// spec.lifecycle.idleDeleteSeconds, and the node manager acts on it.
 	IdleTimeout time.Duration
-	// IdlePause, when set, pauses a Sandbox of this instance nobody used
-	// for this long (spec.paused); its next exec or file transfer resumes
-	// it. It must be shorter than IdleTimeout.
+	// IdlePause, when set, pauses a Sandbox nobody used for this long
+	// (spec.lifecycle.idlePauseSeconds, enforced by the node manager, which
+	// also thaws it on the next exec or file transfer). It must be shorter
+	// than IdleTimeout.
 	IdlePause time.Duration
 	// ReadyTimeout bounds sandbox_initialize's wait for Ready.
 	ReadyTimeout time.Duration
@@ -126,19 +142,24 @@ type Backend struct {
 // decided by the labels, so a caller also finds its Sandboxes made by
 // other server instances (a SharedDriver).
 type driver struct {
-	kube     client.WithWatch
-	nodes    *sandboxclient.Client
-	authz    *authorizer
-	ns       string
-	instance string
-	opts     Options
-	log      *slog.Logger
+	kube client.WithWatch
+	// cache holds the MCP Sandboxes (cache.go); nil: read from kube.
+	cache *sandboxCache
+	// limitError words a refusal past MaxSandboxes.
+	limitError func(have, limit int) error
+	nodes      *sandboxclient.Client
+	authz      *authorizer
+	ns         string
+	instance   string
+	opts       Options
+	log        *slog.Logger
 }
 
 var (
 	_ contract.Backend     = (*Backend)(nil)
 	_ session.SharedDriver = (*driver)(nil)
 	_ session.Authorizer   = (*driver)(nil)
+	_ session.Starter      = (*driver)(nil)
 )
 
 // serviceAccountPrefix starts the username of every ServiceAccount token.
@@ -146,6 +167,9 @@ const serviceAccountPrefix = "system:serviceaccount:"
 
 // namespaceFor is where caller's Sandboxes live.
 func (b *driver) namespaceFor(caller contract.Caller) string {
+	if b.opts.CallerNamespaces && caller.Namespace != "" {
+		return caller.Namespace
+	}
 	if b.opts.NamespaceFromServiceAccount && caller.IsKubernetesUser() {
 		if rest, ok := strings.CutPrefix(caller.Username, serviceAccountPrefix); ok {
 			if ns, _, ok := strings.Cut(rest, ":"); ok && len(validation.IsDNS1123Label(ns)) == 0 {
@@ -159,7 +183,7 @@ func (b *driver) namespaceFor(caller contract.Caller) string {
 // sweepNamespace is where the server looks for its own Sandboxes in bulk:
 // every namespace when callers bring their own.
 func (b *driver) sweepNamespace() string {
-	if b.opts.NamespaceFromServiceAccount {
+	if b.opts.NamespaceFromServiceAccount || b.opts.CallerNamespaces {
 		return ""
 	}
 	return b.ns
@@ -186,6 +210,17 @@ func New(opts Options) (*Backend, error) {
 	if err := sandboxv1alpha1.AddToScheme(scheme); err != nil {
 		return nil, fmt.Errorf("kubebackend: registering the Sandbox type: %w", err)
 	}
+	if err := coordinationv1.AddToScheme(scheme); err != nil {
+		return nil, fmt.Errorf("kubebackend: registering the Lease type: %w", err)
+	}
+	ns := opts.Namespace
+	if opts.NamespaceFromServiceAccount {
+		ns = ""
+	}
+	sc, err := newSandboxCache(opts.Config, scheme, ns)
+	if err != nil {
+		return nil, err
+	}
 	kube, err := client.NewWithWatch(opts.Config, client.Options{Scheme: scheme})
 	if err != nil {
 		return nil, fmt.Errorf("kubebackend: API server client: %w", err)
@@ -200,6 +235,7 @@ func New(opts Options) (*Backend, error) {
 	}
 	return newBackend(&driver{
 		kube:     kube,
+		cache:    &sandboxCache{c: sc},
 		nodes:    nodes,
 		authz:    newAuthorizer(authz.SubjectAccessReviews()),
 		ns:       opts.Namespace,
@@ -211,15 +247,30 @@ func New(opts Options) (*Backend, error) {
 
 // newBackend puts the session.Manager on d.
 func newBackend(d *driver) *Backend {
+	if d.opts.MaxSandboxes <= 0 {
+		d.opts.MaxSandboxes = DefaultMaxSandboxes
+	}
+	d.limitError = func(have, limit int) error {
+		return &messageError{kind: contract.ErrQuota, msg: fmt.Sprintf("you already have %d sandboxes; the limit is %d", have, limit)}
+	}
 	return &Backend{driver: d, Manager: session.New(d, session.Options{
 		MaxSandboxes: d.opts.MaxSandboxes,
 		IdleTimeout:  d.opts.IdleTimeout,
 		IdlePause:    d.opts.IdlePause,
-		Logger:       d.opts.Logger,
-		LimitError: func(have, limit int) error {
-			return &messageError{kind: contract.ErrQuota, msg: fmt.Sprintf("you already have %d sandboxes; the limit is %d", have, limit)}
-		},
+		// Nothing about the Sandboxes lives in this process: any replica
+		// serves any of them (ownership is on the objects, listing and
+		// counting come from the cache, the limit from the reservation
+		// records), and a replica that stops leaves them to the others.
+		Stateless:  true,
+		Logger:     d.opts.Logger,
+		LimitError: d.limitError,
 	})}
+}
+
+// Start implements session.Starter: it starts the Sandbox cache (until ctx
+// ends); until it has synced, reads go to the API server.
+func (b *driver) Start(ctx context.Context) {
+	b.cache.start(ctx, b.log)
 }
 
 // InstanceID is the value of LabelInstance on this run's Sandboxes.
@@ -230,10 +281,11 @@ func notFound(id string) error {
 }
 
 // owns reports whether sbx is a live Sandbox of this backend that caller
-// created.
+// created. The owner label alone decides: only the MCP server may set it,
+// and nobody may change or remove it (config/policy/mcp_owner_policy.yaml),
+// whereas anyone who may edit the Sandbox can change the managed-by label.
 func owns(caller contract.Caller, sbx *sandboxv1alpha1.Sandbox) bool {
 	return sbx.DeletionTimestamp == nil &&
-		sbx.Labels[LabelManagedBy] == ManagedBy &&
 		sbx.Labels[LabelOwner] == contract.IdentityHash(caller.ID)
 }
 
@@ -270,7 +322,7 @@ func (b *driver) lookup(ctx context.Context, h session.Handle) (*sandboxv1alpha1
 		return err
 	}
 	var sbx sandboxv1alpha1.Sandbox
-	if err := b.kube.Get(ctx, client.ObjectKey{Namespace: b.namespaceFor(h.Caller), Name: id}, &sbx); err != nil {
+	if err := b.getSandbox(ctx, client.ObjectKey{Namespace: b.namespaceFor(h.Caller), Name: id}, &sbx); err != nil {
 		if apierrors.IsNotFound(err) {
 			return nil, gone(notFound(id))
 		}
@@ -282,9 +334,9 @@ func (b *driver) lookup(ctx context.Context, h session.Handle) (*sandboxv1alpha1
 	return &sbx, nil
 }
 
-// ownerSelector selects the Sandboxes of one identity.
+// ownerSelector selects the Sandboxes of one identity (see owns).
 func ownerSelector(caller contract.Caller) client.MatchingLabels {
-	return client.MatchingLabels{LabelManagedBy: ManagedBy, LabelOwner: contract.IdentityHash(caller.ID)}
+	return client.MatchingLabels{LabelOwner: contract.IdentityHash(caller.ID)}
 }
 
 // sandboxSpec is the Sandbox a CreateRequest asks for.
@@ -309,15 +361,18 @@ func (b *driver) sandboxSpec(caller contract.Caller, name string, req contract.C
 		},
 	}
 	if req.Lifetime > 0 {
-		secs := int64((min(req.Lifetime, maxActiveDeadline) + time.Second - 1) / time.Second)
+		secs := seconds(req.Lifetime)
 		sbx.Spec.ActiveDeadlineSeconds = &secs
 	}
+	sbx.Spec.Lifecycle = b.lifecycle()
 	if b.claimsFromPool(req) {
-		// The pool's template decides the image and the shape.
+		// The pool's template decides the image and the shape; the
+		// lifecycle is the claimant's own.
 		sbx.Spec = sandboxv1alpha1.SandboxSpec{
 			WarmPoolRef:           &sandboxv1alpha1.WarmPoolReference{Name: b.opts.WarmPool},
 			NodeName:              b.opts.NodeName,
 			ActiveDeadlineSeconds: sbx.Spec.ActiveDeadlineSeconds,
+			Lifecycle:             sbx.Spec.Lifecycle,
 		}
 		return sbx
 	}
@@ -331,6 +386,33 @@ func (b *driver) sandboxSpec(caller contract.Caller, name string, req contract.C
 		sbx.Spec.Resources.Memory = resource.NewQuantity(req.MemoryBytes, resource.BinarySI)
 	}
 	return sbx
+}
+
+// seconds is d in whole seconds, rounded up, at most the CRD's ceiling.
+func seconds(d time.Duration) int64 {
+	return int64((min(d, maxActiveDeadline) + time.Second - 1) / time.Second)
+}
+
+// lifecycle is spec.lifecycle of every Sandbox this backend creates: the node
+// manager that runs it pauses it after --idle-pause and deletes it after
+// --idle-timeout without an exec, file transfer or log read (through any
+// replica: the node API sees them all), and deletes it once its
+// activeDeadlineSeconds (--max-lifetime) passes. No MCP process keeps an
+// idle clock, so a replica's stop or restart changes nothing for them.
+func (b *driver) lifecycle() *sandboxv1alpha1.SandboxLifecycle {
+	lc := &sandboxv1alpha1.SandboxLifecycle{ShutdownPolicy: sandboxv1alpha1.ShutdownDelete}
+	idle := b.opts.IdleTimeout
+	if idle <= 0 {
+		idle = DefaultIdleTimeout
+	}
+	del := seconds(idle)
+	lc.IdleDeleteSeconds = &del
+	if b.opts.IdlePause > 0 {
+		if pause := seconds(b.opts.IdlePause); pause < del {
+			lc.IdlePauseSeconds = &pause
+		}
+	}
+	return lc
 }
 
 // claimsFromPool reports whether req is a default create, which the warm
@@ -347,13 +429,13 @@ func (b *driver) claimsFromPool(req contract.CreateRequest) bool {
 func (b *driver) CountOthers(ctx context.Context, caller contract.Caller) (int, error) {
 	actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), apiTimeout)
 	defer cancel()
-	var list sandboxv1alpha1.SandboxList
-	if err := b.kube.List(actx, &list, client.InNamespace(b.namespaceFor(caller)), ownerSelector(caller)); err != nil {
+	live, err := b.ownedSandboxes(actx, b.namespaceFor(caller), caller)
+	if err != nil {
 		return 0, apiError("counting your sandboxes", err)
 	}
 	n := 0
-	for i := range list.Items {
-		if list.Items[i].DeletionTimestamp == nil && list.Items[i].Labels[LabelInstance] != b.instance {
+	for i := range live {
+		if live[i].Labels[LabelInstance] != b.instance {
 			n++
 		}
 	}
@@ -372,21 +454,31 @@ func (b *driver) Create(ctx context.Context, caller contract.Caller, req contrac
 	ready, err := b.waitReady(ctx, sbx)
 	if err != nil {
 		b.deleteQuietly(sbx.Namespace, name, "did not start")
+		b.unreserve(sbx.Namespace, caller, name)
 		return "", contract.Sandbox{}, err
 	}
 	b.log.Info("sandbox ready", "sandbox", name, "node", ready.Status.NodeName)
 	return sbx.Namespace, view(ready), nil
 }
 
-// createObject creates a new Sandbox with a fresh random name.
+// createObject reserves a fresh random name within the caller's
+// --max-sandboxes (reservation.go) and creates the Sandbox under it.
 func (b *driver) createObject(ctx context.Context, caller contract.Caller, req contract.CreateRequest) (*sandboxv1alpha1.Sandbox, error) {
 	// Finished even if the caller leaves: a create cut off half-way could
 	// leave a Sandbox nobody knows about.
 	actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), apiTimeout)
 	defer cancel()
+	ns := b.namespaceFor(caller)
 	for attempt := 0; ; attempt++ {
-		sbx := b.sandboxSpec(caller, NamePrefix+randid.Hex(6), req)
-		err := b.kube.Create(actx, sbx)
+		name, err := b.reserve(actx, ns, caller)
+		if err != nil {
+			return nil, err
+		}
+		sbx := b.sandboxSpec(caller, name, req)
+		err = b.kube.Create(actx, sbx)
+		if err != nil {
+			b.unreserve(ns, caller, name)
+		}
 		if apierrors.IsAlreadyExists(err) && attempt < 3 {
 			continue
 		}
@@ -532,6 +624,11 @@ func view(sbx *sandboxv1alpha1.Sandbox) contract.Sandbox {
 		CreatedAt:   sbx.CreationTimestamp.Time,
 		LastUsedAt:  sbx.CreationTimestamp.Time,
 	}
+	if t := sbx.Status.LastActivityTime; t != nil {
+		// The node manager's record, whichever replica the calls came
+		// through.
+		s.LastUsedAt = t.Time
+	}
 	if sbx.Spec.Network.Mode == sandboxv1alpha1.NetworkEgress {
 		s.Network = contract.NetworkEgress
 	}
@@ -584,15 +681,13 @@ func (b *driver) Get(ctx context.Context, h session.Handle) (contract.Sandbox, e
 // List implements session.Driver: the caller's Sandboxes, whichever
 // server instance made them.
 func (b *driver) List(ctx context.Context, caller contract.Caller, _ []session.Handle) ([]contract.Sandbox, error) {
-	var list sandboxv1alpha1.SandboxList
-	if err := b.kube.List(ctx, &list, client.InNamespace(b.namespaceFor(caller)), ownerSelector(caller)); err != nil {
+	live, err := b.ownedSandboxes(ctx, b.namespaceFor(caller), caller)
+	if err != nil {
 		return nil, apiError("listing your sandboxes", err)
 	}
-	out := make([]contract.Sandbox, 0, len(list.Items))
-	for i := range list.Items {
-		if owns(caller, &list.Items[i]) {
-			out = append(out, view(&list.Items[i]))
-		}
+	out := make([]contract.Sandbox, 0, len(live))
+	for i := range live {
+		out = append(out, view(&live[i]))
 	}
 	return out, nil
 }
@@ -715,7 +810,11 @@ func (b *driver) Logs(ctx context.Context, h session.Handle, opts contract.LogsO
 // reaper only deletes it.
 func (b *driver) Remove(ctx context.Context, h session.Handle, how session.Removal) error {
 	if how == session.RemoveReap {
-		return b.delete(ctx, h.Ref, h.ID)
+		err := b.delete(ctx, h.Ref, h.ID)
+		if err == nil {
+			b.unreserve(h.Ref, h.Caller, h.ID)
+		}
+		return err
 	}
 	sbx, err := b.lookup(ctx, h)
 	if err != nil {
@@ -729,6 +828,8 @@ func (b *driver) Remove(ctx context.Context, h session.Handle, how session.Remov
 	if err != nil && !apierrors.IsNotFound(err) {
 		return apiError("deleting sandbox "+h.ID, err)
 	}
+	// Its place is free at once (a Sandbox being deleted no longer counts).
+	b.unreserve(sbx.Namespace, h.Caller, h.ID)
 	if err := b.waitGone(sctx, []client.ObjectKey{client.ObjectKeyFromObject(sbx)}); err != nil {
 		// Deleted, not yet gone: the manager finishes it.
 		b.log.Warn("sandbox deleted but still terminating", "sandbox", h.ID, "error", err)
@@ -775,6 +876,9 @@ func (b *driver) waitGone(ctx context.Context, keys []client.ObjectKey) error {
 // Ready implements session.Driver: the API server answers and the
 // server may list Sandboxes in its namespace.
 func (b *driver) Ready(ctx context.Context) error {
+	if b.cache != nil && !b.cache.synced.Load() {
+		return errCacheNotSynced
+	}
 	var list sandboxv1alpha1.SandboxList
 	return apiError("listing sandboxes", b.kube.List(ctx, &list, client.InNamespace(b.sweepNamespace()), client.Limit(1),
 		client.MatchingLabels{LabelManagedBy: ManagedBy}))
@@ -782,8 +886,9 @@ func (b *driver) Ready(ctx context.Context) error {
 
 // RemoveAll implements session.Driver: it deletes every Sandbox this
 // instance created, including any a create still in flight made, and waits
-// (bounded by ctx) until they are gone. Sandboxes of a server that crashed
-// end through their activeDeadlineSeconds.
+// (bounded by ctx) until they are gone. The Manager of this backend never
+// calls it (KeepOnClose: a replica's stop must not end the agents' work);
+// it stays for the Driver contract and for tests.
 func (b *driver) RemoveAll(ctx context.Context) error {
 	var list sandboxv1alpha1.SandboxList
 	if err := b.kube.List(ctx, &list, client.InNamespace(b.sweepNamespace()), client.MatchingLabels{LabelManagedBy: ManagedBy, LabelInstance: b.instance}); err != nil {
@@ -829,7 +934,7 @@ func (b *driver) sweepExpired(ctx context.Context) {
 	ctx, cancel := context.WithTimeout(ctx, apiTimeout)
 	defer cancel()
 	var list sandboxv1alpha1.SandboxList
-	if err := b.kube.List(ctx, &list, client.InNamespace(b.sweepNamespace()), client.MatchingLabels{LabelManagedBy: ManagedBy}); err != nil {
+	if err := b.reader().List(ctx, &list, client.InNamespace(b.sweepNamespace()), client.HasLabels{LabelOwner}); err != nil {
 		b.log.Warn("listing sandboxes for the expiry sweep", "error", err)
 		return
 	}

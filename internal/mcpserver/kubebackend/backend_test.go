@@ -13,6 +13,7 @@ import (
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
 	authzv1 "k8s.io/api/authorization/v1"
+	coordinationv1 "k8s.io/api/coordination/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -257,6 +258,7 @@ func testBackend(rev AccessReviewer, objs ...*sandboxv1alpha1.Sandbox) testDrive
 	GinkgoHelper()
 	scheme := runtime.NewScheme()
 	Expect(sandboxv1alpha1.AddToScheme(scheme)).To(Succeed())
+	Expect(coordinationv1.AddToScheme(scheme)).To(Succeed())
 	fb := fake.NewClientBuilder().WithScheme(scheme)
 	for _, o := range objs {
 		fb = fb.WithObjects(o)

@@ -42,23 +42,12 @@ func initialize(ctx context.Context, url, token string) (int, string, string) {
 	return resp.StatusCode, resp.Header.Get("WWW-Authenticate"), string(body)
 }
 
-type bearer struct {
-	token string
-	base  http.RoundTripper
-}
-
-func (b bearer) RoundTrip(r *http.Request) (*http.Response, error) {
-	r = r.Clone(r.Context())
-	r.Header.Set("Authorization", "Bearer "+b.token)
-	return b.base.RoundTrip(r)
-}
-
 // connect opens an MCP session with token; it is closed when the calling
 // node ends.
 func connect(ctx context.Context, url, token string) *mcp.ClientSession {
 	GinkgoHelper()
 	client := mcp.NewClient(&mcp.Implementation{Name: "test", Version: "1"}, nil)
-	hc := &http.Client{Transport: bearer{token: token, base: http.DefaultTransport}}
+	hc := &http.Client{Transport: mcpclient.Bearer{Token: token, Base: http.DefaultTransport}}
 	s, err := client.Connect(ctx, &mcp.StreamableClientTransport{Endpoint: url, HTTPClient: hc, MaxRetries: -1}, nil)
 	Expect(err).NotTo(HaveOccurred())
 	DeferCleanup(s.Close)

@@ -85,6 +85,7 @@ func newKubeBackend(o Config, kube *kubeSetup, logger *slog.Logger) (*kubebacken
 		Namespace:                   kube.namespace,
 		NodeName:                    o.NodeName,
 		NamespaceFromServiceAccount: o.NamespaceFromServiceAccount,
+		CallerNamespaces:            o.Auth == "oidc" && len(o.OIDC.Namespaces) > 0,
 		PullPolicy:                  pull,
 		Runtime:                     rt,
 		MaxSandboxes:                o.MaxSandboxes,

@@ -35,16 +35,29 @@ type Config struct {
 	DockerHost string
 
 	// HTTPAddr serves streamable HTTP on this address instead of stdio.
-	HTTPAddr                string
+	HTTPAddr string
+	// PreviewAddr serves expose_port's preview URLs on this address
+	// (their own origin); PreviewURL is their external base URL (default
+	// http://PreviewAddr).
+	PreviewAddr             string
+	PreviewURL              string
 	AllowRemote             bool
-	Auth                    string // token, kubernetes or none
+	Auth                    string // token, kubernetes, oidc or none
 	TokenFile               string
 	TokenAudiences          []string
 	AcceptAPIServerAudience bool
 	AllowUsers              []string
 	AllowGroups             []string
 	AuthorizationServers    []string
-	PublicURL               string
+	// ScopesSupported are advertised in the protected resource metadata
+	// and in every 401's challenge (--scope).
+	ScopesSupported []string
+	// PublicURL is the resource URL: the MCP endpoint's public URL, and
+	// under --auth oidc the audience every token must name (--public-url).
+	PublicURL string
+	// OIDC configures --auth oidc (the --oidc-* flags); see
+	// auth.OIDCOptions.
+	OIDC                    OIDCConfig
 	AllowedHosts            []string
 	AllowedOrigins          []string
 	TLSCert                 string
@@ -60,6 +73,13 @@ type Config struct {
 	HTTPReadHeaderTimeout   time.Duration
 	HTTPReadTimeout         time.Duration
 	HTTPIdleTimeout         time.Duration
+	// DrainDelay is how long a stopping HTTP server stays not ready but
+	// still serving, before it stops accepting connections, so that the
+	// Service's endpoints drop it first. ShutdownGrace then bounds how
+	// long calls in flight may take to finish (zero: MaxCommandTimeout
+	// plus DefaultShutdownMargin).
+	DrainDelay    time.Duration
+	ShutdownGrace time.Duration
 
 	DefaultImage  string
 	AllowedImages []string
@@ -98,6 +118,20 @@ type Config struct {
 	LogFormat string // text or json
 }
 
+// OIDCConfig is --auth oidc's part of Config.
+type OIDCConfig struct {
+	IssuerURL      string // --oidc-issuer-url
+	CAFile         string // --oidc-ca-file
+	UsernameClaim  string // --oidc-username-claim
+	UsernamePrefix string // --oidc-username-prefix
+	GroupsClaim    string // --oidc-groups-claim
+	GroupsPrefix   string // --oidc-groups-prefix
+	NamespaceClaim string // --oidc-namespace-claim
+	// Namespaces maps values of NamespaceClaim to namespaces
+	// (--oidc-namespace VALUE=NAMESPACE, repeatable).
+	Namespaces map[string]string
+}
+
 // DefaultConfig is the configuration of a command line without flags.
 func DefaultConfig() Config {
 	return Config{
@@ -105,6 +139,7 @@ func DefaultConfig() Config {
 		ReadyTimeout:            kubebackend.DefaultReadyTimeout,
 		Auth:                    "token",
 		TokenAudiences:          []string{auth.DefaultTokenAudience},
+		OIDC:                    OIDCConfig{UsernameClaim: auth.DefaultOIDCUsernameClaim, UsernamePrefix: auth.DefaultOIDCPrefix, GroupsPrefix: auth.DefaultOIDCPrefix},
 		MaxBodyBytes:            transport.DefaultMaxBodyBytes,
 		MaxMessageBytes:         transport.DefaultMaxMessageBytes,
 		MaxToolCallsPerIdentity: transport.DefaultMaxToolCallsPerIdentity,
@@ -138,6 +173,20 @@ func DefaultConfig() Config {
 		LogLevel:  "info",
 		LogFormat: "text",
 	}
+}
+
+// DefaultShutdownMargin is what the default shutdown grace allows a call
+// beyond its longest command (--max-command-timeout): resuming a paused
+// sandbox, starting the exec, returning the output.
+const DefaultShutdownMargin = 30 * time.Second
+
+// shutdownGrace is how long calls in flight may take to finish once the
+// server stops accepting connections.
+func (o Config) shutdownGrace() time.Duration {
+	if o.ShutdownGrace > 0 {
+		return o.ShutdownGrace
+	}
+	return o.MaxCommandTimeout + DefaultShutdownMargin
 }
 
 // DefaultRateLimit is the default of Config.RateLimit: HTTP requests per

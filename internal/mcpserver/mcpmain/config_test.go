@@ -147,5 +147,12 @@ current-context: x
 		Expect(json.Unmarshal(out.Bytes(), &cfg)).To(Succeed())
 		Expect(cfg.HTTP.MCPServers["code-sandbox"].URL).To(Equal("https://mcp.example.com/mcp"), "--public-url is the endpoint")
 		Expect(cfg.Stdio.MCPServers["code-sandbox"].Args).To(BeEmpty())
+		Expect(out.String()).To(ContainSubstring(`"Authorization"`), "a static-token client sends a header")
+
+		out.Reset()
+		Expect(PrintClientConfig(&out, configWith(func(o *Config) { o.PublicURL, o.Auth = "https://mcp.example.com/mcp", "oidc" }), nil)).To(Equal(0))
+		Expect(json.Unmarshal(out.Bytes(), &cfg)).To(Succeed())
+		Expect(cfg.HTTP.MCPServers["code-sandbox"].URL).To(Equal("https://mcp.example.com/mcp"))
+		Expect(out.String()).NotTo(ContainSubstring(`"Authorization"`), "an OAuth client gets its token itself")
 	})
 })

@@ -10,6 +10,7 @@ import (
 	"net"
 	"net/http"
 	"net/url"
+	"reflect"
 	"strings"
 	"time"
 
@@ -30,6 +31,9 @@ type httpSetup struct {
 	opts     transport.HTTPOptions
 	tlsCert  string
 	tlsKey   string
+	// drainDelay and shutdownGrace: see Config.DrainDelay.
+	drainDelay    time.Duration
+	shutdownGrace time.Duration
 }
 
 func isLoopbackHost(host string) bool {
@@ -60,9 +64,27 @@ func setupHTTP(o Config, kube *kubeSetup, logger *slog.Logger) (*httpSetup, erro
 	if o.HTTPReadHeaderTimeout <= 0 || o.HTTPReadTimeout <= 0 || o.HTTPIdleTimeout <= 0 {
 		return nil, usagef("--http-read-header-timeout, --http-read-timeout and --http-idle-timeout must be positive")
 	}
-	if o.Auth != "kubernetes" {
-		if o.AcceptAPIServerAudience || len(o.AllowUsers) > 0 || len(o.AllowGroups) > 0 {
-			return nil, usagef("--accept-apiserver-audience, --allow-user and --allow-group need --auth kubernetes")
+	if o.DrainDelay < 0 || o.ShutdownGrace < 0 {
+		return nil, usagef("--drain-delay and --shutdown-grace take a duration (0: none, and the default grace), not a negative one")
+	}
+	if o.ShutdownGrace > 0 && o.ShutdownGrace < o.MaxCommandTimeout {
+		logger.Warn("--shutdown-grace is shorter than --max-command-timeout: a stopping server may cut a command it allowed",
+			"shutdown_grace", o.ShutdownGrace, "max_command_timeout", o.MaxCommandTimeout)
+	}
+	if o.Auth != "kubernetes" && o.AcceptAPIServerAudience {
+		return nil, usagef("--accept-apiserver-audience needs --auth kubernetes")
+	}
+	if o.Auth != "kubernetes" && o.Auth != "oidc" && (len(o.AllowUsers) > 0 || len(o.AllowGroups) > 0) {
+		return nil, usagef("--allow-user and --allow-group need --auth kubernetes or oidc")
+	}
+	if o.Auth != "oidc" && !reflect.DeepEqual(o.OIDC, DefaultConfig().OIDC) {
+		return nil, usagef("the --oidc-* flags need --auth oidc")
+	}
+	for _, sc := range o.ScopesSupported {
+		// RFC 6749 section 3.3: a scope token is printable ASCII without
+		// space, '"' or '\', which also keeps the challenge well formed.
+		if strings.ContainsFunc(sc, func(r rune) bool { return r <= ' ' || r > '~' || r == '"' || r == '\\' }) {
+			return nil, usagef("--scope %q: a scope is printable ASCII without spaces, '\"' or '\\'", sc)
 		}
 	}
 	var authn auth.Authenticator
@@ -84,8 +106,13 @@ func setupHTTP(o Config, kube *kubeSetup, logger *slog.Logger) (*httpSetup, erro
 		if authn, err = kubeAuth(o, kube, logger); err != nil {
 			return nil, err
 		}
+	case "oidc":
+		// Made once the resource URL, its audience, is known.
+		if o.OIDC.IssuerURL == "" {
+			return nil, usagef("--auth oidc needs --oidc-issuer-url (the issuer whose JWT access tokens this server accepts)")
+		}
 	default:
-		return nil, usagef("--auth %q: want token, kubernetes or none", o.Auth)
+		return nil, usagef("--auth %q: want token, kubernetes, oidc or none", o.Auth)
 	}
 	if !loopback && o.TLSCert == "" {
 		logger.Warn("serving plain HTTP on a non-loopback address: bearer tokens cross the network in clear text; use --tls-cert/--tls-key or a TLS-terminating proxy")
@@ -113,6 +140,16 @@ func setupHTTP(o Config, kube *kubeSetup, logger *slog.Logger) (*httpSetup, erro
 		ln.Close()
 		return nil, usagef("--public-url %q is not an absolute URL", resource)
 	}
+	authServers := o.AuthorizationServers
+	if o.Auth == "oidc" {
+		if authn, err = oidcAuth(o, kube, resource, logger); err != nil {
+			ln.Close()
+			return nil, err
+		}
+		if len(authServers) == 0 {
+			authServers = []string{o.OIDC.IssuerURL}
+		}
+	}
 	hosts := o.AllowedHosts
 	if len(hosts) == 0 {
 		hosts = []string{net.JoinHostPort("localhost", port), net.JoinHostPort("127.0.0.1", port), net.JoinHostPort("::1", port), pu.Host}
@@ -128,7 +165,8 @@ func setupHTTP(o Config, kube *kubeSetup, logger *slog.Logger) (*httpSetup, erro
 			AllowedHosts:            hosts,
 			AllowedOrigins:          o.AllowedOrigins,
 			Auth:                    authn,
-			AuthorizationServers:    o.AuthorizationServers,
+			AuthorizationServers:    authServers,
+			ScopesSupported:         o.ScopesSupported,
 			MaxBodyBytes:            o.MaxBodyBytes,
 			RequestsPerSecond:       o.RateLimit,
 			MaxRequestsPerPeer:      zeroDisables(o.MaxRequestsPerPeer),
@@ -141,8 +179,10 @@ func setupHTTP(o Config, kube *kubeSetup, logger *slog.Logger) (*httpSetup, erro
 			IdleTimeout:             o.HTTPIdleTimeout,
 			Logger:                  logger,
 		},
-		tlsCert: o.TLSCert,
-		tlsKey:  o.TLSKey,
+		tlsCert:       o.TLSCert,
+		tlsKey:        o.TLSKey,
+		drainDelay:    o.DrainDelay,
+		shutdownGrace: o.shutdownGrace(),
 	}, nil
 }
 
@@ -170,39 +210,12 @@ func kubeAuth(o Config, kube *kubeSetup, logger *slog.Logger) (auth.Authenticato
 	if len(o.TokenAudiences) == 0 {
 		return nil, usagef("--token-audience: give at least one audience (default %s)", auth.DefaultTokenAudience)
 	}
-	if o.Backend != "docker" && (len(o.AllowUsers) > 0 || len(o.AllowGroups) > 0) {
-		return nil, usagef("--allow-user and --allow-group are for --backend docker; on the kubernetes backend RBAC in the Sandboxes' namespace decides every call")
+	if err := checkAllowList(o); err != nil {
+		return nil, err
 	}
-	var (
-		gate auth.CallerAuthorizer
-		rc   *rest.Config
-		err  error
-	)
-	if o.Backend == "docker" {
-		switch {
-		case len(o.AllowUsers) > 0 || len(o.AllowGroups) > 0:
-			if o.Namespace != "" {
-				return nil, usagef("--namespace has no effect with --allow-user/--allow-group on the docker backend: give one or the other")
-			}
-			gate = auth.AllowList{Users: o.AllowUsers, Groups: o.AllowGroups}
-		case o.Namespace == "":
-			return nil, usagef("--backend docker with --auth kubernetes must authorize callers: give --namespace NS (callers who may create sandboxes.%s there are admitted) or --allow-user/--allow-group", sandboxv1alpha1.GroupVersion.Group)
-		default:
-			if errs := validation.IsDNS1123Label(o.Namespace); len(errs) > 0 {
-				return nil, usagef("--namespace %q: %s", o.Namespace, strings.Join(errs, "; "))
-			}
-		}
-	}
-	if kube != nil {
-		rc = kube.config
-	} else {
-		if rc, err = auth.KubeRESTConfig(o.Kubeconfig); err != nil {
-			return nil, usageError{err}
-		}
-		// A review per identity every few seconds, and more at bursts.
-		if rc.QPS == 0 {
-			rc.QPS, rc.Burst = 50, 100
-		}
+	rc, err := kubeConfigFor(kube, o)
+	if err != nil {
+		return nil, err
 	}
 	if o.AcceptAPIServerAudience {
 		logger.Warn("--accept-apiserver-audience: tokens for the API server's own audiences are accepted too; such a token can be replayed against the API server, and any token a caller hands to another service for the API server is a credential here. Prefer tokens for --token-audience (kubectl create token SA --audience " + o.TokenAudiences[0] + ")")
@@ -215,8 +228,59 @@ func kubeAuth(o Config, kube *kubeSetup, logger *slog.Logger) (auth.Authenticato
 	if err != nil {
 		return nil, err
 	}
+	return withDockerGate(o, reviews, rc, logger)
+}
+
+// checkAllowList checks --allow-user, --allow-group and --namespace
+// before anything is loaded: an allow-list is for the docker backend, and
+// there it replaces --namespace.
+func checkAllowList(o Config) error {
+	allowList := len(o.AllowUsers) > 0 || len(o.AllowGroups) > 0
+	switch {
+	case o.Backend != "docker" && allowList:
+		return usagef("--allow-user and --allow-group are for --backend docker; on the kubernetes backend RBAC in the Sandboxes' namespace decides every call")
+	case o.Backend != "docker":
+		return nil
+	case allowList && o.Namespace != "":
+		return usagef("--namespace has no effect with --allow-user/--allow-group on the docker backend: give one or the other")
+	}
+	if errs := validation.IsDNS1123Label(o.Namespace); o.Namespace != "" && len(errs) > 0 {
+		return usagef("--namespace %q: %s", o.Namespace, strings.Join(errs, "; "))
+	}
+	return nil
+}
+
+// kubeConfigFor is the cluster access of --auth kubernetes and oidc: the
+// kubernetes backend's when there is one (kube), else --kubeconfig's.
+func kubeConfigFor(kube *kubeSetup, o Config) (*rest.Config, error) {
+	if kube != nil {
+		return kube.config, nil
+	}
+	rc, err := auth.KubeRESTConfig(o.Kubeconfig)
+	if err != nil {
+		return nil, usageError{err}
+	}
+	// A review per identity every few seconds, and more at bursts.
+	if rc.QPS == 0 {
+		rc.QPS, rc.Burst = 50, 100
+	}
+	return rc, nil
+}
+
+// withDockerGate returns authn as it is on the kubernetes backend (whose
+// SubjectAccessReviews decide every call), and on the docker backend wraps
+// it in the authorization of every caller: --allow-user/--allow-group, or
+// RBAC on --namespace.
+func withDockerGate(o Config, authn auth.Authenticator, rc *rest.Config, logger *slog.Logger) (auth.Authenticator, error) {
 	if o.Backend != "docker" {
-		return reviews, nil
+		return authn, nil
+	}
+	var gate auth.CallerAuthorizer
+	switch {
+	case len(o.AllowUsers) > 0 || len(o.AllowGroups) > 0:
+		gate = auth.AllowList{Users: o.AllowUsers, Groups: o.AllowGroups}
+	case o.Namespace == "":
+		return nil, usagef("--backend docker with --auth %s must authorize callers: give --namespace NS (callers who may create sandboxes.%s there are admitted) or --allow-user/--allow-group", o.Auth, sandboxv1alpha1.GroupVersion.Group)
 	}
 	if gate == nil {
 		az, err := accessreview.NewForConfig(rc)
@@ -228,10 +292,60 @@ func kubeAuth(o Config, kube *kubeSetup, logger *slog.Logger) (auth.Authenticato
 	} else {
 		logger.Info("docker backend: admitting the Kubernetes callers of --allow-user and --allow-group", "users", len(o.AllowUsers), "groups", len(o.AllowGroups))
 	}
-	return auth.WithAuthorization(reviews, gate), nil
+	return auth.WithAuthorization(authn, gate), nil
 }
 
-// run serves until ctx ends, then shuts the HTTP server down.
+// oidcAuth is --auth oidc: JWT access tokens from --oidc-issuer-url for
+// audience resource (this server's resource URL, RFC 8707), mapped to
+// prefixed Kubernetes users that SubjectAccessReviews authorize as under
+// --auth kubernetes.
+func oidcAuth(o Config, kube *kubeSetup, resource string, logger *slog.Logger) (auth.Authenticator, error) {
+	if (o.OIDC.NamespaceClaim != "" || len(o.OIDC.Namespaces) > 0) && o.Backend != "kubernetes" {
+		return nil, usagef("--oidc-namespace-claim and --oidc-namespace need --backend kubernetes")
+	}
+	if err := checkAllowList(o); err != nil {
+		return nil, err
+	}
+	if o.NamespaceFromServiceAccount {
+		return nil, usagef("--namespace-from-serviceaccount does not apply to --auth oidc (its users are never ServiceAccounts); map namespaces with --oidc-namespace-claim and --oidc-namespace")
+	}
+	a, err := auth.NewOIDCAuth(auth.OIDCOptions{
+		IssuerURL:      o.OIDC.IssuerURL,
+		CAFile:         o.OIDC.CAFile,
+		Audience:       resource,
+		UsernameClaim:  o.OIDC.UsernameClaim,
+		UsernamePrefix: o.OIDC.UsernamePrefix,
+		GroupsClaim:    o.OIDC.GroupsClaim,
+		GroupsPrefix:   o.OIDC.GroupsPrefix,
+		NamespaceClaim: o.OIDC.NamespaceClaim,
+		Namespaces:     o.OIDC.Namespaces,
+		Now:            oidcClock,
+		Logger:         logger,
+	})
+	if err != nil {
+		return nil, usageError{err}
+	}
+	logger.Info("--auth oidc: accepting JWT access tokens", "issuer", o.OIDC.IssuerURL, "audience", resource, "username_prefix", o.OIDC.UsernamePrefix)
+	if o.Backend != "docker" {
+		return a, nil
+	}
+	rc, err := kubeConfigFor(kube, o)
+	if err != nil {
+		return nil, err
+	}
+	return withDockerGate(o, a, rc, logger)
+}
+
+// oidcClock is the clock --auth oidc checks token expiry against; nil is
+// time.Now. Only tests set it: the issuers they run (the API server's
+// TokenRequest) mint tokens for at least ten minutes.
+var oidcClock func() time.Time
+
+// run serves until ctx ends, then drains: /readyz fails at once while
+// everything is still served for --drain-delay (the Service's endpoints
+// drop this replica meanwhile), then the listener closes and calls in
+// flight get up to --shutdown-grace to finish before their connections are
+// cut.
 func (hs *httpSetup) run(ctx context.Context, stop context.CancelFunc, s *server.MCPServer, backend contract.Backend, logger *slog.Logger, listening func(url string)) error {
 	hs.opts.Ready = backend.Ready
 	handler, err := transport.NewHTTPServer(s, hs.opts)
@@ -239,6 +353,15 @@ func (hs *httpSetup) run(ctx context.Context, stop context.CancelFunc, s *server
 		return usageError{err}
 	}
 	srv := handler.Server(slog.NewLogLogger(logger.Handler(), slog.LevelWarn))
+	// Shutdown runs this once the listener is closed: the sessions' GET
+	// streams never end on their own, and Shutdown would wait for them.
+	// Ending them earlier would turn away requests that still arrive on
+	// those sessions during the drain delay.
+	srv.RegisterOnShutdown(func() {
+		sctx, cancel := context.WithTimeout(context.Background(), hs.shutdownGrace)
+		defer cancel()
+		_ = handler.Shutdown(sctx)
+	})
 	served := make(chan error, 1)
 	go func() {
 		if hs.tlsCert != "" {
@@ -253,15 +376,32 @@ func (hs *httpSetup) run(ctx context.Context, stop context.CancelFunc, s *server
 	}
 	select {
 	case err = <-served:
+		// Serving failed: nothing is left to drain.
 		stop()
+		_ = handler.Shutdown(context.Background())
+		return err
 	case <-ctx.Done():
-		logger.Info("shutting down")
 	}
-	sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	handler.Drain()
+	logger.Info("shutting down: not ready, still serving until the endpoints drop this replica", "drain_delay", hs.drainDelay)
+	if hs.drainDelay > 0 {
+		select {
+		case <-time.After(hs.drainDelay):
+		case err = <-served:
+			return err
+		}
+	}
+	start := time.Now()
+	logger.Info("no longer accepting connections; waiting for the calls in flight", "shutdown_grace", hs.shutdownGrace)
+	sctx, cancel := context.WithTimeout(context.Background(), hs.shutdownGrace)
 	defer cancel()
-	_ = handler.Shutdown(sctx)
-	_ = srv.Shutdown(sctx)
-	if errors.Is(err, http.ErrServerClosed) {
+	if err := srv.Shutdown(sctx); err != nil {
+		logger.Warn("calls still in flight at the end of --shutdown-grace: closing their connections", "shutdown_grace", hs.shutdownGrace, "error", err)
+		_ = srv.Close()
+	} else {
+		logger.Info("calls in flight finished", "after", time.Since(start).Round(time.Millisecond))
+	}
+	if err = <-served; errors.Is(err, http.ErrServerClosed) {
 		return nil
 	}
 	return err

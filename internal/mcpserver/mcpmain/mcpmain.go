@@ -13,6 +13,7 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"reflect"
 	"strings"
 	"syscall"
 	"time"
@@ -88,6 +89,9 @@ func serveWith(o Config, logger *slog.Logger, newCtx func() (context.Context, co
 	if o.HTTPAddr == "" && (o.AcceptAPIServerAudience || len(o.AllowUsers) > 0 || len(o.AllowGroups) > 0) {
 		return usagef("--accept-apiserver-audience, --allow-user and --allow-group are for --http with --auth kubernetes")
 	}
+	if o.HTTPAddr == "" && (!reflect.DeepEqual(o.OIDC, DefaultConfig().OIDC) || len(o.ScopesSupported) > 0) {
+		return usagef("the --oidc-* flags and --scope are for --http with --auth oidc")
+	}
 	cfg, err := toolConfig(o)
 	if err != nil {
 		return err
@@ -107,6 +111,9 @@ func serveWith(o Config, logger *slog.Logger, newCtx func() (context.Context, co
 		if stdout, err = claimStdout(); err != nil {
 			return err
 		}
+	}
+	if o.PreviewAddr != "" && o.Backend != "docker" {
+		return usagef("--preview-addr: previews are served for the docker backend only so far (docs/mcp.md, Ports and previews)")
 	}
 	if o.IdlePause < 0 || (o.IdlePause > 0 && o.IdlePause >= o.IdleTimeout) {
 		return usagef("--idle-pause %s: want 0 (off) or a duration shorter than --idle-timeout (%s)", o.IdlePause, o.IdleTimeout)
@@ -156,12 +163,16 @@ func serveWith(o Config, logger *slog.Logger, newCtx func() (context.Context, co
 	}
 	ctx, stop := newCtx()
 	defer stop()
-	backend.Start(ctx)
+	// The backend outlives ctx (a signal): calls in flight while the HTTP
+	// server drains still need it.
+	bctx, bstop := context.WithCancel(context.WithoutCancel(ctx))
+	defer bstop()
+	backend.Start(bctx)
 	defer func() {
 		cctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 		defer cancel()
 		if err := backend.Close(cctx); err != nil {
-			logger.Error("removing this server's sandboxes at exit", "error", err)
+			logger.Error("closing the backend at exit (docker: removing this server's sandboxes)", "error", err)
 		}
 	}()
 	attrs := []any{"version", version.Version, "backend", o.Backend, "instance", backend.InstanceID(),
@@ -171,6 +182,14 @@ func serveWith(o Config, logger *slog.Logger, newCtx func() (context.Context, co
 	}
 	logger.Info("code-sandbox-mcp starting", attrs...)
 
+	if o.PreviewAddr != "" {
+		base, stopPreview, err := startPreview(o, backend, logger)
+		if err != nil {
+			return err
+		}
+		defer stopPreview()
+		cfg.PreviewBaseURL = base
+	}
 	mcpSrv, err := mcpserver.New(cfg, backend, logger)
 	if err != nil {
 		return usageError{err}
@@ -196,7 +215,7 @@ func loadOwnerKey(o Config, logger *slog.Logger) error {
 		}
 	}
 	if generated && (o.Backend == "kubernetes" || (o.HTTPAddr != "" && len(o.HostDirs) > 0)) {
-		logger.Warn("no owner key (--owner-key-file): using a random key of this process, so after a restart it no longer recognizes the Sandboxes and per-identity host directories of earlier runs, and other instances never do",
+		logger.Warn("no owner key (--owner-key-file): using a random key of this process, so after a restart it no longer recognizes the Sandboxes, per-identity host directories and MCP session IDs of earlier runs, and other instances (replicas) never do",
 			"owner_key_file", o.OwnerKeyFile)
 	}
 	return nil

@@ -37,6 +37,18 @@ func PrintClientConfig(w io.Writer, o Config, serverArgs []string) int {
 		}
 		endpoint = "http://" + addr + transport.EndpointPath
 	}
+	httpServer := map[string]any{
+		"type":    "http",
+		"url":     endpoint,
+		"headers": map[string]string{"Authorization": "Bearer <token from --token-file>"},
+	}
+	httpHint := fmt.Sprintf("start the server with --http %s --auth token --token-file FILE", strings.TrimSuffix(strings.TrimPrefix(endpoint, "http://"), transport.EndpointPath))
+	if o.Auth == "oidc" {
+		// An OAuth client finds the issuer through the 401's
+		// resource_metadata and gets its own token: it needs only the URL.
+		delete(httpServer, "headers")
+		httpHint = "a client that speaks OAuth needs only the URL; it finds --oidc-issuer-url through the protected resource metadata"
+	}
 	out := map[string]any{
 		"stdio": map[string]any{
 			"mcpServers": map[string]any{
@@ -45,17 +57,13 @@ func PrintClientConfig(w io.Writer, o Config, serverArgs []string) int {
 		},
 		"http": map[string]any{
 			"mcpServers": map[string]any{
-				"code-sandbox": map[string]any{
-					"type":    "http",
-					"url":     endpoint,
-					"headers": map[string]string{"Authorization": "Bearer <token from --token-file>"},
-				},
+				"code-sandbox": httpServer,
 			},
 		},
 	}
 	// Explanations go to stderr so that stdout is one JSON document.
 	fmt.Fprintln(os.Stderr, `"stdio": for Claude Desktop (claude_desktop_config.json) and other clients that start the server themselves.`)
-	fmt.Fprintf(os.Stderr, "\"http\": for clients that speak streamable HTTP; start the server with --http %s --auth token --token-file FILE.\n", strings.TrimSuffix(strings.TrimPrefix(endpoint, "http://"), transport.EndpointPath))
+	fmt.Fprintf(os.Stderr, "\"http\": for clients that speak streamable HTTP; %s.\n", httpHint)
 	enc := json.NewEncoder(w)
 	enc.SetIndent("", "  ")
 	enc.SetEscapeHTML(false)

@@ -52,7 +52,12 @@ var _ = BeforeSuite(func() {
 	if !tier.NeedsIntegration() {
 		return // unit specs only: no Docker, no API server
 	}
-	cp = testenv.StartControlPlane()
+	// The service-account issuer's discovery names its keys at the API
+	// server's external address, by default the host's own outside IP:
+	// --auth oidc's tests fetch them at the loopback address it serves on.
+	cp = testenv.StartControlPlane(func(env *envtest.Environment) {
+		env.ControlPlane.GetAPIServer().Configure().Set("external-hostname", "127.0.0.1")
+	})
 	dir := GinkgoT().TempDir()
 	adminKubeconfig = writeKubeconfig(dir, envtest.User{Name: "mcp-admin", Groups: []string{"system:masters"}})
 	cp.CreateClusterRole("code-sandbox-mcp-reviews",

@@ -4,7 +4,9 @@
 // (only the creating identity finds a sandbox), holds each identity to
 // MaxSandboxes (counting creates in flight), marks sandboxes busy while an
 // operation runs in them, removes idle and expired ones by its clock, and
-// removes everything at Close. A Driver (the Docker or the Kubernetes
+// removes everything at Close. With Options.Stateless (the Kubernetes
+// driver, whose sandboxes any replica serves) it keeps none of that in the
+// process and leaves it to the driver. A Driver (the Docker or the Kubernetes
 // backend) only runs sandboxes: create, exec, transfer, logs, remove, list.
 package session
 

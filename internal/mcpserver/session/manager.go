@@ -36,6 +36,21 @@ type Options struct {
 	// Clock is the time activity, idle and lifetime reaping go by
 	// (default time.Now); tests set a fake one.
 	Clock func() time.Time
+	// KeepOnClose leaves the sandboxes where they are when the Manager
+	// closes: for a SharedDriver whose sandboxes other server instances
+	// (replicas) serve too, so that a replica's stop (a rollout, a drain,
+	// an eviction) ends nobody's work. Without it Close removes every
+	// sandbox of this instance, which is what a local single-process
+	// server (the docker backend over stdio) is expected to do.
+	KeepOnClose bool
+	// Stateless keeps nothing about the sandboxes in this process, for a
+	// SharedDriver whose sandboxes any replica serves: no registry (every
+	// operation goes to the driver with Ref ""), no count (the driver holds
+	// each identity to its limit itself, exactly across replicas), hence
+	// nothing for the reaper to pause or remove (lifetimes are the
+	// driver's, e.g. the operator's); implies KeepOnClose. Ignored for a
+	// driver that is no SharedDriver.
+	Stateless bool
 	// LimitError words the refusal of a create past MaxSandboxes (default:
 	// contract.ErrQuota, "you already have N sandboxes; the limit is M").
 	LimitError func(have, limit int) error
@@ -77,6 +92,8 @@ type entry struct {
 	sandbox contract.Sandbox
 	// state serialises pausing and resuming the sandbox.
 	state sync.Mutex
+	// exposures are its exposed ports (ports.go), under Manager.mu.
+	exposures map[int]exposure
 	Activity
 }
 
@@ -112,6 +129,12 @@ func New(d Driver, opts Options) *Manager {
 	}
 	m.shared, _ = d.(SharedDriver)
 	m.pauser, _ = d.(Pauser)
+	if m.shared == nil {
+		m.opts.Stateless = false
+	}
+	if m.opts.Stateless {
+		m.opts.KeepOnClose = true
+	}
 	m.sweepCtx, m.sweepCancel = context.WithCancel(context.Background())
 	return m
 }
@@ -211,6 +234,25 @@ func (m *Manager) view(sb contract.Sandbox, e *entry) contract.Sandbox {
 func (m *Manager) Create(ctx context.Context, caller contract.Caller, req contract.CreateRequest) (contract.Sandbox, error) {
 	if err := m.authorize(ctx, caller, OpCreate, ""); err != nil {
 		return contract.Sandbox{}, err
+	}
+	if m.opts.Stateless {
+		// The driver counts, exactly, and nothing is registered.
+		_, sb, err := m.d.Create(ctx, caller, req)
+		if err != nil {
+			return contract.Sandbox{}, err
+		}
+		now := m.opts.Clock()
+		if sb.CreatedAt.IsZero() {
+			sb.CreatedAt = now
+		}
+		if sb.ExpiresAt.IsZero() {
+			sb.ExpiresAt = now.Add(never)
+			if req.Lifetime > 0 {
+				sb.ExpiresAt = now.Add(req.Lifetime)
+			}
+		}
+		sb.LastUsedAt = now
+		return sb, nil
 	}
 	others := 0
 	if m.shared != nil {
@@ -434,13 +476,16 @@ func (m *Manager) Ready(ctx context.Context) error { return m.d.Ready(ctx) }
 
 // Close implements contract.Backend: it stops the reaper, has the driver
 // remove every sandbox of this server instance (including any the registry
-// does not know), forgets them all and closes the driver.
+// does not know) unless KeepOnClose, forgets them all and closes the driver.
 func (m *Manager) Close(ctx context.Context) error {
 	m.stopOnce.Do(func() {
 		close(m.stop)
 		m.sweepCancel()
 	})
-	err := m.d.RemoveAll(ctx)
+	var err error
+	if !m.opts.KeepOnClose {
+		err = m.d.RemoveAll(ctx)
+	}
 	m.mu.Lock()
 	m.entries = map[key]*entry{}
 	m.mu.Unlock()

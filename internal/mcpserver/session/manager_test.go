@@ -406,6 +406,15 @@ var _ = Describe("Manager", Label("unit"), func() {
 		Expect(list).To(BeEmpty())
 		Expect(m.Close(ctx)).To(MatchError("one container is stuck"), "Close may be called again")
 	})
+
+	It("leaves every sandbox in place at Close with KeepOnClose, and still closes the driver", func(ctx SpecContext) {
+		m := newManager(d, clock, Options{KeepOnClose: true})
+		a := create(m, alice, time.Hour).ID
+		Expect(m.Close(ctx)).To(Succeed())
+		Expect(d.callList()).NotTo(ContainElement("RemoveAll"), "a replica's stop removed sandboxes")
+		Expect(d.callList()[len(d.callList())-1]).To(Equal("Close"))
+		Expect(d.isLive("ref-1")).To(BeTrue(), "sandbox %s was removed at Close", a)
+	})
 })
 
 var _ = Describe("Manager on a shared driver", Label("unit"), func() {

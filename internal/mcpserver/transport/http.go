@@ -22,17 +22,17 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/code-sandbox/code-sandbox-operator/internal/mcpserver"
 	"github.com/code-sandbox/code-sandbox-operator/internal/mcpserver/auth"
 	"github.com/code-sandbox/code-sandbox-operator/internal/mcpserver/contract"
 
+	"github.com/mark3labs/mcp-go/mcp"
 	"github.com/mark3labs/mcp-go/server"
 	"golang.org/x/time/rate"
 	"k8s.io/apimachinery/pkg/util/cache"
-
-	"github.com/code-sandbox/code-sandbox-operator/internal/randid"
 )
 
 // DefaultMaxBodyBytes caps an HTTP request body. write_file's contents
@@ -77,6 +77,13 @@ type HTTPOptions struct {
 	// AuthorizationServers are advertised in the protected resource
 	// metadata.
 	AuthorizationServers []string
+	// ScopesSupported are advertised in the protected resource metadata
+	// and named in every 401's challenge (scope=), so that a client asks
+	// its authorization server for them at once. There is no step-up: no
+	// scope widens what a caller may do (RBAC decides that, through
+	// SubjectAccessReviews), so a refused call is a 403 naming the missing
+	// permission, never insufficient_scope.
+	ScopesSupported []string
 	// MaxBodyBytes caps request bodies (413 beyond it): a call of one of
 	// LargeBodyTools (write_file) may be this long.
 	MaxBodyBytes int64
@@ -143,6 +150,10 @@ type HTTPServer struct {
 	largeCalls   *peerLimits // of those, the ones over MaxMessageBytes
 	bodyReads    *peerLimits // bodies being read per identity; nil: no cap
 	authFailures *authFailureLimiter
+
+	// draining is set by Drain: /readyz fails and every response closes
+	// its connection.
+	draining atomic.Bool
 }
 
 type identityLimiter struct {
@@ -199,6 +210,7 @@ func NewHTTPServer(s *server.MCPServer, opts HTTPOptions) (*HTTPServer, error) {
 	meta := server.ProtectedResourceMetadataConfig{
 		Resource:               opts.ResourceURL,
 		AuthorizationServers:   opts.AuthorizationServers,
+		ScopesSupported:        opts.ScopesSupported,
 		BearerMethodsSupported: []string{"header"},
 		ResourceName:           mcpserver.ServerName,
 	}
@@ -222,7 +234,7 @@ func NewHTTPServer(s *server.MCPServer, opts HTTPOptions) (*HTTPServer, error) {
 	// request is read (by limitBody) only once its caller is known, so an
 	// unauthenticated peer costs a connection and its headers, never a
 	// buffered body.
-	mux.Handle(EndpointPath, h.limitPeer(h.rejectQueryTokens(h.authenticate(h.rateLimit(h.limitBody(h.bindSession(h.capSessions(h.capToolCalls(h.mcp)))))))))
+	mux.Handle(EndpointPath, h.limitPeer(h.rejectQueryTokens(h.authenticate(h.rateLimit(h.limitBody(h.modernRequests(h.bindSession(h.capSessions(h.capToolCalls(h.mcp))))))))))
 	h.handler = h.checkHostAndOrigin(mux)
 	return h, nil
 }
@@ -259,13 +271,36 @@ func (h *HTTPServer) Server(errorLog *log.Logger) *http.Server {
 }
 
 // ServeHTTP implements http.Handler.
-func (h *HTTPServer) ServeHTTP(w http.ResponseWriter, r *http.Request) { h.handler.ServeHTTP(w, r) }
+func (h *HTTPServer) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if h.draining.Load() {
+		// net/http closes the connection after this response, so that the
+		// client's next request opens a new one, which the Service sends
+		// to another replica. Closing idle connections instead (as
+		// http.Server.Shutdown does) races with a request the client is
+		// sending on one at that moment, and a POST is not retried.
+		w.Header().Set("Connection", "close")
+	}
+	h.handler.ServeHTTP(w, r)
+}
 
-// Shutdown ends the MCP sessions.
+// Drain begins a graceful stop: /readyz answers 503 from now on, so that
+// the Service takes this replica out of its endpoints, and every response
+// closes its connection. Requests are still served, in flight and new
+// ones alike, until http.Server.Shutdown stops accepting them.
+func (h *HTTPServer) Drain() { h.draining.Store(true) }
+
+// Shutdown ends the MCP sessions: it closes their GET streams, which
+// http.Server.Shutdown would otherwise wait for forever. Tool calls in
+// flight are not affected; each finishes on its own POST.
 func (h *HTTPServer) Shutdown(ctx context.Context) error { return h.mcp.Shutdown(ctx) }
 
 func (h *HTTPServer) readyz(w http.ResponseWriter, r *http.Request) {
 	w.Header().Set("Content-Type", "text/plain")
+	if h.draining.Load() {
+		w.WriteHeader(http.StatusServiceUnavailable)
+		_, _ = io.WriteString(w, "not ready: shutting down\n")
+		return
+	}
 	if h.opts.Ready != nil {
 		ctx, cancel := context.WithTimeout(r.Context(), 3*time.Second)
 		defer cancel()
@@ -500,6 +535,9 @@ func (h *HTTPServer) metadataURL() string {
 
 func (h *HTTPServer) unauthorized(w http.ResponseWriter, reason string, tokenPresented bool) {
 	challenge := fmt.Sprintf(`Bearer resource_metadata=%q`, h.metadataURL())
+	if len(h.opts.ScopesSupported) > 0 {
+		challenge += fmt.Sprintf(`, scope=%q`, strings.Join(h.opts.ScopesSupported, " "))
+	}
 	if tokenPresented {
 		challenge += `, error="invalid_token"`
 	}
@@ -600,18 +638,29 @@ func (h *HTTPServer) allow(identity string, now time.Time) bool {
 	return l.limiter.AllowN(now, 1)
 }
 
-// bindSession refuses a session ID that belongs to another identity with
-// the same 404 an unknown session gets, so that session IDs reveal
-// nothing across identities.
+// bindSession refuses a session ID that does not verify for the caller
+// (another identity's, a forged or mangled one, an expired one) with the
+// 404 an unknown session gets, so that session IDs reveal nothing across
+// identities, on every method (mcp-go itself would answer another
+// identity's DELETE with 405). Not checked: an initialize (which gets a new
+// session whatever it carries) and a 2026-07-28 request (which has no
+// session; the header is ignored).
 func (h *HTTPServer) bindSession(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if id := r.Header.Get(sessionHeader); id != "" {
-			caller, _ := contract.CallerFrom(r.Context())
-			if owner, ok := h.sessions.owner(id); ok && owner != caller.ID {
-				h.opts.Logger.Warn("refused a session ID presented by another identity", "caller", contract.IdentityHash(caller.ID), "remote", r.RemoteAddr)
-				http.Error(w, "Not Found: unknown session", http.StatusNotFound)
-				return
-			}
+		id := r.Header.Get(sessionHeader)
+		if id == "" || mcp.IsModernProtocol(r.Header.Get(mcp.HeaderProtocolVersion)) {
+			next.ServeHTTP(w, r)
+			return
+		}
+		if b, ok := r.Body.(*bufferedBody); ok && r.Method == http.MethodPost && b.info.Method == "initialize" {
+			next.ServeHTTP(w, r)
+			return
+		}
+		caller, _ := contract.CallerFrom(r.Context())
+		if !h.sessions.validFor(id, caller.ID) {
+			h.opts.Logger.Info("refused a session ID that is not the caller's (another identity's, forged, or expired)", "caller", contract.IdentityHash(caller.ID), "remote", r.RemoteAddr)
+			http.Error(w, "Not Found: unknown session", http.StatusNotFound)
+			return
 		}
 		next.ServeHTTP(w, r)
 	})
@@ -804,10 +853,24 @@ func (a *authAttempt) done(failed bool) {
 // sessionStore issues session IDs bound to the identity that initialized
 // them. It implements mcp-go's SessionIdManagerResolver: each request gets
 // a manager that validates session IDs against that request's identity.
+//
+// A session ID verifies itself (see sessionid.go): any replica holding the
+// same owner key accepts one that another replica issued, for the identity
+// it was issued to and nobody else. What this store keeps is per replica and
+// optional: the sessions it issued or served lately (for
+// MaxSessionsPerIdentity, which therefore counts per replica) and the ones a
+// client ended here with DELETE (refused here afterwards; another replica
+// still accepts them until they are MaxSessionAge old, and a client that
+// ended its session does not use it again).
 type sessionStore struct {
 	ttl time.Duration
-	// max caps the open sessions of one identity; negative: no cap.
+	// max caps the open sessions of one identity on this replica;
+	// negative: no cap.
 	max int
+	// key returns the key of the session IDs' MACs (read at every use, so
+	// that it follows the owner key mcpmain loads).
+	key func() []byte
+	now func() time.Time
 
 	mu       sync.Mutex
 	sessions map[string]*sessionInfo
@@ -821,8 +884,12 @@ type sessionInfo struct {
 	lastSeen   time.Time
 }
 
+// sessionKeyPurpose names the session ID key among contract.DerivedKey's.
+const sessionKeyPurpose = "mcp-session-id"
+
 func newSessionStore(ttl time.Duration, maxPerIdentity int) *sessionStore {
-	return &sessionStore{ttl: ttl, max: maxPerIdentity, sessions: map[string]*sessionInfo{}, pending: map[string]int{}}
+	return &sessionStore{ttl: ttl, max: maxPerIdentity, sessions: map[string]*sessionInfo{}, pending: map[string]int{},
+		key: func() []byte { return contract.DerivedKey(sessionKeyPurpose) }, now: time.Now}
 }
 
 // reserve claims room for one more session of identity, counting its open
@@ -851,18 +918,57 @@ func (s *sessionStore) reserve(identity string, now time.Time) (release func(), 
 	}, open, true
 }
 
-func (s *sessionStore) owner(id string) (string, bool) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
+// validFor reports whether id is a session ID issued to identity (by any
+// replica sharing the key) and not older than MaxSessionAge.
+func (s *sessionStore) validFor(id, identity string) bool {
+	return verifySessionID(s.key(), id, identity, s.now()) == nil
+}
+
+// prune forgets records idle past the TTL (and ended ones past the
+// longest age a session ID has); s.mu held.
+func (s *sessionStore) prune(now time.Time) {
+	for k, info := range s.sessions {
+		keep := s.ttl
+		if info.terminated {
+			keep = max(s.ttl, MaxSessionAge)
+		}
+		if now.Sub(info.lastSeen) > keep {
+			delete(s.sessions, k)
+		}
+	}
+}
+
+// maxSessionRecords bounds the per-replica records: beyond it the oldest
+// go (only the per-replica session cap and the per-replica memory of a
+// DELETE depend on them; validity does not).
+const maxSessionRecords = 100000
+
+// record notes that id (already verified for identity) was used now.
+// s.mu held.
+func (s *sessionStore) record(id, identity string, now time.Time) *sessionInfo {
 	info, ok := s.sessions[id]
 	if !ok {
-		return "", false
+		if len(s.sessions) >= maxSessionRecords {
+			s.prune(now)
+		}
+		if len(s.sessions) >= maxSessionRecords {
+			var oldest string
+			for k, v := range s.sessions {
+				if oldest == "" || v.lastSeen.Before(s.sessions[oldest].lastSeen) {
+					oldest = k
+				}
+			}
+			delete(s.sessions, oldest)
+		}
+		info = &sessionInfo{identity: identity}
+		s.sessions[id] = info
 	}
-	return info.identity, true
+	info.lastSeen = now
+	return info
 }
 
 // ResolveSessionIdManager implements server.SessionIdManagerResolver. r is
-// nil for the transport's own housekeeping, which may touch any session.
+// nil for the transport's own housekeeping (mcp-go's idle sweeper).
 func (s *sessionStore) ResolveSessionIdManager(r *http.Request) server.SessionIdManager {
 	m := &boundSessions{store: s}
 	if r != nil {
@@ -878,50 +984,72 @@ type boundSessions struct {
 	checked  bool
 }
 
-// Generate issues 128 random bits, hex encoded (visible ASCII only, as the
-// transport requires).
+// Generate issues a session ID for the request's identity (see
+// newSessionID).
 func (m *boundSessions) Generate() string {
-	id := randid.Hex(16)
-	now := time.Now()
 	s := m.store
+	now := s.now()
+	id := newSessionID(s.key(), m.identity, now)
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	for k, info := range s.sessions {
-		if now.Sub(info.lastSeen) > s.ttl {
-			delete(s.sessions, k)
-		}
-	}
-	s.sessions[id] = &sessionInfo{identity: m.identity, lastSeen: now}
+	s.prune(now)
+	s.record(id, m.identity, now)
 	return id
 }
 
+// errUnknownSession is what any session ID that does not verify for the
+// caller gets: forged, mangled, too old, or another identity's (mcp-go
+// answers 404, which tells the client to initialize again).
+var errUnknownSession = errors.New("unknown session")
+
 func (m *boundSessions) Validate(id string) (bool, error) {
 	s := m.store
+	now := s.now()
+	if !m.checked {
+		// Housekeeping only knows this replica's records.
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		info, ok := s.sessions[id]
+		if !ok {
+			return false, errUnknownSession
+		}
+		return info.terminated, nil
+	}
+	if !s.validFor(id, m.identity) {
+		return false, errUnknownSession
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	info, ok := s.sessions[id]
-	if !ok || (m.checked && info.identity != m.identity) {
-		return false, errors.New("unknown session")
-	}
-	if info.terminated {
+	if info, ok := s.sessions[id]; ok && info.terminated {
 		return true, nil
 	}
-	info.lastSeen = time.Now()
+	s.record(id, m.identity, now)
 	return false, nil
 }
 
+// Terminate ends a session on a client's DELETE (on this replica: see
+// sessionStore). mcp-go's idle sweeper (unchecked) only makes this replica
+// forget its record: the session stays valid, on this replica too, since
+// another replica may be serving it meanwhile.
 func (m *boundSessions) Terminate(id string) (bool, error) {
 	s := m.store
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	info, ok := s.sessions[id]
-	if !ok {
+	now := s.now()
+	if !m.checked {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		if info, ok := s.sessions[id]; ok && !info.terminated {
+			delete(s.sessions, id)
+		}
 		return false, nil
 	}
-	if m.checked && info.identity != m.identity {
+	if !s.validFor(id, m.identity) {
+		// Not the caller's session (or no session at all): not allowed,
+		// which reveals nothing either way.
 		return true, nil
 	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	info := s.record(id, m.identity, now)
 	info.terminated = true
-	info.lastSeen = time.Now()
 	return false, nil
 }

@@ -77,17 +77,18 @@ var _ = Describe("OriginAllowed", Label("unit"), func() {
 })
 
 var _ = Describe("sessions", Label("unit"), func() {
+	req := func(id string) *http.Request {
+		r := httptest.NewRequest(http.MethodPost, "/mcp", nil)
+		return r.WithContext(contract.WithCaller(r.Context(), contract.Caller{ID: id}))
+	}
+
 	It("are bound to the identity that created them", func() {
 		store := newSessionStore(time.Hour, -1)
-		req := func(id string) *http.Request {
-			r := httptest.NewRequest(http.MethodPost, "/mcp", nil)
-			return r.WithContext(contract.WithCaller(r.Context(), contract.Caller{ID: id}))
-		}
 		alice := store.ResolveSessionIdManager(req("alice"))
 		bob := store.ResolveSessionIdManager(req("bob"))
 		sid := alice.Generate()
-		Expect(sid).To(HaveLen(32), "session id %q is not 128 random bits in hex", sid)
-		Expect(strings.Trim(sid, "0123456789abcdef")).To(BeEmpty(), "session id %q is not 128 random bits in hex", sid)
+		Expect(sid).To(MatchRegexp(`^s1-[1-9][0-9]*-[0-9a-f]{16}-[0-9a-f]{32}$`), "session id %q", sid)
+		Expect(alice.Generate()).NotTo(Equal(sid), "two sessions got one ID")
 		_, err := alice.Validate(sid)
 		Expect(err).NotTo(HaveOccurred(), "owner refused")
 		_, err = bob.Validate(sid)
@@ -101,9 +102,130 @@ var _ = Describe("sessions", Label("unit"), func() {
 		terminated, err := alice.Validate(sid)
 		Expect(err).NotTo(HaveOccurred(), "terminated session")
 		Expect(terminated).To(BeTrue(), "terminated session")
-		// Housekeeping (no request) may touch any session.
+		// Housekeeping (no request) may touch any session this replica knows.
 		_, err = store.ResolveSessionIdManager(nil).Validate(sid)
 		Expect(err).NotTo(HaveOccurred())
+	})
+
+	It("verify on another replica with the same key, and on no replica with another key", func() {
+		a, b, other := newSessionStore(time.Hour, -1), newSessionStore(time.Hour, -1), newSessionStore(time.Hour, -1)
+		key := []byte("0123456789abcdef0123456789abcdef")
+		a.key = func() []byte { return key }
+		b.key = func() []byte { return key }
+		other.key = func() []byte { return []byte("another key of the right length!") }
+		sid := a.ResolveSessionIdManager(req("alice")).Generate()
+		terminated, err := b.ResolveSessionIdManager(req("alice")).Validate(sid)
+		Expect(err).NotTo(HaveOccurred(), "replica B refused a session replica A issued")
+		Expect(terminated).To(BeFalse())
+		_, err = b.ResolveSessionIdManager(req("bob")).Validate(sid)
+		Expect(err).To(HaveOccurred(), "replica B let another identity use alice's session")
+		_, err = other.ResolveSessionIdManager(req("alice")).Validate(sid)
+		Expect(err).To(HaveOccurred(), "a replica with another key accepted the session")
+		// mcp-go's idle sweeper on B only forgets B's record.
+		_, _ = b.ResolveSessionIdManager(nil).Terminate(sid)
+		terminated, err = b.ResolveSessionIdManager(req("alice")).Validate(sid)
+		Expect(err).NotTo(HaveOccurred(), "the idle sweeper ended a session another replica may serve")
+		Expect(terminated).To(BeFalse())
+	})
+
+	It("expire after MaxSessionAge and refuse issue times in the future", func() {
+		key := []byte("0123456789abcdef0123456789abcdef")
+		now := time.Unix(1_800_000_000, 0)
+		sid := newSessionID(key, "alice", now)
+		Expect(verifySessionID(key, sid, "alice", now.Add(MaxSessionAge))).To(Succeed())
+		Expect(verifySessionID(key, sid, "alice", now.Add(MaxSessionAge+time.Second))).To(MatchError(errSessionExpired))
+		Expect(verifySessionID(key, newSessionID(key, "alice", now.Add(time.Hour)), "alice", now)).To(MatchError(errSessionExpired))
+		Expect(verifySessionID(key, sid, "", now)).To(HaveOccurred(), "an empty identity verified")
+	})
+
+	key := []byte("0123456789abcdef0123456789abcdef")
+	now := time.Unix(1_800_000_000, 0)
+	good := newSessionID(key, "alice", now)
+	parts := strings.Split(good, "-")
+	flip := func(s string) string {
+		b := []byte(s)
+		if b[len(b)-1] == '0' {
+			b[len(b)-1] = '1'
+		} else {
+			b[len(b)-1] = '0'
+		}
+		return string(b)
+	}
+	DescribeTable("refuse forged and mangled IDs",
+		func(id string, want error) {
+			err := verifySessionID(key, id, "alice", now)
+			Expect(err).To(HaveOccurred(), "%q verified", id)
+			if want != nil {
+				Expect(err).To(MatchError(want), "%q", id)
+			}
+		},
+		Entry("empty", "", errSessionMalformed),
+		Entry("the old random format", strings.Repeat("ab", 16), errSessionMalformed),
+		Entry("another MAC", strings.Join([]string{parts[0], parts[1], parts[2], flip(parts[3])}, "-"), errSessionMAC),
+		Entry("another nonce", strings.Join([]string{parts[0], parts[1], flip(parts[2]), parts[3]}, "-"), errSessionMAC),
+		Entry("a later issue time (to stretch the age)", strings.Join([]string{parts[0], "1800000001", parts[2], parts[3]}, "-"), errSessionMAC),
+		Entry("a leading zero on the issue time", strings.Join([]string{parts[0], "0" + parts[1], parts[2], parts[3]}, "-"), errSessionMalformed),
+		Entry("a signed issue time", strings.Join([]string{parts[0], "+" + parts[1], parts[2], parts[3]}, "-"), errSessionMalformed),
+		Entry("a negative issue time", strings.Join([]string{parts[0], "-1", parts[2], parts[3]}, "-"), errSessionMalformed),
+		Entry("an issue time past int64", strings.Join([]string{parts[0], "99999999999999999999", parts[2], parts[3]}, "-"), errSessionMalformed),
+		Entry("upper-case hex", strings.Join([]string{parts[0], parts[1], "ABCDEF0123456789", parts[3]}, "-"), errSessionMalformed),
+		Entry("another version", "s2"+good[2:], errSessionMalformed),
+		Entry("a truncated MAC", good[:len(good)-1], errSessionMalformed),
+		Entry("an extra field", good+"-00", errSessionMalformed),
+		Entry("trailing white space", good+" ", errSessionMalformed),
+		Entry("very long", good+strings.Repeat("0", 1<<16), errSessionMalformed),
+		Entry("NUL bytes", strings.Replace(good, "-", "\x00", 1), errSessionMalformed),
+		Entry("non-ASCII", strings.Replace(good, "a", "\u00e4", 1), nil),
+	)
+
+	It("is another identity's ID only for that identity", func() {
+		Expect(verifySessionID(key, good, "alice", now)).To(Succeed())
+		Expect(verifySessionID(key, good, "bob", now)).To(MatchError(errSessionMAC))
+		// Identities that only differ by where a field ends.
+		Expect(verifySessionID(key, newSessionID(key, "alice\x00", now), "alice", now)).To(HaveOccurred())
+	})
+})
+
+var _ = Describe("two HTTP server replicas", Label("unit"), func() {
+	It("serve each other's sessions, for their identity only", func() {
+		a := newTestHTTP(testMCP(nil, nil, 0), HTTPOptions{MaxSessionsPerIdentity: -1})
+		b := newTestHTTP(testMCP(nil, nil, 0), HTTPOptions{MaxSessionsPerIdentity: -1})
+		sid := initSession(a, "192.0.2.1:1", aliceToken)
+		call := func(h http.Handler, token, session, body string) *httptest.ResponseRecorder {
+			return serve(h, mcpRequest("192.0.2.1:1", token, session, strings.NewReader(body)))
+		}
+		initialized := `{"jsonrpc":"2.0","method":"notifications/initialized"}`
+		Expect(call(b, aliceToken, sid, initialized).Code).To(Equal(http.StatusAccepted))
+		w := call(b, aliceToken, sid, toolCallJSON("sleep"))
+		Expect(w.Code).To(Equal(http.StatusOK), w.Body.String())
+		Expect(w.Body.String()).To(ContainSubstring("slept"), "replica B did not run a tool in replica A's session")
+		w = call(b, aliceToken, sid, `{"jsonrpc":"2.0","id":5,"method":"tools/list"}`)
+		Expect(w.Code).To(Equal(http.StatusOK), w.Body.String())
+		Expect(w.Body.String()).To(ContainSubstring(`"sleep"`))
+
+		// Bob, on either replica, with alice's session: unknown.
+		for _, h := range []http.Handler{a, b} {
+			w = call(h, bobToken, sid, toolCallJSON("sleep"))
+			Expect(w.Code).To(Equal(http.StatusNotFound), w.Body.String())
+			Expect(w.Body.String()).NotTo(ContainSubstring("slept"))
+			del := mcpRequest("192.0.2.1:1", bobToken, sid, nil)
+			del.Method = http.MethodDelete
+			Expect(serve(h, del).Code).To(Equal(http.StatusNotFound), "bob's DELETE of alice's session")
+		}
+		// A forged ID (right shape, wrong MAC) and the old random format.
+		forged := sid[:len(sid)-4] + "0000"
+		if forged == sid {
+			forged = sid[:len(sid)-4] + "1111"
+		}
+		for _, bad := range []string{forged, strings.Repeat("ab", 16), "s1-1-0000000000000000-00000000000000000000000000000000", strings.Repeat("x", 4000)} {
+			w = call(b, aliceToken, bad, toolCallJSON("sleep"))
+			Expect(w.Code).To(Equal(http.StatusNotFound), "session %.40q: %s", bad, w.Body.String())
+		}
+		// Alice ends the session on B: B refuses it afterwards.
+		del := mcpRequest("192.0.2.1:1", aliceToken, sid, nil)
+		del.Method = http.MethodDelete
+		Expect(serve(b, del).Code).To(Equal(http.StatusOK))
+		Expect(call(b, aliceToken, sid, toolCallJSON("sleep")).Code).To(Equal(http.StatusNotFound))
 	})
 })
 

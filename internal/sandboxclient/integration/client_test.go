@@ -161,10 +161,17 @@ var _ = Describe("sandboxclient through the API server and the aggregated API", 
 		})
 
 		It("reports a timeout", func() {
+			start := time.Now()
+			_, err := admin.Exec(ctx, sandboxclient.Named(ns, "box"), execio.Request{Command: []string{"true"}}, nil, nil)
+			Expect(err).NotTo(HaveOccurred())
+			baseline := time.Since(start)
 			res, err := admin.Exec(ctx, sandboxclient.Named(ns, "box"), execio.Request{Command: []string{"sleep", "30"}, TimeoutSeconds: 1}, nil, nil)
 			Expect(err).NotTo(HaveOccurred())
 			Expect(res.TimedOut).To(BeTrue())
-			Expect(res.Duration()).To(BeNumerically("<", 10*time.Second))
+			// Relative to a trivial exec just measured: the 1 s timeout plus
+			// ten of those (at least 2 s), capped well under the 30 s sleep
+			// that a command not killed at its timeout runs.
+			Expect(res.Duration()).To(BeNumerically("<", min(time.Second+max(2*time.Second, 10*baseline), 20*time.Second)))
 		})
 
 		It("reports truncated output", func() {

@@ -23,6 +23,8 @@ const (
 	KindTooLarge         = "too_large"
 	KindUnsupportedEntry = "unsupported_entry"
 	KindOther            = "other"
+	// KindPortClosed: `dial` found nothing listening on the port.
+	KindPortClosed = "port_closed"
 )
 
 // Exit codes of the helper's own failures. `run` otherwise exits with its
@@ -35,6 +37,7 @@ const (
 	ExitInvalidPath      = 12
 	ExitTooLarge         = 13
 	ExitUnsupportedEntry = 14
+	ExitPortClosed       = 15
 	// ExitKilled is what `run` exits with after killing the tree.
 	ExitKilled = 137
 	// ExitCannotExecute and ExitCommandNotFound mirror the shell's.
@@ -46,6 +49,10 @@ const (
 // starts, so the tree can be found even where processes escape the parent
 // chain (no subreaper, as under some gVisor releases).
 const RunIDEnv = "CODE_SANDBOX_RUN_ID"
+
+// DialConnected is what `dial` writes on stderr once its connection to the
+// sandbox's port is up; bytes relayed follow on stdout.
+const DialConnected = "code-sandbox-helper: connected\n"
 
 // ErrorPrefix starts the helper's error line on stderr; a JSON Error follows.
 const ErrorPrefix = "code-sandbox-helper: error: "
@@ -91,6 +98,8 @@ func (e *Error) ExitCode() int {
 		return ExitTooLarge
 	case KindUnsupportedEntry:
 		return ExitUnsupportedEntry
+	case KindPortClosed:
+		return ExitPortClosed
 	}
 	return ExitOther
 }

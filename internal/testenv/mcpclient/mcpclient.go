@@ -9,9 +9,13 @@ Licensed under the MIT License; see the LICENSE file.
 package mcpclient
 
 import (
+	"context"
+	"net/http"
 	"strings"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
+	. "github.com/onsi/ginkgo/v2"
+	. "github.com/onsi/gomega"
 )
 
 // Text is the text of a tool result: its text contents, concatenated.
@@ -25,4 +29,50 @@ func Text(res *mcp.CallToolResult) string {
 		}
 	}
 	return b.String()
+}
+
+// Bearer is an http.RoundTripper that adds an Authorization header with
+// Token to every request and sends it through Base.
+type Bearer struct {
+	Token string
+	Base  http.RoundTripper
+}
+
+// RoundTrip implements http.RoundTripper.
+func (b Bearer) RoundTrip(r *http.Request) (*http.Response, error) {
+	r = r.Clone(r.Context())
+	r.Header.Set("Authorization", "Bearer "+b.Token)
+	return b.Base.RoundTrip(r)
+}
+
+// Call invokes a tool and returns its result. A protocol error fails the
+// spec: every tool must answer, even bad input, with a tool result.
+func Call(ctx context.Context, s *mcp.ClientSession, name string, args map[string]any) *mcp.CallToolResult {
+	GinkgoHelper()
+	res, err := s.CallTool(ctx, &mcp.CallToolParams{Name: name, Arguments: args})
+	Expect(err).NotTo(HaveOccurred(), "calling %s", name)
+	return res
+}
+
+// Structured is a tool result's structured content, which every tool of
+// the server returns as an object.
+func Structured(res *mcp.CallToolResult) map[string]any {
+	GinkgoHelper()
+	m, ok := res.StructuredContent.(map[string]any)
+	Expect(ok).To(BeTrue(), "structured content is %T: %s", res.StructuredContent, Text(res))
+	return m
+}
+
+// Initialize calls sandbox_initialize with args (nil: the server's
+// defaults), expects a sandbox, and returns its container_id.
+func Initialize(ctx context.Context, s *mcp.ClientSession, args map[string]any) string {
+	GinkgoHelper()
+	if args == nil {
+		args = map[string]any{}
+	}
+	res := Call(ctx, s, "sandbox_initialize", args)
+	Expect(res.IsError).To(BeFalse(), Text(res))
+	id, _ := Structured(res)["container_id"].(string)
+	Expect(id).NotTo(BeEmpty())
+	return id
 }

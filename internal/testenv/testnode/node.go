@@ -46,6 +46,8 @@ type NodeAPIOptions struct {
 	MaxFollowers           int
 	// DockerCheckTimeout defaults to 5 s.
 	DockerCheckTimeout time.Duration
+	// Activity: as in nodeapi.Config.
+	Activity nodeapi.Activity
 	// Middleware, when set, wraps the server's handler, so that a test can
 	// see which requests reach HTTP and what the server left of them.
 	Middleware func(http.Handler) http.Handler
@@ -89,6 +91,7 @@ func NewNodeAPI(ca *operatorca.CA, o NodeAPIOptions) *NodeAPI {
 		ExecBodyBudget:         o.ExecBodyBudget,
 		MaxFollowersPerSandbox: o.MaxFollowersPerSandbox,
 		MaxFollowers:           o.MaxFollowers,
+		Activity:               o.Activity,
 	})
 	Expect(err).NotTo(HaveOccurred())
 	tlsConfig, err := nodeapi.ServerTLSConfig(nodeapi.TLSOptions{
@@ -141,6 +144,9 @@ type Node struct {
 	Docker  *dockerruntime.Client
 	History *history.Store
 	Manager ctrl.Manager
+	// Activity is what the node API records and the reconciler's idle
+	// policy reads.
+	Activity *sandboxcontroller.Activity
 
 	stop context.CancelFunc
 	done chan struct{}
@@ -167,12 +173,13 @@ func Start(cp *testenv.ControlPlane, op *Operator, opts NodeOptions) *Node {
 	})
 	Expect(err).NotTo(HaveOccurred())
 	endpoint := ""
+	n.Activity = sandboxcontroller.NewActivity(clock.RealClock{})
 	if op != nil {
 		// The aggregated API server dials only the Node's own addresses.
 		cp.EnsureNode(opts.Name, testenv.LoopbackAddress)
 		n.API = NewNodeAPI(op.Authority.Current(), NodeAPIOptions{
 			Node: opts.Name, Runtime: n.Docker, Reader: n.Manager.GetClient(), APIReader: n.Manager.GetAPIReader(),
-			History: n.History, FileTransferLimit: opts.FileTransferLimit,
+			History: n.History, FileTransferLimit: opts.FileTransferLimit, Activity: n.Activity,
 		})
 		endpoint = n.API.Endpoint
 		Expect(n.Manager.Add(n.API.Runnable)).To(Succeed())
@@ -186,6 +193,7 @@ func Start(cp *testenv.ControlPlane, op *Operator, opts NodeOptions) *Node {
 			SkipNameValidation: true,
 			NodeAPIEndpoint:    endpoint,
 			History:            n.History,
+			Activity:           n.Activity,
 		})
 	Expect(err).NotTo(HaveOccurred())
 	Expect(r.SetupWithManager(n.Manager, time.Hour)).To(Succeed())
