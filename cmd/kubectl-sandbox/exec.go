@@ -20,6 +20,7 @@ type execFlags struct {
 	env         []string
 	shell       string
 	outputLimit string
+	detach      bool
 }
 
 const execExample = `  # Run a command; its exit code becomes kubectl's
@@ -32,7 +33,11 @@ const execExample = `  # Run a command; its exit code becomes kubectl's
   kubectl sandbox exec analysis -i --timeout=5m -w /tmp -- python3 - < job.py
 
   # Environment variables for this command only
-  kubectl sandbox exec analysis -e MODE=fast -e DEBUG=1 -- ./run.sh`
+  kubectl sandbox exec analysis -e MODE=fast -e DEBUG=1 -- ./run.sh
+
+  # In the background: print its handle at once, then follow it
+  kubectl sandbox exec analysis --detach --shell 'make test'
+  kubectl sandbox attach analysis HANDLE`
 
 func newExecCommand(o *options) *cobra.Command {
 	f := &execFlags{}
@@ -54,6 +59,14 @@ tree is killed), 1 when it could not be run (an error is printed).`,
 			if err != nil {
 				return err
 			}
+			if f.detach {
+				// A detached process has no timeout unless asked for.
+				var timeout time.Duration
+				if cmd.Flags().Changed("timeout") {
+					timeout = f.timeout
+				}
+				return runDetached(cmd, o, ns, name, req, timeout)
+			}
 			c, err := o.client()
 			if err != nil {
 				return err
@@ -72,6 +85,7 @@ tree is killed), 1 when it could not be run (an error is printed).`,
 	fl.StringVarP(&f.workdir, "workdir", "w", "", "Directory to run in; relative to the Sandbox's working directory, which is the default.")
 	fl.StringArrayVarP(&f.env, "env", "e", nil, "Set an environment variable, KEY=VALUE (repeatable).")
 	fl.StringVar(&f.shell, "shell", "", "Run this command line with /bin/sh -c instead of COMMAND [ARGS...].")
+	fl.BoolVarP(&f.detach, "detach", "d", false, "Start the command in the background, print its handle and return (see ps, attach, kill); it has no timeout unless --timeout is given.")
 	fl.StringVar(&f.outputLimit, "output-limit", "", "Cap on each of stdout and stderr, e.g. 10Mi (default: the node's, 1Mi unless configured; at most 64Mi).")
 	return cmd
 }

@@ -407,6 +407,7 @@ func apiResourceList() *metav1.APIResourceList {
 		GroupVersion: subresource.AggregatedGroup + "/" + subresource.AggregatedVersion,
 		APIResources: []metav1.APIResource{
 			sub(subresource.SubresourceExec, "create"),
+			sub(subresource.SubresourceProcesses, "create"),
 			sub(subresource.SubresourceFiles, "create", "get"),
 			sub(subresource.SubresourceLog, "get"),
 			sub(subresource.SubresourceHistory, "get"),

@@ -27,6 +27,16 @@ var (
 	// ErrUnsupportedEntry: an upload contains a symlink, hard link, device
 	// or other entry that is not a regular file or a directory. HTTP 400.
 	ErrUnsupportedEntry = errors.New("unsupported archive entry")
+	// ErrProcessNotFound: no background process has that handle in the
+	// sandbox (it never existed, belongs to another sandbox, or was
+	// removed). HTTP 404.
+	ErrProcessNotFound = errors.New("no such background process")
+	// ErrTooManyProcesses: the sandbox already runs its limit of background
+	// processes. HTTP 429.
+	ErrTooManyProcesses = errors.New("too many background processes")
+	// ErrProcessExited: the operation needs a running process (a write to
+	// its stdin). HTTP 409.
+	ErrProcessExited = errors.New("background process has exited")
 )
 
 // Defaults and hard ceilings for commands.

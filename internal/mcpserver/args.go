@@ -217,6 +217,28 @@ type execArgs struct {
 	TimeoutSeconds *int64            `json:"timeout_seconds"`
 	Workdir        string            `json:"workdir"`
 	Env            map[string]string `json:"env"`
+	// Background and YieldAfterSeconds: see process_tools.go.
+	Background        bool   `json:"background"`
+	YieldAfterSeconds *int64 `json:"yield_after_seconds"`
+}
+
+// yieldAfter is how long a foreground command may run before sandbox_exec
+// hands back its handle; 0 means never. It applies when asked for, and by
+// default (DefaultYieldAfter) when timeout_seconds asks for longer than
+// that: a command with the default timeout stays on the quick foreground
+// path.
+func (a execArgs) yieldAfter(cfg Config) (time.Duration, error) {
+	if a.YieldAfterSeconds != nil {
+		secs := *a.YieldAfterSeconds
+		if secs < 0 || secs > int64(cfg.MaxTimeout/time.Second) {
+			return 0, argError("yield_after_seconds %d is out of range: 0 (never) to %d", secs, int64(cfg.MaxTimeout/time.Second))
+		}
+		return time.Duration(secs) * time.Second, nil
+	}
+	if a.TimeoutSeconds != nil && time.Duration(*a.TimeoutSeconds)*time.Second > DefaultYieldAfter {
+		return DefaultYieldAfter, nil
+	}
+	return 0, nil
 }
 
 // requests validates sandbox_exec's arguments and returns one request per

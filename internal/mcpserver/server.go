@@ -88,6 +88,11 @@ func New(cfg Config, backend contract.Backend, logger *slog.Logger) (*server.MCP
 		copyProjectTool,
 		writeFileTool,
 		sandboxExecTool,
+		execPollTool,
+		execWaitTool,
+		execKillTool,
+		execWriteStdinTool,
+		execListTool,
 		copyFileTool,
 		copyFileFromSandboxTool,
 		readFileTool,
@@ -166,7 +171,8 @@ func (d *deps) toolError(containerID string, err error) *mcp.CallToolResult {
 	case errors.Is(err, execio.ErrTooLarge):
 		msg += ". Move less data at once, or split it."
 	case errors.Is(err, execio.ErrInvalidPath), errors.Is(err, execio.ErrPathNotFound),
-		errors.Is(err, execio.ErrInvalidRequest), errors.Is(err, execio.ErrUnsupportedEntry), errors.Is(err, contract.ErrInvalid):
+		errors.Is(err, execio.ErrInvalidRequest), errors.Is(err, execio.ErrUnsupportedEntry), errors.Is(err, contract.ErrInvalid),
+		errors.Is(err, execio.ErrProcessNotFound), errors.Is(err, execio.ErrTooManyProcesses), errors.Is(err, execio.ErrProcessExited):
 	case errors.Is(err, context.Canceled):
 		msg = "The request was cancelled."
 	case errors.Is(err, context.DeadlineExceeded):

@@ -188,8 +188,13 @@ type ExecResult struct {
 	ContainerID string          `json:"container_id"`
 	Success     bool            `json:"success"`
 	Results     []CommandResult `json:"results"`
-	// NotRun counts the commands skipped after a failure.
+	// NotRun counts the commands skipped after a failure, or after a
+	// command that was still running at yield_after_seconds.
 	NotRun int `json:"not_run"`
+	// Background is the command started with background, or the one
+	// still running at yield_after_seconds: its handle, and its output so
+	// far.
+	Background *ProcessResult `json:"background,omitempty"`
 }
 
 // inlineOutput is what a result shows of one stream: the end of what tb
@@ -234,6 +239,8 @@ func sandboxExecTool(d *deps) (mcp.Tool, server.ToolHandlerFunc) {
 		mcp.WithInteger("timeout_seconds", mcp.Description(fmt.Sprintf("Timeout per command in seconds (default %d, maximum %d).", int64(d.cfg.CommandTimeout/time.Second), int64(d.cfg.MaxTimeout/time.Second))), mcp.Min(1), mcp.Max(int(d.cfg.MaxTimeout/time.Second))),
 		mcp.WithString("workdir", mcp.Description("Absolute working directory for the commands (default: the sandbox's working directory).")),
 		mcp.WithObject("env", mcp.Description("Extra environment variables, as {\"NAME\": \"value\"}."), mcp.AdditionalProperties(map[string]any{"type": "string"})),
+		mcp.WithBoolean("background", mcp.Description("Start the one command in the background and return its handle at once; exec_wait, exec_poll, exec_write_stdin and exec_kill act on it. It survives this call, the client's disconnect and a restart of this server; timeout_seconds still bounds it.")),
+		mcp.WithInteger("yield_after_seconds", mcp.Description(fmt.Sprintf("A command still running after this many seconds returns its handle and its output so far instead of blocking, and the commands after it are not run (0: never). Default %d when timeout_seconds is longer than that, otherwise never.", int(DefaultYieldAfter/time.Second))), mcp.Min(0), mcp.Max(int(d.cfg.MaxTimeout/time.Second))),
 		mcp.WithOutputSchema[ExecResult](),
 		annotations("Run commands", false, true, false, d.cfg.AllowEgress),
 	)
@@ -241,6 +248,16 @@ func sandboxExecTool(d *deps) (mcp.Tool, server.ToolHandlerFunc) {
 		reqs, err := args.requests(d.cfg)
 		if err != nil {
 			return nil, err
+		}
+		yield, err := args.yieldAfter(d.cfg)
+		if err != nil {
+			return nil, err
+		}
+		if args.Background {
+			if len(reqs) != 1 {
+				return nil, argError("background takes exactly one command (got %d); join several with && in one", len(reqs))
+			}
+			return d.startBackground(ctx, caller, args.ContainerID, reqs[0])
 		}
 		stream := newOutputStreamer(ctx, req, args.ContainerID)
 		out := ExecResult{ContainerID: args.ContainerID, Success: true}
@@ -258,14 +275,22 @@ func sandboxExecTool(d *deps) (mcp.Tool, server.ToolHandlerFunc) {
 			// here as well.
 			perStream := min(int(r.OutputLimitBytes)+4096, share)
 			stdout, stderr := execio.NewTailBuffer(perStream), execio.NewTailBuffer(perStream)
-			res, err := d.backend.Exec(ctx, caller, args.ContainerID, r, func(s string, p []byte) {
-				if s == "stderr" {
-					_, _ = stderr.Write(p)
-				} else {
-					_, _ = stdout.Write(p)
-				}
-				stream.write(s, p)
-			})
+			var (
+				res     execio.Result
+				yielded *ProcessResult
+			)
+			if yield > 0 && r.Timeout() > yield {
+				res, yielded, err = d.execYielding(ctx, caller, args.ContainerID, r, yield, stream.write, stdout, stderr)
+			} else {
+				res, err = d.backend.Exec(ctx, caller, args.ContainerID, r, func(s string, p []byte) {
+					if s == "stderr" {
+						_, _ = stderr.Write(p)
+					} else {
+						_, _ = stdout.Write(p)
+					}
+					stream.write(s, p)
+				})
+			}
 			if err != nil && i == 0 && stdout.Written() == 0 && stderr.Written() == 0 {
 				stream.close()
 				return nil, err
@@ -289,6 +314,13 @@ func sandboxExecTool(d *deps) (mcp.Tool, server.ToolHandlerFunc) {
 				cr.ExitCode = -1
 			}
 			out.Results = append(out.Results, cr)
+			if yielded != nil && err == nil {
+				out.Results[len(out.Results)-1].ExitCode = -1
+				out.Background = yielded
+				out.NotRun = len(reqs) - i - 1
+				renderYielded(&text, cr, *yielded, yield, out.NotRun)
+				break
+			}
 			renderCommand(&text, cr, r.TimeoutSeconds)
 			if err != nil || res.ExitCode != 0 || res.TimedOut {
 				out.Success = false

@@ -103,6 +103,14 @@ func classify(err error) *apiError {
 		return notFound("%v", err).Because(subresource.CausePathNotFound, "path")
 	case errors.Is(err, execio.ErrTooLarge):
 		return tooLarge("%v", err)
+	case errors.Is(err, execio.ErrProcessNotFound):
+		return notFound("%v", err).Because(subresource.CauseProcessNotFound, "handle")
+	case errors.Is(err, execio.ErrTooManyProcesses):
+		e := newError(http.StatusTooManyRequests, metav1.StatusReasonTooManyRequests, "%v", err).Because(subresource.CauseProcessLimit, "")
+		e.RetryAfter = 5 * time.Second
+		return e
+	case errors.Is(err, execio.ErrProcessExited):
+		return conflict("%v", err).Because(subresource.CauseProcessExited, "")
 	case errors.Is(err, dockerruntime.ErrUnavailable):
 		return unavailable(err)
 	case errors.Is(err, dockerruntime.ErrNotFound):

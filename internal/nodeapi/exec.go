@@ -89,31 +89,7 @@ func (s *Server) serveExec(w http.ResponseWriter, r *http.Request, sbx *sandboxv
 		}
 		return
 	}
-	// Relative working directories are relative to the Sandbox's own, as
-	// file paths are.
-	switch {
-	case req.WorkingDir == "":
-		req.WorkingDir = workingDir(sbx)
-	case !path.IsAbs(req.WorkingDir):
-		req.WorkingDir = path.Join(workingDir(sbx), req.WorkingDir)
-	}
-	// A Sandbox that took over a warm pool member was created before its
-	// env was known: the env applies to every exec instead, so setting it
-	// never costs a cold start. The request's own variables come last and
-	// win.
-	if sbx.Spec.WarmPoolRef != nil && len(sbx.Spec.Env) > 0 {
-		env := make([]string, 0, len(sbx.Spec.Env)+len(req.Env))
-		for _, e := range sbx.Spec.Env {
-			env = append(env, e.Name+"="+e.Value)
-		}
-		req.Env = append(env, req.Env...)
-	}
-	// The request may ask for a smaller cap, never a larger one than the
-	// node allows.
-	if req.OutputLimitBytes <= 0 || req.OutputLimitBytes > s.cfg.ExecOutputLimit {
-		req.OutputLimitBytes = s.cfg.ExecOutputLimit
-	}
-	req, err = req.Normalize()
+	req, err = s.sandboxRequest(sbx, req)
 	if err != nil {
 		writeError(w, err)
 		return
@@ -174,6 +150,37 @@ func (s *Server) serveExec(w http.ResponseWriter, r *http.Request, sbx *sandboxv
 	log.Info("exec finished", "exec", rec.ID, "exitCode", rec.ExitCode, "durationMillis", rec.DurationMillis,
 		"timedOut", rec.TimedOut, "truncated", rec.Truncated, "error", rec.Error)
 	_ = fw.write(final)
+}
+
+// sandboxRequest applies the Sandbox's defaults and the node's limits to a
+// command request: exec's and a background process's alike.
+func (s *Server) sandboxRequest(sbx *sandboxv1alpha1.Sandbox, req execio.Request) (execio.Request, error) {
+	// Relative working directories are relative to the Sandbox's own, as
+	// file paths are.
+	switch {
+	case req.WorkingDir == "":
+		req.WorkingDir = workingDir(sbx)
+	case !path.IsAbs(req.WorkingDir):
+		req.WorkingDir = path.Join(workingDir(sbx), req.WorkingDir)
+	}
+	// A Sandbox that took over a warm pool member was created before its
+	// env was known: the env applies to every exec instead, so setting it
+	// never costs a cold start. The request's own variables come last and
+	// win.
+	if sbx.Spec.WarmPoolRef != nil && len(sbx.Spec.Env) > 0 {
+		env := make([]string, 0, len(sbx.Spec.Env)+len(req.Env))
+		for _, e := range sbx.Spec.Env {
+			env = append(env, e.Name+"="+e.Value)
+		}
+		req.Env = append(env, req.Env...)
+	}
+	// The request may ask for a smaller cap, never a larger one than the
+	// node allows.
+	if req.OutputLimitBytes <= 0 || req.OutputLimitBytes > s.cfg.ExecOutputLimit {
+		req.OutputLimitBytes = s.cfg.ExecOutputLimit
+	}
+	return req.Normalize()
+
 }
 
 // frameWriter writes NDJSON frames and flushes each, so output reaches the

@@ -39,6 +39,14 @@ type Runtime interface {
 	CopyIn(ctx context.Context, id string, dest execio.Target, archive io.Reader, limits execio.UploadLimits) (execio.TransferStats, error)
 	CopyOut(ctx context.Context, id string, src execio.Target, w io.Writer, maxBytes int64) (execio.TransferStats, error)
 	Logs(ctx context.Context, id string, opts dockerruntime.LogsOptions, stdout, stderr io.Writer) error
+
+	// Background processes (processes.go).
+	StartProcess(ctx context.Context, id, handle string, req execio.Request, timeout time.Duration) (execio.ProcessStatus, error)
+	ListProcesses(ctx context.Context, id string) ([]execio.ProcessStatus, error)
+	WaitProcess(ctx context.Context, id, handle string, off dockerruntime.ProcessOffsets, timeout time.Duration) (execio.ProcessOutput, error)
+	KillProcess(ctx context.Context, id, handle string) (execio.ProcessStatus, error)
+	WriteProcessStdin(ctx context.Context, id, handle string, data []byte, eof bool) (execio.ProcessStatus, error)
+
 	DialPort(ctx context.Context, id string, port int) (dockerruntime.PortConn, error)
 }
 
@@ -274,6 +282,8 @@ func (s *Server) serve(w http.ResponseWriter, r *http.Request) {
 	switch rt.Subresource {
 	case subresource.SubresourceExec:
 		s.serveExec(w, r, sbx, ct)
+	case subresource.SubresourceProcesses:
+		s.serveProcesses(w, r, sbx, ct)
 	case subresource.SubresourceFiles:
 		if r.Method == http.MethodPost {
 			s.serveUpload(w, r, sbx, ct)

@@ -160,10 +160,10 @@ type request struct {
 	accept      string
 }
 
-// needsReady: exec and file transfers act on the container; logs and
+// needsReady: exec, processes and file transfers act on the container; logs and
 // history are served for Sandboxes that are not Ready too.
 func (r request) needsReady() bool {
-	return r.subresource == subresource.SubresourceExec || r.subresource == subresource.SubresourceFiles
+	return subresource.NeedsReady(r.subresource)
 }
 
 // do performs req on the Sandbox's subresource through the API server. On

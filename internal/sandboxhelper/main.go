@@ -15,6 +15,7 @@ const usage = `usage:
   code-sandbox-helper kill ID
   code-sandbox-helper check   (a warm pool member's health check; see check.go)
   code-sandbox-helper serve   (one command, on request; see helperproto)
+  code-sandbox-helper proc start|list|poll|wait|kill|stdin [--id=HANDLE] ...   (background processes; see bg_linux.go)
   code-sandbox-helper dial --port=N   (relays stdin/stdout to 127.0.0.1:N in the sandbox; see dial.go)
   code-sandbox-helper untar --root=DIR --dest=REL [--max-bytes=N] [--max-entries=N] < archive.tar
   code-sandbox-helper tar --root=DIR --path=REL [--max-bytes=N] > archive.tar`
@@ -25,7 +26,7 @@ func Main(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 		return usageError(stderr, errors.New("no subcommand"))
 	}
 	switch args[0] {
-	case "run", "serve", "tar", "untar", "dial":
+	case "run", "serve", "tar", "untar", "proc", "dial":
 		// Before any frame or file content is read: see hideFromSandbox.
 		if err := hideFromSandbox(); err != nil {
 			return report(stderr, fmt.Errorf("making the helper non-dumpable: %w", err))
@@ -43,6 +44,8 @@ func Main(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 			return usageError(stderr, errors.New("serve takes no arguments"))
 		}
 		return serve(stdin, stdout)
+	case "proc":
+		return procMain(args[1:], stdin, stdout, stderr)
 	case "dial":
 		port, err := parseDial(args[1:])
 		if err != nil {

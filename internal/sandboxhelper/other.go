@@ -19,3 +19,5 @@ func run(_ runOptions, _, stderr io.Writer) int { return report(stderr, errLinux
 func kill(string) error { return errLinuxOnly }
 
 func serve(io.Reader, io.Writer) int { return helperproto.ExitOther }
+
+func procMain(_ []string, _ io.Reader, _, stderr io.Writer) int { return report(stderr, errLinuxOnly) }

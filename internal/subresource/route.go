@@ -37,7 +37,7 @@ func ParseRoute(prefix string, r *http.Request) (Route, *Error) {
 	rest, ok := strings.CutPrefix(r.URL.Path, prefix)
 	parts := strings.Split(rest, "/")
 	if !ok || len(parts) != 4 || parts[1] != "sandboxes" {
-		return Route{}, noSuchEndpoint("no such endpoint %q; this API serves %s{namespace}/sandboxes/{name}/{exec|files|log|history|portforward}", r.URL.Path, prefix)
+		return Route{}, noSuchEndpoint("no such endpoint %q; this API serves %s{namespace}/sandboxes/{name}/{exec|processes|files|log|history|portforward}", r.URL.Path, prefix)
 	}
 	rt := Route{Namespace: parts[0], Name: parts[2], Subresource: parts[3]}
 	if errs := validation.IsDNS1123Label(rt.Namespace); len(errs) > 0 {
@@ -51,6 +51,9 @@ func ParseRoute(prefix string, r *http.Request) (Route, *Error) {
 	case SubresourceExec:
 		allowed = []string{http.MethodPost}
 		rt.RBACSubresource = SubresourceExec
+	case SubresourceProcesses:
+		allowed = []string{http.MethodPost}
+		rt.RBACSubresource = SubresourceProcesses
 	case SubresourceFiles:
 		allowed = []string{http.MethodPost, http.MethodGet}
 		rt.RBACSubresource = SubresourceFiles
@@ -61,7 +64,7 @@ func ParseRoute(prefix string, r *http.Request) (Route, *Error) {
 		allowed = []string{http.MethodGet}
 		rt.RBACSubresource = SubresourceLog
 	default:
-		return Route{}, noSuchEndpoint("no such subresource %q; this API serves exec, files, log, history and portforward", rt.Subresource)
+		return Route{}, noSuchEndpoint("no such subresource %q; this API serves exec, processes, files, log, history and portforward", rt.Subresource)
 	}
 	switch r.Method {
 	case http.MethodPost:
@@ -78,10 +81,10 @@ func ParseRoute(prefix string, r *http.Request) (Route, *Error) {
 }
 
 // NeedsReady reports whether the subresource acts on the container, and so
-// needs a Ready Sandbox (CheckReady): exec and files. Logs and history are
+// needs a Ready Sandbox (CheckReady): exec, processes and files. Logs and history are
 // served for a Sandbox that is not Ready too, to show why it died.
 func NeedsReady(subresource string) bool {
-	return subresource == SubresourceExec || subresource == SubresourceFiles || subresource == SubresourcePortForward
+	return subresource == SubresourceExec || subresource == SubresourceProcesses || subresource == SubresourceFiles || subresource == SubresourcePortForward
 }
 
 func noSuchEndpoint(format string, args ...any) *Error {

@@ -70,6 +70,17 @@ const (
 	// allows; close a follower, read without follow, or retry after
 	// details.retryAfterSeconds.
 	CauseFollowLimit metav1.CauseType = "FollowLimit"
+	// CauseProcessNotFound (NotFound): no background process has the
+	// handle in this Sandbox (never started here, another Sandbox's, or
+	// dropped as the oldest finished one). The cause's field is "handle".
+	CauseProcessNotFound metav1.CauseType = "ProcessNotFound"
+	// CauseProcessLimit (TooManyRequests): the Sandbox already runs
+	// execio.MaxProcesses background processes; kill one or wait for one
+	// to end.
+	CauseProcessLimit metav1.CauseType = "ProcessLimit"
+	// CauseProcessExited (Conflict): the background process has exited or
+	// closed its stdin, so its stdin takes no more writes.
+	CauseProcessExited metav1.CauseType = "ProcessExited"
 	// CauseRuntimeUnavailable (ServiceUnavailable): the node's Docker
 	// Engine does not answer.
 	CauseRuntimeUnavailable metav1.CauseType = "RuntimeUnavailable"

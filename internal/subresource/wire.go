@@ -43,6 +43,11 @@ const (
 	// GET ?path=P: response application/x-tar of the file or tree at P, its
 	// entries named below P's base name. RBAC: get sandboxes/files.
 	SubresourceFiles = "files"
+	// POST, body execio.ProcessRequest (JSON): start, list, poll, wait,
+	// kill a background process or write its stdin; response
+	// execio.ProcessResponse (JSON). RBAC: create sandboxes/processes (for
+	// every action: a poll reads a command's output, as exec does).
+	SubresourceProcesses = "processes"
 	// GET ?tail=N&follow=true: the container's output, text/plain.
 	// RBAC: get sandboxes/log.
 	SubresourceLog = "log"

@@ -240,6 +240,31 @@ spec:
 		})
 	}
 
+	It("runs a detached process: exec --detach prints a handle, ps lists it, attach follows it to its exit code, kill ends another's tree", func(ctx SpecContext) {
+		handle, stderr, code := sandbox(ctx, "token", "", "exec", box, "--detach", "--shell", "echo one; sleep 2; echo two >&2; exit 5")
+		Expect(code).To(BeZero(), stderr)
+		handle = strings.TrimSpace(handle)
+		Expect(handle).To(HavePrefix("p-"))
+		stdout, stderr, code := sandbox(ctx, "token", "", "ps", box)
+		Expect(code).To(BeZero(), stderr)
+		Expect(stdout).To(ContainSubstring(handle))
+		stdout, stderr, code = sandbox(ctx, "token", "", "attach", box, handle)
+		Expect(code).To(Equal(5), stderr)
+		Expect(stdout).To(Equal("one\n"))
+		Expect(stderr).To(Equal("two\n"))
+
+		other, stderr, code := sandbox(ctx, "token", "", "exec", box, "-d", "--", "sh", "-c", "sleep 6001 & sleep 6002")
+		Expect(code).To(BeZero(), stderr)
+		stdout, stderr, code = sandbox(ctx, "token", "", "kill", box, strings.TrimSpace(other))
+		Expect(code).To(BeZero(), stderr)
+		Expect(stdout).To(ContainSubstring("exit code 137"))
+		stdout, _, _ = sandbox(ctx, "token", "", "exec", box, "--shell", "ps -o args | grep '[s]leep 600' || true")
+		Expect(stdout).To(BeEmpty(), "the tree survived kill")
+		_, stderr, code = sandbox(ctx, "token", "", "attach", box, "../../etc")
+		Expect(code).NotTo(BeZero())
+		Expect(stderr).To(ContainSubstring("not a background process handle"))
+	}, NodeTimeout(3*time.Minute))
+
 	It("downloads only what was asked for: no planted tree, no overwrite, no exec bits", func(ctx SpecContext) {
 		// The user's project, into which a report is downloaded.
 		project := filepath.Join(workDir, "cp-project")

@@ -322,6 +322,38 @@ var _ = Describe("code-sandbox-mcp --backend kubernetes", Ordered, func() {
 			Expect(sandboxExists(ctx, id)).To(BeFalse())
 		}, NodeTimeout(3*time.Minute))
 
+		It("lets any replica answer for a background command's handle (issue 26)", func(ctx SpecContext) {
+			// Two replicas of the server, each its own instance, sharing
+			// the owner key as replicas do: the handle and the output live
+			// in the sandbox, not in either.
+			key := filepath.Join(GinkgoT().TempDir(), "owner.key")
+			Expect(os.WriteFile(key, []byte(strings.Repeat("k", 32)), 0o600)).To(Succeed())
+			urlA, _ := startKubeMCPHTTP(serverArgs("--http", "127.0.0.1:0", "--auth", "kubernetes", "--owner-key-file", key)...)
+			urlB, _ := startKubeMCPHTTP(serverArgs("--http", "127.0.0.1:0", "--auth", "kubernetes", "--owner-key-file", key)...)
+			a := connectKubeMCP(ctx, urlA, tokens["agent-a"], "e2e-agent-a", nil)
+			b := connectKubeMCP(ctx, urlB, tokens["agent-a"], "e2e-agent-a-b", nil)
+			id := kmcpInit(ctx, a, nil)
+			res := kmcpCall(ctx, a, "sandbox_exec", map[string]any{"container_id": id, "yield_after_seconds": 1, "timeout_seconds": 120,
+				"commands": []string{"echo one; sleep 4; echo two; exit 6"}})
+			Expect(res.IsError).To(BeFalse(), kmcpText(res))
+			bg := kmcpStructured(res)["background"].(map[string]any)
+			Expect(bg["state"]).To(Equal("running"))
+			handle := bg["handle"].(string)
+
+			res = kmcpCall(ctx, b, "exec_wait", map[string]any{"container_id": id, "handle": handle, "timeout_seconds": 30})
+			Expect(kmcpText(res)).To(ContainSubstring("exited with code 6"))
+			Expect(kmcpStructured(res)["stdout"]).To(Equal("one\ntwo\n"))
+			res = kmcpCall(ctx, b, "exec_list", map[string]any{"container_id": id})
+			Expect(kmcpText(res)).To(ContainSubstring(handle))
+			// Another identity sees neither the sandbox nor its handle.
+			other := connectKubeMCP(ctx, urlB, tokens["agent-b"], "e2e-agent-b", nil)
+			res = kmcpCall(ctx, other, "exec_poll", map[string]any{"container_id": id, "handle": handle})
+			Expect(res.IsError).To(BeTrue())
+			Expect(kmcpText(res)).To(ContainSubstring("not found"))
+			res = kmcpCall(ctx, a, "sandbox_stop", map[string]any{"container_id": id})
+			Expect(res.IsError).To(BeFalse(), kmcpText(res))
+		}, NodeTimeout(3*time.Minute))
+
 		It("tells a ServiceAccount without exec rights which permission it lacks", func(ctx SpecContext) {
 			sess := connect(ctx, "agent-noexec", nil)
 			id := kmcpInit(ctx, sess, nil)

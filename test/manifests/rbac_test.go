@@ -230,6 +230,7 @@ var _ = Describe("RBAC of the default overlay, applied for real", Ordered, func(
 			in(team, "update", "sandboxes"), in(team, "get", "sandboxes/status"),
 			in(team, "create", "sandboxes/exec"), in(team, "create", "sandboxes/files"),
 			in(team, "get", "sandboxes/files"), in(team, "get", "sandboxes/log"),
+			in(team, "create", "sandboxes/processes"), agg(team, "create", "sandboxes/processes"),
 			in(team, "get", "sandboxquotas"), in(team, "list", "sandboxquotas"), in(team, "watch", "sandboxquotas"),
 			agg(team, "create", "sandboxes/exec"), agg(team, "create", "sandboxes/files"), agg(team, "get", "sandboxes/files"),
 			agg(team, "get", "sandboxes/log"), agg(team, "get", "sandboxes/history"),
@@ -252,6 +253,7 @@ var _ = Describe("RBAC of the default overlay, applied for real", Ordered, func(
 			agg(team, "get", "sandboxes/log"), agg(team, "get", "sandboxes/history"),
 		}, []access{
 			agg(team, "create", "sandboxes/exec"), agg(team, "create", "sandboxes/files"), agg(team, "get", "sandboxes/files"),
+			agg(team, "create", "sandboxes/processes"), in(team, "create", "sandboxes/processes"),
 			agg(team, "create", "sandboxes/portforward"), in(team, "create", "sandboxes/portforward"),
 			in(team, "create", "sandboxes"), in(team, "delete", "sandboxes"), in(team, "update", "sandboxes"),
 			in(team, "create", "sandboxes/exec"), in(team, "create", "sandboxes/files"), in(team, "get", "sandboxes/files"),

@@ -161,3 +161,10 @@ func Gone(err error) error {
 	}
 	return goneError{err}
 }
+
+// ProcessDriver is a Driver that runs background processes
+// (contract.ProcessBackend); the Manager checks the caller and the sandbox
+// first, as for Exec.
+type ProcessDriver interface {
+	Processes(ctx context.Context, h Handle, call contract.ProcessCall) (execio.ProcessResponse, error)
+}

@@ -77,6 +77,12 @@ func (e *Error) Unwrap() error {
 		return execio.ErrTooLarge
 	case KindUnsupportedEntry:
 		return execio.ErrUnsupportedEntry
+	case KindNoSuchProcess:
+		return execio.ErrProcessNotFound
+	case KindTooManyProcesses:
+		return execio.ErrTooManyProcesses
+	case KindProcessExited:
+		return execio.ErrProcessExited
 	}
 	return nil
 }
