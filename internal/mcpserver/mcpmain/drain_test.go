@@ -169,6 +169,7 @@ var _ = Describe("stopping the HTTP server", Ordered, func() {
 		}).WithContext(ctx).WithTimeout(time.Second).WithPolling(20 * time.Millisecond).Should(Equal(http.StatusServiceUnavailable))
 		resp, body, err = srv.get(ctx, "/readyz")
 		Expect(err).NotTo(HaveOccurred(), "the server stopped accepting connections before --drain-delay was over")
+		Expect(resp.StatusCode).To(Equal(http.StatusServiceUnavailable))
 		Expect(body).To(ContainSubstring("shutting down"))
 		Expect(time.Since(sigterm)).To(BeNumerically("<", drainDelay), "too slow to check the drain delay")
 		// A request that the Service still sends here is served, and its
