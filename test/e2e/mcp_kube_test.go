@@ -448,6 +448,21 @@ for p in (8000, 8001):
 			code, body := previewGet(ctx, onReplica(string(tampered), previewB), nil)
 			Expect(code).To(Equal(http.StatusForbidden), body)
 			Expect(body).NotTo(ContainSubstring("kube preview"))
+
+			// Exposing needs the caller's own right to forward the port: a
+			// ServiceAccount without sandboxes/portforward gets no URL.
+			out, err = kubectl(ctx, "create", "token", "agent-noexec", "-n", kmcpNamespace, "--duration=1h", "--audience", "code-sandbox-mcp")
+			Expect(err).NotTo(HaveOccurred())
+			noexec := connectKubeMCP(ctx, mcpB, strings.TrimSpace(out), "e2e-preview-noexec", nil)
+			own := kmcpInit(ctx, noexec, nil)
+			res := kmcpCall(ctx, noexec, "expose_port", map[string]any{"container_id": own, "port": 8000})
+			Expect(res.IsError).To(BeTrue(), kmcpText(res))
+			Expect(kmcpText(res)).To(ContainSubstring("sandboxes/portforward"))
+			// Nor may it expose another identity's sandbox.
+			res = kmcpCall(ctx, noexec, "expose_port", map[string]any{"container_id": id, "port": 8000})
+			Expect(res.IsError).To(BeTrue(), kmcpText(res))
+			res = kmcpCall(ctx, noexec, "sandbox_stop", map[string]any{"container_id": own})
+			Expect(res.IsError).To(BeFalse(), kmcpText(res))
 		}, NodeTimeout(2*time.Minute))
 
 		It("revokes on every replica: unexpose through B is refused through A, and the sandbox's end ends its URLs", func(ctx SpecContext) {

@@ -185,8 +185,10 @@ func (b *driver) editExposures(ctx context.Context, h session.Handle, edit func(
 // exposed returns x's Sandbox when x is its port's current, unexpired
 // exposure: the owner label must be x.Owner (the URL's signed owner hash)
 // and the record must hold x's nonce. The Sandbox comes from the cache,
-// read from the API server on a miss, so a revocation on another replica
-// takes effect here as soon as this replica's cache sees it.
+// read from the API server on a miss or when the cached record refuses, so
+// a URL exposed through another replica works here at once, and a
+// revocation through another replica takes effect here as soon as this
+// replica's cache sees it.
 func (b *driver) exposed(ctx context.Context, x contract.Exposure, now time.Time) (*sandboxv1alpha1.Sandbox, error) {
 	if !validID(x.ID) {
 		return nil, notFound(x.ID)
@@ -195,14 +197,33 @@ func (b *driver) exposed(ctx context.Context, x contract.Exposure, now time.Time
 	if err != nil {
 		return nil, err
 	}
+	if err := grants(sbx, x, now); !errors.Is(err, contract.ErrNotExposed) {
+		return sbx, err
+	}
+	// The cache may not have the record yet: a URL exposed through
+	// another replica a moment ago. A refusal is read again from the API
+	// server (only a URL whose MAC verified gets here).
+	var fresh sandboxv1alpha1.Sandbox
+	if err := b.kube.Get(ctx, client.ObjectKeyFromObject(sbx), &fresh); err != nil {
+		if apierrors.IsNotFound(err) {
+			return nil, notFound(x.ID)
+		}
+		return nil, apiError("reading sandbox "+x.ID, err)
+	}
+	return &fresh, grants(&fresh, x, now)
+}
+
+// grants is nil when sbx is x's live Sandbox and its record holds x's
+// nonce for x's port, unexpired.
+func grants(sbx *sandboxv1alpha1.Sandbox, x contract.Exposure, now time.Time) error {
 	if sbx.DeletionTimestamp != nil || sbx.Labels[LabelOwner] != x.Owner {
-		return nil, notFound(x.ID)
+		return notFound(x.ID)
 	}
 	rec, ok := exposures(sbx)[strconv.Itoa(x.Port)]
 	if !ok || subtle.ConstantTimeCompare([]byte(rec.Nonce), []byte(x.Nonce)) != 1 || !now.Before(rec.Expires) {
-		return nil, fmt.Errorf("%w: port %d of sandbox %q", contract.ErrNotExposed, x.Port, x.ID)
+		return fmt.Errorf("%w: port %d of sandbox %q", contract.ErrNotExposed, x.Port, x.ID)
 	}
-	return sbx, nil
+	return nil
 }
 
 // findExposed reads x's Sandbox. With one namespace it is a Get (cache,
