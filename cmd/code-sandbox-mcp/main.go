@@ -184,7 +184,7 @@ func newFlagSet(o *mcpmain.Config, showVersion *bool) *flag.FlagSet {
 	fs.StringVar(&o.DockerHost, "docker-host", o.DockerHost, "Docker endpoint (default: DOCKER_HOST or the local socket)")
 
 	fs.StringVar(&o.HTTPAddr, "http", o.HTTPAddr, "serve streamable HTTP on this address (for example 127.0.0.1:8080) instead of stdio")
-	fs.StringVar(&o.PreviewAddr, "preview-addr", o.PreviewAddr, "serve expose_port's preview URLs on this address (for example 127.0.0.1:8081), a separate origin from --http; docker backend only. Empty: no expose_port")
+	fs.StringVar(&o.PreviewAddr, "preview-addr", o.PreviewAddr, "serve expose_port's preview URLs on this address (for example 127.0.0.1:8081), a separate origin from --http. Empty: no expose_port")
 	fs.StringVar(&o.PreviewURL, "preview-url", o.PreviewURL, "external base URL of --preview-addr put in preview URLs (default http://ADDR)")
 	fs.BoolVar(&o.AllowRemote, "allow-remote", o.AllowRemote, "allow --http to bind a non-loopback address (requires --auth token, kubernetes or oidc)")
 	fs.StringVar(&o.Auth, "auth", o.Auth, "HTTP authentication: token (--token-file), kubernetes (TokenReview), oidc (JWT access tokens from --oidc-issuer-url) or none (loopback only)")

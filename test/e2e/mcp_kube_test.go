@@ -399,6 +399,135 @@ var _ = Describe("code-sandbox-mcp --backend kubernetes", Ordered, func() {
 		}, NodeTimeout(3*time.Minute))
 	})
 
+	Describe("preview URLs on two replicas (--preview-addr)", Ordered, func() {
+		var (
+			token            string
+			mcpA, mcpB       string
+			previewA         string
+			previewB         string
+			sessA, sessB     *mcp.ClientSession
+			id               string
+			previewAddrOf    = regexp.MustCompile(`msg="serving previews" addr=(\S+)`)
+			previewURLPrefix = regexp.MustCompile(`^http://[^/]+/preview/`)
+		)
+		// onReplica is u (a preview URL handed out by either replica) sent
+		// to the replica whose preview listener is addr.
+		onReplica := func(u, addr string) string {
+			return previewURLPrefix.ReplaceAllString(u, "http://"+addr+"/preview/")
+		}
+		expose := func(ctx context.Context, s *mcp.ClientSession, port int) string {
+			GinkgoHelper()
+			res := kmcpCall(ctx, s, "expose_port", map[string]any{"container_id": id, "port": port})
+			Expect(res.IsError).To(BeFalse(), kmcpText(res))
+			u, _ := kmcpStructured(res)["url"].(string)
+			Expect(u).To(MatchRegexp(`^http://127\.0\.0\.1:\d+/preview/v1\.[A-Za-z0-9_-]+\.[A-Za-z0-9_-]+/$`))
+			return u
+		}
+
+		BeforeAll(func(ctx SpecContext) {
+			out, err := kubectl(ctx, "create", "token", "agent-a", "-n", kmcpNamespace, "--duration=1h", "--audience", "code-sandbox-mcp")
+			Expect(err).NotTo(HaveOccurred())
+			token = strings.TrimSpace(out)
+			// Two replicas: two processes sharing the owner key, as a
+			// Deployment's pods share its Secret.
+			key := filepath.Join(GinkgoT().TempDir(), "owner.key")
+			Expect(os.WriteFile(key, []byte("0123456789abcdef0123456789abcdef"), 0o600)).To(Succeed())
+			DeferCleanup(func(ctx SpecContext) {
+				Expect(mcpSandboxes(ctx)).To(BeEmpty())
+			}, NodeTimeout(time.Minute))
+			var logA, logB *processLog
+			mcpA, logA = startKubeMCPHTTP(serverArgs("--http", "127.0.0.1:0", "--auth", "kubernetes", "--owner-key-file", key, "--preview-addr", "127.0.0.1:0")...)
+			mcpB, logB = startKubeMCPHTTP(serverArgs("--http", "127.0.0.1:0", "--auth", "kubernetes", "--owner-key-file", key, "--preview-addr", "127.0.0.1:0")...)
+			previewA = previewAddrOf.FindStringSubmatch(logA.String())[1]
+			previewB = previewAddrOf.FindStringSubmatch(logB.String())[1]
+			sessA = connectKubeMCP(ctx, mcpA, token, "e2e-preview-a", nil)
+			sessB = connectKubeMCP(ctx, mcpB, token, "e2e-preview-b", nil)
+			id = kmcpInit(ctx, sessA, nil)
+			for name, body := range map[string]string{"index.html": "<h1>kube preview</h1>\n", "ws.py": wsEchoServer} {
+				res := kmcpCall(ctx, sessA, "write_file", map[string]any{"container_id": id, "file_name": name, "file_contents": body, "dest_dir": "/tmp/site"})
+				Expect(res.IsError).To(BeFalse(), kmcpText(res))
+			}
+			res := kmcpCall(ctx, sessA, "sandbox_exec", map[string]any{"container_id": id, "commands": []string{`cd /tmp/site && (nohup python3 -m http.server 8000 --bind 127.0.0.1 >/tmp/http.log 2>&1 &) && (nohup python3 /tmp/site/ws.py 8001 >/tmp/ws.log 2>&1 &) && python3 -c '
+import socket, time
+for p in (8000, 8001):
+    for i in range(100):
+        try: socket.create_connection(("127.0.0.1", p)).close(); break
+        except OSError: time.sleep(0.1)
+    else: raise SystemExit("port %d never listened" % p)'`}})
+			Expect(res.IsError).To(BeFalse(), kmcpText(res))
+			Expect(kmcpText(res)).To(ContainSubstring("[exit code 0,"), "the servers in the sandbox did not start")
+		}, NodeTimeout(3*time.Minute))
+
+		It("serves through B a URL exposed through A, HTTP and WebSocket, and refuses a tampered one", func(ctx SpecContext) {
+			u := expose(ctx, sessA, 8000)
+			Expect(u).To(HavePrefix("http://" + previewA + "/preview/"))
+			out, err := kubectl(ctx, "get", "sandbox", id, "-n", kmcpNamespace, "-o", `jsonpath={.metadata.annotations.sandbox\.code-sandbox\.dev/mcp-exposures}`)
+			Expect(err).NotTo(HaveOccurred())
+			Expect(out).To(ContainSubstring(`"8000":{"nonce":`))
+			for _, addr := range []string{previewB, previewA} {
+				code, body := previewGet(ctx, onReplica(u, addr), nil)
+				Expect(code).To(Equal(http.StatusOK), "through %s: %s", addr, body)
+				Expect(body).To(ContainSubstring("<h1>kube preview</h1>"))
+			}
+			ws := expose(ctx, sessA, 8001)
+			answer, err := wsEcho(onReplica(ws, previewB)+"ws", "ping through the API server")
+			Expect(err).NotTo(HaveOccurred())
+			Expect(answer).To(Equal("echo:ping through the API server"))
+
+			tampered := []byte(u)
+			i := len(tampered) - 3
+			tampered[i] = map[bool]byte{true: 'B', false: 'A'}[tampered[i] == 'A']
+			code, body := previewGet(ctx, onReplica(string(tampered), previewB), nil)
+			Expect(code).To(Equal(http.StatusForbidden), body)
+			Expect(body).NotTo(ContainSubstring("kube preview"))
+
+			// Exposing needs the caller's own right to forward the port: a
+			// ServiceAccount without sandboxes/portforward gets no URL.
+			out, err = kubectl(ctx, "create", "token", "agent-noexec", "-n", kmcpNamespace, "--duration=1h", "--audience", "code-sandbox-mcp")
+			Expect(err).NotTo(HaveOccurred())
+			noexec := connectKubeMCP(ctx, mcpB, strings.TrimSpace(out), "e2e-preview-noexec", nil)
+			own := kmcpInit(ctx, noexec, nil)
+			res := kmcpCall(ctx, noexec, "expose_port", map[string]any{"container_id": own, "port": 8000})
+			Expect(res.IsError).To(BeTrue(), kmcpText(res))
+			Expect(kmcpText(res)).To(ContainSubstring("sandboxes/portforward"))
+			// Nor may it expose another identity's sandbox.
+			res = kmcpCall(ctx, noexec, "expose_port", map[string]any{"container_id": id, "port": 8000})
+			Expect(res.IsError).To(BeTrue(), kmcpText(res))
+			res = kmcpCall(ctx, noexec, "sandbox_stop", map[string]any{"container_id": own})
+			Expect(res.IsError).To(BeFalse(), kmcpText(res))
+		}, NodeTimeout(2*time.Minute))
+
+		It("revokes on every replica: unexpose through B is refused through A, and the sandbox's end ends its URLs", func(ctx SpecContext) {
+			u := expose(ctx, sessA, 8000)
+			code, _ := previewGet(ctx, onReplica(u, previewA), nil)
+			Expect(code).To(Equal(http.StatusOK))
+			res := kmcpCall(ctx, sessB, "unexpose_port", map[string]any{"container_id": id, "port": 8000})
+			Expect(res.IsError).To(BeFalse(), kmcpText(res))
+			Expect(kmcpStructured(res)).To(HaveKeyWithValue("revoked", true))
+			Eventually(func() int {
+				code, _ := previewGet(ctx, onReplica(u, previewA), nil)
+				return code
+			}).WithTimeout(5*time.Second).Should(Equal(http.StatusForbidden), "replica A still serves a URL revoked through B")
+
+			// Re-exposing through B retires A's newer URL too.
+			u2 := expose(ctx, sessA, 8000)
+			u3 := expose(ctx, sessB, 8000)
+			Eventually(func() int {
+				code, _ := previewGet(ctx, onReplica(u2, previewA), nil)
+				return code
+			}).WithTimeout(5 * time.Second).Should(Equal(http.StatusForbidden))
+			code, _ = previewGet(ctx, onReplica(u3, previewA), nil)
+			Expect(code).To(Equal(http.StatusOK))
+
+			res = kmcpCall(ctx, sessB, "sandbox_stop", map[string]any{"container_id": id})
+			Expect(res.IsError).To(BeFalse(), kmcpText(res))
+			Eventually(func() int {
+				code, _ := previewGet(ctx, onReplica(u3, previewA), nil)
+				return code
+			}).WithTimeout(10 * time.Second).Should(Equal(http.StatusNotFound))
+		}, NodeTimeout(2*time.Minute))
+	})
+
 	Describe("with --warm-pool", Ordered, func() {
 		var sess *mcp.ClientSession
 

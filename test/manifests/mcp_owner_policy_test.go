@@ -32,6 +32,8 @@ const (
 	// specs test the rendered manifests.
 	mcpOwnerLabel         = "sandbox.code-sandbox.dev/mcp-owner"
 	mcpIdentityAnnotation = "sandbox.code-sandbox.dev/mcp-identity"
+	// kubebackend.AnnotationExposures: the preview URLs' revocation record.
+	mcpExposuresAnnotation = "sandbox.code-sandbox.dev/mcp-exposures"
 )
 
 var _ = Describe("The MCP ownership policy of the default overlay, applied for real", Ordered, func() {
@@ -124,6 +126,31 @@ var _ = Describe("The MCP ownership policy of the default overlay, applied for r
 		Expect(carol.Update(ctx, sbx)).To(Succeed())
 		// And the MCP server's own updates (it pauses and resumes).
 		Expect(patchSandbox(ctx, mcp, ns, "by-mcp", map[string]any{"spec": map[string]any{"paused": true}})).To(Succeed())
+	})
+
+	It("lets only the MCP server write the exposures record (preview URLs), so nobody brings back a revoked URL", func(ctx SpecContext) {
+		const current = `{"8080":{"nonce":"n-current","expires":"2026-01-01T01:00:00Z"}}`
+		Expect(patchSandbox(ctx, mcp, ns, "by-mcp", map[string]any{"metadata": map[string]any{"annotations": map[string]any{mcpExposuresAnnotation: current}}})).To(Succeed(), "the MCP server records an exposure")
+		before := getSandbox(ctx, cp.Client, ns, "by-mcp")
+		// Restoring a revoked nonce, extending the expiry, removing the
+		// record or adding one: all refused, by patch and by update.
+		for _, v := range []any{`{"8080":{"nonce":"n-revoked","expires":"2026-01-01T01:00:00Z"}}`, `{"8080":{"nonce":"n-current","expires":"2099-01-01T00:00:00Z"}}`, nil} {
+			expectMCPOwnerRefusal(patchSandbox(ctx, carol, ns, "by-mcp", map[string]any{"metadata": map[string]any{"annotations": map[string]any{mcpExposuresAnnotation: v}}}),
+				"may not set, change or remove on Sandbox "+ns+"/by-mcp the annotation "+mcpExposuresAnnotation)
+		}
+		sbx := getSandbox(ctx, carol, ns, "by-mcp")
+		a := sbx.GetAnnotations()
+		a[mcpExposuresAnnotation] = `{}`
+		sbx.SetAnnotations(a)
+		expectMCPOwnerRefusal(carol.Update(ctx, sbx), "the annotation "+mcpExposuresAnnotation)
+		expectUnchanged(ctx, ns, "by-mcp", before)
+		created := newSandbox(ns, "forged-exposures", "")
+		created.SetAnnotations(map[string]string{mcpExposuresAnnotation: current})
+		expectMCPOwnerRefusal(carol.Create(ctx, created), "may not create Sandbox "+ns+"/forged-exposures with the annotation "+mcpExposuresAnnotation)
+		expectMCPOwnerRefusal(impostor.Create(ctx, created), "the annotation "+mcpExposuresAnnotation)
+		// Everything else stays carol's, and the MCP server revokes.
+		Expect(patchSandbox(ctx, carol, ns, "by-mcp", map[string]any{"metadata": map[string]any{"annotations": map[string]any{"note": "still mine"}}})).To(Succeed())
+		Expect(patchSandbox(ctx, mcp, ns, "by-mcp", map[string]any{"metadata": map[string]any{"annotations": map[string]any{mcpExposuresAnnotation: `{}`}}})).To(Succeed())
 	})
 
 	It("refuses a namespace admin changing, removing or adding the record on an existing Sandbox", func(ctx SpecContext) {

@@ -23,6 +23,8 @@ var (
 	permUpload   = permission{Verb: "create", Subresource: "files"}
 	permDownload = permission{Verb: "get", Subresource: "files"}
 	permLogs     = permission{Verb: "get", Subresource: "log"}
+	// expose_port and unexpose_port: the caller could forward the port itself.
+	permPortForward = permission{Verb: "create", Subresource: "portforward"}
 )
 
 // AccessReviewer is the part of the Kubernetes API the authorizer uses;

@@ -299,6 +299,9 @@ var permissions = map[session.Op]permission{
 	session.OpUpload:   permUpload,
 	session.OpDownload: permDownload,
 	session.OpLogs:     permLogs,
+	// The portforward op covers DialPort, Expose and Unexpose; a preview
+	// URL's requests are not a caller's (no review: the URL is the bearer).
+	session.OpPortForward: permPortForward,
 }
 
 // Authorize implements session.Authorizer: a SubjectAccessReview for the

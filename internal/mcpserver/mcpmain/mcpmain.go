@@ -112,9 +112,6 @@ func serveWith(o Config, logger *slog.Logger, newCtx func() (context.Context, co
 			return err
 		}
 	}
-	if o.PreviewAddr != "" && o.Backend != "docker" {
-		return usagef("--preview-addr: previews are served for the docker backend only so far (docs/mcp.md, Ports and previews)")
-	}
 	if o.IdlePause < 0 || (o.IdlePause > 0 && o.IdlePause >= o.IdleTimeout) {
 		return usagef("--idle-pause %s: want 0 (off) or a duration shorter than --idle-timeout (%s)", o.IdlePause, o.IdleTimeout)
 	}

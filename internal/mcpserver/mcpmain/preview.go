@@ -16,11 +16,11 @@ import (
 // startPreview serves preview URLs (expose_port) on their own listener,
 // --preview-addr, so that a preview is another origin than the MCP
 // endpoint. It returns the base URL the tools hand out (--preview-url, or
-// http://ADDR) and a function that stops the listener.
+// http://ADDR) and a function that stops the listener. On the kubernetes
+// backend every replica serves every URL: the exposure records live on the
+// Sandboxes (kubebackend/ports.go), and the URL's key derives from the owner
+// key the replicas share.
 func startPreview(o Config, backend any, logger *slog.Logger) (string, func(), error) {
-	if o.Backend != "docker" {
-		return "", nil, usagef("--preview-addr: previews are served for the docker backend only so far (docs/mcp.md, Ports and previews)")
-	}
 	pb, ok := backend.(contract.PortBackend)
 	if !ok {
 		return "", nil, usagef("--preview-addr: this backend cannot reach ports in sandboxes")

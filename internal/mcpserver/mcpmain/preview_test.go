@@ -12,12 +12,6 @@ import (
 )
 
 var _ = Describe("--preview-addr", func() {
-	It("is refused on the kubernetes backend before anything starts", Label("unit"), func() {
-		err := startupError(func(o *Config) { o.Backend, o.PreviewAddr = "kubernetes", "127.0.0.1:0" }, loopbackNoAuth)
-		Expect(isUsageError(err)).To(BeTrue(), errString(err))
-		Expect(err).To(MatchError(ContainSubstring("docker backend only")))
-	})
-
 	It("refuses a non-loopback address without --allow-remote, and a base URL that is not http(s)", func() {
 		err := startupError(func(o *Config) { o.PreviewAddr, o.WarmPool = "0.0.0.0:0", "0" }, loopbackNoAuth)
 		Expect(isUsageError(err)).To(BeTrue(), errString(err))

@@ -18,6 +18,26 @@ type PortDialer interface {
 	DialPort(ctx context.Context, h Handle, port int) (contract.PortConn, error)
 }
 
+// ExposureStore is a SharedDriver that keeps the exposure records of its
+// sandboxes itself, where every server instance sees them (the kubernetes
+// backend: an annotation on the Sandbox). A Stateless Manager has no
+// entries to keep them in, and delegates all of expose_port's bookkeeping
+// and the preview URLs' checks to it. now is the Manager's clock.
+type ExposureStore interface {
+	Expose(ctx context.Context, h Handle, port int, nonce string, expires, now time.Time) error
+	Unexpose(ctx context.Context, h Handle, port int) (bool, error)
+	// CheckExposed and DialExposed are the PortBackend's: x must be the
+	// port's current exposure, of a live sandbox whose owner is x.Owner.
+	CheckExposed(ctx context.Context, x contract.Exposure, now time.Time) error
+	DialExposed(ctx context.Context, x contract.Exposure, now time.Time) (contract.PortConn, error)
+}
+
+// store is the driver's ExposureStore when this Manager keeps no entries.
+func (m *Manager) store() (ExposureStore, bool) {
+	s, ok := m.d.(ExposureStore)
+	return s, ok && m.opts.Stateless
+}
+
 var _ contract.PortBackend = (*Manager)(nil)
 
 // DialPort implements contract.PortBackend. The connection marks the
@@ -64,9 +84,12 @@ type exposure struct {
 // several instances (the kubernetes backend) a record here is seen by this
 // instance only.
 func (m *Manager) Expose(ctx context.Context, caller contract.Caller, id string, port int, nonce string, expires time.Time) error {
-	e, _, err := m.open(ctx, caller, OpPortForward, id)
+	e, h, err := m.open(ctx, caller, OpPortForward, id)
 	if err != nil {
 		return err
+	}
+	if s, ok := m.store(); ok && e == nil {
+		return s.Expose(ctx, h, port, nonce, expires, m.opts.Clock())
 	}
 	if e == nil {
 		return fmt.Errorf("%w: sandbox %q was made by another server instance; expose its port there", contract.ErrInvalid, id)
@@ -82,7 +105,10 @@ func (m *Manager) Expose(ctx context.Context, caller contract.Caller, id string,
 
 // Unexpose implements contract.PortBackend.
 func (m *Manager) Unexpose(ctx context.Context, caller contract.Caller, id string, port int) (bool, error) {
-	e, _, err := m.open(ctx, caller, OpPortForward, id)
+	e, h, err := m.open(ctx, caller, OpPortForward, id)
+	if s, ok := m.store(); ok && err == nil && e == nil {
+		return s.Unexpose(ctx, h, port)
+	}
 	if err != nil || e == nil {
 		return false, err
 	}
@@ -95,6 +121,9 @@ func (m *Manager) Unexpose(ctx context.Context, caller contract.Caller, id strin
 
 // DialExposed implements contract.PortBackend.
 func (m *Manager) DialExposed(ctx context.Context, x contract.Exposure) (contract.PortConn, error) {
+	if s, ok := m.store(); ok {
+		return s.DialExposed(ctx, x, m.opts.Clock())
+	}
 	owner, err := m.exposedOwner(x)
 	if err != nil {
 		return nil, err
@@ -103,7 +132,10 @@ func (m *Manager) DialExposed(ctx context.Context, x contract.Exposure) (contrac
 }
 
 // CheckExposed implements contract.PortBackend.
-func (m *Manager) CheckExposed(_ context.Context, x contract.Exposure) error {
+func (m *Manager) CheckExposed(ctx context.Context, x contract.Exposure) error {
+	if s, ok := m.store(); ok {
+		return s.CheckExposed(ctx, x, m.opts.Clock())
+	}
 	_, err := m.exposedOwner(x)
 	return err
 }
