@@ -19,3 +19,6 @@ func run(_ runOptions, _, stderr io.Writer) int { return report(stderr, errLinux
 func kill(string) error { return errLinuxOnly }
 
 func serve(io.Reader, io.Writer) int { return helperproto.ExitOther }
+
+func quiesce() (func(), error) { return nil, errLinuxOnly }
+func thawAll() {}
