@@ -21,4 +21,4 @@ func kill(string) error { return errLinuxOnly }
 func serve(io.Reader, io.Writer) int { return helperproto.ExitOther }
 
 func quiesce() (func(), error) { return nil, errLinuxOnly }
-func thawAll() {}
+func thawAll()                 {}

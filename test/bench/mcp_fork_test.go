@@ -146,7 +146,6 @@ func BenchmarkMCPFork(b *testing.B) {
 	b.Logf("sandbox_fork x%d p50 %.0fms vs raw create+start+untar x%d p50 %.0fms (goal <= %v; %s it)", forkChildren, ms(mf50), forkChildren, ms(rf50), forkGoal, verdict(mf50 <= forkGoal))
 }
 
-
 // rawExecIO runs cmd in container id with stdin and returns its stdout; a
 // non-zero exit is an error.
 func rawExecIO(ctx context.Context, raw *dockerclient.Client, id string, cmd []string, stdin []byte) ([]byte, error) {
