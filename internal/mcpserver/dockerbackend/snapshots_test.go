@@ -153,4 +153,19 @@ var _ = Describe("Snapshots and forks", func() {
 		Expect(b.Close(ctx)).To(Succeed())
 		Expect(dir).NotTo(BeAnExistingFile())
 	}, SpecTimeout(time.Minute))
+
+	It("forks a default sandbox into warm pool members, with the files restored into them", func(ctx SpecContext) {
+		pb := poolBackend(2)
+		pb.driver.opts.SnapshotDir = GinkgoT().TempDir()
+		src, err := pb.Create(ctx, alice, defaultReq)
+		Expect(err).NotTo(HaveOccurred())
+		run(ctx, pb, alice, src.ID, `echo warm >/app/w`)
+		members := waitFull(ctx, pb)
+		kids, err := pb.Fork(ctx, alice, contract.ForkRequest{ContainerID: src.ID, Count: 2})
+		Expect(err).NotTo(HaveOccurred())
+		for _, k := range kids {
+			Expect(members).To(ContainElement(refOf(ctx, pb, k.ID)), "child %s is not a pool member", k.ID)
+			Expect(run(ctx, pb, alice, k.ID, `cat /app/w`)).To(Equal("warm\n"))
+		}
+	}, SpecTimeout(2*time.Minute))
 })
