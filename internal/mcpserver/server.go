@@ -98,7 +98,7 @@ func New(cfg Config, backend contract.Backend, logger *slog.Logger) (*server.MCP
 		readFileTool,
 		listSandboxesTool,
 		sandboxStopTool,
-	}, portTools(d)...) {
+	}, append(portTools(d), snapshotTools(d)...)...) {
 		tool, handler := ctor(d)
 		s.AddTool(tool, d.wrap(tool.Name, handler))
 	}
@@ -160,6 +160,8 @@ func (d *deps) toolError(containerID string, err error) *mcp.CallToolResult {
 		msg = "Invalid arguments: " + strings.TrimPrefix(msg, errArgs.Error()+": ")
 	case errors.Is(err, contract.ErrNotFound):
 		msg = fmt.Sprintf("Sandbox %q not found: it does not exist, belongs to another client, or was removed (stopped, idle too long, or past its lifetime). Call list_sandboxes to see yours, or sandbox_initialize to create a new one.", containerID)
+	case errors.Is(err, contract.ErrSnapshotNotFound):
+		msg += ": it does not exist, belongs to another client, or was deleted. Call list_snapshots to see yours."
 	case errors.Is(err, contract.ErrQuota):
 		msg += ". Stop a sandbox you no longer need with sandbox_stop (list_sandboxes shows yours), or, if the limit reached is CPU or memory, ask for less."
 	case errors.Is(err, contract.ErrImageNotFound):

@@ -18,7 +18,9 @@ const usage = `usage:
   code-sandbox-helper proc start|list|poll|wait|kill|stdin [--id=HANDLE] ...   (background processes; see bg_linux.go)
   code-sandbox-helper dial --port=N   (relays stdin/stdout to 127.0.0.1:N in the sandbox; see dial.go)
   code-sandbox-helper untar --root=DIR --dest=REL [--max-bytes=N] [--max-entries=N] < archive.tar
-  code-sandbox-helper tar --root=DIR --path=REL [--max-bytes=N] > archive.tar`
+  code-sandbox-helper tar --root=DIR --path=REL [--max-bytes=N] > archive.tar
+  code-sandbox-helper snapshot --root=DIR... [--max-bytes=N] > archive.tar   (see snapshot.go)
+  code-sandbox-helper thaw   (continues what a snapshot that was cut off left stopped)`
 
 // Main runs one helper subcommand and returns the process exit code.
 func Main(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
@@ -26,7 +28,7 @@ func Main(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 		return usageError(stderr, errors.New("no subcommand"))
 	}
 	switch args[0] {
-	case "run", "serve", "tar", "untar", "proc", "dial":
+	case "run", "serve", "tar", "untar", "proc", "dial", "snapshot":
 		// Before any frame or file content is read: see hideFromSandbox.
 		if err := hideFromSandbox(); err != nil {
 			return report(stderr, fmt.Errorf("making the helper non-dumpable: %w", err))
@@ -65,6 +67,21 @@ func Main(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 			return usageError(stderr, errors.New("kill takes one run ID"))
 		}
 		if err := kill(args[1]); err != nil {
+			return report(stderr, err)
+		}
+		return 0
+	case "thaw":
+		if len(args) != 1 {
+			return usageError(stderr, errors.New("thaw takes no arguments"))
+		}
+		thawAll()
+		return 0
+	case "snapshot":
+		flags, err := parseSnapshot(args[1:])
+		if err != nil {
+			return usageError(stderr, err)
+		}
+		if err := snapshot(flags, stdout); err != nil {
 			return report(stderr, err)
 		}
 		return 0

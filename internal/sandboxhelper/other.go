@@ -21,3 +21,6 @@ func kill(string) error { return errLinuxOnly }
 func serve(io.Reader, io.Writer) int { return helperproto.ExitOther }
 
 func procMain(_ []string, _ io.Reader, _, stderr io.Writer) int { return report(stderr, errLinuxOnly) }
+
+func quiesce() (func(), error) { return nil, errLinuxOnly }
+func thawAll()                 {}

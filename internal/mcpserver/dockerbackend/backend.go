@@ -75,6 +75,12 @@ type Options struct {
 	// (the tools' Config.DefaultImage); the warm pool's members run it.
 	// Default contract.DefaultImage.
 	DefaultImage string
+	// SnapshotDir is where this run keeps snapshots (snapshots.go), in a
+	// directory of its own that Close removes; default os.TempDir().
+	SnapshotDir string
+	// MaxSnapshots bounds the snapshots one identity may keep (default
+	// DefaultMaxSnapshots).
+	MaxSnapshots int
 }
 
 // Backend implements contract.Backend on Docker: a session.Manager on the
@@ -106,6 +112,10 @@ type driver struct {
 	// removeFailed: RemoveAll left containers behind, so the egress
 	// firewall stays.
 	removeFailed bool
+
+	// snaps is the snapshot store, made at the first use (snapshots.go).
+	snapMu sync.Mutex
+	snaps  *snapshotStore
 
 	egressStop context.CancelFunc
 	egressDone chan struct{}
@@ -528,6 +538,7 @@ func (b *driver) RemoveAll(ctx context.Context) error {
 // and removes its rules, unless sandboxes may remain.
 func (b *driver) Close(ctx context.Context) error {
 	b.pool.close(ctx)
+	b.closeSnapshots()
 	fw := b.opts.EgressFirewall
 	if fw == nil || b.egressStop == nil {
 		return nil

@@ -145,6 +145,8 @@ func newDockerBackend(o Config, logger *slog.Logger) (*dockerbackend.Backend, er
 		IdleTimeout:  o.IdleTimeout,
 		IdlePause:    o.IdlePause,
 		HistoryDir:   o.HistoryDir,
+		SnapshotDir:  o.SnapshotDir,
+		MaxSnapshots: o.MaxSnapshots,
 		Logger:       logger,
 		WarmPool:     o.warmPoolCount(),
 		DefaultImage: o.DefaultImage,

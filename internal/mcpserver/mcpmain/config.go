@@ -108,6 +108,10 @@ type Config struct {
 	MaxUploadBytes    int64
 	MaxUploadEntries  int
 	HistoryDir        string
+	// SnapshotDir and MaxSnapshots configure the Docker backend's
+	// snapshots (dockerbackend.Options).
+	SnapshotDir  string
+	MaxSnapshots int
 	// WarmPool is the docker backend's warm pool size (a whole number;
 	// empty: dockerbackend.DefaultWarmPool), or the name of the kubernetes
 	// backend's SandboxWarmPool (empty: none). Which one it must be is
@@ -161,6 +165,7 @@ func DefaultConfig() Config {
 		OutputLimit:       mcpserver.DefaultOutputLimit,
 		ExecOutputBudget:  mcpserver.DefaultExecOutputBudget,
 		MaxSandboxes:      dockerbackend.DefaultMaxSandboxes,
+		MaxSnapshots:      dockerbackend.DefaultMaxSnapshots,
 		IdleTimeout:       dockerbackend.DefaultIdleTimeout,
 		MaxLifetime:       mcpserver.DefaultMaxLifetime,
 		MaxCPU:            mcpserver.DefaultMaxCPU,
