@@ -66,7 +66,7 @@ var _ = Describe("Stats", dockerLabel, func() {
 		Expect(out.Result.ExitCode).To(BeZero(), out.Stderr)
 		after, err := rt.Stats(ctx, ct.ID)
 		Expect(err).NotTo(HaveOccurred())
-		Expect(after.WritableUsedBytes-before.WritableUsedBytes).To(BeNumerically("~", 8<<20, 1<<20))
+		Expect(after.WritableUsedBytes - before.WritableUsedBytes).To(BeNumerically("~", 8<<20, 1<<20))
 	}, SpecTimeout(90*time.Second))
 
 	It("reads a paused container without waking it", func(ctx SpecContext) {
