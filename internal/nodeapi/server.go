@@ -40,6 +40,7 @@ type Runtime interface {
 	CopyOut(ctx context.Context, id string, src execio.Target, w io.Writer, maxBytes int64) (execio.TransferStats, error)
 	Logs(ctx context.Context, id string, opts dockerruntime.LogsOptions, stdout, stderr io.Writer) error
 	DialPort(ctx context.Context, id string, port int) (dockerruntime.PortConn, error)
+	Stats(ctx context.Context, id string) (dockerruntime.Stats, error)
 }
 
 // Activity hears of every exec, file transfer and log read, which are
@@ -258,7 +259,7 @@ func (s *Server) serve(w http.ResponseWriter, r *http.Request) {
 	}
 	// Before the container check: an idle-paused container is thawed for
 	// an exec or transfer (needReady), which then finds it running.
-	if s.cfg.Activity != nil {
+	if s.cfg.Activity != nil && rt.Subresource != subresource.SubresourceMetrics { // metrics: no activity, never wakes
 		end, err := s.cfg.Activity.Begin(ctx, sbx, needReady)
 		if err != nil {
 			writeError(w, err)
@@ -284,6 +285,8 @@ func (s *Server) serve(w http.ResponseWriter, r *http.Request) {
 		s.serveLog(w, r, sbx, ct)
 	case subresource.SubresourcePortForward:
 		s.servePortForward(w, r, sbx, ct)
+	case subresource.SubresourceMetrics:
+		s.serveMetrics(w, r, sbx, ct)
 	}
 }
 
