@@ -93,7 +93,7 @@ func New(cfg Config, backend contract.Backend, logger *slog.Logger) (*server.MCP
 		readFileTool,
 		listSandboxesTool,
 		sandboxStopTool,
-	}, portTools(d)...) {
+	}, append(portTools(d), metricsTools(d)...)...) {
 		tool, handler := ctor(d)
 		s.AddTool(tool, d.wrap(tool.Name, handler))
 	}

@@ -299,6 +299,7 @@ var permissions = map[session.Op]permission{
 	session.OpUpload:   permUpload,
 	session.OpDownload: permDownload,
 	session.OpLogs:     permLogs,
+	session.OpMetrics:  permMetrics,
 }
 
 // Authorize implements session.Authorizer: a SubjectAccessReview for the
