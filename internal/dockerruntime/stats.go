@@ -35,6 +35,9 @@ type Stats struct {
 	// limit).
 	CPUCores      float64
 	CPULimitCores float64
+	// CPUTotalNanos is the CPU time the container used since it started
+	// (a counter), from which a sampler computes rates.
+	CPUTotalNanos uint64
 	// MemoryBytes is the memory in use as `docker stats` counts it (usage
 	// without the inactive page cache); MemoryLimitBytes is the cgroup
 	// limit.
@@ -109,6 +112,7 @@ func (c *Client) Stats(ctx context.Context, id string) (Stats, error) {
 // fillStats computes the figures from Docker's reply (cgroup v1 or v2).
 func fillStats(out *Stats, st *container.StatsResponse) {
 	out.At = st.Read
+	out.CPUTotalNanos = st.CPUStats.CPUUsage.TotalUsage
 	cpuDelta := float64(st.CPUStats.CPUUsage.TotalUsage) - float64(st.PreCPUStats.CPUUsage.TotalUsage)
 	wall := st.Read.Sub(st.PreRead).Seconds()
 	if st.PreCPUStats.CPUUsage.TotalUsage > 0 && cpuDelta > 0 && wall > 0 && !st.PreRead.IsZero() {
@@ -155,4 +159,26 @@ func writablePaths(tmpfs map[string]string) []WritablePath {
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Path < out[j].Path })
 	return out
+}
+
+// Sample is a cheap reading for periodic collection (the manager's
+// Prometheus totals): one-shot, without Docker's second CPU sample and
+// without an inspect, so CPUCores, CPULimitCores and WritablePaths are
+// zero; a sampler derives CPU from CPUTotalNanos between two samples.
+func (c *Client) Sample(ctx context.Context, id string) (Stats, error) {
+	ctx, cancel := c.bounded(ctx)
+	defer cancel()
+	resp, err := c.docker.ContainerStatsOneShot(ctx, id)
+	if err != nil {
+		return Stats{}, classify(err, "reading stats of container "+ShortID(id))
+	}
+	defer func() { _ = resp.Body.Close() }()
+	var st container.StatsResponse
+	if err := json.NewDecoder(io.LimitReader(resp.Body, 1<<20)).Decode(&st); err != nil {
+		return Stats{}, fmt.Errorf("decoding stats of container %s: %w", ShortID(id), err)
+	}
+	var out Stats
+	fillStats(&out, &st)
+	out.CPUCores = 0
+	return out, nil
 }

@@ -9,6 +9,11 @@ package nodeapi
 import (
 	"encoding/json"
 	"net/http"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"k8s.io/apimachinery/pkg/api/meta"
+	"sigs.k8s.io/controller-runtime/pkg/metrics"
 
 	sandboxv1alpha1 "github.com/code-sandbox/code-sandbox-operator/api/v1alpha1"
 	"github.com/code-sandbox/code-sandbox-operator/internal/dockerruntime"
@@ -62,4 +67,25 @@ func MetricsFromStats(st dockerruntime.Stats) subresource.Metrics {
 		m.Network = &subresource.NetworkMetrics{RxBytes: st.NetRxBytes, TxBytes: st.NetTxBytes}
 	}
 	return m
+}
+
+// execLatency is the wall time of execs through the node API, by path:
+// running, or resume when the Sandbox was idle-paused and the exec woke it
+// (the thaw is part of the exec's time). Per path, never per Sandbox (see
+// docs/metrics.md: cardinality).
+var execLatency = prometheus.NewHistogramVec(prometheus.HistogramOpts{
+	Name:    "code_sandbox_exec_seconds",
+	Help:    "Wall time of execs through the node API (thaw included), by path: running or resume (woke an idle-paused Sandbox).",
+	Buckets: []float64{0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300},
+}, []string{"path"})
+
+func init() { metrics.Registry.MustRegister(execLatency) }
+
+// observeExec records an exec that began at start.
+func observeExec(sbx *sandboxv1alpha1.Sandbox, start time.Time) {
+	path := "running"
+	if c := meta.FindStatusCondition(sbx.Status.Conditions, string(sandboxv1alpha1.SandboxConditionPaused)); c != nil && c.Status == "True" {
+		path = "resume"
+	}
+	execLatency.WithLabelValues(path).Observe(time.Since(start).Seconds())
 }

@@ -259,6 +259,9 @@ func (s *Server) serve(w http.ResponseWriter, r *http.Request) {
 	}
 	// Before the container check: an idle-paused container is thawed for
 	// an exec or transfer (needReady), which then finds it running.
+	if rt.Subresource == subresource.SubresourceExec {
+		defer observeExec(sbx, time.Now())
+	}
 	if s.cfg.Activity != nil && rt.Subresource != subresource.SubresourceMetrics { // metrics: no activity, never wakes
 		end, err := s.cfg.Activity.Begin(ctx, sbx, needReady)
 		if err != nil {
