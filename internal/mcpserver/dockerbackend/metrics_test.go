@@ -9,11 +9,14 @@ package dockerbackend
 import (
 	"context"
 	"errors"
+	"time"
 
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
 
+	"github.com/code-sandbox/code-sandbox-operator/internal/execio"
 	"github.com/code-sandbox/code-sandbox-operator/internal/mcpserver/contract"
+	"github.com/code-sandbox/code-sandbox-operator/internal/testenv"
 )
 
 var _ = Describe("sandbox metrics on the Docker backend", Label("docker"), func() {
@@ -45,5 +48,35 @@ var _ = Describe("sandbox metrics on the Docker backend", Label("docker"), func(
 		Expect(err).NotTo(HaveOccurred())
 		Expect(ct.State.Paused).To(BeTrue(), "reading metrics must not unpause")
 		Expect(b.driver.docker.Unpause(ctx, cts[0].ID)).To(Succeed())
+	}, SpecTimeout(2*60e9))
+
+	It("shows a CPU-bound loop near its CPU limit and a memory hog near its memory limit", func(ctx SpecContext) {
+		b := poolBackend(0)
+		caller := contract.Caller{ID: "metrics-hog"}
+		const memLimit = 128 << 20
+		sb, err := b.Create(ctx, caller, contract.CreateRequest{Image: testenv.PythonImage, Network: contract.NetworkNone,
+			Lifetime: time.Hour, NanoCPUs: 500_000_000, MemoryBytes: memLimit})
+		Expect(err).NotTo(HaveOccurred())
+		// The loop and the hog run as one command for a few seconds; the
+		// metrics are read while it runs.
+		done := make(chan error, 1)
+		go func() {
+			_, err := b.Exec(ctx, caller, sb.ID, execio.Request{Command: []string{"python3", "-c",
+				"import time\nb = bytearray(110 << 20)\nfor i in range(0, len(b), 4096): b[i] = 1\nend = time.time() + 8\nwhile time.time() < end: pass"}}, nil)
+			done <- err
+		}()
+		Eventually(func(g Gomega) {
+			m, err := b.Metrics(ctx, caller, sb.ID)
+			g.Expect(err).NotTo(HaveOccurred())
+			g.Expect(m.CPULimitCores).To(BeNumerically("~", 0.5, 0.001))
+			g.Expect(m.CPUPercentOfLimit).To(BeNumerically(">=", 80))
+			g.Expect(m.CPUPercentOfLimit).To(BeNumerically("<=", 120))
+			g.Expect(m.MemoryLimitBytes).To(Equal(int64(memLimit)))
+			g.Expect(m.MemoryBytes).To(BeNumerically(">=", 110<<20))
+			g.Expect(m.MemoryBytes).To(BeNumerically("<=", memLimit))
+			GinkgoWriter.Printf("sandbox_metrics: cpu %.3f of %g cores (%.0f%%), memory %d of %d bytes\n",
+				m.CPUCores, m.CPULimitCores, m.CPUPercentOfLimit, m.MemoryBytes, m.MemoryLimitBytes)
+		}).WithContext(ctx).WithTimeout(8 * time.Second).WithPolling(100 * time.Millisecond).Should(Succeed())
+		Expect(<-done).To(Succeed())
 	}, SpecTimeout(2*60e9))
 })
