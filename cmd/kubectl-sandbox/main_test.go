@@ -21,6 +21,7 @@ import (
 	"github.com/code-sandbox/code-sandbox-operator/internal/execio"
 	"github.com/code-sandbox/code-sandbox-operator/internal/history"
 	"github.com/code-sandbox/code-sandbox-operator/internal/sandboxclient/sandboxclienttest"
+	"github.com/code-sandbox/code-sandbox-operator/internal/subresource"
 )
 
 func TestKubectlSandbox(t *testing.T) {
@@ -468,6 +469,30 @@ var _ = Describe("kubectl sandbox", Label("unit"), func() {
 			code, _, stderr := c.run("", "logs", "box", "--tail=0")
 			Expect(code).To(Equal(1))
 			Expect(stderr).To(ContainSubstring("--tail 0"))
+		})
+	})
+
+	Describe("top", func() {
+		It("prints a Sandbox's metrics as a table row, and refuses a reply of another version", func() {
+			m := subresource.Metrics{Version: subresource.MetricsVersion, Name: "box", Paused: true,
+				CPU: subresource.CPUMetrics{LimitCores: 1}, Memory: subresource.UsageMetrics{Used: 1 << 20, Limit: 512 << 20},
+				Pids: subresource.UsageMetrics{Used: 2, Limit: 256}}
+			c.answer(func(w http.ResponseWriter, _ *http.Request, _ []byte) { _ = json.NewEncoder(w).Encode(m) })
+			code, stdout, stderr := c.run("", "top", "sbx/box")
+			Expect(code).To(BeZero(), stderr)
+			Expect(stdout).To(HavePrefix("NAME"))
+			Expect(stdout).To(MatchRegexp(`\nbox +0\.000/1 +0% +1\.0Mi/512\.0Mi +0% +2/256 .* Paused\n`))
+			r := c.last()
+			Expect(r.Method).To(Equal(http.MethodGet))
+			Expect(r.Path).To(Equal(aggregated + "metrics"))
+
+			m.Version = "metrics.v9"
+			code, _, stderr = c.run("", "top", "box")
+			Expect(code).NotTo(BeZero())
+			Expect(stderr).To(ContainSubstring(`metrics of version "metrics.v9"`))
+			code, _, stderr = c.run("", "top", "a", "b")
+			Expect(code).To(Equal(1))
+			Expect(stderr).To(ContainSubstring("at most one sandbox name"))
 		})
 	})
 

@@ -246,6 +246,9 @@ func run() error {
 			return err
 		}
 	}
+	if err := mgr.Add(&sandboxcontroller.UsageCollector{Docker: docker, Node: nodeName}); err != nil {
+		return err
+	}
 	if err := mgr.AddHealthzCheck("healthz", healthz.Ping); err != nil {
 		return err
 	}

@@ -114,9 +114,11 @@ func (a *Activity) Begin(ctx context.Context, sbx *sandboxv1alpha1.Sandbox, wake
 			frozen = sbx.Status.ContainerID
 		}
 		if frozen != "" && !sbx.Spec.Paused && a.thaw != nil {
+			thawStart := a.clock.Now()
 			if err := a.thaw(frozen)(ctx); err != nil {
 				return nil, fmt.Errorf("thawing the idle sandbox %s/%s: %w", sbx.Namespace, sbx.Name, err)
 			}
+			ObserveStart(PathResume, a.clock.Since(thawStart))
 			e.frozen, e.known = "", true
 			logf.FromContext(ctx).Info("thawed an idle-paused sandbox", "container", dockerruntime.ShortID(frozen))
 			a.ask(sbx, e, now, true)

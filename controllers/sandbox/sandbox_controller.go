@@ -422,9 +422,11 @@ func (r *SandboxReconciler) settlePaused(ctx context.Context, sbx *sandboxv1alph
 			idleFrozen = true
 			break
 		}
+		resumeStart := r.clock.Now()
 		if err := r.docker.Unpause(ctx, ct.ID); err != nil {
 			return r.dockerFailure(ctx, sbx, err)
 		}
+		ObserveStart(PathResume, r.clock.Since(resumeStart))
 	}
 	if !idleFrozen {
 		r.notIdleFrozen(sbx)
@@ -496,6 +498,7 @@ func (r *SandboxReconciler) markRunning(sbx *sandboxv1alpha1.Sandbox, containerI
 		start := metav1.NewTime(r.clock.Now())
 		sbx.Status.StartTime = &start
 		observeCreateToReady(r.clock.Since(sbx.CreationTimestamp.Time))
+		ObserveStart(startPath(sbx), r.clock.Since(sbx.CreationTimestamp.Time))
 		if expiry, ok := expiryTime(sbx); ok {
 			requeueAfter = expiry.Sub(r.clock.Now())
 		}

@@ -241,6 +241,7 @@ func (r *SandboxReconciler) claimFromPool(ctx context.Context, sbx *sandboxv1alp
 		}
 		r.enqueue(member.Namespace, member.Name, member.UID)
 	}
+	claimStart := r.clock.Now()
 	thawed := r.docker.BeginUnpause(member.Status.ContainerID)
 	// A warm claim needs no capacity: the member already holds its place on
 	// this node, and stops counting once claimed (usedCapacity).
@@ -257,6 +258,7 @@ func (r *SandboxReconciler) claimFromPool(ctx context.Context, sbx *sandboxv1alp
 		return false, ctrl.Result{}, fmt.Errorf("claiming sandbox: %w", err)
 	}
 	thawErr := thawed(ctx)
+	warmClaimLatency.Observe(r.clock.Since(claimStart).Seconds())
 	r.members.commit(member.UID)
 	r.claims.mu.Lock()
 	r.claims.claimed[key] = sbx.UID

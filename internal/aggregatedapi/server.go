@@ -411,6 +411,7 @@ func apiResourceList() *metav1.APIResourceList {
 			sub(subresource.SubresourceFiles, "create", "get"),
 			sub(subresource.SubresourceLog, "get"),
 			sub(subresource.SubresourceHistory, "get"),
+			sub(subresource.SubresourceMetrics, "get"),
 		},
 	}
 }

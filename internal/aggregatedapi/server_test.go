@@ -269,7 +269,7 @@ func TestDiscoveryAndHealth(t *testing.T) {
 		}
 		verbs[r.Name] = strings.Join(r.Verbs, ",")
 	}
-	want := map[string]string{"sandboxes/exec": "create", "sandboxes/processes": "create", "sandboxes/files": "create,get", "sandboxes/log": "get", "sandboxes/history": "get"}
+	want := map[string]string{"sandboxes/exec": "create", "sandboxes/processes": "create", "sandboxes/files": "create,get", "sandboxes/log": "get", "sandboxes/history": "get", "sandboxes/metrics": "get"}
 	if len(verbs) != len(want) {
 		t.Errorf("the resource list is %v, want %v", verbs, want)
 	}

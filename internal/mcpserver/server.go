@@ -98,7 +98,7 @@ func New(cfg Config, backend contract.Backend, logger *slog.Logger) (*server.MCP
 		readFileTool,
 		listSandboxesTool,
 		sandboxStopTool,
-	}, append(portTools(d), snapshotTools(d)...)...) {
+	}, append(append(portTools(d), snapshotTools(d)...), metricsTools(d)...)...) {
 		tool, handler := ctor(d)
 		s.AddTool(tool, d.wrap(tool.Name, handler))
 	}

@@ -109,7 +109,7 @@ func jsonArgs(m map[string]any) string {
 }
 
 // sandboxToolNames are the tools that act on one sandbox.
-var sandboxToolNames = []string{"sandbox_exec", "write_file", "read_file", "copy_project", "copy_file", "copy_file_from_sandbox", "sandbox_stop"}
+var sandboxToolNames = []string{"sandbox_exec", "write_file", "read_file", "copy_project", "copy_file", "copy_file_from_sandbox", "sandbox_metrics", "sandbox_stop"}
 
 // allToolNames are all nine tools.
 var allToolNames = append([]string{"sandbox_initialize", "list_sandboxes"}, sandboxToolNames...)
@@ -132,7 +132,7 @@ func (h *toolHarness) validArgs(tool, id string) map[string]any {
 		return map[string]any{"container_id": id, "local_src_file": filepath.Join(h.host, "proj", "main.py")}
 	case "copy_file_from_sandbox":
 		return map[string]any{"container_id": id, "container_src_path": "/app/in.txt", "local_dest_path": filepath.Join(h.host, "out.txt")}
-	case "sandbox_stop":
+	case "sandbox_stop", "sandbox_metrics":
 		return map[string]any{"container_id": id}
 	}
 	Fail("unknown tool " + tool)
@@ -160,6 +160,7 @@ var methodOf = map[string]string{
 	"copy_file":              "Upload",
 	"copy_file_from_sandbox": "Get",
 	"sandbox_stop":           "Stop",
+	"sandbox_metrics":        "Metrics",
 }
 
 var _ = Describe("the tools on a fake backend", Label("unit"), func() {

@@ -48,6 +48,7 @@ type Runtime interface {
 	WriteProcessStdin(ctx context.Context, id, handle string, data []byte, eof bool) (execio.ProcessStatus, error)
 
 	DialPort(ctx context.Context, id string, port int) (dockerruntime.PortConn, error)
+	Stats(ctx context.Context, id string) (dockerruntime.Stats, error)
 }
 
 // Activity hears of every exec, file transfer and log read, which are
@@ -266,7 +267,10 @@ func (s *Server) serve(w http.ResponseWriter, r *http.Request) {
 	}
 	// Before the container check: an idle-paused container is thawed for
 	// an exec or transfer (needReady), which then finds it running.
-	if s.cfg.Activity != nil {
+	if rt.Subresource == subresource.SubresourceExec {
+		defer observeExec(sbx, time.Now())
+	}
+	if s.cfg.Activity != nil && rt.Subresource != subresource.SubresourceMetrics { // metrics: no activity, never wakes
 		end, err := s.cfg.Activity.Begin(ctx, sbx, needReady)
 		if err != nil {
 			writeError(w, err)
@@ -294,6 +298,8 @@ func (s *Server) serve(w http.ResponseWriter, r *http.Request) {
 		s.serveLog(w, r, sbx, ct)
 	case subresource.SubresourcePortForward:
 		s.servePortForward(w, r, sbx, ct)
+	case subresource.SubresourceMetrics:
+		s.serveMetrics(w, r, sbx, ct)
 	}
 }
 

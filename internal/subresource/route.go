@@ -60,6 +60,8 @@ func ParseRoute(prefix string, r *http.Request) (Route, *Error) {
 	case SubresourcePortForward:
 		allowed = []string{http.MethodPost}
 		rt.RBACSubresource = SubresourcePortForward
+	case SubresourceMetrics:
+		allowed, rt.RBACSubresource = []string{http.MethodGet}, SubresourceMetrics
 	case SubresourceLog, SubresourceHistory:
 		allowed = []string{http.MethodGet}
 		rt.RBACSubresource = SubresourceLog

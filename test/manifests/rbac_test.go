@@ -235,6 +235,7 @@ var _ = Describe("RBAC of the default overlay, applied for real", Ordered, func(
 			agg(team, "create", "sandboxes/exec"), agg(team, "create", "sandboxes/files"), agg(team, "get", "sandboxes/files"),
 			agg(team, "get", "sandboxes/log"), agg(team, "get", "sandboxes/history"),
 			in(team, "create", "sandboxes/portforward"), agg(team, "create", "sandboxes/portforward"),
+			agg(team, "get", "sandboxes/metrics"),
 		}, []access{
 			agg("default", "create", "sandboxes/exec"), agg("default", "create", "sandboxes/portforward"),
 			in(team, "create", "sandboxquotas"), in(team, "update", "sandboxquotas"), in(team, "patch", "sandboxquotas"),
@@ -251,6 +252,7 @@ var _ = Describe("RBAC of the default overlay, applied for real", Ordered, func(
 			in(team, "get", "sandboxes/status"), in(team, "get", "sandboxes/log"),
 			in(team, "get", "sandboxquotas"), in(team, "list", "sandboxquotas"),
 			agg(team, "get", "sandboxes/log"), agg(team, "get", "sandboxes/history"),
+			in(team, "get", "sandboxes/metrics"), agg(team, "get", "sandboxes/metrics"),
 		}, []access{
 			agg(team, "create", "sandboxes/exec"), agg(team, "create", "sandboxes/files"), agg(team, "get", "sandboxes/files"),
 			agg(team, "create", "sandboxes/processes"), in(team, "create", "sandboxes/processes"),
@@ -285,6 +287,7 @@ var _ = Describe("RBAC of the default overlay, applied for real", Ordered, func(
 			in(team, "delete", "sandboxquotas"), in(team, "get", "sandboxquotas/status"),
 		}, []access{
 			in(team, "update", "sandboxquotas/status"), in(team, "create", "sandboxes"), in(team, "get", "sandboxes"),
+			in(team, "get", "sandboxes/metrics"), agg(team, "get", "sandboxes/metrics"),
 		})
 	})
 
@@ -302,6 +305,7 @@ var _ = Describe("RBAC of the default overlay, applied for real", Ordered, func(
 			in(sbxNS, "get", "sandboxes/files"), in(sbxNS, "get", "sandboxes/log"),
 			agg(sbxNS, "create", "sandboxes/exec"), agg(sbxNS, "create", "sandboxes/files"), agg(sbxNS, "get", "sandboxes/files"),
 			agg(sbxNS, "get", "sandboxes/log"), agg(sbxNS, "get", "sandboxes/history"),
+			in(sbxNS, "get", "sandboxes/metrics"), agg(sbxNS, "get", "sandboxes/metrics"),
 			// The --max-sandboxes reservation records (one Lease per
 			// identity), written with resourceVersion preconditions.
 			core("coordination.k8s.io", sbxNS, "get", "leases", ""), core("coordination.k8s.io", sbxNS, "create", "leases", ""),

@@ -302,6 +302,7 @@ var permissions = map[session.Op]permission{
 	// The portforward op covers DialPort, Expose and Unexpose; a preview
 	// URL's requests are not a caller's (no review: the URL is the bearer).
 	session.OpPortForward: permPortForward,
+	session.OpMetrics:     permMetrics,
 }
 
 // Authorize implements session.Authorizer: a SubjectAccessReview for the

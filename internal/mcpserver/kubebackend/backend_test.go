@@ -328,6 +328,10 @@ var _ = Describe("access reviews", Label("unit"), func() {
 			_, err := b.Logs(ctx, alice, "mcp-1", contract.LogsOptions{})
 			return err
 		}, "get", "log", "mcp-1", "may not get sandboxes/log"),
+		Entry("metrics", func(b *Backend, ctx context.Context) error {
+			_, err := b.Metrics(ctx, alice, "mcp-1")
+			return err
+		}, "get", "metrics", "mcp-1", "may not get sandboxes/metrics"),
 	)
 
 	It("are cached and skipped for other identities", func() {

@@ -1,0 +1,82 @@
+/*
+Copyright 2026 The code-sandbox-operator Authors.
+
+Licensed under the MIT License; see the LICENSE file.
+*/
+
+package dockerbackend
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	. "github.com/onsi/ginkgo/v2"
+	. "github.com/onsi/gomega"
+
+	"github.com/code-sandbox/code-sandbox-operator/internal/execio"
+	"github.com/code-sandbox/code-sandbox-operator/internal/mcpserver/contract"
+	"github.com/code-sandbox/code-sandbox-operator/internal/testenv"
+)
+
+var _ = Describe("sandbox metrics on the Docker backend", Label("docker"), func() {
+	It("reads a sandbox's figures, also while it is paused, without waking it, for its owner only", func(ctx SpecContext) {
+		b := poolBackend(0)
+		caller := contract.Caller{ID: "metrics-test"}
+		sb, err := b.Create(ctx, caller, defaultReq)
+		Expect(err).NotTo(HaveOccurred())
+		m, err := b.Metrics(ctx, caller, sb.ID)
+		Expect(err).NotTo(HaveOccurred())
+		Expect(m.ContainerID).To(Equal(sb.ID))
+		Expect(m.Paused).To(BeFalse())
+		Expect(m.MemoryLimitBytes).To(BeNumerically(">", 0))
+		Expect(m.CPULimitCores).To(BeNumerically(">", 0))
+		Expect(m.Pids).To(BeNumerically(">=", 1))
+		Expect(m.WritablePaths).To(HaveLen(3))
+		Expect(m.Network).To(BeNil(), "a sandbox without network access has no interface to count")
+
+		_, err = b.Metrics(ctx, contract.Caller{ID: "mallory"}, sb.ID)
+		Expect(errors.Is(err, contract.ErrNotFound)).To(BeTrue(), "%v", err)
+
+		cts := containersOfRun(ctx, b)
+		Expect(cts).To(HaveLen(1))
+		Expect(b.driver.docker.Pause(ctx, cts[0].ID)).To(Succeed())
+		m, err = b.Metrics(ctx, caller, sb.ID)
+		Expect(err).NotTo(HaveOccurred())
+		Expect(m.Paused).To(BeTrue())
+		ct, err := b.driver.docker.Inspect(context.Background(), cts[0].ID)
+		Expect(err).NotTo(HaveOccurred())
+		Expect(ct.State.Paused).To(BeTrue(), "reading metrics must not unpause")
+		Expect(b.driver.docker.Unpause(ctx, cts[0].ID)).To(Succeed())
+	}, SpecTimeout(2*60e9))
+
+	It("shows a CPU-bound loop near its CPU limit and a memory hog near its memory limit", func(ctx SpecContext) {
+		b := poolBackend(0)
+		caller := contract.Caller{ID: "metrics-hog"}
+		const memLimit = 128 << 20
+		sb, err := b.Create(ctx, caller, contract.CreateRequest{Image: testenv.PythonImage, Network: contract.NetworkNone,
+			Lifetime: time.Hour, NanoCPUs: 500_000_000, MemoryBytes: memLimit})
+		Expect(err).NotTo(HaveOccurred())
+		// The loop and the hog run as one command for a few seconds; the
+		// metrics are read while it runs.
+		done := make(chan error, 1)
+		go func() {
+			_, err := b.Exec(ctx, caller, sb.ID, execio.Request{Command: []string{"python3", "-c",
+				"import time\nb = bytearray(110 << 20)\nfor i in range(0, len(b), 4096): b[i] = 1\nend = time.time() + 8\nwhile time.time() < end: pass"}}, nil)
+			done <- err
+		}()
+		Eventually(func(g Gomega) {
+			m, err := b.Metrics(ctx, caller, sb.ID)
+			g.Expect(err).NotTo(HaveOccurred())
+			g.Expect(m.CPULimitCores).To(BeNumerically("~", 0.5, 0.001))
+			g.Expect(m.CPUPercentOfLimit).To(BeNumerically(">=", 80))
+			g.Expect(m.CPUPercentOfLimit).To(BeNumerically("<=", 120))
+			g.Expect(m.MemoryLimitBytes).To(Equal(int64(memLimit)))
+			g.Expect(m.MemoryBytes).To(BeNumerically(">=", 110<<20))
+			g.Expect(m.MemoryBytes).To(BeNumerically("<=", memLimit))
+			GinkgoWriter.Printf("sandbox_metrics: cpu %.3f of %g cores (%.0f%%), memory %d of %d bytes\n",
+				m.CPUCores, m.CPULimitCores, m.CPUPercentOfLimit, m.MemoryBytes, m.MemoryLimitBytes)
+		}).WithContext(ctx).WithTimeout(8 * time.Second).WithPolling(100 * time.Millisecond).Should(Succeed())
+		Expect(<-done).To(Succeed())
+	}, SpecTimeout(2*60e9))
+})
