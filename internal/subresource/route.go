@@ -66,7 +66,7 @@ func ParseRoute(prefix string, r *http.Request) (Route, *Error) {
 		allowed = []string{http.MethodGet}
 		rt.RBACSubresource = SubresourceLog
 	default:
-		return Route{}, noSuchEndpoint("no such subresource %q; this API serves exec, processes, files, log, history and portforward", rt.Subresource)
+		return Route{}, noSuchEndpoint("no such subresource %q; this API serves exec, processes, files, log, history, portforward and metrics", rt.Subresource)
 	}
 	switch r.Method {
 	case http.MethodPost:
