@@ -100,10 +100,12 @@ var _ = Describe("Warm pool claims", func() {
 		Expect(ct.State.Running).To(BeTrue())
 		Expect(ct.HostConfig.Memory).To(Equal(int64(96<<20)), "the container has the template's shape")
 		// Indistinguishable from a fresh sandbox: empty writable paths, one
-		// process (the idle one), a lifetime counted from the claim.
+		// process (the idle one) besides the resident helper that every
+		// sandbox starts with (dockerruntime's prestart; the member's health
+		// check ran in it), a lifetime counted from the claim.
 		Expect(dockerExecOutput(id, "ls", "-A", "/app", "/tmp")).To(Equal("/app:\n\n/tmp:\n"))
-		Expect(strings.Fields(dockerExecOutput(id, "ps", "-o", "comm"))).To(Equal([]string{"COMMAND", "docker-init", "idle", "ps"}),
-			"only the init, the idle process and ps itself run")
+		Expect(strings.Fields(dockerExecOutput(id, "ps", "-o", "comm"))).To(Equal([]string{"COMMAND", "docker-init", "idle", "helper", "ps"}),
+			"only the init, the idle process, the resident helper and ps itself run")
 		Expect(sbx.Status.StartTime.Time).To(BeTemporally(">", member.Status.StartTime.Time))
 
 		// The member records the handover, and its deletion (the pool
