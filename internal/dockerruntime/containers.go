@@ -73,7 +73,59 @@ func (c *Client) Inspect(ctx context.Context, idOrName string) (Container, error
 	if err != nil {
 		return Container{}, classify(err, "inspecting container "+idOrName)
 	}
-	return fromInspect(resp), nil
+	return fromInspect(c.awaitOOMFlag(ctx, resp)), nil
+}
+
+// oomFlagLag bounds how long after a container's exit Inspect waits for
+// Docker to record that the exit was the OOM killer's.
+const oomFlagLag = 3 * time.Second
+
+// awaitOOMFlag re-inspects a container that has just exited with 137 (a
+// SIGKILL) under a memory limit until Docker's record says whether the
+// kernel's OOM killer did it, for at most oomFlagLag after the exit and
+// within ctx. Docker 20.10 sets State.OOMKilled when it handles
+// containerd's OOM event, apart from the exit event (daemon/monitor.go);
+// the shim sends the two from different goroutines, so on a loaded host
+// the exit can be recorded first, and an Inspect in between reports an
+// OOM-killed sandbox as merely exited with 137. The wait costs only an
+// inspect of a container that was SIGKILLed within the last few seconds;
+// resp is returned as it is when the flag does not come.
+func (c *Client) awaitOOMFlag(ctx context.Context, resp container.InspectResponse) container.InspectResponse {
+	if !oomFlagPending(resp) {
+		return resp
+	}
+	finished, err := time.Parse(time.RFC3339Nano, resp.State.FinishedAt)
+	if err != nil {
+		return resp
+	}
+	deadline := finished.Add(oomFlagLag)
+	for delay := 5 * time.Millisecond; time.Now().Before(deadline); delay = min(2*delay, 100*time.Millisecond) {
+		select {
+		case <-ctx.Done():
+			return resp
+		case <-time.After(min(delay, time.Until(deadline))):
+		}
+		again, err := c.docker.ContainerInspect(ctx, resp.ID)
+		if err != nil || again.ContainerJSONBase == nil || again.State == nil || again.State.Status != resp.State.Status {
+			return resp
+		}
+		resp = again
+		if resp.State.OOMKilled {
+			return resp
+		}
+	}
+	return resp
+}
+
+// oomFlagPending is an exit the OOM killer may have caused, not (yet)
+// recorded as its.
+func oomFlagPending(resp container.InspectResponse) bool {
+	if resp.ContainerJSONBase == nil || resp.State == nil || resp.HostConfig == nil {
+		return false
+	}
+	st := resp.State
+	return (st.Status == container.StateExited || st.Status == container.StateDead) &&
+		st.ExitCode == 137 && !st.OOMKilled && resp.HostConfig.Memory > 0
 }
 
 // ListFilter narrows ListManaged. Empty fields match everything.

@@ -10,14 +10,37 @@ import (
 // Pause freezes a running container with the cgroup freezer: its processes
 // get no CPU time and keep their memory. Pausing a paused container is not
 // an error. It returns once Docker records the container as paused.
+//
+// A helper start that prestartHelper began is waited for first: a process
+// being spawned into the container (runc's exec joining its cgroup, a Go
+// runtime making its threads) is what keeps a cgroup v1 freezer from
+// settling. runc gives up then ("unable to freeze") and thaws the
+// container back, so such a failure is retried, with a pause between
+// tries, until ctx (bounded by the call timeout) ends.
 func (c *Client) Pause(ctx context.Context, id string) error {
 	ctx, cancel := c.bounded(ctx)
 	defer cancel()
-	err := c.docker.ContainerPause(ctx, id)
-	if err != nil && !strings.Contains(err.Error(), "already paused") {
-		return classify(err, "pausing container "+ShortID(id))
+	c.awaitPrestart(ctx, id)
+	for delay := 20 * time.Millisecond; ; delay = min(2*delay, time.Second) {
+		err := c.docker.ContainerPause(ctx, id)
+		switch {
+		case err == nil, strings.Contains(err.Error(), "already paused"):
+			return c.awaitPausedRecord(ctx, id, true)
+		case !freezeRaced(err):
+			return classify(err, "pausing container "+ShortID(id))
+		}
+		select {
+		case <-ctx.Done():
+			return classify(err, "pausing container "+ShortID(id)+" (the freezer did not settle)")
+		case <-time.After(delay):
+		}
 	}
-	return c.awaitPausedRecord(ctx, id, true)
+}
+
+// freezeRaced is runc's cgroup v1 freeze giving up while a task in the
+// container could not be frozen in time; runc has thawed it again.
+func freezeRaced(err error) bool {
+	return strings.Contains(err.Error(), "unable to freeze")
 }
 
 // Unpause thaws a paused container. Unpausing a running container that is

@@ -127,11 +127,25 @@ func (c *Client) Start(ctx context.Context, id string) error {
 // confirms the container is gone; a container that never existed counts as
 // gone.
 func (c *Client) Remove(ctx context.Context, id string, grace time.Duration) error {
+	if grace > 0 {
+		// The stop must not race the resident helper's exec start
+		// (prestart.go): containerd's shim holds back the container's exit
+		// event while an exec is starting.
+		c.awaitPrestart(ctx, id)
+	}
 	c.dropStandby(id)
 	if grace > 0 {
 		secs := int((grace + time.Second - 1) / time.Second)
 		sctx, cancel := context.WithTimeout(ctx, grace+c.callTimeout)
+		stopped := make(chan struct{})
+		resent := make(chan struct{})
+		go func() {
+			defer close(resent)
+			c.resendEarlyStop(sctx, id, stopped)
+		}()
 		err := c.docker.ContainerStop(sctx, id, container.StopOptions{Timeout: &secs})
+		close(stopped)
+		<-resent
 		cancel()
 		if err != nil && !cerrdefs.IsNotFound(err) && !cerrdefs.IsNotModified(err) {
 			if cerr := classify(err, ""); errors.Is(cerr, ErrUnavailable) {
@@ -150,7 +164,12 @@ func (c *Client) Remove(ctx context.Context, id string, grace time.Duration) err
 	// Removal can be asynchronous ("removal in progress"); confirm.
 	deadline := time.Now().Add(c.callTimeout)
 	for {
-		_, err := c.Inspect(ctx, id)
+		// Docker's record itself: Inspect's wait for an OOM flag
+		// (awaitOOMFlag) is no use to a removal.
+		ictx, icancel := c.bounded(ctx)
+		_, err := c.docker.ContainerInspect(ictx, id)
+		icancel()
+		err = classify(err, "inspecting container "+id)
 		if errors.Is(err, ErrNotFound) {
 			return nil
 		}
@@ -165,5 +184,53 @@ func (c *Client) Remove(ctx context.Context, id string, grace time.Duration) err
 			return classify(ctx.Err(), "waiting for removal of "+ShortID(id))
 		case <-time.After(100 * time.Millisecond):
 		}
+	}
+}
+
+const (
+	// initSettle is how young a container must be for its stop signal to
+	// have possibly come before its init was ready for it.
+	initSettle = 2 * time.Second
+	// stopResends is how many times, a second apart, the stop signal is
+	// sent again to such a container while it has not stopped.
+	stopResends = 3
+)
+
+// resendEarlyStop sends a young container's stop signal again, a second
+// and more after Docker's stop sent it, while the container runs, until
+// stopped is closed. A sandbox's PID 1 is Docker's init (tini), which blocks
+// the signals it forwards a moment after runc has exec'd it; a signal that
+// comes before that finds PID 1 of a PID namespace with no handler, and
+// the kernel drops it. On a loaded host that moment can be long enough for
+// a Remove right after CreateAndStart to hit it, and the stop then waited
+// out the whole grace period for nothing. Only a container started within
+// initSettle is concerned: once its init has set up its signals, one
+// signal is all it gets, as from docker stop.
+func (c *Client) resendEarlyStop(ctx context.Context, id string, stopped <-chan struct{}) {
+	ct, err := c.docker.ContainerInspect(ctx, id)
+	if err != nil || ct.ContainerJSONBase == nil || ct.State == nil || !ct.State.Running || ct.State.Paused {
+		return
+	}
+	started, err := time.Parse(time.RFC3339Nano, ct.State.StartedAt)
+	if err != nil || time.Since(started) > initSettle {
+		return
+	}
+	signal := "TERM"
+	if ct.Config != nil && ct.Config.StopSignal != "" {
+		signal = ct.Config.StopSignal
+	}
+	for range stopResends {
+		select {
+		case <-stopped:
+			return
+		case <-ctx.Done():
+			return
+		case <-time.After(time.Second):
+		}
+		cur, err := c.docker.ContainerInspect(ctx, id)
+		if err != nil || cur.State == nil || !cur.State.Running || cur.State.Paused {
+			return
+		}
+		_ = c.docker.ContainerKill(ctx, id, signal)
 	}
 }

@@ -59,15 +59,19 @@ type pool struct {
 	// kick wakes the refill loop (a claim, a successful cold default
 	// create, which proves the image is on the host) and resets its
 	// backoff.
-	kick   chan struct{}
-	ctx    context.Context
-	cancel context.CancelFunc
-	done   chan struct{}
+	kick chan struct{}
+	// makeMember is make; a test may wrap it to inject a failure.
+	makeMember func() (poolMember, error)
+	ctx        context.Context
+	cancel     context.CancelFunc
+	done       chan struct{}
 }
 
 func newPool(d *driver, size int, image string) *pool {
 	ctx, cancel := context.WithCancel(context.Background())
-	return &pool{d: d, size: size, image: image, kick: make(chan struct{}, 1), ctx: ctx, cancel: cancel, done: make(chan struct{})}
+	p := &pool{d: d, size: size, image: image, kick: make(chan struct{}, 1), ctx: ctx, cancel: cancel, done: make(chan struct{})}
+	p.makeMember = p.make
+	return p
 }
 
 // start starts the refill loop; nil-safe, once.
@@ -225,18 +229,23 @@ func (b *driver) thawed(ctx context.Context, h session.Handle) error {
 // until close.
 func (p *pool) loop() {
 	defer close(p.done)
-	backoff := time.Duration(0)
+	// backoff grows with each failure in a row; delay is the wait before
+	// the next attempt, spent once (a failure sets it, the wait clears it).
+	// A kick resets both. (When the wait did not clear it, a failure left
+	// the pool waiting out its backoff again and again until a kick came:
+	// one failed member and the pool stayed short for good.)
+	var backoff, delay time.Duration
 	for {
 		p.mu.Lock()
 		need := !p.closed && len(p.idle) < p.size
 		p.mu.Unlock()
-		if !need || backoff > 0 {
+		if !need || delay > 0 {
 			var (
 				t     *time.Timer
 				timer <-chan time.Time
 			)
 			if need {
-				t = time.NewTimer(backoff)
+				t = time.NewTimer(delay)
 				timer = t.C
 			}
 			select {
@@ -251,9 +260,10 @@ func (p *pool) loop() {
 			if p.ctx.Err() != nil {
 				return
 			}
+			delay = 0
 			continue
 		}
-		m, err := p.make()
+		m, err := p.makeMember()
 		if p.ctx.Err() != nil {
 			// Closing: RemoveAll, which waits for this loop, removes a
 			// member just made.
@@ -269,6 +279,7 @@ func (p *pool) loop() {
 			} else {
 				p.d.log.Warn("creating a warm pool member failed; retrying", "image", p.image, "retry_in", backoff, "error", err)
 			}
+			delay = backoff
 			continue
 		}
 		backoff = 0

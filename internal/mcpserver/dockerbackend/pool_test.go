@@ -9,10 +9,12 @@ package dockerbackend
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	. "github.com/onsi/ginkgo/v2"
@@ -27,6 +29,13 @@ import (
 // poolBackend is a started Docker backend with a warm pool of size on the
 // busybox test image, removed (Close) when the spec ends.
 func poolBackend(size int) *Backend {
+	GinkgoHelper()
+	return poolBackendWith(size, nil)
+}
+
+// poolBackendWith is poolBackend that calls before(b) before it starts b
+// (and with it the pool's refill loop).
+func poolBackendWith(size int, before func(*Backend)) *Backend {
 	GinkgoHelper()
 	client, err := dockerruntime.New(dockerruntime.Options{ManagedBy: dockerruntime.ManagedByMCP, CallTimeout: 30 * time.Second})
 	Expect(err).NotTo(HaveOccurred())
@@ -46,6 +55,9 @@ func poolBackend(size int) *Backend {
 		WarmPool: size, DefaultImage: testenv.BusyboxImage,
 	})
 	Expect(err).NotTo(HaveOccurred())
+	if before != nil {
+		before(b)
+	}
 	b.Start(context.Background())
 	DeferCleanup(func(ctx context.Context) {
 		Expect(b.Close(ctx)).To(Succeed())
@@ -165,6 +177,30 @@ var _ = Describe("the warm pool", Label("docker"), func() {
 		Expect(err).NotTo(HaveOccurred())
 		Expect(list).To(HaveLen(1))
 	}, SpecTimeout(3*time.Minute))
+
+	It("retries a member that failed on its own, without waiting for a claim to wake it", func(ctx SpecContext) {
+		// A member's creation can fail for a passing reason (runc's cgroup
+		// v1 freeze gives up while a task cannot be frozen in time); the
+		// refill loop must try again after its backoff. It used to wait out
+		// the backoff over and over until a claim kicked it, so the pool
+		// stayed short.
+		var failed atomic.Bool
+		b := poolBackendWith(1, func(b *Backend) {
+			p := b.driver.pool
+			orig := p.makeMember
+			p.makeMember = func() (poolMember, error) {
+				if failed.CompareAndSwap(false, true) {
+					return poolMember{}, errors.New("injected: unable to freeze")
+				}
+				return orig()
+			}
+		})
+		start := time.Now()
+		waitFull(ctx, b)
+		Expect(failed.Load()).To(BeTrue(), "the injected failure was not hit")
+		// One backoff (poolBackoffFirst) and one member's creation.
+		GinkgoWriter.Printf("filled after one failure in %s\n", time.Since(start))
+	}, SpecTimeout(2*time.Minute))
 
 	It("hands out a member indistinguishable from a fresh sandbox: empty /app and /tmp, no leftover process, no history", func(ctx SpecContext) {
 		b := poolBackend(2)
