@@ -481,6 +481,24 @@ func (c *Client) CopyOut(ctx context.Context, id string, src execio.Target, w io
 	if err := c.awaitThaw(ctx, id); err != nil {
 		return execio.TransferStats{}, err
 	}
+	where := fmt.Sprintf("downloading %s from sandbox %s", joinTarget(src), ShortID(id))
+	return forwardTarOut(ctx, w, maxBytes, where, func(out, stderr io.Writer) (ExecResult, error) {
+		// Through the resident helper (transfer_serve.go), or an exec for a
+		// helper without serve.
+		code, handled, err := c.runInHelper(ctx, id, tarArgv(src, maxBytes), nil, out, stderr)
+		if !handled {
+			return c.Exec(ctx, id, ExecOptions{Cmd: tarArgv(src, maxBytes)}, out, stderr)
+		}
+		return ExecResult{ExitCode: code}, err
+	})
+}
+
+// forwardTarOut runs a helper that writes a tar (run, given the pipe to
+// write it to and a bounded stderr) and forwards the tar to w through
+// execio.ForwardTar, which recounts its content and framing against
+// maxBytes, so that a helper tampered with from inside the sandbox cannot
+// flood the caller. where names the operation in errors.
+func forwardTarOut(ctx context.Context, w io.Writer, maxBytes int64, where string, run func(out, stderr io.Writer) (ExecResult, error)) (execio.TransferStats, error) {
 	type counted struct {
 		stats execio.TransferStats
 		err   error
@@ -489,23 +507,15 @@ func (c *Client) CopyOut(ctx context.Context, id string, src execio.Target, w io
 	done := make(chan counted, 1)
 	go func() {
 		stats, err := execio.ForwardTar(ctx, pr, w, maxBytes)
-		// Failing the pipe fails the exec's output copy, which closes the
-		// exec and so stops the helper (EPIPE).
+		// Failing the pipe fails the helper's output copy, which closes its
+		// stream and so stops it (EPIPE).
 		pr.CloseWithError(err)
 		done <- counted{stats, err}
 	}()
 	stderr := &boundedBuffer{max: helperStderrMax}
-	// Through the resident helper (transfer_serve.go), or an exec for a
-	// helper without serve.
-	var res ExecResult
-	code, handled, execErr := c.runInHelper(ctx, id, tarArgv(src, maxBytes), nil, pw, stderr)
-	res.ExitCode = code
-	if !handled {
-		res, execErr = c.Exec(ctx, id, ExecOptions{Cmd: tarArgv(src, maxBytes)}, pw, stderr)
-	}
+	res, execErr := run(pw, stderr)
 	pw.CloseWithError(execErr)
 	s := <-done
-	where := fmt.Sprintf("downloading %s from sandbox %s", joinTarget(src), ShortID(id))
 	switch {
 	case execErr == nil && res.ExitCode != 0:
 		return s.stats, helperFailure(where, res.ExitCode, stderr.buf.Bytes())

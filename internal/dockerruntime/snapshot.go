@@ -58,44 +58,20 @@ func (c *Client) Snapshot(ctx context.Context, id string, roots []string, w io.W
 	for _, r := range roots {
 		argv = append(argv, "--root="+r)
 	}
-	type counted struct {
-		stats execio.TransferStats
-		err   error
-	}
-	pr, pw := io.Pipe()
-	done := make(chan counted, 1)
-	go func() {
-		stats, err := execio.ForwardTar(ctx, pr, w, maxBytes)
-		pr.CloseWithError(err)
-		done <- counted{stats, err}
-	}()
-	stderr := &boundedBuffer{max: helperStderrMax}
 	// An exec of its own, not the resident helper: the snapshot stops every
 	// process of the sandbox's user, the resident helper included.
-	res, execErr := c.Exec(ctx, id, ExecOptions{Cmd: argv}, pw, stderr)
-	pw.CloseWithError(execErr)
-	s := <-done
-	where := "taking a snapshot of sandbox " + ShortID(id)
-	var err error
-	switch {
-	case execErr == nil && res.ExitCode != 0:
-		err = helperFailure(where, res.ExitCode, stderr.buf.Bytes())
-	case s.err != nil && execErr == nil:
-		err = fmt.Errorf("%s: %w", where, s.err)
-	case s.err != nil && errors.Is(s.err, execio.ErrTooLarge):
-		err = fmt.Errorf("%s: %w", where, s.err)
-	case execErr != nil:
-		err = execErr
-	}
+	stats, err := forwardTarOut(ctx, w, maxBytes, "taking a snapshot of sandbox "+ShortID(id), func(out, stderr io.Writer) (ExecResult, error) {
+		return c.Exec(ctx, id, ExecOptions{Cmd: argv}, out, stderr)
+	})
 	if err != nil {
 		// The helper thaws on every path it survives; this covers one that
 		// was killed or cut off while the sandbox was stopped.
 		tctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), snapshotThawGrace)
 		defer cancel()
 		_, _ = c.Exec(tctx, id, ExecOptions{Cmd: []string{HelperPath, "thaw"}}, io.Discard, io.Discard)
-		return s.stats, err
+		return stats, err
 	}
-	return s.stats, nil
+	return stats, nil
 }
 
 // Restore writes a snapshot into sandbox id: each root's entries into that
