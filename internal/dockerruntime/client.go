@@ -88,6 +88,8 @@ type Client struct {
 
 	standby standbys
 	thaws   thaws
+	// gates keep a pause and exec starts apart (gate.go).
+	gates execGates
 
 	toolsMu sync.Mutex
 	// toolsCreatedAt identifies the tools volume this client verified ("" if

@@ -64,6 +64,9 @@ func (c *Client) startExec(ctx context.Context, id string, opts ExecOptions) (st
 	if len(opts.Cmd) == 0 {
 		return "", types.HijackedResponse{}, fmt.Errorf("%w: exec needs a command", ErrInvalidSpec)
 	}
+	// Held until Docker reports the process started: see execGates.
+	done := c.gates.startShared(id)
+	defer done()
 	cctx, cancel := c.bounded(ctx)
 	created, err := c.docker.ContainerExecCreate(cctx, id, container.ExecOptions{
 		Cmd:          opts.Cmd,
@@ -84,6 +87,9 @@ func (c *Client) startExec(ctx context.Context, id string, opts ExecOptions) (st
 	if err != nil {
 		return "", types.HijackedResponse{}, classify(err, "attaching to exec in "+ShortID(id))
 	}
+	sctx, cancel := c.bounded(ctx)
+	c.awaitExecStarted(sctx, created.ID)
+	cancel()
 	if opts.Stdin != nil {
 		go func() {
 			_, _ = io.Copy(attach.Conn, opts.Stdin)

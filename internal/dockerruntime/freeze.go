@@ -22,7 +22,9 @@ func (c *Client) Pause(ctx context.Context, id string) error {
 	defer cancel()
 	c.awaitPrestart(ctx, id)
 	for delay := 20 * time.Millisecond; ; delay = min(2*delay, time.Second) {
+		done := c.gates.pauseExclusive(id)
 		err := c.docker.ContainerPause(ctx, id)
+		done()
 		switch {
 		case err == nil, strings.Contains(err.Error(), "already paused"):
 			return c.awaitPausedRecord(ctx, id, true)
