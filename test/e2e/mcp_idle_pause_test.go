@@ -53,6 +53,45 @@ var _ = Describe("code-sandbox-mcp --idle-pause (Docker backend)", func() {
 		Expect(exec.CommandContext(ctx, "docker", "inspect", container).Run()).To(HaveOccurred(), "the container is gone")
 	})
 
+	It("neither pauses nor removes an unpolled sandbox while a background command runs, and does both once it has ended", func(ctx SpecContext) {
+		// Without the reaper asking the sandbox, it would be paused after
+		// 2 s and removed after 6 s: the command runs 12 s with no tool call.
+		srv := startStdio(ctx, nil, "--idle-pause", "2s", "--idle-timeout", "6s")
+		DeferCleanup(srv.stop)
+		id := initSandbox(ctx, srv.session, nil)
+		container := "code-sandbox-" + id
+		state := func() string {
+			out, err := exec.CommandContext(ctx, "docker", "inspect", "-f", "{{.State.Paused}}", container).Output()
+			if err != nil {
+				return "gone"
+			}
+			return strings.TrimSpace(string(out))
+		}
+		res := call(ctx, srv.session, "sandbox_exec", map[string]any{"container_id": id, "background": true,
+			"commands": []string{"i=0; while [ $i -lt 12 ]; do echo tick $i; i=$((i+1)); sleep 1; done; exit 4"}})
+		Expect(res.IsError).To(BeFalse(), text(res))
+		handle, _ := structured(res)["background"].(map[string]any)["handle"].(string)
+		Expect(handle).NotTo(BeEmpty(), text(res))
+
+		began := time.Now()
+		Consistently(state).WithTimeout(11*time.Second).WithPolling(250*time.Millisecond).Should(Equal("false"),
+			"frozen or removed while its background command ran:\n%s", srv.stderr.String())
+		Expect(srv.stderr.String()).NotTo(ContainSubstring("paused an idle sandbox"))
+
+		res = call(ctx, srv.session, "exec_wait", map[string]any{"container_id": id, "handle": handle, "timeout_seconds": 20})
+		st := structured(res)
+		Expect(st).To(HaveKeyWithValue("state", "exited"), text(res))
+		Expect(st).To(HaveKeyWithValue("exit_code", BeNumerically("==", 4)))
+		Expect(st["stdout"]).To(HavePrefix("tick 0\ntick 1\n"))
+		Expect(st["stdout"]).To(HaveSuffix("tick 11\n"))
+		// 12 s of sleeps: it ran to its end, never frozen.
+		Expect(time.Since(began)).To(BeNumerically("<", 15*time.Second))
+
+		By("idle once the command has ended: paused, then removed")
+		Eventually(state).WithTimeout(20*time.Second).WithPolling(250*time.Millisecond).Should(Equal("true"), srv.stderr.String())
+		Eventually(state).WithTimeout(30*time.Second).WithPolling(250*time.Millisecond).Should(Equal("gone"), srv.stderr.String())
+	})
+
 	It("hands out a paused warm-pool member on sandbox_initialize (--warm-pool), refills, and leaves nothing behind on exit", func(ctx SpecContext) {
 		srv := startStdio(ctx, nil, "--warm-pool", "2")
 		instance := srv.instance()

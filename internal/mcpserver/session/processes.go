@@ -29,6 +29,11 @@ func (m *Manager) Processes(ctx context.Context, caller contract.Caller, id stri
 	}
 	defer release()
 	resp, err := pd.Processes(ctx, h, call)
+	if err == nil && call.Action == execio.ProcessActionStart && e != nil {
+		m.mu.Lock()
+		e.Background = true
+		m.mu.Unlock()
+	}
 	m.done(e, err)
 	return resp, err
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"time"
 
+	"github.com/code-sandbox/code-sandbox-operator/internal/execio"
 	"github.com/code-sandbox/code-sandbox-operator/internal/mcpserver/contract"
 )
 
@@ -20,6 +21,12 @@ type Activity struct {
 	// Paused: the reaper froze the sandbox for being idle (IdlePause);
 	// the next operation that needs it running resumes it.
 	Paused bool
+	// Background: a background process was started in the sandbox and
+	// the reaper has not yet seen all of them end. Before it pauses or
+	// removes such a sandbox as idle it asks the sandbox: a running
+	// background process is use, so that nobody polling a long build does
+	// not freeze or lose it (the lifetime still applies).
+	Background bool
 }
 
 // action is what the reaper does to a sandbox on one pass.
@@ -98,22 +105,45 @@ func (m *Manager) reap(now time.Time) {
 		why string
 	}
 	var victims, sleepers []victim
+	var running []*entry
 	idlePause := time.Duration(0)
 	if m.pauser != nil {
 		idlePause = m.opts.IdlePause
 	}
-	m.mu.Lock()
-	for _, e := range m.entries {
-		switch act, why := e.decide(now, m.opts.IdleTimeout, idlePause); act {
-		case remove:
+	classify := func(e *entry) {
+		switch act, why := e.decide(now, m.opts.IdleTimeout, idlePause); {
+		case act != keep && why == "idle" && e.Background && !e.Paused:
+			running = append(running, e)
+		case act == remove:
 			e.Removing = true
 			victims = append(victims, victim{e, why})
-		case pause:
+		case act == pause:
 			sleepers = append(sleepers, victim{e, why})
-		case keep:
 		}
 	}
+	m.mu.Lock()
+	for _, e := range m.entries {
+		classify(e)
+	}
 	m.mu.Unlock()
+	// Idle by its tool calls, but it ran background processes: idle only
+	// if none is running any more.
+	checked := running
+	running = nil
+	for _, e := range checked {
+		busy, err := m.runsProcesses(e)
+		m.mu.Lock()
+		switch {
+		case err != nil || busy:
+			// Running (or unknown: keep the work, the lifetime still
+			// bounds it) counts as use.
+			e.LastUsedAt = now
+		default:
+			e.Background = false
+			classify(e)
+		}
+		m.mu.Unlock()
+	}
 	for _, s := range sleepers {
 		m.pauseIdle(s.e, now)
 	}
@@ -127,6 +157,34 @@ func (m *Manager) reap(now time.Time) {
 		m.forget(v.e)
 	}
 }
+
+// runsProcesses asks the sandbox whether any of its background processes
+// is still running.
+func (m *Manager) runsProcesses(e *entry) (bool, error) {
+	pd, ok := m.d.(ProcessDriver)
+	if !ok {
+		return false, nil
+	}
+	m.mu.Lock()
+	h := e.handle()
+	m.mu.Unlock()
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(m.sweepCtx), processCheckTimeout)
+	defer cancel()
+	resp, err := pd.Processes(ctx, h, contract.ProcessCall{Action: execio.ProcessActionList})
+	if err != nil {
+		m.log.Warn("listing an idle sandbox's background processes; keeping it", "sandbox", e.id, "error", err)
+		return false, err
+	}
+	for _, p := range resp.Processes {
+		if p.State == execio.ProcessRunning {
+			return true, nil
+		}
+	}
+	return false, nil
+}
+
+// processCheckTimeout bounds the reaper's look at a sandbox's processes.
+const processCheckTimeout = 10 * time.Second
 
 // removeTimeout bounds one removal by the reaper.
 const removeTimeout = time.Minute
