@@ -235,7 +235,16 @@ func (a execArgs) yieldAfter(cfg Config) (time.Duration, error) {
 		}
 		return time.Duration(secs) * time.Second, nil
 	}
-	if a.TimeoutSeconds != nil && time.Duration(*a.TimeoutSeconds)*time.Second > DefaultYieldAfter {
+	// By default a command yields when it may outlive a 60 s client cap:
+	// one given a timeout above the yield, or any command when the
+	// server's --command-timeout is above the shipped 60 s. A command with
+	// the shipped default ends by 60 s and keeps the quick foreground path
+	// (yielding costs a start and a wait through the helper, about 2 round
+	// trips, on every command).
+	switch {
+	case a.TimeoutSeconds != nil && time.Duration(*a.TimeoutSeconds)*time.Second > DefaultYieldAfter:
+		return DefaultYieldAfter, nil
+	case a.TimeoutSeconds == nil && cfg.CommandTimeout > DefaultCommandTimeout:
 		return DefaultYieldAfter, nil
 	}
 	return 0, nil

@@ -125,6 +125,30 @@ var _ = Describe("execArgs.requests", Label("unit"), func() {
 	)
 })
 
+var _ = Describe("execArgs.yieldAfter", Label("unit"), func() {
+	long := testConfig()
+	long.CommandTimeout = 5 * time.Minute
+	DescribeTable("yields by default only a command that may outlive a 60 s client cap",
+		func(cfg Config, a execArgs, want time.Duration) {
+			got, err := a.yieldAfter(cfg)
+			Expect(err).NotTo(HaveOccurred())
+			Expect(got).To(Equal(want))
+		},
+		Entry("the shipped 60 s default: the quick path", testConfig(), execArgs{}, time.Duration(0)),
+		Entry("timeout_seconds 45: never past the yield", testConfig(), execArgs{TimeoutSeconds: ptr[int64](45)}, time.Duration(0)),
+		Entry("timeout_seconds 46", testConfig(), execArgs{TimeoutSeconds: ptr[int64](46)}, DefaultYieldAfter),
+		Entry("timeout_seconds 300", testConfig(), execArgs{TimeoutSeconds: ptr[int64](300)}, DefaultYieldAfter),
+		Entry("--command-timeout 5m, no timeout_seconds", long, execArgs{}, DefaultYieldAfter),
+		Entry("--command-timeout 5m, timeout_seconds 30", long, execArgs{TimeoutSeconds: ptr[int64](30)}, time.Duration(0)),
+		Entry("yield_after_seconds 0: never", long, execArgs{YieldAfterSeconds: ptr[int64](0)}, time.Duration(0)),
+		Entry("yield_after_seconds 5 on a short command", testConfig(), execArgs{YieldAfterSeconds: ptr[int64](5)}, 5*time.Second),
+	)
+	It("refuses a yield_after_seconds out of range", func() {
+		_, err := execArgs{YieldAfterSeconds: ptr[int64](-1)}.yieldAfter(testConfig())
+		Expect(err).To(MatchError(ContainSubstring("yield_after_seconds -1 is out of range")))
+	})
+})
+
 var _ = Describe("sandboxFilePath", Label("unit"), func() {
 	DescribeTable("splits a sandbox file path or refuses it",
 		func(in, dir, base, want string) {

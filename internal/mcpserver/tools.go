@@ -240,7 +240,7 @@ func sandboxExecTool(d *deps) (mcp.Tool, server.ToolHandlerFunc) {
 		mcp.WithString("workdir", mcp.Description("Absolute working directory for the commands (default: the sandbox's working directory).")),
 		mcp.WithObject("env", mcp.Description("Extra environment variables, as {\"NAME\": \"value\"}."), mcp.AdditionalProperties(map[string]any{"type": "string"})),
 		mcp.WithBoolean("background", mcp.Description("Start the one command in the background and return its handle at once; exec_wait, exec_poll, exec_write_stdin and exec_kill act on it. It survives this call, the client's disconnect and a restart of this server; timeout_seconds still bounds it.")),
-		mcp.WithInteger("yield_after_seconds", mcp.Description(fmt.Sprintf("A command still running after this many seconds returns its handle and its output so far instead of blocking, and the commands after it are not run (0: never). Default %d when timeout_seconds is longer than that, otherwise never.", int(DefaultYieldAfter/time.Second))), mcp.Min(0), mcp.Max(int(d.cfg.MaxTimeout/time.Second))),
+		mcp.WithInteger("yield_after_seconds", mcp.Description(fmt.Sprintf("A command still running after this many seconds returns its handle and its output so far instead of blocking, and the commands after it are not run (0: never). Default %d when timeout_seconds is longer than that, or when timeout_seconds is not given and the server's default command timeout (%d s) is above 60; otherwise never.", int(DefaultYieldAfter/time.Second), int(d.cfg.CommandTimeout/time.Second))), mcp.Min(0), mcp.Max(int(d.cfg.MaxTimeout/time.Second))),
 		mcp.WithOutputSchema[ExecResult](),
 		annotations("Run commands", false, true, false, d.cfg.AllowEgress),
 	)
