@@ -200,6 +200,8 @@ var _ = Describe("the operator on a real cluster", Ordered, func() {
 	sandboxSpecs()
 	mcpSpecs()
 	mcpHASpecs()
+	longRunSpecs()
+	previewSpecs()
 	mcpBenchSpecs()
 	warmPoolSpecs()
 	webhookSpecs()

@@ -463,15 +463,8 @@ func mcpHASpecs() {
 			}
 			time.Sleep(4 * time.Second)
 
-			pod := mcpPods(ctx)[0]
-			node := mustKubectl(ctx, "get", "pod", pod, "-n", operatorNS, "-o", "jsonpath={.spec.nodeName}")
-			cid := strings.TrimPrefix(mustKubectl(ctx, "get", "pod", pod, "-n", operatorNS, "-o", "jsonpath={.status.containerStatuses[0].containerID}"), "containerd://")
-			pid, err := docker(ctx, "exec", node, "crictl", "inspect", "-o", "go-template", "--template", "{{.info.pid}}", cid)
-			Expect(err).NotTo(HaveOccurred())
-			By(fmt.Sprintf("SIGKILL to the MCP server in pod %s (pid %s on node %s)", pod, strings.TrimSpace(pid), node))
 			killed := time.Now()
-			_, err = docker(ctx, "exec", node, "kill", "-9", strings.TrimSpace(pid))
-			Expect(err).NotTo(HaveOccurred())
+			killContainerProcess(ctx, mcpPods(ctx)[0])
 			wg.Wait()
 
 			failed, slowest := 0, time.Duration(0)
