@@ -9,6 +9,7 @@ package manifests
 import (
 	"net"
 	"net/url"
+	"strconv"
 	"strings"
 	"time"
 
@@ -552,6 +553,24 @@ var _ = Describe("The default overlay (make deploy, make build-installer)", func
 		Expect(u.Hostname()).To(Equal(svcHost))
 		Expect(u.Port()).To(Equal("8080"))
 		Expect(u.Path).To(Equal("/mcp"))
+
+		// Preview URLs: their own listener, a container port and a
+		// Service port of their own, and URLs that name that Service port.
+		_, pport, err := net.SplitHostPort(args["--preview-addr"])
+		Expect(err).NotTo(HaveOccurred(), "--preview-addr must be set")
+		Expect(pport).NotTo(Equal(port), "previews must be another origin than the MCP endpoint")
+		Expect(c.Ports).To(ContainElement(And(HaveField("Name", "preview"), HaveField("ContainerPort", BeEquivalentTo(atoi(pport))))))
+		Expect(svc.Spec.Ports).To(ContainElement(And(HaveField("Name", "preview"), HaveField("TargetPort", intstr.FromString("preview")))))
+		var previewPort int32
+		for _, p := range svc.Spec.Ports {
+			if p.Name == "preview" {
+				previewPort = p.Port
+			}
+		}
+		pu, err := url.Parse(args["--preview-url"])
+		Expect(err).NotTo(HaveOccurred())
+		Expect(pu.Hostname()).To(Equal(svcHost))
+		Expect(pu.Port()).To(Equal(strconv.Itoa(int(previewPort))))
 	})
 })
 
