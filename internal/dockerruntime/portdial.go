@@ -45,8 +45,9 @@ func CheckPort(port int) error {
 // DialPort connects to 127.0.0.1:port inside the sandbox container id,
 // through `helper dial` run with a Docker exec: the helper is in the
 // sandbox's network namespace, so this needs no network of the sandbox's
-// (it works with network None) and publishes nothing on the host. One
-// connection costs one exec. A port with nothing listening is
+// (it works with network None) and publishes nothing on the host. A
+// connection takes the sandbox's idle resident helper when there is one
+// (portdial_serve.go), else it costs one exec. A port with nothing listening is
 // ErrPortClosed, with a message naming the port.
 func (c *Client) DialPort(ctx context.Context, id string, port int) (PortConn, error) {
 	if err := CheckPort(port); err != nil {
@@ -54,6 +55,9 @@ func (c *Client) DialPort(ctx context.Context, id string, port int) (PortConn, e
 	}
 	if err := c.awaitThaw(ctx, id); err != nil {
 		return nil, err
+	}
+	if conn, handled, err := c.dialViaStandby(ctx, id, port); handled {
+		return conn, err
 	}
 	_, attach, err := c.startExec(ctx, id, ExecOptions{
 		Cmd:       []string{HelperPath, "dial", "--port=" + strconv.Itoa(port)},

@@ -31,6 +31,16 @@ func parseDial(args []string) (int, error) {
 	return port, nil
 }
 
+// dialError is a failed connect to the sandbox's port, port_closed when
+// nothing listens.
+func dialError(port int, err error) *helperproto.Error {
+	if errors.Is(err, syscall.ECONNREFUSED) {
+		return &helperproto.Error{Kind: helperproto.KindPortClosed,
+			Message: fmt.Sprintf("nothing is listening on port %d in the sandbox (127.0.0.1:%d refused the connection)", port, port)}
+	}
+	return &helperproto.Error{Kind: helperproto.KindOther, Message: fmt.Sprintf("connecting to port %d in the sandbox: %v", port, err)}
+}
+
 // dial connects to 127.0.0.1:port in the sandbox's network namespace (the
 // helper runs inside it, so no network of the sandbox's is needed: it works
 // with network None) and relays bytes: stdin to the connection, the
@@ -44,13 +54,7 @@ func dial(port int, stdin io.Reader, stdout, stderr io.Writer) int {
 	addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
 	conn, err := net.DialTimeout("tcp", addr, dialTimeout)
 	if err != nil {
-		kind := helperproto.KindOther
-		msg := fmt.Sprintf("connecting to port %d in the sandbox: %v", port, err)
-		if errors.Is(err, syscall.ECONNREFUSED) {
-			kind = helperproto.KindPortClosed
-			msg = fmt.Sprintf("nothing is listening on port %d in the sandbox (127.0.0.1:%d refused the connection)", port, port)
-		}
-		return report(stderr, &helperproto.Error{Kind: kind, Message: msg})
+		return report(stderr, dialError(port, err))
 	}
 	defer conn.Close()
 	if _, err := io.WriteString(stderr, helperproto.DialConnected); err != nil {

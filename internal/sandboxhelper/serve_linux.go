@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"os"
 	"strconv"
 	"strings"
@@ -55,6 +56,9 @@ func serve(stdin io.Reader, stdout io.Writer) int {
 		req, err := parseServeRequest(f.kind, f.payload)
 		if err != nil {
 			return out.fail(helperproto.ExitUsage, err)
+		}
+		if req.DialPort != 0 {
+			return dialServe(req.DialPort, in, out)
 		}
 		if err := out.frame(helperproto.FrameAccepted, nil); err != nil {
 			return helperproto.ExitOther
@@ -204,7 +208,11 @@ func parseServeRequest(kind byte, payload []byte) (helperproto.ServeRequest, err
 	switch {
 	case !validID(req.ID):
 		return req, fmt.Errorf("serve: run ID %q is not [A-Za-z0-9_-]{1,64}", req.ID)
-	case len(req.Argv) == 0:
+	case req.DialPort != 0 && (req.DialPort < 1 || req.DialPort > 65535):
+		return req, fmt.Errorf("serve: dial port %d is not in 1-65535", req.DialPort)
+	case req.DialPort != 0 && len(req.Argv) != 0:
+		return req, errors.New("serve: a request is a command or a dial, not both")
+	case req.DialPort == 0 && len(req.Argv) == 0:
 		return req, errors.New("serve: the request has no command")
 	case req.BackstopSeconds < 0:
 		return req, fmt.Errorf("serve: negative backstop %d", req.BackstopSeconds)
@@ -286,4 +294,54 @@ func (s streamWriter) Write(p []byte) (int, error) {
 		rest = rest[n:]
 	}
 	return len(p), nil
+}
+
+// dialServe connects to 127.0.0.1:port and relays the connection over the
+// serve frames (helperproto: DialPort) until both directions have ended or
+// the manager goes away. The helper exits after: it never runs a command
+// once it held a connection.
+func dialServe(port int, in <-chan inFrame, out *frameWriter) int {
+	conn, err := net.DialTimeout("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(port)), dialTimeout)
+	if err != nil {
+		return out.fail(helperproto.ExitOther, dialError(port, err))
+	}
+	defer conn.Close()
+	tcp := conn.(*net.TCPConn)
+	if err := out.frame(helperproto.FrameAccepted, nil); err != nil {
+		return helperproto.ExitOther
+	}
+	// The connection's bytes, then its end, in order on one goroutine.
+	fromConn := make(chan struct{})
+	go func() {
+		defer close(fromConn)
+		_, _ = io.Copy(out.stream(helperproto.FrameStdout), tcp)
+		_ = out.frame(helperproto.FrameCloseWrite, nil)
+	}()
+	toConnDone := false
+	for !toConnDone || fromConn != nil {
+		select {
+		case f, ok := <-in:
+			switch {
+			case !ok:
+				// The manager closed the connection, or went away.
+				return 0
+			case f.kind == helperproto.FrameData && !toConnDone:
+				// A server that stopped reading drops the rest, as a
+				// reset connection would.
+				_, _ = tcp.Write(f.payload)
+			case f.kind == helperproto.FrameCloseWrite:
+				toConnDone = true
+				_ = tcp.CloseWrite()
+			case f.kind == helperproto.FrameData:
+				// After our half-close: the manager is confused.
+				return helperproto.ExitUsage
+			default:
+				return helperproto.ExitUsage
+			}
+		case <-fromConn:
+			fromConn = nil
+		}
+	}
+	_ = out.exit(0)
+	return 0
 }

@@ -26,6 +26,16 @@ import (
 // A kill for a command that has ended is ignored. The end of its stdin
 // kills the running command's tree, and the helper exits.
 //
+// A request with DialPort instead of Argv hands the helper a connection
+// instead of a command (the fast path of a preview's or port-forward's new
+// connection): it connects to 127.0.0.1:DialPort in the sandbox and answers
+// FrameAccepted, or its error line (kind port_closed when nothing listens)
+// and FrameExit. Connected, it relays: the connection's bytes as
+// FrameStdout, the connection's end as FrameCloseWrite; it reads FrameData
+// (bytes for the connection) and FrameCloseWrite (a half-close) on its
+// stdin. It sends FrameExit and exits once both directions have ended, or at
+// once when its stdin ends: a helper that dialed never runs another command.
+//
 // The reader of the helper's frames must treat them as hostile: code in the
 // sandbox runs as the same user as the helper and may tamper with it.
 const (
@@ -36,6 +46,9 @@ const (
 	FrameExit     byte = 'X'
 	FrameRequest  byte = 'Q'
 	FrameKill     byte = 'K'
+	// FrameData and FrameCloseWrite carry a dialed connection (DialPort).
+	FrameData       byte = 'D'
+	FrameCloseWrite byte = 'W'
 )
 
 const (
@@ -60,6 +73,9 @@ type ServeRequest struct {
 	// BackstopSeconds kills the tree by itself that long after it started
 	// (0: never), for when the manager cannot.
 	BackstopSeconds int64 `json:"backstopSeconds,omitempty"`
+	// DialPort, instead of Argv, asks for a connection to
+	// 127.0.0.1:DialPort in the sandbox (1-65535).
+	DialPort int `json:"dialPort,omitempty"`
 }
 
 // ErrFrameTooLarge is a frame over the reader's bound.
