@@ -301,7 +301,7 @@ kind-deploy: docker-build engine-image kind ## Build the images, load them into 
 	KUBECONFIG="$(KIND_KUBECONFIG)" $(MAKE) deploy IMG="$$1" MCP_IMG="$$2" ENGINE_IMG="$$3" WEBHOOK_CLIENT_CA="$(KIND_WEBHOOK_CLIENT_CA)"
 
 .PHONY: test-kind
-test-kind: build test-images ## Run the Ginkgo suite test/cluster against the operator deployed on the kind cluster (kind-up and kind-deploy first): placement on both workers, warm pools, a manager rollout, an MCP rollout under load and a replica kill, Egress, node loss, churn with faults (not the MCP scale benchmark: make bench-kind).
+test-kind: build test-images ## Run the Ginkgo suite test/cluster against the operator deployed on the kind cluster (kind-up and kind-deploy first): placement on both workers, warm pools, a manager rollout, an MCP rollout under load and a replica kill, a 150 s command through a 60 s MCP client across a manager and MCP restart, preview URLs through the MCP Service, Egress, node loss, churn with faults (not the MCP scale benchmark: make bench-kind).
 	KUBECONFIG="$(KIND_KUBECONFIG)" WEBHOOK_CLIENT_CA="$(KIND_WEBHOOK_CLIENT_CA)" KIND_CLUSTER="$(KIND_CLUSTER)" KIND_KUBECONFIG="$(KIND_KUBECONFIG)" \
 		$(GO) test -tags cluster ./test/cluster/... -count=1 -timeout 60m -v -ginkgo.label-filter='!mcp-bench'
 
