@@ -111,7 +111,7 @@ func (s *Server) handle(ctx context.Context, caller contract.Caller, req *reques
 	taskID := *req.Params.TaskID
 	ref, err := Parse(caller.ID, taskID)
 	if err != nil {
-		return nil, unknownTask(err)
+		return nil, unknownTask()
 	}
 	switch req.Method {
 	case MethodGet:
@@ -153,8 +153,7 @@ func (s *Server) get(ctx context.Context, caller contract.Caller, ref Ref, taskI
 	return t, nil
 }
 
-func unknownTask(err error) *Error {
-	_ = err // the reasons are the caller's to not tell apart
+func unknownTask() *Error {
 	return invalidParams("Failed to retrieve task: Task not found (it was not issued to this caller by this server, or its background process is no longer kept: its sandbox ended, or it was dropped as one of the oldest finished)")
 }
 
@@ -164,7 +163,7 @@ func unknownTask(err error) *Error {
 func backendError(err error) *Error {
 	switch {
 	case errors.Is(err, ErrUnknownTask), errors.Is(err, contract.ErrNotFound):
-		return unknownTask(err)
+		return unknownTask()
 	case errors.Is(err, context.Canceled):
 		return &Error{Code: mcp.INTERNAL_ERROR, Message: "The request was cancelled."}
 	}
