@@ -9,11 +9,14 @@ Licensed under the MIT License; see the LICENSE file.
 package e2e
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
+	osexec "os/exec"
 	"regexp"
 	"strings"
 	"time"
@@ -260,5 +263,60 @@ var _ = Describe("the Tasks extension over HTTP", Ordered, Label("tasks"), func(
 		f := exec(ctx, tokenA, map[string]any{"container_id": cid, "commands": []string{"echo fast"}}, true)
 		Expect(f.result).To(HaveKeyWithValue("resultType", "complete"))
 		Expect(f.result).To(HaveKey("content"))
+	})
+})
+
+var _ = Describe("the Tasks extension over stdio", Label("tasks"), func() {
+	It("answers the task methods and rewrites the CreateTaskResult on the stdio transport too", func(ctx SpecContext) {
+		cmd := osexec.Command(mcpBinary, baseArgs()...)
+		cmd.SysProcAttr = procAttr()
+		in, err := cmd.StdinPipe()
+		Expect(err).NotTo(HaveOccurred())
+		outPipe, err := cmd.StdoutPipe()
+		Expect(err).NotTo(HaveOccurred())
+		Expect(cmd.Start()).To(Succeed())
+		DeferCleanup(func() { _ = in.Close(); _ = cmd.Wait() })
+		out := bufio.NewScanner(outPipe)
+		out.Buffer(make([]byte, 1<<20), 16<<20)
+		next := 0
+		meta := func(declare bool) map[string]any {
+			caps := map[string]any{}
+			if declare {
+				caps["extensions"] = map[string]any{"io.modelcontextprotocol/tasks": map[string]any{}}
+			}
+			return map[string]any{"io.modelcontextprotocol/protocolVersion": "2026-07-28", "io.modelcontextprotocol/clientCapabilities": caps}
+		}
+		rpc := func(method string, params map[string]any) map[string]any {
+			next++
+			b, _ := json.Marshal(map[string]any{"jsonrpc": "2.0", "id": next, "method": method, "params": params})
+			_, err := in.Write(append(b, '\n'))
+			Expect(err).NotTo(HaveOccurred())
+			for out.Scan() {
+				var m map[string]any
+				Expect(json.Unmarshal(out.Bytes(), &m)).To(Succeed(), out.Text())
+				if id, ok := m["id"].(float64); ok && int(id) == next {
+					return m
+				}
+			}
+			Fail("the server closed stdout: " + fmt.Sprint(out.Err()))
+			return nil
+		}
+		r := rpc("tools/call", map[string]any{"name": "sandbox_initialize", "arguments": map[string]any{}, "_meta": meta(false)})
+		cid := r["result"].(map[string]any)["structuredContent"].(map[string]any)["container_id"].(string)
+		r = rpc("tools/call", map[string]any{"name": "sandbox_exec", "_meta": meta(true),
+			"arguments": map[string]any{"container_id": cid, "background": true, "commands": []string{"echo stdio-task"}}})
+		created := r["result"].(map[string]any)
+		Expect(created).To(And(HaveKeyWithValue("resultType", "task"), HaveKeyWithValue("status", "working")))
+		Expect(created).NotTo(HaveKey("content"))
+		id := created["taskId"].(string)
+		Eventually(func() any {
+			return rpc("tasks/get", map[string]any{"taskId": id, "_meta": meta(true)})["result"]
+		}).WithTimeout(20 * time.Second).Should(And(HaveKeyWithValue("status", "completed"),
+			HaveKeyWithValue("result", HaveKeyWithValue("content", ContainElement(HaveKeyWithValue("text", ContainSubstring("stdio-task\n")))))))
+		Expect(rpc("tasks/get", map[string]any{"taskId": "nope", "_meta": meta(true)})["error"]).To(HaveKeyWithValue("code", BeNumerically("==", -32602)))
+		Expect(rpc("tasks/cancel", map[string]any{"taskId": id, "_meta": meta(false)})["error"]).To(HaveKeyWithValue("code", BeNumerically("==", -32021)))
+		// A request without the 2026-07-28 _meta is mcp-go's, as before.
+		Expect(rpc("tasks/get", map[string]any{"taskId": id})["error"]).To(HaveKeyWithValue("code", BeNumerically("==", -32601)))
+		rpc("tools/call", map[string]any{"name": "sandbox_stop", "arguments": map[string]any{"container_id": cid}, "_meta": meta(false)})
 	})
 })
