@@ -19,6 +19,7 @@ import (
 	. "github.com/onsi/gomega"
 
 	"github.com/mark3labs/mcp-go/mcp"
+	"github.com/mark3labs/mcp-go/server"
 
 	"github.com/code-sandbox/code-sandbox-operator/internal/mcpserver/contract"
 )
@@ -232,5 +233,23 @@ var _ = Describe("Server.Handle", func() {
 		old := []byte(`{"jsonrpc":"2.0","id":3,"method":"tasks/get","params":{"taskId":"x","_meta":{"` + mcp.MetaKeyProtocolVersion + `":"2025-11-25","` + mcp.MetaKeyClientCapabilities + `":{"extensions":{"` + ExtensionID + `":{}}}}}}`)
 		Expect(Modern(old)).To(BeFalse())
 		Expect(RequestDeclares(old)).To(BeFalse())
+	})
+})
+
+var _ = Describe("Option", func() {
+	It("advertises the extension in server/discover but not in a 2025-11-25 initialize, and attaches the Server", func() {
+		s := server.NewMCPServer("x", "1", server.WithToolCapabilities(false), Option(&fakeSource{}))
+		Expect(For(s)).NotTo(BeNil())
+		Expect(For(server.NewMCPServer("y", "1"))).To(BeNil())
+		init := s.HandleMessage(context.Background(), []byte(`{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":{"extensions":{"`+ExtensionID+`":{}}},"clientInfo":{"name":"c","version":"1"}}}`))
+		b, _ := json.Marshal(init)
+		Expect(string(b)).NotTo(ContainSubstring(ExtensionID))
+		disc := s.HandleMessage(context.Background(), []byte(`{"jsonrpc":"2.0","id":2,"method":"server/discover","params":{"_meta":{"`+mcp.MetaKeyProtocolVersion+`":"2026-07-28","`+mcp.MetaKeyClientCapabilities+`":{}}}}`))
+		b, _ = json.Marshal(disc)
+		Expect(string(b)).To(ContainSubstring(`"extensions":{"` + ExtensionID + `":{}}`))
+		// The initialize answer took the extension out of a copy: discover
+		// after it still has it.
+		b, _ = json.Marshal(s.HandleMessage(context.Background(), []byte(`{"jsonrpc":"2.0","id":3,"method":"server/discover","params":{"_meta":{"`+mcp.MetaKeyProtocolVersion+`":"2026-07-28","`+mcp.MetaKeyClientCapabilities+`":{}}}}`)))
+		Expect(string(b)).To(ContainSubstring(ExtensionID))
 	})
 })
