@@ -23,9 +23,16 @@ import (
 type taskSource struct{ d *deps }
 
 // createTask answers a sandbox_exec whose one command runs on as process
-// st with a task (the request declared the extension).
+// st with a task (the request declared the extension). A st without its
+// start time (a yielded command) is looked up, so that createdAt is the
+// one tasks/get will report.
 func (d *deps) createTask(ctx context.Context, caller contract.Caller, id string, r execio.Request, st execio.ProcessStatus) *mcp.CallToolResult {
 	ref := tasks.Ref{ContainerID: id, Handle: st.Handle, TimeoutSeconds: int64((r.Timeout() + time.Second - 1) / time.Second)}
+	if st.StartedAt.IsZero() {
+		if found, err := (taskSource{d}).status(ctx, caller, ref); err == nil {
+			st = found
+		}
+	}
 	// The sandbox's end bounds the task's (ttlMs); unknown is unlimited.
 	if sb, err := d.backend.Get(ctx, caller, id); err == nil && !sb.ExpiresAt.IsZero() {
 		ref.ExpiresAt = sb.ExpiresAt.Unix()

@@ -320,7 +320,7 @@ func sandboxExecTool(d *deps) (mcp.Tool, server.ToolHandlerFunc) {
 				// command that runs on as a task (one command only: a
 				// task's result is that of the whole call).
 				stream.close()
-				return d.createTask(ctx, caller, args.ContainerID, r, execio.ProcessStatus{Handle: yielded.Handle, StartedAt: time.Now().Add(-time.Duration(res.DurationMillis) * time.Millisecond)}), nil
+				return d.createTask(ctx, caller, args.ContainerID, r, execio.ProcessStatus{Handle: yielded.Handle}), nil
 			}
 			if yielded != nil && err == nil {
 				out.Results[len(out.Results)-1].ExitCode = -1

@@ -201,9 +201,11 @@ var _ = Describe("the Tasks extension over HTTP", Ordered, Label("tasks"), func(
 
 	It("makes a command still running at yield_after_seconds a task, and cancels it with its whole tree", func(ctx SpecContext) {
 		start := time.Now()
-		id := expectCreateTaskResult(exec(ctx, tokenA, map[string]any{"container_id": cid, "yield_after_seconds": 1, "timeout_seconds": 300,
-			"commands": []string{"sh -c 'sleep 101 & sleep 101' & sleep 101; echo never"}}, true))
+		created := exec(ctx, tokenA, map[string]any{"container_id": cid, "yield_after_seconds": 1, "timeout_seconds": 300,
+			"commands": []string{"sh -c 'sleep 101 & sleep 101' & sleep 101; echo never"}}, true)
+		id := expectCreateTaskResult(created)
 		Expect(time.Since(start)).To(BeNumerically("<", 10*time.Second))
+		Expect(get(ctx, tokenA, id).result).To(HaveKeyWithValue("createdAt", created.result["createdAt"]), "one creation time")
 		Eventually(func() string { return running(ctx, "sleep 101") }).WithTimeout(10 * time.Second).Should(Equal("n=3\n"))
 
 		// Another identity can neither read nor cancel it.
