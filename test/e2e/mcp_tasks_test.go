@@ -44,6 +44,7 @@ var _ = Describe("the Tasks extension over HTTP", Ordered, Label("tasks"), func(
 	)
 
 	type rpcResult struct {
+		sse    bool
 		status int
 		result map[string]any
 		err    map[string]any
@@ -59,7 +60,13 @@ var _ = Describe("the Tasks extension over HTTP", Ordered, Label("tasks"), func(
 		if params == nil {
 			params = map[string]any{}
 		}
-		params["_meta"] = map[string]any{"io.modelcontextprotocol/protocolVersion": version, "io.modelcontextprotocol/clientCapabilities": caps}
+		meta := map[string]any{"io.modelcontextprotocol/protocolVersion": version, "io.modelcontextprotocol/clientCapabilities": caps}
+		if extra, ok := params["_meta"].(map[string]any); ok {
+			for k, v := range extra {
+				meta[k] = v
+			}
+		}
+		params["_meta"] = meta
 		body, _ := json.Marshal(map[string]any{"jsonrpc": "2.0", "id": 1, "method": method, "params": params})
 		req, err := http.NewRequestWithContext(ctx, http.MethodPost, srv.url, bytes.NewReader(body))
 		Expect(err).NotTo(HaveOccurred())
@@ -80,7 +87,8 @@ var _ = Describe("the Tasks extension over HTTP", Ordered, Label("tasks"), func(
 		raw, err := io.ReadAll(resp.Body)
 		Expect(err).NotTo(HaveOccurred())
 		msg := raw
-		if strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream") {
+		sse := strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream")
+		if sse {
 			for _, line := range strings.Split(string(raw), "\n") {
 				if data, ok := strings.CutPrefix(line, "data: "); ok && strings.Contains(data, `"id"`) {
 					msg = []byte(data)
@@ -92,7 +100,7 @@ var _ = Describe("the Tasks extension over HTTP", Ordered, Label("tasks"), func(
 			Error  map[string]any `json:"error"`
 		}
 		Expect(json.Unmarshal(msg, &out)).To(Succeed(), "%s", raw)
-		return rpcResult{status: resp.StatusCode, result: out.Result, err: out.Error}
+		return rpcResult{sse: sse, status: resp.StatusCode, result: out.Result, err: out.Error}
 	}
 	exec := func(ctx context.Context, token string, args map[string]any, declare bool) rpcResult {
 		return rpc(ctx, token, "tools/call", "sandbox_exec", map[string]any{"name": "sandbox_exec", "arguments": args}, declare)
@@ -201,8 +209,12 @@ var _ = Describe("the Tasks extension over HTTP", Ordered, Label("tasks"), func(
 
 	It("makes a command still running at yield_after_seconds a task, and cancels it with its whole tree", func(ctx SpecContext) {
 		start := time.Now()
-		created := exec(ctx, tokenA, map[string]any{"container_id": cid, "yield_after_seconds": 1, "timeout_seconds": 300,
-			"commands": []string{"sh -c 'sleep 101 & sleep 101' & sleep 101; echo never"}}, true)
+		// With a progress token, so that the answer is an SSE stream (the
+		// output streams as progress until the yield).
+		created := rpc(ctx, tokenA, "tools/call", "sandbox_exec", map[string]any{"name": "sandbox_exec", "_meta": map[string]any{"progressToken": "yield"},
+			"arguments": map[string]any{"container_id": cid, "yield_after_seconds": 1, "timeout_seconds": 300,
+				"commands": []string{"echo started; sh -c 'sleep 101 & sleep 101' & sleep 101; echo never"}}}, true)
+		Expect(created.sse).To(BeTrue(), "an SSE answer, rewritten on its way out")
 		id := expectCreateTaskResult(created)
 		Expect(time.Since(start)).To(BeNumerically("<", 10*time.Second))
 		Expect(get(ctx, tokenA, id).result).To(HaveKeyWithValue("createdAt", created.result["createdAt"]), "one creation time")
