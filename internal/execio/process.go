@@ -47,6 +47,10 @@ type ProcessStatus struct {
 	// ExitCode is set once State is exited (137 after a kill).
 	ExitCode *int       `json:"exitCode,omitempty"`
 	EndedAt  *time.Time `json:"endedAt,omitempty"`
+	// Killed is set once a kill (exec_kill, tasks/cancel, kubectl sandbox
+	// kill) was asked for while it ran: an exit after that is the kill's
+	// doing. A helper older than this field never sets it.
+	Killed bool `json:"killed,omitempty"`
 	// StdoutBytes and StderrBytes count everything the process wrote,
 	// dropped bytes included: where a poll for only new output starts.
 	StdoutBytes int64 `json:"stdoutBytes"`

@@ -13,6 +13,7 @@ import (
 
 	"github.com/code-sandbox/code-sandbox-operator/internal/execio"
 	"github.com/code-sandbox/code-sandbox-operator/internal/mcpserver/contract"
+	"github.com/code-sandbox/code-sandbox-operator/internal/mcpserver/tasks"
 )
 
 // Background commands (issue 26): sandbox_exec's background and
@@ -344,6 +345,9 @@ func (d *deps) startBackground(ctx context.Context, caller contract.Caller, id s
 	resp, err := d.processCall(ctx, caller, id, contract.ProcessCall{Action: execio.ProcessActionStart, Command: r, CommandTimeout: timeout})
 	if err != nil {
 		return nil, err
+	}
+	if tasks.Declared(ctx) {
+		return d.createTask(ctx, caller, id, r, *resp.Process), nil
 	}
 	pr := processResult(id, *resp.Process)
 	text := fmt.Sprintf("Started in the background: handle %s (container_id %s), killed after %s. Call exec_wait or exec_poll with both for its output and exit code, exec_write_stdin to feed it, exec_kill to stop it.", pr.Handle, id, timeout)

@@ -24,6 +24,7 @@ import (
 
 	"github.com/code-sandbox/code-sandbox-operator/internal/execio"
 	"github.com/code-sandbox/code-sandbox-operator/internal/mcpserver/contract"
+	"github.com/code-sandbox/code-sandbox-operator/internal/mcpserver/tasks"
 )
 
 // ServerName is the implementation name announced to clients.
@@ -82,6 +83,9 @@ func New(cfg Config, backend contract.Backend, logger *slog.Logger) (*server.MCP
 		server.WithResourceCapabilities(false, false),
 		server.WithLogging(),
 		server.WithInstructions(fmt.Sprintf(instructions, defaultParenthesized(cfg.SandboxWorkingDir))),
+		// The Tasks extension (MCP 2026-07-28): advertised in
+		// server/discover, its methods answered by the transports.
+		tasks.Option(taskSource{d}),
 	}, cacheHints()...)...)
 	for _, ctor := range append([]func(*deps) (mcp.Tool, server.ToolHandlerFunc){
 		sandboxInitializeTool,

@@ -23,6 +23,7 @@ import (
 	"github.com/code-sandbox/code-sandbox-operator/internal/execio"
 	"github.com/code-sandbox/code-sandbox-operator/internal/hostfs"
 	"github.com/code-sandbox/code-sandbox-operator/internal/mcpserver/contract"
+	"github.com/code-sandbox/code-sandbox-operator/internal/mcpserver/tasks"
 )
 
 // rawArgs returns a call's arguments as JSON.
@@ -314,6 +315,13 @@ func sandboxExecTool(d *deps) (mcp.Tool, server.ToolHandlerFunc) {
 				cr.ExitCode = -1
 			}
 			out.Results = append(out.Results, cr)
+			if yielded != nil && err == nil && len(reqs) == 1 && tasks.Declared(ctx) {
+				// A client that declared the Tasks extension gets the
+				// command that runs on as a task (one command only: a
+				// task's result is that of the whole call).
+				stream.close()
+				return d.createTask(ctx, caller, args.ContainerID, r, execio.ProcessStatus{Handle: yielded.Handle}), nil
+			}
 			if yielded != nil && err == nil {
 				out.Results[len(out.Results)-1].ExitCode = -1
 				out.Background = yielded

@@ -28,6 +28,7 @@ import (
 //	stdout  the stdout ring, stderr the stderr ring (helperproto.RingHeader)
 //	stdin   a fifo the supervisor reads stdin frames from
 //	exit    the exit (ProcExit), written by the supervisor, by rename
+//	killed  present once `proc kill` was asked to kill it while it ran
 //
 // The supervisor (`proc supervise`) runs the command under `helper run
 // --id=bg-HANDLE`, in a session of its own and detached from the exec that
@@ -490,7 +491,8 @@ func procStatus(root, id string) (*execio.ProcessStatus, error) {
 	if err := json.Unmarshal(metaData, &meta); err != nil {
 		return nil, fmt.Errorf("the metadata of %q is corrupt: %w", id, err)
 	}
-	st := &execio.ProcessStatus{Handle: id, Command: meta.Command, StartedAt: meta.StartedAt, State: execio.ProcessRunning}
+	st := &execio.ProcessStatus{Handle: id, Command: meta.Command, StartedAt: meta.StartedAt, State: execio.ProcessRunning,
+		Killed: fileExists(filepath.Join(dir, "killed"))}
 	if data, err := readBounded(filepath.Join(dir, "exit"), 4<<10); err == nil {
 		var exit helperproto.ProcExit
 		if json.Unmarshal(data, &exit) == nil {
@@ -634,6 +636,10 @@ func procKill(f procFlags) (*execio.ProcessStatus, error) {
 	st, err := procStatus(f.dir, f.id)
 	if err != nil || st.State != execio.ProcessRunning {
 		return st, err
+	}
+	// Recorded first, so that the exit this kill causes reads as killed.
+	if err := os.WriteFile(filepath.Join(f.dir, f.id, "killed"), nil, 0o600); err != nil {
+		return nil, fmt.Errorf("recording the kill: %w", err)
 	}
 	if err := kill(helperproto.ProcRunIDPrefix + f.id); err != nil {
 		return nil, err

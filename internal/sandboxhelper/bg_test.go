@@ -105,6 +105,7 @@ var _ = Describe("Background processes (a built helper)", unit, Ordered, func() 
 		Expect(list).To(HaveLen(1))
 		Expect(list[0].Handle).To(Equal("h1"))
 		Expect(list[0].StdoutBytes).To(Equal(int64(9)))
+		Expect(list[0].Killed).To(BeFalse(), "it exited on its own")
 	})
 
 	It("keeps the last RingBytes of a flood and says how much was dropped", func() {
@@ -129,6 +130,7 @@ var _ = Describe("Background processes (a built helper)", unit, Ordered, func() 
 		Expect(proc(&st, nil, "kill", "--id=k1")).To(Succeed())
 		Expect(st.State).To(Equal(execio.ProcessExited))
 		Expect(*st.ExitCode).To(Equal(helperproto.ExitKilled))
+		Expect(st.Killed).To(BeTrue(), "the kill is recorded (a task reads cancelled)")
 		Expect(procAlive(tag)).To(BeFalse(), "a process of the tree survived the kill")
 		Expect(procAlive("supervise --dir="+dir)).To(BeFalse(), "the supervisor stays")
 		// Idempotent.

@@ -11,7 +11,9 @@ package e2e
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
+	"io"
 	"net/http"
 	"os"
 	"os/exec"
@@ -352,6 +354,76 @@ var _ = Describe("code-sandbox-mcp --backend kubernetes", Ordered, func() {
 			Expect(kmcpText(res)).To(ContainSubstring("not found"))
 			res = kmcpCall(ctx, a, "sandbox_stop", map[string]any{"container_id": id})
 			Expect(res.IsError).To(BeFalse(), kmcpText(res))
+		}, NodeTimeout(3*time.Minute))
+
+		It("lets any replica answer a task of the Tasks extension, and no other identity or owner key (issue 26)", func(ctx SpecContext) {
+			key := filepath.Join(GinkgoT().TempDir(), "owner.key")
+			Expect(os.WriteFile(key, []byte(strings.Repeat("k", 32)), 0o600)).To(Succeed())
+			otherKey := filepath.Join(GinkgoT().TempDir(), "other.key")
+			Expect(os.WriteFile(otherKey, []byte(strings.Repeat("o", 32)), 0o600)).To(Succeed())
+			urlA, _ := startKubeMCPHTTP(serverArgs("--http", "127.0.0.1:0", "--auth", "kubernetes", "--owner-key-file", key)...)
+			urlB, _ := startKubeMCPHTTP(serverArgs("--http", "127.0.0.1:0", "--auth", "kubernetes", "--owner-key-file", key)...)
+			urlC, _ := startKubeMCPHTTP(serverArgs("--http", "127.0.0.1:0", "--auth", "kubernetes", "--owner-key-file", otherKey)...)
+			// rpc speaks MCP 2026-07-28 on the wire, declaring the extension
+			// (no client library implements it).
+			rpc := func(url, token, method, name string, params map[string]any) (map[string]any, map[string]any) {
+				params["_meta"] = map[string]any{"io.modelcontextprotocol/protocolVersion": "2026-07-28",
+					"io.modelcontextprotocol/clientCapabilities": map[string]any{"extensions": map[string]any{"io.modelcontextprotocol/tasks": map[string]any{}}}}
+				body, _ := json.Marshal(map[string]any{"jsonrpc": "2.0", "id": 1, "method": method, "params": params})
+				req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(body))
+				Expect(err).NotTo(HaveOccurred())
+				for k, v := range map[string]string{"Content-Type": "application/json", "Accept": "application/json, text/event-stream",
+					"Authorization": "Bearer " + token, "MCP-Protocol-Version": "2026-07-28", "Mcp-Method": method, "Mcp-Name": name} {
+					req.Header.Set(k, v)
+				}
+				resp, err := http.DefaultClient.Do(req)
+				Expect(err).NotTo(HaveOccurred())
+				defer resp.Body.Close()
+				raw, err := io.ReadAll(resp.Body)
+				Expect(err).NotTo(HaveOccurred())
+				msg := raw
+				for _, line := range strings.Split(string(raw), "\n") {
+					if data, ok := strings.CutPrefix(line, "data: "); ok && strings.Contains(data, `"id"`) {
+						msg = []byte(data)
+					}
+				}
+				var out struct {
+					Result map[string]any `json:"result"`
+					Error  map[string]any `json:"error"`
+				}
+				Expect(json.Unmarshal(msg, &out)).To(Succeed(), "%s", raw)
+				return out.Result, out.Error
+			}
+			a := connectKubeMCP(ctx, urlA, tokens["agent-a"], "e2e-agent-a", nil)
+			id := kmcpInit(ctx, a, nil)
+			res, rpcErr := rpc(urlA, tokens["agent-a"], "tools/call", "sandbox_exec", map[string]any{"name": "sandbox_exec",
+				"arguments": map[string]any{"container_id": id, "background": true, "commands": []string{"echo one; sleep 3; echo two; exit 6"}}})
+			Expect(rpcErr).To(BeNil())
+			Expect(res).To(HaveKeyWithValue("resultType", "task"))
+			task := res["taskId"].(string)
+
+			// Replica B, which never saw the task, follows it to its end.
+			var got map[string]any
+			Eventually(func() any {
+				got, rpcErr = rpc(urlB, tokens["agent-a"], "tasks/get", task, map[string]any{"taskId": task})
+				Expect(rpcErr).To(BeNil())
+				return got["status"]
+			}).WithTimeout(60 * time.Second).WithPolling(500 * time.Millisecond).Should(Equal("completed"))
+			Expect(got["result"]).To(HaveKeyWithValue("structuredContent", HaveKeyWithValue("results",
+				ConsistOf(And(HaveKeyWithValue("exit_code", BeNumerically("==", 6)), HaveKeyWithValue("stdout", "one\ntwo\n"))))))
+			// Another ServiceAccount, and a replica with another owner key,
+			// know no such task.
+			for _, c := range []struct{ url, token string }{{urlB, tokens["agent-b"]}, {urlC, tokens["agent-a"]}} {
+				_, rpcErr = rpc(c.url, c.token, "tasks/get", task, map[string]any{"taskId": task})
+				Expect(rpcErr).To(HaveKeyWithValue("code", BeNumerically("==", -32602)))
+				_, rpcErr = rpc(c.url, c.token, "tasks/cancel", task, map[string]any{"taskId": task})
+				Expect(rpcErr).To(HaveKeyWithValue("code", BeNumerically("==", -32602)))
+			}
+			r := kmcpCall(ctx, a, "sandbox_stop", map[string]any{"container_id": id})
+			Expect(r.IsError).To(BeFalse(), kmcpText(r))
+			// Its sandbox gone, the task is unknown too.
+			_, rpcErr = rpc(urlB, tokens["agent-a"], "tasks/get", task, map[string]any{"taskId": task})
+			Expect(rpcErr).To(HaveKeyWithValue("code", BeNumerically("==", -32602)))
 		}, NodeTimeout(3*time.Minute))
 
 		It("tells a ServiceAccount without exec rights which permission it lacks", func(ctx SpecContext) {

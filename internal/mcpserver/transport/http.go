@@ -28,6 +28,7 @@ import (
 	"github.com/code-sandbox/code-sandbox-operator/internal/mcpserver"
 	"github.com/code-sandbox/code-sandbox-operator/internal/mcpserver/auth"
 	"github.com/code-sandbox/code-sandbox-operator/internal/mcpserver/contract"
+	"github.com/code-sandbox/code-sandbox-operator/internal/mcpserver/tasks"
 
 	"github.com/mark3labs/mcp-go/mcp"
 	"github.com/mark3labs/mcp-go/server"
@@ -138,6 +139,7 @@ type HTTPOptions struct {
 type HTTPServer struct {
 	opts     HTTPOptions
 	mcp      *server.StreamableHTTPServer
+	tasks    *tasks.Server // nil: the server offers no Tasks extension
 	sessions *sessionStore
 	handler  http.Handler
 	metaPath string
@@ -197,6 +199,7 @@ func NewHTTPServer(s *server.MCPServer, opts HTTPOptions) (*HTTPServer, error) {
 	h := &HTTPServer{opts: opts, sessions: newSessionStore(opts.SessionIdleTTL, opts.MaxSessionsPerIdentity), limiters: map[string]*identityLimiter{},
 		peers: newPeerLimits(opts.MaxRequestsPerPeer), toolCalls: newPeerLimits(opts.MaxToolCallsPerIdentity),
 		largeCalls: newPeerLimits(MaxLargeCallsPerIdentity), authFailures: newAuthFailureLimiter(opts.AuthFailuresPerMinute)}
+	h.tasks = tasks.For(s)
 	h.mcp = server.NewStreamableHTTPServer(s,
 		server.WithEndpointPath(EndpointPath),
 		server.WithSessionIdManagerResolver(h.sessions),

@@ -8,6 +8,8 @@ import (
 	"strings"
 
 	"github.com/mark3labs/mcp-go/mcp"
+
+	"github.com/code-sandbox/code-sandbox-operator/internal/mcpserver/tasks"
 )
 
 // MCP 2026-07-28 (the stateless revision) beside the session-based ones.
@@ -45,7 +47,8 @@ func modernVersion(r *http.Request) string {
 // the revision says and what lets the client recover.
 //
 // notifications/cancelled is accepted whatever its _meta (see below), and
-// subscriptions/listen is wrapped by listenWriter, below.
+// subscriptions/listen is wrapped by listenWriter, below. The Tasks
+// extension's methods are answered by package tasks (tasks.go).
 func (h *HTTPServer) modernRequests(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		buffered, ok := r.Body.(*bufferedBody)
@@ -77,6 +80,22 @@ func (h *HTTPServer) modernRequests(next http.Handler) http.Handler {
 			lw := &listenWriter{w: w}
 			next.ServeHTTP(lw, r)
 			lw.finish(r, buffered.info.ID)
+		case tasks.MethodGet, tasks.MethodUpdate, tasks.MethodCancel:
+			if h.tasks == nil {
+				next.ServeHTTP(w, r)
+				return
+			}
+			serveTask(h.tasks, w, r, buffered.data)
+		case string(mcp.MethodToolsCall):
+			// Only a call that declared the extension can be answered
+			// with a task (see tasks.Declared).
+			if h.tasks == nil || !tasks.RequestDeclares(buffered.data) {
+				next.ServeHTTP(w, r)
+				return
+			}
+			tw := &taskResultWriter{w: w}
+			next.ServeHTTP(tw, r)
+			tw.finish()
 		default:
 			next.ServeHTTP(w, r)
 		}

@@ -11,6 +11,7 @@ import (
 	"sync"
 
 	"github.com/code-sandbox/code-sandbox-operator/internal/mcpserver/contract"
+	"github.com/code-sandbox/code-sandbox-operator/internal/mcpserver/tasks"
 
 	"github.com/mark3labs/mcp-go/server"
 )
@@ -38,11 +39,17 @@ func ServeStdio(ctx context.Context, s *server.MCPServer, in io.Reader, out io.W
 	w := &lockedWriter{w: out}
 	pr, pw := io.Pipe()
 	limits := messageLimits{MaxBodyBytes: DefaultMaxBodyBytes, MaxMessageBytes: DefaultMaxMessageBytes}
+	var st *stdioTasks
+	var mcpOut io.Writer = w
+	if ts := tasks.For(s); ts != nil {
+		st = &stdioTasks{ctx: ctx, ts: ts, reply: w, slots: make(chan struct{}, stdioWorkers)}
+		mcpOut = stdioTaskWriter{w: w}
+	}
 	go func() {
-		pw.CloseWithError(boundedLines(in, pw, w, limits, logger))
+		pw.CloseWithError(boundedLines(in, pw, w, limits, logger, st.intercept))
 	}()
 	defer pr.Close()
-	return ss.Listen(ctx, pr, w)
+	return ss.Listen(ctx, pr, mcpOut)
 }
 
 // lockedWriter serializes whole writes: mcp-go writes each message with
@@ -62,7 +69,10 @@ func (l *lockedWriter) Write(p []byte) (int, error) {
 // answers every other line on reply with a JSON-RPC error. precheck reads
 // a line as it arrives, so a line is refused as soon as it breaks a cap,
 // and the rest of it is skipped unread into memory.
-func boundedLines(in io.Reader, pass io.Writer, reply io.Writer, limits messageLimits, logger *slog.Logger) error {
+//
+// intercept, when not nil, may answer a line itself (the Tasks extension's
+// methods) and report that it did; the line then does not reach pass.
+func boundedLines(in io.Reader, pass io.Writer, reply io.Writer, limits messageLimits, logger *slog.Logger, intercept func([]byte, messageInfo) bool) error {
 	br := bufio.NewReaderSize(in, 64<<10)
 	for {
 		// Blank lines and the white space between messages are no
@@ -95,6 +105,9 @@ func boundedLines(in io.Reader, pass io.Writer, reply io.Writer, limits messageL
 			if _, err := lr.drain(); err != nil {
 				return err
 			}
+			continue
+		}
+		if intercept != nil && intercept(body, info) {
 			continue
 		}
 		if len(body) == 0 || body[len(body)-1] != '\n' {
