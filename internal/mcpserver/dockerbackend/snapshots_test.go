@@ -77,6 +77,17 @@ var _ = Describe("Snapshots and forks", func() {
 			Expect(code).To(Equal(0))
 			Expect(out).To(Equal("v1\nscratch\n640\n"), "child %d", i)
 		}
+		// Children are fresh: each has a hostname of its own, and none has
+		// the source's.
+		hostnames := map[string]bool{}
+		for _, id := range []string{src.ID, kids[0].ID, kids[1].ID, kids[2].ID} {
+			out, code := shIn(ctx, b, alice, id, `hostname`)
+			Expect(code).To(Equal(0))
+			Expect(out).To(MatchRegexp(`^[a-z0-9-]+\n$`))
+			Expect(out).NotTo(Equal("sandbox\n"))
+			hostnames[out] = true
+		}
+		Expect(hostnames).To(HaveLen(4), "source and children share a hostname: %v", hostnames)
 		_, code = shIn(ctx, b, alice, kids[0].ID, `echo mine >/app/src/only-0`)
 		Expect(code).To(Equal(0))
 		for _, other := range []string{kids[1].ID, kids[2].ID, src.ID} {
