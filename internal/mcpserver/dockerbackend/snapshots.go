@@ -244,7 +244,7 @@ func (b *driver) Restore(ctx context.Context, h session.Handle, id string) error
 		return err
 	}
 	open := func() (io.ReadCloser, error) { return os.Open(tarPath) }
-	_, _, err = b.docker.Restore(ctx, h.Ref, dockerruntime.SnapshotRoots(h.Sandbox.WorkingDir), open,
+	_, err = b.docker.Restore(ctx, h.Ref, dockerruntime.SnapshotRoots(h.Sandbox.WorkingDir), open,
 		execio.UploadLimits{MaxBytes: snapshotMaxBytes, MaxEntries: snapshotMaxEntries})
 	return mapErr(err)
 }
