@@ -140,11 +140,16 @@ var _ = Describe("A hardened sandbox (runc)", dockerLabel, Ordered, ContinueOnFa
 		Expect(info.Config.Labels).To(HaveKeyWithValue(LabelName, spec.Owner.Name))
 		Expect(info.Config.Labels).To(HaveKeyWithValue(LabelNode, testNode))
 
-		// The only mount besides the tmpfs is the tools volume, read-only.
-		Expect(info.Mounts).To(HaveLen(1))
+		// The only mounts besides the tmpfs are the tools volume and the
+		// sandbox's own machine-id file, both read-only.
+		Expect(info.Mounts).To(HaveLen(2))
 		Expect(info.Mounts[0].Type).To(Equal(mount.TypeVolume))
 		Expect(info.Mounts[0].Destination).To(Equal(toolsMountPath))
 		Expect(info.Mounts[0].RW).To(BeFalse())
+		Expect(info.Mounts[1].Type).To(Equal(mount.TypeBind))
+		Expect(info.Mounts[1].Destination).To(Equal("/etc/machine-id"))
+		Expect(info.Mounts[1].Source).To(HaveSuffix("/volumes/" + MachineIDVolume(info.Name) + "/_data/machine-id"))
+		Expect(info.Mounts[1].RW).To(BeFalse())
 	}, SpecTimeout(30*time.Second))
 
 	It("runs as 65534 with no capabilities, no_new_privs and seccomp (A14)", func(ctx SpecContext) {

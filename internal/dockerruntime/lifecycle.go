@@ -42,9 +42,17 @@ func (c *Client) CreateAndStart(ctx context.Context, spec Spec) (Container, erro
 		}
 	}
 	name := ContainerName(s.Owner.UID)
+	mid, err := c.machineIDMount(ctx, name)
+	if err != nil {
+		return Container{}, err
+	}
+	hostCfg.Mounts = append(hostCfg.Mounts, mid)
 	cctx, cancel := c.bounded(ctx)
 	created, err := c.docker.ContainerCreate(cctx, cfg, hostCfg, nil, nil, name)
 	cancel()
+	if err != nil && !cerrdefs.IsConflict(err) {
+		_ = c.removeMachineID(context.WithoutCancel(ctx), name)
+	}
 	var id string
 	switch {
 	case err == nil:
@@ -127,6 +135,14 @@ func (c *Client) Start(ctx context.Context, id string) error {
 // confirms the container is gone; a container that never existed counts as
 // gone.
 func (c *Client) Remove(ctx context.Context, id string, grace time.Duration) error {
+	// The container's name names its machine-id volume (machineid.go),
+	// removed once the container is gone.
+	var name string
+	ictx, icancel := c.bounded(ctx)
+	if info, err := c.docker.ContainerInspect(ictx, id); err == nil {
+		name = info.Name
+	}
+	icancel()
 	if grace > 0 {
 		// The stop must not race the resident helper's exec start
 		// (prestart.go): containerd's shim holds back the container's exit
@@ -171,6 +187,9 @@ func (c *Client) Remove(ctx context.Context, id string, grace time.Duration) err
 		icancel()
 		err = classify(err, "inspecting container "+id)
 		if errors.Is(err, ErrNotFound) {
+			if name != "" {
+				return c.removeMachineID(ctx, name)
+			}
 			return nil
 		}
 		if err != nil {

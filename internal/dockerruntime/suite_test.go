@@ -103,6 +103,9 @@ func removeUIDContainers(uid string) {
 			GinkgoWriter.Printf("cleanup: removing %s: %v\n", ShortID(id), err)
 		}
 	}
+	if err := d.VolumeRemove(ctx, MachineIDVolume(ContainerName(uid)), true); err != nil && !cerrdefs.IsNotFound(err) {
+		GinkgoWriter.Printf("cleanup: removing the machine-id volume of %s: %v\n", uid, err)
+	}
 }
 
 // sweepTestContainers removes this run's containers and stale ones of
