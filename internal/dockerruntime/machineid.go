@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"path"
 	"strings"
+	"sync"
+	"time"
 
 	cerrdefs "github.com/containerd/errdefs"
 	"github.com/docker/docker/api/types/container"
@@ -18,92 +20,203 @@ import (
 
 // Every sandbox gets a /etc/machine-id of its own (random, 32 hex digits),
 // so that two sandboxes, a fork's children among them, never share one.
-// The root filesystem is read-only, and Docker 20.10 can neither mount a
-// tmpfs on a file (it makes a directory of an image's missing
-// /etc/machine-id, and refuses a file) nor copy into a read-only root, and
-// the sandbox user may not mount anything. So the file lives in a small
-// volume of the sandbox's own, code-sandbox-id-<container name>, written
-// through a never-started filler container (as the tools volume is), and
-// is bind-mounted read-only from the volume's directory on the Engine's
-// host onto /etc/machine-id. The volume itself is not mounted into the
-// sandbox. Remove deletes it with the container.
+// The root filesystem is read-only, Docker 20.10 can neither mount a tmpfs
+// on a file (it makes a directory of an image's missing /etc/machine-id,
+// and refuses a file) nor copy into a read-only root, and the sandbox user
+// may not mount anything. So the file lives in a small volume of the
+// sandbox's own (code-sandbox-id-<random>), written through a never-started
+// filler container as the tools volume is, and is bind-mounted read-only
+// from the volume's directory on the Engine's host onto /etc/machine-id.
+// The volume itself is not mounted into the sandbox. Remove deletes it with
+// the container (found from the container's mounts).
+//
+// Writing one costs a volume, a filler container and a copy: about 150 ms
+// on a loaded two-core machine, a quarter of a create. So a client keeps a
+// few ready (machineIDPoolSize), written in batches by one filler in the
+// background, and a create takes one; only a create that finds none
+// writes its own. At most that many volumes outlive a client that is not
+// closed. `docker volume prune` counts these volumes unused (Docker does
+// not count a bind of a file inside a volume) and removes them: a running
+// sandbox then sees its image's /etc/machine-id again.
 const (
 	machineIDPath         = "/etc/machine-id"
 	machineIDVolumePrefix = "code-sandbox-id-"
+	machineIDPoolSize     = 8
+	machineIDLowWater     = 4
+	// machineIDMaxAge: a ready machine-id older than this is not used (and
+	// removed), so one a prune removed since is not handed out.
+	machineIDMaxAge = 10 * time.Minute
 )
 
-// MachineIDVolume names the machine-id volume of the container named
-// containerName (with or without Docker's leading "/").
-func MachineIDVolume(containerName string) string {
-	return machineIDVolumePrefix + strings.TrimPrefix(containerName, "/")
+type preparedID struct {
+	volume, source string
+	at             time.Time
 }
 
-// machineIDMount creates (or finds) the machine-id volume for the
-// container to be named containerName, writes a fresh machine-id into it,
-// and returns the bind mount of that file.
-func (c *Client) machineIDMount(ctx context.Context, containerName string) (mount.Mount, error) {
-	name := MachineIDVolume(containerName)
+type machineIDPool struct {
+	mu      sync.Mutex
+	ready   []preparedID
+	filling bool
+	closed  bool
+}
+
+func (p preparedID) mount() mount.Mount {
+	return mount.Mount{Type: mount.TypeBind, Source: p.source, Target: machineIDPath, ReadOnly: true}
+}
+
+// MachineIDVolumeOf returns the machine-id volume of a container from one
+// of its mounts' destination and source, or "" when it is not that mount.
+func MachineIDVolumeOf(destination, source string) string {
+	if destination != machineIDPath || path.Base(source) != "machine-id" {
+		return ""
+	}
+	// <volumes>/<name>/_data/machine-id
+	name := path.Base(path.Dir(path.Dir(source)))
+	if !strings.HasPrefix(name, machineIDVolumePrefix) || path.Base(path.Dir(source)) != "_data" {
+		return ""
+	}
+	return name
+}
+
+// machineIDMount returns the bind mount of a fresh machine-id for a
+// container about to be created.
+func (c *Client) machineIDMount(ctx context.Context) (mount.Mount, string, error) {
+	p := &c.machineIDs
+	p.mu.Lock()
+	var got *preparedID
+	var stale []preparedID
+	for len(p.ready) > 0 && got == nil {
+		id := p.ready[0]
+		p.ready = p.ready[1:]
+		if time.Since(id.at) < machineIDMaxAge {
+			got = &id
+		} else {
+			stale = append(stale, id)
+		}
+	}
+	refill := !p.filling && !p.closed && len(p.ready) < machineIDLowWater
+	n := machineIDPoolSize - len(p.ready)
+	if refill {
+		p.filling = true
+	}
+	p.mu.Unlock()
+	if refill || len(stale) > 0 {
+		go func() {
+			bctx := context.WithoutCancel(ctx)
+			for _, s := range stale {
+				_ = c.removeMachineID(bctx, s.volume)
+			}
+			if !refill {
+				return
+			}
+			ids, _ := c.prepareMachineIDs(bctx, n)
+			p.mu.Lock()
+			p.filling = false
+			if p.closed {
+				p.mu.Unlock()
+				for _, id := range ids {
+					_ = c.removeMachineID(bctx, id.volume)
+				}
+				return
+			}
+			p.ready = append(p.ready, ids...)
+			p.mu.Unlock()
+		}()
+	}
+	if got != nil {
+		return got.mount(), got.volume, nil
+	}
+	ids, err := c.prepareMachineIDs(ctx, 1)
+	if err != nil {
+		return mount.Mount{}, "", err
+	}
+	return ids[0].mount(), ids[0].volume, nil
+}
+
+// prepareMachineIDs makes n volumes, each holding a fresh machine-id,
+// through one filler container.
+func (c *Client) prepareMachineIDs(ctx context.Context, n int) ([]preparedID, error) {
 	ctx, cancel := c.bounded(ctx)
 	defer cancel()
-	vol, err := c.docker.VolumeCreate(ctx, volume.CreateOptions{
-		Name:   name,
-		Labels: map[string]string{LabelManagedBy: ManagedByValue + "-machine-id"},
-	})
-	if err != nil {
-		return mount.Mount{}, classify(err, "creating machine-id volume "+name)
+	var ids []preparedID
+	fail := func(err error) ([]preparedID, error) {
+		for _, id := range ids {
+			_ = c.removeMachineID(context.WithoutCancel(ctx), id.volume)
+		}
+		return nil, err
 	}
-	if vol.Mountpoint == "" || !path.IsAbs(vol.Mountpoint) {
-		return mount.Mount{}, fmt.Errorf("machine-id volume %s has no local mount point (driver %q)", name, vol.Driver)
+	mounts := make([]mount.Mount, 0, n)
+	var buf bytes.Buffer
+	tw := tar.NewWriter(&buf)
+	for i := range n {
+		name := machineIDVolumePrefix + randid.Hex(12)
+		vol, err := c.docker.VolumeCreate(ctx, volume.CreateOptions{
+			Name:   name,
+			Labels: map[string]string{LabelManagedBy: ManagedByValue + "-machine-id"},
+		})
+		if err != nil {
+			return fail(classify(err, "creating machine-id volume "+name))
+		}
+		ids = append(ids, preparedID{volume: name, source: path.Join(vol.Mountpoint, "machine-id"), at: time.Now()})
+		if vol.Mountpoint == "" || !path.IsAbs(vol.Mountpoint) {
+			return fail(fmt.Errorf("machine-id volume %s has no local mount point (driver %q)", name, vol.Driver))
+		}
+		dir := fmt.Sprintf("id%d", i)
+		mounts = append(mounts, mount.Mount{Type: mount.TypeVolume, Source: name, Target: "/" + dir, VolumeOptions: &mount.VolumeOptions{NoCopy: true}})
+		content := randid.Hex(16) + "\n"
+		if err := tw.WriteHeader(&tar.Header{Name: dir + "/machine-id", Mode: 0o444, Size: int64(len(content)), Typeflag: tar.TypeReg}); err != nil {
+			return fail(err)
+		}
+		_, _ = tw.Write([]byte(content))
+	}
+	if err := tw.Close(); err != nil {
+		return fail(err)
 	}
 	c.toolsMu.Lock()
 	fillerImage, err := c.ensureFillerImage(ctx)
 	c.toolsMu.Unlock()
 	if err != nil {
-		return mount.Mount{}, err
+		return fail(err)
 	}
 	filler, err := c.docker.ContainerCreate(ctx,
 		&container.Config{Image: fillerImage, Entrypoint: []string{fillerEntrypoint}, Cmd: []string{}, Labels: map[string]string{LabelManagedBy: ManagedByValue + "-tools"}},
-		&container.HostConfig{
-			NetworkMode: NetworkNone,
-			Mounts:      []mount.Mount{{Type: mount.TypeVolume, Source: name, Target: "/id", VolumeOptions: &mount.VolumeOptions{NoCopy: true}}},
-		}, nil, nil, "")
+		&container.HostConfig{NetworkMode: NetworkNone, Mounts: mounts}, nil, nil, "")
 	if err != nil {
-		return mount.Mount{}, classify(err, "creating machine-id filler container")
+		return fail(classify(err, "creating machine-id filler container"))
 	}
 	defer func() {
 		rctx, rcancel := c.bounded(context.WithoutCancel(ctx))
 		defer rcancel()
 		_ = c.docker.ContainerRemove(rctx, filler.ID, container.RemoveOptions{Force: true})
 	}()
-	id := randid.Hex(16) + "\n"
-	var buf bytes.Buffer
-	tw := tar.NewWriter(&buf)
-	if err := tw.WriteHeader(&tar.Header{Name: "machine-id", Mode: 0o444, Size: int64(len(id)), Typeflag: tar.TypeReg}); err != nil {
-		return mount.Mount{}, err
+	if err := c.docker.CopyToContainer(ctx, filler.ID, "/", &buf, container.CopyToContainerOptions{}); err != nil {
+		return fail(classify(err, "writing machine-ids"))
 	}
-	_, _ = tw.Write([]byte(id))
-	if err := tw.Close(); err != nil {
-		return mount.Mount{}, err
-	}
-	if err := c.docker.CopyToContainer(ctx, filler.ID, "/id", &buf, container.CopyToContainerOptions{}); err != nil {
-		return mount.Mount{}, classify(err, "writing the machine-id")
-	}
-	return mount.Mount{
-		Type:     mount.TypeBind,
-		Source:   path.Join(vol.Mountpoint, "machine-id"),
-		Target:   machineIDPath,
-		ReadOnly: true,
-	}, nil
+	return ids, nil
 }
 
-// removeMachineID removes the machine-id volume of the container named
-// containerName, once the container is gone.
-func (c *Client) removeMachineID(ctx context.Context, containerName string) error {
+// removeMachineID removes a machine-id volume (nothing if name is "").
+func (c *Client) removeMachineID(ctx context.Context, name string) error {
+	if name == "" {
+		return nil
+	}
 	ctx, cancel := c.bounded(ctx)
 	defer cancel()
-	err := c.docker.VolumeRemove(ctx, MachineIDVolume(containerName), true)
+	err := c.docker.VolumeRemove(ctx, name, true)
 	if err != nil && !cerrdefs.IsNotFound(err) {
-		return classify(err, "removing machine-id volume "+MachineIDVolume(containerName))
+		return classify(err, "removing machine-id volume "+name)
 	}
 	return nil
+}
+
+// closeMachineIDs removes the ready machine-ids nobody took.
+func (c *Client) closeMachineIDs() {
+	p := &c.machineIDs
+	p.mu.Lock()
+	ready := p.ready
+	p.ready, p.closed = nil, true
+	p.mu.Unlock()
+	for _, id := range ready {
+		_ = c.removeMachineID(context.Background(), id.volume)
+	}
 }

@@ -30,11 +30,54 @@ var _ = Describe("Fresh identity", dockerLabel, func() {
 
 		info, err := rt.Docker().ContainerInspect(ctx, last.ID)
 		Expect(err).NotTo(HaveOccurred())
-		vol := MachineIDVolume(info.Name)
+		var vol string
+		for _, m := range info.Mounts {
+			if v := MachineIDVolumeOf(m.Destination, m.Source); v != "" {
+				vol = v
+			}
+		}
+		Expect(vol).NotTo(BeEmpty())
 		_, err = rt.Docker().VolumeInspect(ctx, vol)
 		Expect(err).NotTo(HaveOccurred())
 		Expect(rt.Remove(ctx, last.ID, 0)).To(Succeed())
 		_, err = rt.Docker().VolumeInspect(ctx, vol)
 		Expect(cerrdefs.IsNotFound(err)).To(BeTrue(), "the machine-id volume outlived its container: %v", err)
+	}, SpecTimeout(90*time.Second))
+
+	It("writes machine-ids ahead, in batches, and removes the unused ones on Close", func(ctx SpecContext) {
+		c, err := New(Options{})
+		Expect(err).NotTo(HaveOccurred())
+		_, first, err := c.machineIDMount(ctx) // none ready: its own, and a refill starts
+		Expect(err).NotTo(HaveOccurred())
+		DeferCleanup(func(ctx SpecContext) { _ = c.removeMachineID(ctx, first) })
+		Eventually(func() int {
+			c.machineIDs.mu.Lock()
+			defer c.machineIDs.mu.Unlock()
+			return len(c.machineIDs.ready)
+		}).WithTimeout(30 * time.Second).Should(Equal(machineIDPoolSize))
+		seen := map[string]bool{first: true}
+		for range 3 {
+			t0 := time.Now()
+			m, v, err := c.machineIDMount(ctx)
+			Expect(err).NotTo(HaveOccurred())
+			Expect(time.Since(t0)).To(BeNumerically("<", 50*time.Millisecond), "a ready machine-id is taken without a Docker call")
+			Expect(seen).NotTo(HaveKey(v))
+			seen[v] = true
+			Expect(m.Target).To(Equal("/etc/machine-id"))
+			Expect(m.ReadOnly).To(BeTrue())
+			DeferCleanup(func(ctx SpecContext) { _ = c.removeMachineID(ctx, v) })
+		}
+		c.machineIDs.mu.Lock()
+		ready := append([]preparedID(nil), c.machineIDs.ready...)
+		c.machineIDs.mu.Unlock()
+		Expect(ready).NotTo(BeEmpty())
+		Expect(c.Close()).To(Succeed())
+		c2, err := New(Options{})
+		Expect(err).NotTo(HaveOccurred())
+		defer c2.Close()
+		for _, id := range ready {
+			_, err := c2.Docker().VolumeInspect(ctx, id.volume)
+			Expect(cerrdefs.IsNotFound(err)).To(BeTrue(), "ready volume %s outlived Close", id.volume)
+		}
 	}, SpecTimeout(90*time.Second))
 })

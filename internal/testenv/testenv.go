@@ -98,8 +98,10 @@ func RemoveNodeContainers(docker *dockerclient.Client, nodePrefix string) {
 	for _, ct := range list {
 		if strings.HasPrefix(ct.Labels[dockerruntime.LabelNode], nodePrefix) {
 			_ = docker.ContainerRemove(ctx, ct.ID, container.RemoveOptions{Force: true, RemoveVolumes: true})
-			if len(ct.Names) > 0 {
-				_ = docker.VolumeRemove(ctx, dockerruntime.MachineIDVolume(ct.Names[0]), true)
+			for _, m := range ct.Mounts {
+				if v := dockerruntime.MachineIDVolumeOf(m.Destination, m.Source); v != "" {
+					_ = docker.VolumeRemove(ctx, v, true)
+				}
 			}
 		}
 	}
