@@ -20,7 +20,8 @@ const usage = `usage:
   code-sandbox-helper untar --root=DIR --dest=REL [--max-bytes=N] [--max-entries=N] [--links=1] < archive.tar
   code-sandbox-helper tar --root=DIR --path=REL [--max-bytes=N] > archive.tar
   code-sandbox-helper snapshot --root=DIR... [--max-bytes=N] > archive.tar   (see snapshot.go)
-  code-sandbox-helper thaw   (continues what a snapshot that was cut off left stopped)`
+  code-sandbox-helper thaw   (continues what a snapshot that was cut off left stopped)
+  code-sandbox-helper statfs --root=DIR...   (one line "DIR USED TOTAL" per root)`
 
 // Main runs one helper subcommand and returns the process exit code.
 func Main(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
@@ -75,6 +76,11 @@ func Main(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 			return usageError(stderr, errors.New("thaw takes no arguments"))
 		}
 		thawAll()
+		return 0
+	case "statfs":
+		if err := statfsMain(args[1:], stdout); err != nil {
+			return usageError(stderr, err)
+		}
 		return 0
 	case "snapshot":
 		flags, err := parseSnapshot(args[1:])
