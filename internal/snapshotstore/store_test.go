@@ -5,16 +5,14 @@ import (
 	"context"
 	"crypto/rand"
 	"errors"
-	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
-	"time"
+
+	"github.com/code-sandbox/code-sandbox-operator/internal/testenv"
 )
 
 func payload(t *testing.T, n int) []byte {
@@ -141,68 +139,11 @@ func TestDir(t *testing.T) {
 	}
 }
 
-// startRegistry runs Debian's docker-registry (Docker Distribution) on a
-// free loopback port with deletes enabled and storage in a temp dir.
-func startRegistry(t *testing.T) string {
-	t.Helper()
-	bin, err := exec.LookPath("docker-registry")
-	if err != nil {
-		t.Fatalf("docker-registry is not installed (apt-get install -y docker-registry): %v", err)
-	}
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := l.Addr().String()
-	l.Close()
-	dir := t.TempDir()
-	cfg := fmt.Sprintf(`version: 0.1
-log:
-  level: warn
-storage:
-  filesystem:
-    rootdirectory: %s
-  delete:
-    enabled: true
-http:
-  addr: %s
-`, filepath.Join(dir, "data"), addr)
-	cfgPath := filepath.Join(dir, "config.yml")
-	if err := os.WriteFile(cfgPath, []byte(cfg), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	var logs bytes.Buffer
-	cmd := exec.Command(bin, "serve", cfgPath)
-	cmd.Stdout, cmd.Stderr = &logs, &logs
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		_ = cmd.Process.Kill()
-		_ = cmd.Wait()
-		if t.Failed() {
-			t.Logf("registry log:\n%s", logs.String())
-		}
-	})
-	deadline := time.Now().Add(15 * time.Second)
-	for {
-		resp, err := http.Get("http://" + addr + "/v2/")
-		if err == nil {
-			resp.Body.Close()
-			return addr
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the registry did not answer on %s: %v\n%s", addr, err, logs.String())
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
-}
-
 func TestRegistry(t *testing.T) {
 	if testing.Short() {
 		t.Skip("runs Debian's docker-registry")
 	}
-	addr := startRegistry(t)
+	addr := testenv.StartRegistry(t)
 	r, err := NewRegistry(addr+"/sandbox-snapshots", RegistryOptions{MaxBytes: 8 << 20, SpoolDir: t.TempDir()})
 	if err != nil {
 		t.Fatal(err)
