@@ -12,6 +12,7 @@ import (
 
 	cerrdefs "github.com/containerd/errdefs"
 	"github.com/docker/docker/api/types/container"
+	"github.com/docker/docker/api/types/filters"
 	"github.com/docker/docker/api/types/mount"
 	"github.com/docker/docker/api/types/volume"
 
@@ -34,8 +35,10 @@ import (
 // on a loaded two-core machine, a quarter of a create. So a client keeps a
 // few ready (machineIDPoolSize), written in batches by one filler in the
 // background, and a create takes one; only a create that finds none
-// writes its own. At most that many volumes outlive a client that is not
-// closed. `docker volume prune` counts these volumes unused (Docker does
+// writes its own. Close (and ReleaseMachineIDs) removes the ready ones;
+// a process killed before that leaves at most machineIDPoolSize, which the
+// next client's sweep removes once they are an hour old and no container
+// mounts them (sweepMachineIDs). `docker volume prune` counts these volumes unused (Docker does
 // not count a bind of a file inside a volume) and removes them: a running
 // sandbox then sees its image's /etc/machine-id again.
 const (
@@ -46,6 +49,11 @@ const (
 	// machineIDMaxAge: a ready machine-id older than this is not used (and
 	// removed), so one a prune removed since is not handed out.
 	machineIDMaxAge = 10 * time.Minute
+	// machineIDOrphanAge: an unmounted machine-id volume this old is no
+	// client's ready one (those are used or dropped within
+	// machineIDMaxAge), so the sweep may remove it.
+	machineIDOrphanAge = time.Hour
+	machineIDLabel     = ManagedByValue + "-machine-id"
 )
 
 type preparedID struct {
@@ -58,6 +66,7 @@ type machineIDPool struct {
 	ready   []preparedID
 	filling bool
 	closed  bool
+	sweep   sync.Once
 }
 
 func (p preparedID) mount() mount.Mount {
@@ -94,6 +103,7 @@ func (c *Client) machineIDMount(ctx context.Context) (mount.Mount, string, error
 			stale = append(stale, id)
 		}
 	}
+	p.sweep.Do(func() { go c.sweepMachineIDs(context.WithoutCancel(ctx), machineIDOrphanAge) })
 	refill := !p.filling && !p.closed && len(p.ready) < machineIDLowWater
 	n := machineIDPoolSize - len(p.ready)
 	if refill {
@@ -152,7 +162,7 @@ func (c *Client) prepareMachineIDs(ctx context.Context, n int) ([]preparedID, er
 		name := machineIDVolumePrefix + randid.Hex(12)
 		vol, err := c.docker.VolumeCreate(ctx, volume.CreateOptions{
 			Name:   name,
-			Labels: map[string]string{LabelManagedBy: ManagedByValue + "-machine-id"},
+			Labels: map[string]string{LabelManagedBy: machineIDLabel},
 		})
 		if err != nil {
 			return fail(classify(err, "creating machine-id volume "+name))
@@ -209,14 +219,56 @@ func (c *Client) removeMachineID(ctx context.Context, name string) error {
 	return nil
 }
 
-// closeMachineIDs removes the ready machine-ids nobody took.
+// closeMachineIDs removes the ready machine-ids nobody took, for good.
 func (c *Client) closeMachineIDs() {
+	c.machineIDs.mu.Lock()
+	c.machineIDs.closed = true
+	c.machineIDs.mu.Unlock()
+	c.ReleaseMachineIDs(context.Background())
+}
+
+// ReleaseMachineIDs removes the machine-ids written ahead that nobody took
+// (for an owner of the client that stops creating sandboxes, such as the
+// MCP server's Docker backend at exit). Later creates write new ones.
+func (c *Client) ReleaseMachineIDs(ctx context.Context) {
 	p := &c.machineIDs
 	p.mu.Lock()
 	ready := p.ready
-	p.ready, p.closed = nil, true
+	p.ready = nil
 	p.mu.Unlock()
 	for _, id := range ready {
-		_ = c.removeMachineID(context.Background(), id.volume)
+		_ = c.removeMachineID(context.WithoutCancel(ctx), id.volume)
+	}
+}
+
+// sweepMachineIDs removes machine-id volumes that no container mounts and
+// that are older than minAge (machineIDOrphanAge): what killed processes
+// left.
+func (c *Client) sweepMachineIDs(ctx context.Context, minAge time.Duration) {
+	ctx, cancel := c.bounded(ctx)
+	defer cancel()
+	vols, err := c.docker.VolumeList(ctx, volume.ListOptions{Filters: filters.NewArgs(filters.Arg("label", LabelManagedBy+"="+machineIDLabel))})
+	if err != nil {
+		return
+	}
+	cts, err := c.docker.ContainerList(ctx, container.ListOptions{All: true})
+	if err != nil {
+		return
+	}
+	used := map[string]bool{}
+	for _, ct := range cts {
+		for _, m := range ct.Mounts {
+			if v := MachineIDVolumeOf(m.Destination, m.Source); v != "" {
+				used[v] = true
+			}
+			used[m.Name] = true // a filler's volume mount
+		}
+	}
+	for _, v := range vols.Volumes {
+		created, err := time.Parse(time.RFC3339, v.CreatedAt)
+		if err != nil || time.Since(created) < minAge || used[v.Name] || !strings.HasPrefix(v.Name, machineIDVolumePrefix) {
+			continue
+		}
+		_ = c.removeMachineID(ctx, v.Name)
 	}
 }

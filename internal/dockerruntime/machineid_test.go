@@ -44,6 +44,34 @@ var _ = Describe("Fresh identity", dockerLabel, func() {
 		Expect(cerrdefs.IsNotFound(err)).To(BeTrue(), "the machine-id volume outlived its container: %v", err)
 	}, SpecTimeout(90*time.Second))
 
+	It("sweeps machine-id volumes no container mounts, and keeps those in use", func(ctx SpecContext) {
+		ct, _ := startSandbox(ctx, nil)
+		info, err := rt.Docker().ContainerInspect(ctx, ct.ID)
+		Expect(err).NotTo(HaveOccurred())
+		var inUse string
+		for _, m := range info.Mounts {
+			if v := MachineIDVolumeOf(m.Destination, m.Source); v != "" {
+				inUse = v
+			}
+		}
+		Expect(inUse).NotTo(BeEmpty())
+		orphans, err := rt.prepareMachineIDs(ctx, 2)
+		Expect(err).NotTo(HaveOccurred())
+		// Age 0 here (an hour in use): this also takes rt's ready ones,
+		// so rt drops them after.
+		rt.sweepMachineIDs(ctx, 0)
+		rt.ReleaseMachineIDs(ctx)
+		for _, o := range orphans {
+			_, err := rt.Docker().VolumeInspect(ctx, o.volume)
+			Expect(cerrdefs.IsNotFound(err)).To(BeTrue(), "orphan %s survived the sweep", o.volume)
+		}
+		_, err = rt.Docker().VolumeInspect(ctx, inUse)
+		Expect(err).NotTo(HaveOccurred(), "the sweep removed a mounted machine-id")
+		Expect(sh(ctx, ct.ID, `cat /etc/machine-id`).Stdout).To(MatchRegexp(`^[0-9a-f]{32}\n$`))
+		// The next create works (rt writes a fresh one).
+		startSandbox(ctx, nil)
+	}, SpecTimeout(90*time.Second))
+
 	It("writes machine-ids ahead, in batches, and removes the unused ones on Close", func(ctx SpecContext) {
 		c, err := New(Options{})
 		Expect(err).NotTo(HaveOccurred())

@@ -543,6 +543,7 @@ func (b *driver) RemoveAll(ctx context.Context) error {
 func (b *driver) Close(ctx context.Context) error {
 	b.pool.close(ctx)
 	b.closeSnapshots()
+	b.docker.ReleaseMachineIDs(ctx)
 	fw := b.opts.EgressFirewall
 	if fw == nil || b.egressStop == nil {
 		return nil
