@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"strconv"
+	"strings"
 	"sync"
 	"text/tabwriter"
 
@@ -31,7 +32,9 @@ func newTopCommand(o *options) *cobra.Command {
 		Short: "Show the resource use of one or all Sandboxes of the namespace",
 		Long: `Show CPU (cores and % of the limit), memory, processes and the bytes in
 the writable paths (all tmpfs together: the working directory, /tmp,
-/var/tmp) against their limits, and the network bytes of Egress Sandboxes.
+/var/tmp) against their limits, each path's own use (PATHS; "-" where it
+cannot be read without waking the Sandbox), and the network bytes of
+Egress Sandboxes.
 Each figure is measured at the time of the call, on the node, without
 waking a paused Sandbox (needs get on sandboxes/metrics; without NAME, list
 on sandboxes too). A Sandbox whose figures cannot be read shows why.`,
@@ -104,10 +107,10 @@ func readMetrics(ctx context.Context, c *sandboxclient.Client, ns string, names 
 
 func printTop(w io.Writer, rows []topRow) error {
 	tw := tabwriter.NewWriter(w, 0, 8, 2, ' ', 0)
-	fmt.Fprintln(tw, "NAME\tCPU(cores)\tCPU%\tMEMORY\tMEMORY%\tPIDS\tDISK\tNET(rx/tx)\tSTATE")
+	fmt.Fprintln(tw, "NAME\tCPU(cores)\tCPU%\tMEMORY\tMEMORY%\tPIDS\tDISK\tPATHS\tNET(rx/tx)\tSTATE")
 	for _, r := range rows {
 		if r.err != nil {
-			fmt.Fprintf(tw, "%s\t-\t-\t-\t-\t-\t-\t-\t%s\n", r.name, topError(r.err))
+			fmt.Fprintf(tw, "%s\t-\t-\t-\t-\t-\t-\t-\t-\t%s\n", r.name, topError(r.err))
 			continue
 		}
 		m := r.m
@@ -120,13 +123,21 @@ func printTop(w io.Writer, rows []topRow) error {
 			net = bytesIEC(m.Network.RxBytes) + "/" + bytesIEC(m.Network.TxBytes)
 		}
 		var diskLimit int64
+		var paths []string
 		for _, p := range m.Disk.Paths {
 			diskLimit += p.LimitBytes
+			if p.UsedBytes != nil {
+				paths = append(paths, p.Path+"="+bytesIEC(*p.UsedBytes))
+			}
 		}
-		fmt.Fprintf(tw, "%s\t%.3f/%s\t%s\t%s/%s\t%s\t%d/%d\t%s/%s\t%s\t%s\n", r.name,
+		pathCol := "-"
+		if len(paths) > 0 {
+			pathCol = strings.Join(paths, ",")
+		}
+		fmt.Fprintf(tw, "%s\t%.3f/%s\t%s\t%s/%s\t%s\t%d/%d\t%s/%s\t%s\t%s\t%s\n", r.name,
 			m.CPU.Cores, strconv.FormatFloat(m.CPU.LimitCores, 'f', -1, 64), percent(m.CPU.PercentOfLimit, m.CPU.LimitCores > 0),
 			bytesIEC(m.Memory.Used), bytesIEC(m.Memory.Limit), percent(100*float64(m.Memory.Used)/float64(max(m.Memory.Limit, 1)), m.Memory.Limit > 0),
-			m.Pids.Used, m.Pids.Limit, bytesIEC(m.Disk.UsedBytes), bytesIEC(diskLimit), net, state)
+			m.Pids.Used, m.Pids.Limit, bytesIEC(m.Disk.UsedBytes), bytesIEC(diskLimit), pathCol, net, state)
 	}
 	return tw.Flush()
 }

@@ -24,6 +24,9 @@ func TestPrintTop(t *testing.T) {
 	}
 	paused := running
 	paused.Paused, paused.Network, paused.CPU.Cores, paused.CPU.PercentOfLimit = true, nil, 0, 0
+	app, tmp, vartmp := int64(3<<20), int64(5<<20), int64(0)
+	running.Disk.Paths = []subresource.PathMetrics{
+		{Path: "/app", LimitBytes: 256 << 20, UsedBytes: &app}, {Path: "/tmp", LimitBytes: 256 << 20, UsedBytes: &tmp}, {Path: "/var/tmp", LimitBytes: 256 << 20, UsedBytes: &vartmp}}
 	refused := &sandboxclient.APIError{Code: http.StatusConflict, Reason: metav1.StatusReasonConflict,
 		Details: &metav1.StatusDetails{Causes: []metav1.StatusCause{{Type: subresource.CauseContainerNotRunning}}}}
 	var out bytes.Buffer
@@ -35,8 +38,8 @@ func TestPrintTop(t *testing.T) {
 		t.Fatalf("table:\n%s", out.String())
 	}
 	for i, want := range [][]string{
-		{"busy", "0.490/0.5", "98%", "120.0Mi/128.0Mi", "94%", "3/256", "8.0Mi/768.0Mi", "2.0Ki/10", "Running"},
-		{"asleep", "0.000/0.5", "0%", "Paused"},
+		{"busy", "0.490/0.5", "98%", "120.0Mi/128.0Mi", "94%", "3/256", "8.0Mi/768.0Mi", "/app=3.0Mi,/tmp=5.0Mi,/var/tmp=0", "2.0Ki/10", "Running"},
+		{"asleep", "0.000/0.5", "0%", "8.0Mi/768.0Mi", "-", "Paused"},
 		{"gone", string(subresource.CauseContainerNotRunning)},
 		{"odd", "Error"},
 	} {

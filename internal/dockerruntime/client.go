@@ -98,6 +98,9 @@ type Client struct {
 	// fillerID is the tools filler image's ID (a content address) once
 	// imported or verified; guarded by toolsMu.
 	fillerID string
+
+	// machineIDs are written ahead for the next creates (machineid.go).
+	machineIDs machineIDPool
 }
 
 // New connects lazily to Docker: it never fails because the daemon is down,
@@ -133,6 +136,7 @@ func (c *Client) Docker() *client.Client { return c.docker }
 // Close releases the client's connections.
 func (c *Client) Close() error {
 	c.closeStandbys()
+	c.closeMachineIDs()
 	return c.docker.Close()
 }
 

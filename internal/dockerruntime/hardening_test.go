@@ -140,11 +140,21 @@ var _ = Describe("A hardened sandbox (runc)", dockerLabel, Ordered, ContinueOnFa
 		Expect(info.Config.Labels).To(HaveKeyWithValue(LabelName, spec.Owner.Name))
 		Expect(info.Config.Labels).To(HaveKeyWithValue(LabelNode, testNode))
 
-		// The only mount besides the tmpfs is the tools volume, read-only.
-		Expect(info.Mounts).To(HaveLen(1))
-		Expect(info.Mounts[0].Type).To(Equal(mount.TypeVolume))
-		Expect(info.Mounts[0].Destination).To(Equal(toolsMountPath))
-		Expect(info.Mounts[0].RW).To(BeFalse())
+		// The only mounts besides the tmpfs are the tools volume and the
+		// sandbox's own machine-id file, both read-only.
+		Expect(info.Mounts).To(HaveLen(2))
+		byDest := map[string]container.MountPoint{}
+		for _, m := range info.Mounts {
+			byDest[m.Destination] = m
+		}
+		Expect(byDest).To(HaveKey(toolsMountPath))
+		Expect(byDest[toolsMountPath].Type).To(Equal(mount.TypeVolume))
+		Expect(byDest[toolsMountPath].RW).To(BeFalse())
+		Expect(byDest).To(HaveKey("/etc/machine-id"))
+		mid := byDest["/etc/machine-id"]
+		Expect(mid.Type).To(Equal(mount.TypeBind))
+		Expect(MachineIDVolumeOf(mid.Destination, mid.Source)).To(HavePrefix("code-sandbox-id-"))
+		Expect(mid.RW).To(BeFalse())
 	}, SpecTimeout(30*time.Second))
 
 	It("runs as 65534 with no capabilities, no_new_privs and seccomp (A14)", func(ctx SpecContext) {

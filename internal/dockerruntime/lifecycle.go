@@ -42,9 +42,19 @@ func (c *Client) CreateAndStart(ctx context.Context, spec Spec) (Container, erro
 		}
 	}
 	name := ContainerName(s.Owner.UID)
+	mid, midVolume, err := c.machineIDMount(ctx)
+	if err != nil {
+		return Container{}, err
+	}
+	hostCfg.Mounts = append(hostCfg.Mounts, mid)
 	cctx, cancel := c.bounded(ctx)
 	created, err := c.docker.ContainerCreate(cctx, cfg, hostCfg, nil, nil, name)
 	cancel()
+	if err != nil {
+		// Not created, or a container of that name exists with a
+		// machine-id of its own.
+		_ = c.removeMachineID(context.WithoutCancel(ctx), midVolume)
+	}
 	var id string
 	switch {
 	case err == nil:
@@ -127,6 +137,18 @@ func (c *Client) Start(ctx context.Context, id string) error {
 // confirms the container is gone; a container that never existed counts as
 // gone.
 func (c *Client) Remove(ctx context.Context, id string, grace time.Duration) error {
+	// The container's machine-id volume (machineid.go) is removed once
+	// the container is gone.
+	var midVolume string
+	ictx, icancel := c.bounded(ctx)
+	if info, err := c.docker.ContainerInspect(ictx, id); err == nil {
+		for _, m := range info.Mounts {
+			if v := MachineIDVolumeOf(m.Destination, m.Source); v != "" {
+				midVolume = v
+			}
+		}
+	}
+	icancel()
 	if grace > 0 {
 		// The stop must not race the resident helper's exec start
 		// (prestart.go): containerd's shim holds back the container's exit
@@ -171,7 +193,7 @@ func (c *Client) Remove(ctx context.Context, id string, grace time.Duration) err
 		icancel()
 		err = classify(err, "inspecting container "+id)
 		if errors.Is(err, ErrNotFound) {
-			return nil
+			return c.removeMachineID(ctx, midVolume)
 		}
 		if err != nil {
 			return err

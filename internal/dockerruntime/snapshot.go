@@ -77,41 +77,41 @@ func (c *Client) Snapshot(ctx context.Context, id string, roots []string, w io.W
 // Restore writes a snapshot into sandbox id: each root's entries into that
 // root, through CopyIn (the sanitiser and the helper's untar, with limits).
 // open is called once per root and must return the snapshot from its start.
-// Entries outside roots are refused; symbolic links are skipped (CopyIn
-// accepts only files and directories) and counted in skipped.
-func (c *Client) Restore(ctx context.Context, id string, roots []string, open func() (io.ReadCloser, error), limits execio.UploadLimits) (stats execio.TransferStats, skipped int, err error) {
+// Entries outside roots are refused. Symbolic links are restored as links
+// (limits.Symlinks is set here): a link's target is data and may name
+// anything, but the helper creates links only after every file and
+// directory, and never below a link, so nothing is written through one.
+func (c *Client) Restore(ctx context.Context, id string, roots []string, open func() (io.ReadCloser, error), limits execio.UploadLimits) (stats execio.TransferStats, err error) {
 	for _, r := range roots {
 		if err := execio.CheckTarget(execio.Target{Root: r}); err != nil {
-			return stats, skipped, err
+			return stats, err
 		}
 	}
 	if err := checkSnapshotNames(roots, open); err != nil {
-		return stats, skipped, err
+		return stats, err
 	}
+	limits.Symlinks = true
 	for _, r := range roots {
 		src, err := open()
 		if err != nil {
-			return stats, skipped, fmt.Errorf("opening the snapshot: %w", err)
+			return stats, fmt.Errorf("opening the snapshot: %w", err)
 		}
 		pr, pw := io.Pipe()
-		n := make(chan int, 1)
 		go func() {
-			k, err := filterRoot(src, pw, strings.TrimPrefix(r, "/"))
-			pw.CloseWithError(err)
-			n <- k
+			pw.CloseWithError(filterRoot(src, pw, strings.TrimPrefix(r, "/")))
 		}()
 		st, err := c.CopyIn(ctx, id, execio.Target{Root: r}, pr, limits)
 		pr.CloseWithError(errors.New("restore ended"))
-		skipped += <-n
 		src.Close()
 		stats.Files += st.Files
 		stats.Dirs += st.Dirs
 		stats.Bytes += st.Bytes
+		stats.Links += st.Links
 		if err != nil {
-			return stats, skipped, fmt.Errorf("restoring %s into sandbox %s: %w", r, ShortID(id), err)
+			return stats, fmt.Errorf("restoring %s into sandbox %s: %w", r, ShortID(id), err)
 		}
 	}
-	return stats, skipped, nil
+	return stats, nil
 }
 
 // checkSnapshotNames refuses a snapshot with an entry outside roots before
@@ -147,34 +147,29 @@ func checkSnapshotNames(roots []string, open func() (io.ReadCloser, error)) erro
 }
 
 // filterRoot copies the entries of src below prefix to w, renamed relative
-// to it; the prefix's own directory entry and symbolic links are left out
-// (the count of links is returned).
-func filterRoot(src io.Reader, w io.Writer, prefix string) (int, error) {
+// to it; the prefix's own directory entry is left out. What may pass is
+// decided after it, by CopyIn's sanitiser and the helper.
+func filterRoot(src io.Reader, w io.Writer, prefix string) error {
 	tr := tar.NewReader(src)
 	tw := tar.NewWriter(w)
-	skipped := 0
 	for {
 		h, err := tr.Next()
 		if errors.Is(err, io.EOF) {
-			return skipped, tw.Close()
+			return tw.Close()
 		}
 		if err != nil {
-			return skipped, fmt.Errorf("%w: reading the snapshot: %v", execio.ErrInvalidRequest, err)
+			return fmt.Errorf("%w: reading the snapshot: %v", execio.ErrInvalidRequest, err)
 		}
 		rest, ok := strings.CutPrefix(h.Name, prefix+"/")
 		if !ok || rest == "" {
 			continue
 		}
-		if h.Typeflag == tar.TypeSymlink {
-			skipped++
-			continue
-		}
 		h.Name = rest
 		if err := tw.WriteHeader(h); err != nil {
-			return skipped, err
+			return err
 		}
 		if _, err := io.Copy(tw, tr); err != nil {
-			return skipped, err
+			return err
 		}
 	}
 }

@@ -56,15 +56,15 @@ var _ = Describe("Snapshot and Restore", dockerLabel, func() {
 		var kids []Container
 		for range 2 {
 			k, _ := startSandbox(ctx, nil)
-			_, skipped, err := rt.Restore(ctx, k.ID, SnapshotRoots(""), opener(snap.Bytes()), execio.UploadLimits{})
+			st, err := rt.Restore(ctx, k.ID, SnapshotRoots(""), opener(snap.Bytes()), execio.UploadLimits{})
 			Expect(err).NotTo(HaveOccurred())
-			Expect(skipped).To(Equal(1), "the symlink")
+			Expect(st.Links).To(Equal(1), "the symlink")
 			kids = append(kids, k)
 		}
 		for _, k := range kids {
-			r := sh(ctx, k.ID, `cat /app/d/e/f /tmp/t /var/tmp/v; stat -c %a /app/run.sh`)
+			r := sh(ctx, k.ID, `cat /app/d/e/f /tmp/t /var/tmp/v; stat -c %a /app/run.sh; readlink /app/link`)
 			Expect(r.Code).To(Equal(0), r.String())
-			Expect(r.Stdout).To(Equal("hello\nt\nv\n700\n"))
+			Expect(r.Stdout).To(Equal("hello\nt\nv\n700\n/etc/passwd\n"))
 		}
 		Expect(sh(ctx, kids[0].ID, `echo mine >/app/only-0`).Code).To(Equal(0))
 		Expect(sh(ctx, kids[1].ID, `test -e /app/only-0`).Code).To(Equal(1))
@@ -99,6 +99,73 @@ while True:
 		Expect(sh(ctx, src.ID, `ps -o stat,comm | grep python`).Stdout).NotTo(ContainSubstring("T"))
 	}, SpecTimeout(120*time.Second))
 
+	It("restores links as links and never writes through one (a -> /etc then a/passwd, a chain, a link in a link's place)", func(ctx SpecContext) {
+		type ent struct{ name, link, body string }
+		build := func(es ...ent) []byte {
+			var b bytes.Buffer
+			tw := tar.NewWriter(&b)
+			for _, e := range es {
+				h := &tar.Header{Name: e.name, Mode: 0o644}
+				switch {
+				case e.link != "":
+					h.Typeflag, h.Linkname = tar.TypeSymlink, e.link
+				case e.body == "":
+					h.Typeflag, h.Mode = tar.TypeDir, 0o755
+				default:
+					h.Typeflag, h.Size = tar.TypeReg, int64(len(e.body))
+				}
+				Expect(tw.WriteHeader(h)).To(Succeed())
+				_, _ = tw.Write([]byte(e.body))
+			}
+			Expect(tw.Close()).To(Succeed())
+			return b.Bytes()
+		}
+		k, _ := startSandbox(ctx, nil)
+		// A chain (c1 -> c2 -> /etc), a relative link and a link to a
+		// file that does not exist are data: they are restored as they are.
+		st, err := rt.Restore(ctx, k.ID, SnapshotRoots(""), opener(build(
+			ent{name: "app/c1", link: "c2"}, ent{name: "app/c2", link: "/etc"},
+			ent{name: "app/d/", body: ""}, ent{name: "app/d/rel", link: "../c1/passwd"},
+			ent{name: "tmp/dangling", link: "/nonexistent/x"},
+		)), execio.UploadLimits{})
+		Expect(err).NotTo(HaveOccurred())
+		Expect(st.Links).To(Equal(4))
+		r := sh(ctx, k.ID, `for l in /app/c1 /app/c2 /app/d/rel /tmp/dangling; do readlink $l; done; head -1 /app/d/rel`)
+		Expect(r.Code).To(Equal(0), r.String())
+		Expect(r.Stdout).To(HavePrefix("c2\n/etc\n../c1/passwd\n/nonexistent/x\nroot:"))
+
+		// a -> /etc followed by a/passwd: the file is written into a real
+		// directory a of the sandbox's own, and the link then has no place.
+		k2, _ := startSandbox(ctx, nil)
+		_, err = rt.Restore(ctx, k2.ID, SnapshotRoots(""), opener(build(
+			ent{name: "app/a", link: "/etc"}, ent{name: "app/a/passwd", body: "evil\n"},
+		)), execio.UploadLimits{})
+		Expect(err).To(MatchError(ContainSubstring("cannot create link a over an existing directory")))
+		r = sh(ctx, k2.ID, `cat /app/a/passwd; test -L /app/a && echo link; head -c 5 /etc/passwd`)
+		Expect(r.Stdout).To(Equal("evil\nroot:"), r.String())
+
+		// A link below a link of the same archive (b -> /tmp, then b/x ->
+		// y): refused, never created in /tmp.
+		k3, _ := startSandbox(ctx, nil)
+		_, err = rt.Restore(ctx, k3.ID, SnapshotRoots(""), opener(build(
+			ent{name: "app/b", link: "/tmp"}, ent{name: "app/b/x", link: "y"},
+		)), execio.UploadLimits{})
+		Expect(err).To(MatchError(ContainSubstring("not a directory")))
+		Expect(sh(ctx, k3.ID, `test -e /tmp/x || test -L /tmp/x`).Code).To(Equal(1))
+
+		// The same with an in-root target (b -> d): nothing lands in d.
+		k4, _ := startSandbox(ctx, nil)
+		_, err = rt.Restore(ctx, k4.ID, SnapshotRoots(""), opener(build(
+			ent{name: "app/d/", body: ""}, ent{name: "app/b", link: "d"}, ent{name: "app/b/x", link: "y"},
+		)), execio.UploadLimits{})
+		Expect(err).To(MatchError(ContainSubstring("not a directory")))
+		Expect(sh(ctx, k4.ID, `ls -A /app/d`).Stdout).To(BeEmpty())
+
+		// Plain uploads still refuse links.
+		_, err = rt.CopyIn(ctx, k4.ID, execio.Target{Root: "/app"}, bytes.NewReader(build(ent{name: "l", link: "/etc"})), execio.UploadLimits{})
+		Expect(err).To(MatchError(execio.ErrUnsupportedEntry))
+	}, SpecTimeout(90*time.Second))
+
 	It("refuses a snapshot entry outside the writable paths and bad roots", func(ctx SpecContext) {
 		k, _ := startSandbox(ctx, nil)
 		var b bytes.Buffer
@@ -106,7 +173,7 @@ while True:
 		Expect(tw.WriteHeader(&tar.Header{Name: "etc/evil", Typeflag: tar.TypeReg, Size: 1, Mode: 0o644})).To(Succeed())
 		_, _ = tw.Write([]byte("x"))
 		Expect(tw.Close()).To(Succeed())
-		_, _, err := rt.Restore(ctx, k.ID, SnapshotRoots(""), opener(b.Bytes()), execio.UploadLimits{})
+		_, err := rt.Restore(ctx, k.ID, SnapshotRoots(""), opener(b.Bytes()), execio.UploadLimits{})
 		Expect(err).To(MatchError(execio.ErrInvalidPath))
 		Expect(err.Error()).To(ContainSubstring("etc/evil"))
 

@@ -233,6 +233,42 @@ func (o Owner) Labels() map[string]string {
 	}
 }
 
+// Hostname is the hostname of a sandbox container: its owner's name when
+// that is a DNS label (RFC 1123, at most 63 characters), else the name made
+// into one (lower case, anything else turned into "-", cut at 63), else
+// "sandbox-" and the first 12 characters of its UID. Every sandbox had the
+// hostname "sandbox" before; a fork's children, and any two sandboxes, now
+// tell themselves apart as their names do. Only the name is used, never
+// the namespace, which the sandbox has no need to learn.
+func Hostname(o Owner) string {
+	if h := dnsLabel(o.Name); h != "" {
+		return h
+	}
+	uid := o.UID
+	if len(uid) > 12 {
+		uid = uid[:12]
+	}
+	return dnsLabel("sandbox-" + uid)
+}
+
+// dnsLabel makes s into an RFC 1123 label, or "" if nothing is left.
+func dnsLabel(s string) string {
+	var b strings.Builder
+	for _, r := range strings.ToLower(s) {
+		switch {
+		case r >= 'a' && r <= 'z', r >= '0' && r <= '9':
+			b.WriteRune(r)
+		default:
+			b.WriteByte('-')
+		}
+	}
+	h := b.String()
+	if len(h) > 63 {
+		h = h[:63]
+	}
+	return strings.Trim(h, "-")
+}
+
 // BuildContainerConfig turns a Spec into Docker's create request. It is pure
 // so that the hardening can be unit tested field by field; the integration
 // tests inspect real containers for the same fields.
@@ -264,7 +300,7 @@ func BuildContainerConfig(spec Spec) (*container.Config, *container.HostConfig, 
 		Env:         env,
 		WorkingDir:  s.WorkingDir,
 		Labels:      s.Owner.Labels(),
-		Hostname:    "sandbox",
+		Hostname:    Hostname(s.Owner),
 		StopTimeout: &stopTimeout,
 	}
 	// The tools volume is always mounted: the helper in it runs every

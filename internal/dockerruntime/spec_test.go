@@ -370,3 +370,26 @@ var _ = Describe("BuildContainerConfig", Label("unit"), func() {
 })
 
 func itoa64(n int64) string { return strconv.FormatInt(n, 10) }
+
+var _ = Describe("Hostname", Label("unit"), func() {
+	DescribeTable("derives an RFC 1123 label from the owner",
+		func(o Owner, want string) {
+			h := Hostname(o)
+			Expect(h).To(Equal(want))
+			Expect(h).To(MatchRegexp(`^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$`))
+		},
+		Entry("a name that is a label", Owner{Name: "box-1", UID: "u"}, "box-1"),
+		Entry("upper case and dots", Owner{Name: "My.Box_2", UID: "u"}, "my-box-2"),
+		Entry("a name of 253 characters is cut at 63", Owner{Name: strings.Repeat("a", 253)}, strings.Repeat("a", 63)),
+		Entry("a cut that ends in a dash loses it", Owner{Name: strings.Repeat("a", 62) + ".b"}, strings.Repeat("a", 62)),
+		Entry("no usable name: the UID", Owner{Name: "..", UID: "0D3C5A7B-1111-2222"}, "sandbox-0d3c5a7b-111"),
+		Entry("nothing at all", Owner{}, "sandbox"),
+		Entry("adversarial characters", Owner{Name: "a/../b\n;rm -rf"}, "a----b--rm--rf"),
+	)
+
+	It("is what the container is created with", func() {
+		cfg, _, err := BuildContainerConfig(Spec{Owner: Owner{UID: "u1", Name: "child-3"}, Image: "img"})
+		Expect(err).NotTo(HaveOccurred())
+		Expect(cfg.Hostname).To(Equal("child-3"))
+	})
+})

@@ -55,6 +55,8 @@ type Stats struct {
 	WritablePaths      []WritablePath
 	WritableUsedBytes  int64
 	WritableUsedSource string
+	// PathsSource says how WritablePaths' UsedBytes were read.
+	PathsSource string
 }
 
 // WritablePath is one of the container's tmpfs mounts (the working
@@ -62,7 +64,25 @@ type Stats struct {
 type WritablePath struct {
 	Path       string
 	LimitBytes int64
+	// UsedBytes is the bytes used in this path, -1 when it could not be
+	// read without waking the sandbox (see Stats.PathsSource).
+	UsedBytes int64
 }
+
+// PathsSource values: how each WritablePath's UsedBytes was read.
+const (
+	// PathsHostStatfs: statfs(2) of the tmpfs through /proc/<pid>/root
+	// on the host, where this process can see the container's init; the
+	// sandbox is not touched, paused or not.
+	PathsHostStatfs = "host-statfs"
+	// PathsHelperStatfs: statfs(2) by the in-sandbox helper (an exec),
+	// only for a running sandbox; a paused one is never woken for it.
+	PathsHelperStatfs = "helper-statfs"
+	// PathsUnavailable: neither (a paused sandbox seen from a process
+	// without the host's PID namespace, such as the manager's pod); the
+	// paths' total is still WritableUsedBytes.
+	PathsUnavailable = "unavailable"
+)
 
 // WritableUsedSource values: where Stats.WritableUsedBytes comes from.
 const (
@@ -94,6 +114,12 @@ func (c *Client) Stats(ctx context.Context, id string) (Stats, error) {
 		out.CPULimitCores = float64(insp.HostConfig.NanoCPUs) / 1e9
 		out.WritablePaths = writablePaths(insp.HostConfig.Tmpfs)
 	}
+	running := insp.ContainerJSONBase != nil && insp.State != nil && insp.State.Running
+	pid := 0
+	if running {
+		pid = insp.State.Pid
+	}
+	c.pathUsage(ctx, id, insp.ID, pid, running && !out.Paused, &out)
 	// stream=false without one-shot: Docker takes two samples a second
 	// apart, so the reply carries precpu_stats to compute a rate from.
 	resp, err := c.docker.ContainerStats(ctx, id, false)
@@ -107,6 +133,58 @@ func (c *Client) Stats(ctx context.Context, id string) (Stats, error) {
 	}
 	fillStats(&out, &st)
 	return out, nil
+}
+
+// pathUsage fills each writable path's UsedBytes without waking the
+// sandbox: from the host when its tmpfs mounts are visible there, else
+// from the helper when the sandbox runs (not paused), else not at all.
+func (c *Client) pathUsage(ctx context.Context, id, fullID string, pid int, awake bool, out *Stats) {
+	paths := make([]string, len(out.WritablePaths))
+	for i := range out.WritablePaths {
+		out.WritablePaths[i].UsedBytes = -1
+		paths[i] = out.WritablePaths[i].Path
+	}
+	out.PathsSource = PathsUnavailable
+	if len(paths) == 0 {
+		return
+	}
+	if used, ok := hostPathUsage(pid, fullID, paths); ok {
+		for i := range out.WritablePaths {
+			out.WritablePaths[i].UsedBytes = used[out.WritablePaths[i].Path]
+		}
+		out.PathsSource = PathsHostStatfs
+		return
+	}
+	if !awake {
+		return
+	}
+	argv := []string{HelperPath, "statfs"}
+	for _, p := range paths {
+		argv = append(argv, "--root="+p)
+	}
+	stdout := &boundedBuffer{max: 4096}
+	res, err := c.Exec(ctx, id, ExecOptions{Cmd: argv}, stdout, io.Discard)
+	if err != nil || res.ExitCode != 0 {
+		return
+	}
+	// The helper runs inside the sandbox, so its figures are the
+	// sandbox's word: each is bounded by its path's limit.
+	got := map[string]int64{}
+	for line := range strings.SplitSeq(stdout.buf.String(), "\n") {
+		f := strings.Fields(line)
+		if len(f) != 3 {
+			continue
+		}
+		if n, err := strconv.ParseInt(f[1], 10, 64); err == nil && n >= 0 {
+			got[f[0]] = n
+		}
+	}
+	for i, wp := range out.WritablePaths {
+		if n, ok := got[wp.Path]; ok && (wp.LimitBytes == 0 || n <= wp.LimitBytes) {
+			out.WritablePaths[i].UsedBytes = n
+			out.PathsSource = PathsHelperStatfs
+		}
+	}
 }
 
 // fillStats computes the figures from Docker's reply (cgroup v1 or v2).

@@ -7,6 +7,7 @@ Licensed under the MIT License; see the LICENSE file.
 package dockerruntime
 
 import (
+	"strings"
 	"time"
 
 	. "github.com/onsi/ginkgo/v2"
@@ -94,6 +95,63 @@ var _ = Describe("Stats", dockerLabel, func() {
 		again, err := rt.Inspect(ctx, ct.ID)
 		Expect(err).NotTo(HaveOccurred())
 		Expect(again.State.Paused).To(BeTrue(), "reading stats must not unpause")
+	}, SpecTimeout(60*time.Second))
+
+	It("reads each writable path's use: from the host (also paused), else from the helper while running, never by waking it", func(ctx SpecContext) {
+		ct, _ := startSandbox(ctx, nil)
+		r := sh(ctx, ct.ID, `dd if=/dev/zero of=/tmp/f bs=1M count=8 2>/dev/null && dd if=/dev/zero of=/app/g bs=1M count=3 2>/dev/null && echo ok`)
+		Expect(r.Stdout).To(Equal("ok\n"), r.String())
+		used := func(st Stats) map[string]int64 {
+			out := map[string]int64{}
+			for _, p := range st.WritablePaths {
+				out[p.Path] = p.UsedBytes
+			}
+			return out
+		}
+		expectFigures := func(m map[string]int64) {
+			GinkgoHelper()
+			Expect(m["/tmp"]).To(BeNumerically("~", 8<<20, 256<<10))
+			Expect(m[DefaultWorkingDir]).To(BeNumerically("~", 3<<20, 256<<10))
+			Expect(m["/var/tmp"]).To(BeNumerically("<", 64<<10))
+		}
+		// This suite runs as root in the Engine's PID namespace: the
+		// host side sees the tmpfs mounts.
+		st, err := rt.Stats(ctx, ct.ID)
+		Expect(err).NotTo(HaveOccurred())
+		Expect(st.PathsSource).To(Equal(PathsHostStatfs))
+		expectFigures(used(st))
+
+		Expect(rt.Pause(ctx, ct.ID)).To(Succeed())
+		st, err = rt.Stats(ctx, ct.ID)
+		Expect(err).NotTo(HaveOccurred())
+		Expect(st.Paused).To(BeTrue())
+		Expect(st.PathsSource).To(Equal(PathsHostStatfs))
+		expectFigures(used(st))
+		// Where the host cannot see them (the manager's pod, no hostPID),
+		// a paused sandbox's paths are unavailable rather than woken.
+		paused := Stats{WritablePaths: writablePaths(map[string]string{"/tmp": "size=1", "/app": "size=1", "/var/tmp": "size=1"})}
+		rt.pathUsage(ctx, ct.ID, ct.ID, 0, false, &paused)
+		Expect(paused.PathsSource).To(Equal(PathsUnavailable))
+		Expect(used(paused)).To(HaveKeyWithValue("/tmp", int64(-1)))
+		info, err := rt.Inspect(ctx, ct.ID)
+		Expect(err).NotTo(HaveOccurred())
+		Expect(info.State.Paused).To(BeTrue(), "reading paths must not unpause")
+		Expect(rt.Unpause(ctx, ct.ID)).To(Succeed())
+
+		// Running, without the host's view: the helper's statfs, bounded
+		// by each path's limit.
+		running := Stats{WritablePaths: writablePaths(map[string]string{"/tmp": "size=67108864", "/app": "size=67108864", "/var/tmp": "size=67108864"})}
+		rt.pathUsage(ctx, ct.ID, ct.ID, 0, true, &running)
+		Expect(running.PathsSource).To(Equal(PathsHelperStatfs))
+		expectFigures(used(running))
+
+		// A PID is only trusted for the container its cgroup names.
+		full, err := rt.Docker().ContainerInspect(ctx, ct.ID)
+		Expect(err).NotTo(HaveOccurred())
+		_, ok := hostPathUsage(full.State.Pid, strings.Repeat("f", 64), []string{"/tmp"})
+		Expect(ok).To(BeFalse())
+		_, ok = hostPathUsage(1, full.ID, []string{"/tmp"})
+		Expect(ok).To(BeFalse())
 	}, SpecTimeout(60*time.Second))
 
 	It("reports a container that does not exist as not found", func(ctx SpecContext) {

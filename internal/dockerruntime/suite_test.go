@@ -85,6 +85,7 @@ func removeUIDContainers(uid string) {
 	defer cancel()
 	d := rt.Docker()
 	ids := map[string]bool{}
+	var volumes []string
 	for _, f := range []filters.Args{
 		filters.NewArgs(filters.Arg("label", LabelSandboxUID+"="+uid)),
 		filters.NewArgs(filters.Arg("name", uid)),
@@ -96,11 +97,21 @@ func removeUIDContainers(uid string) {
 		}
 		for _, ct := range list {
 			ids[ct.ID] = true
+			for _, m := range ct.Mounts {
+				if v := MachineIDVolumeOf(m.Destination, m.Source); v != "" {
+					volumes = append(volumes, v)
+				}
+			}
 		}
 	}
 	for id := range ids {
 		if err := d.ContainerRemove(ctx, id, container.RemoveOptions{Force: true, RemoveVolumes: true}); err != nil && !cerrdefs.IsNotFound(err) {
 			GinkgoWriter.Printf("cleanup: removing %s: %v\n", ShortID(id), err)
+		}
+	}
+	for _, v := range volumes {
+		if err := d.VolumeRemove(ctx, v, true); err != nil && !cerrdefs.IsNotFound(err) {
+			GinkgoWriter.Printf("cleanup: removing machine-id volume %s: %v\n", v, err)
 		}
 	}
 }

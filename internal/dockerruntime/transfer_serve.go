@@ -67,8 +67,12 @@ func (c *Client) runInHelper(ctx context.Context, id string, argv []string, stdi
 
 // untarArgv and tarArgv are the helper's transfer commands.
 func untarArgv(dest execio.Target, limits execio.UploadLimits) []string {
-	return []string{HelperPath, "untar", "--root=" + dest.Root, "--dest=" + dest.Rel,
+	argv := []string{HelperPath, "untar", "--root=" + dest.Root, "--dest=" + dest.Rel,
 		fmt.Sprintf("--max-bytes=%d", limits.MaxBytes), fmt.Sprintf("--max-entries=%d", limits.MaxEntries)}
+	if limits.Symlinks {
+		argv = append(argv, "--links=1")
+	}
+	return argv
 }
 
 func tarArgv(src execio.Target, maxBytes int64) []string {

@@ -128,6 +128,8 @@ type TransferStats struct {
 	Files int   `json:"files"`
 	Dirs  int   `json:"dirs"`
 	Bytes int64 `json:"bytes"`
+	// Links counts symbolic links, restored only with UploadLimits.Symlinks.
+	Links int `json:"links,omitempty"`
 }
 
 // UploadLimits bound one upload.
@@ -137,4 +139,10 @@ type UploadLimits struct {
 	MaxBytes int64
 	// MaxEntries caps the number of entries. Zero means DefaultMaxEntries.
 	MaxEntries int
+	// Symlinks lets symbolic links through, for a snapshot's restore. A
+	// link's target is data (it may name anything, "/etc" included) and is
+	// never followed: the helper creates every link after every file and
+	// directory, and never below a link (see the helper's untar). Uploads
+	// from users leave it false, as before: links are refused.
+	Symlinks bool
 }

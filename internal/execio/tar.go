@@ -50,6 +50,24 @@ func EntryKind(h *tar.Header) (string, error) {
 	return "", fmt.Errorf("%w: %q is a %s; only regular files and directories may be uploaded", ErrUnsupportedEntry, h.Name, typeName(h.Typeflag))
 }
 
+// MaxLinkTarget bounds a symbolic link's target (Linux's PATH_MAX less the
+// terminating NUL).
+const MaxLinkTarget = 4095
+
+// LinkKind classifies h for a walker that accepts symbolic links
+// (UploadLimits.Symlinks): "symlink" for a link with a usable target, else
+// what EntryKind says. The target is not checked against any root: it is
+// the link's content, and nothing is ever written through it.
+func LinkKind(h *tar.Header, symlinks bool) (string, error) {
+	if !symlinks || h.Typeflag != tar.TypeSymlink {
+		return EntryKind(h)
+	}
+	if h.Linkname == "" || len(h.Linkname) > MaxLinkTarget || strings.ContainsRune(h.Linkname, 0) {
+		return "", fmt.Errorf("%w: symbolic link %q has an empty, over-long or NUL-bearing target", ErrUnsupportedEntry, h.Name)
+	}
+	return "symlink", nil
+}
+
 // isSparse reports a GNU sparse entry: the old GNU format's type 'S', or
 // any of the PAX formats (0.0, 0.1, 1.0), which archive/tar reports as a
 // regular file and recognises by their GNU.sparse.* records.
@@ -84,8 +102,8 @@ func typeName(t byte) string {
 }
 
 // SanitizeTar copies an upload archive from r to w, keeping only what a
-// sandbox may receive: directories and regular files with clean relative
-// names and permission bits only. Ownership, extended attributes and PAX
+// sandbox may receive: directories and regular files (and symbolic links
+// with lim.Symlinks) with clean relative names and permission bits only. Ownership, extended attributes and PAX
 // records are dropped. It stops with ErrTooLarge as soon as a header
 // declares more content or entries than lim allows, before reading that
 // content, so a tar bomb costs nothing. A malformed archive is
@@ -107,7 +125,7 @@ func SanitizeTar(r io.Reader, w io.Writer, lim UploadLimits) (TransferStats, err
 		if err != nil {
 			return stats, fmt.Errorf("%w: reading the upload archive: %v", ErrInvalidRequest, err)
 		}
-		kind, err := EntryKind(h)
+		kind, err := LinkKind(h, lim.Symlinks)
 		if err != nil {
 			return stats, err
 		}
@@ -135,6 +153,14 @@ func SanitizeTar(r io.Reader, w io.Writer, lim UploadLimits) (TransferStats, err
 		}
 		if name == "" {
 			return stats, fmt.Errorf("%w: archive entry %q is a file without a name", ErrInvalidPath, h.Name)
+		}
+		if kind == "symlink" {
+			clean.Typeflag, clean.Linkname, clean.Mode = tar.TypeSymlink, h.Linkname, 0o777
+			if err := tw.WriteHeader(clean); err != nil {
+				return stats, fmt.Errorf("writing the sanitised archive: %w", err)
+			}
+			stats.Links++
+			continue
 		}
 		if h.Size < 0 || h.Size > lim.MaxBytes-stats.Bytes {
 			return stats, fmt.Errorf("%w: %q (%d bytes) takes the upload past its %d-byte limit", ErrTooLarge, h.Name, h.Size, lim.MaxBytes)

@@ -47,7 +47,11 @@ func metricsText(m contract.Metrics) string {
 	fmt.Fprintf(&b, "\nprocesses: %d of %d", m.Pids, m.PidsLimit)
 	paths := make([]string, 0, len(m.WritablePaths))
 	for _, p := range m.WritablePaths {
-		paths = append(paths, fmt.Sprintf("%s (limit %d)", p.Path, p.LimitBytes))
+		if p.UsedBytes != nil {
+			paths = append(paths, fmt.Sprintf("%s (%d of %d)", p.Path, *p.UsedBytes, p.LimitBytes))
+		} else {
+			paths = append(paths, fmt.Sprintf("%s (limit %d)", p.Path, p.LimitBytes))
+		}
 	}
 	fmt.Fprintf(&b, "\nwritable paths: %d bytes used in %s", m.DiskUsedBytes, strings.Join(paths, ", "))
 	if m.Network != nil {

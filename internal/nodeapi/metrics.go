@@ -55,13 +55,17 @@ func MetricsFromStats(st dockerruntime.Stats) subresource.Metrics {
 		CPU:     subresource.CPUMetrics{Cores: st.CPUCores, LimitCores: st.CPULimitCores},
 		Memory:  subresource.UsageMetrics{Used: st.MemoryBytes, Limit: st.MemoryLimitBytes},
 		Pids:    subresource.UsageMetrics{Used: st.Pids, Limit: st.PidsLimit},
-		Disk:    subresource.DiskMetrics{UsedBytes: st.WritableUsedBytes, Source: st.WritableUsedSource, Paths: []subresource.PathMetrics{}},
+		Disk:    subresource.DiskMetrics{UsedBytes: st.WritableUsedBytes, Source: st.WritableUsedSource, Paths: []subresource.PathMetrics{}, PathsSource: st.PathsSource},
 	}
 	if st.CPULimitCores > 0 {
 		m.CPU.PercentOfLimit = 100 * st.CPUCores / st.CPULimitCores
 	}
 	for _, p := range st.WritablePaths {
-		m.Disk.Paths = append(m.Disk.Paths, subresource.PathMetrics{Path: p.Path, LimitBytes: p.LimitBytes})
+		pm := subresource.PathMetrics{Path: p.Path, LimitBytes: p.LimitBytes}
+		if p.UsedBytes >= 0 {
+			pm.UsedBytes = &p.UsedBytes
+		}
+		m.Disk.Paths = append(m.Disk.Paths, pm)
 	}
 	if st.HasNetwork {
 		m.Network = &subresource.NetworkMetrics{RxBytes: st.NetRxBytes, TxBytes: st.NetTxBytes}

@@ -17,10 +17,11 @@ const usage = `usage:
   code-sandbox-helper serve   (one command, on request; see helperproto)
   code-sandbox-helper proc start|list|poll|wait|kill|stdin [--id=HANDLE] ...   (background processes; see bg_linux.go)
   code-sandbox-helper dial --port=N   (relays stdin/stdout to 127.0.0.1:N in the sandbox; see dial.go)
-  code-sandbox-helper untar --root=DIR --dest=REL [--max-bytes=N] [--max-entries=N] < archive.tar
+  code-sandbox-helper untar --root=DIR --dest=REL [--max-bytes=N] [--max-entries=N] [--links=1] < archive.tar
   code-sandbox-helper tar --root=DIR --path=REL [--max-bytes=N] > archive.tar
   code-sandbox-helper snapshot --root=DIR... [--max-bytes=N] > archive.tar   (see snapshot.go)
-  code-sandbox-helper thaw   (continues what a snapshot that was cut off left stopped)`
+  code-sandbox-helper thaw   (continues what a snapshot that was cut off left stopped)
+  code-sandbox-helper statfs --root=DIR...   (one line "DIR USED TOTAL" per root)`
 
 // Main runs one helper subcommand and returns the process exit code.
 func Main(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
@@ -75,6 +76,11 @@ func Main(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 			return usageError(stderr, errors.New("thaw takes no arguments"))
 		}
 		thawAll()
+		return 0
+	case "statfs":
+		if err := statfsMain(args[1:], stdout); err != nil {
+			return usageError(stderr, err)
+		}
 		return 0
 	case "snapshot":
 		flags, err := parseSnapshot(args[1:])
@@ -164,6 +170,7 @@ type transferFlags struct {
 	rel        string // --dest for untar, --path for tar
 	maxBytes   int64
 	maxEntries int
+	links      bool // untar --links=1: restore symbolic links (a snapshot)
 }
 
 func parseFlags(args []string, cmd string) (transferFlags, error) {
@@ -186,6 +193,11 @@ func parseFlags(args []string, cmd string) (transferFlags, error) {
 			f.rel, seenRel = value, true
 		case "--max-bytes":
 			f.maxBytes, err = strconv.ParseInt(value, 10, 64)
+		case "--links":
+			if cmd != "untar" || (value != "0" && value != "1") {
+				return f, fmt.Errorf("%s: bad flag %q", cmd, arg)
+			}
+			f.links = value == "1"
 		case "--max-entries":
 			if cmd != "untar" {
 				return f, fmt.Errorf("%s: unknown flag %q", cmd, arg)

@@ -10,6 +10,7 @@ import (
 	"os"
 	"path"
 	"sort"
+	"strings"
 	"syscall"
 
 	"github.com/code-sandbox/code-sandbox-operator/internal/execio"
@@ -43,7 +44,7 @@ func openBase(f transferFlags) (*os.Root, string, error) {
 // An archive rejected part way leaves the entries before the bad one in
 // place: extraction is streamed, never staged.
 func untar(f transferFlags, r io.Reader) error {
-	lim := execio.UploadLimits{MaxBytes: max(f.maxBytes, 0), MaxEntries: max(f.maxEntries, 0)}
+	lim := execio.UploadLimits{MaxBytes: max(f.maxBytes, 0), MaxEntries: max(f.maxEntries, 0), Symlinks: f.links}
 	lim, err := lim.Normalize()
 	if err != nil {
 		return err
@@ -69,6 +70,7 @@ func untar(f transferFlags, r io.Reader) error {
 		mode fs.FileMode
 	}
 	var dirs []dirMode
+	var links []*tar.Header
 	var total int64
 	entries := 0
 	tr := tar.NewReader(bufio.NewReaderSize(r, 64<<10))
@@ -80,7 +82,7 @@ func untar(f transferFlags, r io.Reader) error {
 		if err != nil {
 			return fmt.Errorf("reading the archive: %w", err)
 		}
-		kind, err := execio.EntryKind(h)
+		kind, err := execio.LinkKind(h, lim.Symlinks)
 		if err != nil {
 			return err
 		}
@@ -93,6 +95,13 @@ func untar(f transferFlags, r io.Reader) error {
 		name, err := execio.CleanArchiveName(h.Name)
 		if err != nil {
 			return err
+		}
+		if kind == "symlink" {
+			if name == "" {
+				return fmt.Errorf("%w: archive entry %q is a link without a name", execio.ErrInvalidPath, h.Name)
+			}
+			links = append(links, &tar.Header{Name: name, Linkname: h.Linkname})
+			continue
 		}
 		mode := fs.FileMode(h.Mode & 0o777)
 		if kind == "dir" {
@@ -120,6 +129,13 @@ func untar(f transferFlags, r io.Reader) error {
 			}
 		}
 		if err := writeFile(dest, name, mode, tr, h.Size); err != nil {
+			return err
+		}
+	}
+	// Links last: while files and directories are written, no link from
+	// the archive exists yet, so none can be written through.
+	for _, l := range links {
+		if err := writeLink(dest, l.Name, l.Linkname); err != nil {
 			return err
 		}
 	}
@@ -168,6 +184,47 @@ func writeFile(dest *os.Root, name string, mode fs.FileMode, content io.Reader, 
 		return fmt.Errorf("writing %s: %w", name, diskFull(err))
 	}
 	return nil
+}
+
+// writeLink creates name as a symbolic link to target. Every directory on
+// the way must be a real directory (os.Root would follow an in-root link;
+// an archive's `a -> b` followed by `a/c -> x` must not put c in b), and
+// is created if missing. A file or link already at name is replaced, never
+// followed; a directory is not replaced.
+func writeLink(dest *os.Root, name, target string) error {
+	parent := path.Dir(name)
+	if parent != "." {
+		at := ""
+		for _, part := range strings.Split(parent, "/") {
+			at = path.Join(at, part)
+			info, err := dest.Lstat(at)
+			switch {
+			case errors.Is(err, fs.ErrNotExist):
+				if err := dest.Mkdir(at, 0o755); err != nil {
+					return fmt.Errorf("creating directory %s: %w", at, err)
+				}
+			case err != nil:
+				return fmt.Errorf("%s: %w", at, err)
+			case !info.IsDir():
+				return fmt.Errorf("%w: link %s would be created through %s, which is not a directory", execio.ErrInvalidPath, name, at)
+			}
+		}
+	}
+	for attempt := 0; ; attempt++ {
+		err := dest.Symlink(target, name)
+		if err == nil {
+			return nil
+		}
+		if !errors.Is(err, fs.ErrExist) || attempt == 3 {
+			return fmt.Errorf("creating link %s: %w", name, err)
+		}
+		if info, err := dest.Lstat(name); err == nil && info.IsDir() {
+			return fmt.Errorf("%w: cannot create link %s over an existing directory", execio.ErrInvalidPath, name)
+		}
+		if err := dest.Remove(name); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			return fmt.Errorf("replacing %s: %w", name, err)
+		}
+	}
 }
 
 // diskFull reports a full tmpfs or the fsize ulimit as a size problem.

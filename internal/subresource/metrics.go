@@ -65,12 +65,19 @@ type DiskMetrics struct {
 	// cgroup-v1-cache-minus-file on cgroup v1).
 	Source string        `json:"source,omitempty"`
 	Paths  []PathMetrics `json:"paths"`
+	// PathsSource says how each path's UsedBytes was read: host-statfs,
+	// helper-statfs (a running sandbox only) or unavailable (a paused
+	// sandbox seen from the manager's pod). See docs/metrics.md.
+	PathsSource string `json:"pathsSource,omitempty"`
 }
 
 // PathMetrics is one writable path and its size limit.
 type PathMetrics struct {
 	Path       string `json:"path"`
 	LimitBytes int64  `json:"limitBytes"`
+	// UsedBytes is the bytes used in this path; absent when it could not
+	// be read without waking the sandbox.
+	UsedBytes *int64 `json:"usedBytes,omitempty"`
 }
 
 // NetworkMetrics is the bytes through the Sandbox's network interfaces

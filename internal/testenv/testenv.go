@@ -98,6 +98,11 @@ func RemoveNodeContainers(docker *dockerclient.Client, nodePrefix string) {
 	for _, ct := range list {
 		if strings.HasPrefix(ct.Labels[dockerruntime.LabelNode], nodePrefix) {
 			_ = docker.ContainerRemove(ctx, ct.ID, container.RemoveOptions{Force: true, RemoveVolumes: true})
+			for _, m := range ct.Mounts {
+				if v := dockerruntime.MachineIDVolumeOf(m.Destination, m.Source); v != "" {
+					_ = docker.VolumeRemove(ctx, v, true)
+				}
+			}
 		}
 	}
 }

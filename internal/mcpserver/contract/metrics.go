@@ -22,17 +22,23 @@ type Metrics struct {
 	Pids              int64   `json:"pids"`
 	PidsLimit         int64   `json:"pids_limit"`
 	// DiskUsedBytes is the bytes in all writable paths together (they are
-	// tmpfs, counted in the sandbox's memory cgroup, which does not split
-	// them by path); each path has its own limit.
-	DiskUsedBytes int64         `json:"disk_used_bytes"`
-	WritablePaths []PathLimit   `json:"writable_paths"`
-	Network       *NetworkBytes `json:"network,omitempty"`
+	// tmpfs, counted in the sandbox's memory cgroup); each path has its
+	// own limit, and its own use where it could be read without waking the
+	// sandbox (PathsSource).
+	DiskUsedBytes int64       `json:"disk_used_bytes"`
+	WritablePaths []PathLimit `json:"writable_paths"`
+	// PathsSource: host-statfs, helper-statfs or unavailable.
+	PathsSource string        `json:"paths_source,omitempty"`
+	Network     *NetworkBytes `json:"network,omitempty"`
 }
 
 // PathLimit is a writable path and its size limit.
 type PathLimit struct {
 	Path       string `json:"path"`
 	LimitBytes int64  `json:"limit_bytes"`
+	// UsedBytes is absent when the path's use could not be read without
+	// waking the sandbox.
+	UsedBytes *int64 `json:"used_bytes,omitempty"`
 }
 
 // NetworkBytes is the traffic of a sandbox with network access since it

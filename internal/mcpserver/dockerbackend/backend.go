@@ -26,6 +26,7 @@ import (
 	"github.com/code-sandbox/code-sandbox-operator/internal/mcpserver/contract"
 	"github.com/code-sandbox/code-sandbox-operator/internal/mcpserver/session"
 	"github.com/code-sandbox/code-sandbox-operator/internal/randid"
+	"github.com/code-sandbox/code-sandbox-operator/internal/snapshotstore"
 )
 
 // Defaults for Options.
@@ -81,6 +82,9 @@ type Options struct {
 	// MaxSnapshots bounds the snapshots one identity may keep (default
 	// DefaultMaxSnapshots).
 	MaxSnapshots int
+	// SnapshotStore, when set (--snapshot-registry), holds the snapshots'
+	// tars instead of SnapshotDir; the records stay in SnapshotDir.
+	SnapshotStore snapshotstore.Store
 }
 
 // Backend implements contract.Backend on Docker: a session.Manager on the
@@ -539,6 +543,7 @@ func (b *driver) RemoveAll(ctx context.Context) error {
 func (b *driver) Close(ctx context.Context) error {
 	b.pool.close(ctx)
 	b.closeSnapshots()
+	b.docker.ReleaseMachineIDs(ctx)
 	fw := b.opts.EgressFirewall
 	if fw == nil || b.egressStop == nil {
 		return nil

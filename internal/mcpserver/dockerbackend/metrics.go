@@ -25,13 +25,17 @@ func fromStats(st dockerruntime.Stats) contract.Metrics {
 		CPUCores: st.CPUCores, CPULimitCores: st.CPULimitCores,
 		MemoryBytes: st.MemoryBytes, MemoryLimitBytes: st.MemoryLimitBytes,
 		Pids: st.Pids, PidsLimit: st.PidsLimit,
-		DiskUsedBytes: st.WritableUsedBytes, WritablePaths: []contract.PathLimit{},
+		DiskUsedBytes: st.WritableUsedBytes, WritablePaths: []contract.PathLimit{}, PathsSource: st.PathsSource,
 	}
 	if st.CPULimitCores > 0 {
 		out.CPUPercentOfLimit = 100 * st.CPUCores / st.CPULimitCores
 	}
 	for _, p := range st.WritablePaths {
-		out.WritablePaths = append(out.WritablePaths, contract.PathLimit{Path: p.Path, LimitBytes: p.LimitBytes})
+		pl := contract.PathLimit{Path: p.Path, LimitBytes: p.LimitBytes}
+		if p.UsedBytes >= 0 {
+			pl.UsedBytes = &p.UsedBytes
+		}
+		out.WritablePaths = append(out.WritablePaths, pl)
 	}
 	if st.HasNetwork {
 		out.Network = &contract.NetworkBytes{RxBytes: st.NetRxBytes, TxBytes: st.NetTxBytes}

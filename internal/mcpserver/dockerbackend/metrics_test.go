@@ -40,10 +40,22 @@ var _ = Describe("sandbox metrics on the Docker backend", Label("docker"), func(
 
 		cts := containersOfRun(ctx, b)
 		Expect(cts).To(HaveLen(1))
+		// Each writable path's own use, read from the host (this server
+		// runs as root beside the Engine), also while paused.
+		_, code := shIn(ctx, b, caller, sb.ID, `dd if=/dev/zero of=/tmp/f bs=1M count=4 2>/dev/null`)
+		Expect(code).To(Equal(0))
 		Expect(b.driver.docker.Pause(ctx, cts[0].ID)).To(Succeed())
 		m, err = b.Metrics(ctx, caller, sb.ID)
 		Expect(err).NotTo(HaveOccurred())
 		Expect(m.Paused).To(BeTrue())
+		Expect(m.PathsSource).To(Equal("host-statfs"))
+		perPath := map[string]int64{}
+		for _, p := range m.WritablePaths {
+			Expect(p.UsedBytes).NotTo(BeNil(), p.Path)
+			perPath[p.Path] = *p.UsedBytes
+		}
+		Expect(perPath["/tmp"]).To(BeNumerically("~", 4<<20, 256<<10))
+		Expect(perPath["/var/tmp"]).To(BeNumerically("<", 64<<10))
 		ct, err := b.driver.docker.Inspect(context.Background(), cts[0].ID)
 		Expect(err).NotTo(HaveOccurred())
 		Expect(ct.State.Paused).To(BeTrue(), "reading metrics must not unpause")

@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"sort"
+	"strings"
 	"sync"
 	"time"
 
@@ -18,6 +19,7 @@ import (
 	"github.com/code-sandbox/code-sandbox-operator/internal/mcpserver/contract"
 	"github.com/code-sandbox/code-sandbox-operator/internal/mcpserver/session"
 	"github.com/code-sandbox/code-sandbox-operator/internal/randid"
+	"github.com/code-sandbox/code-sandbox-operator/internal/snapshotstore"
 )
 
 // Snapshots on the Docker backend are tar files of a sandbox's writable
@@ -77,6 +79,18 @@ func (b *driver) closeSnapshots() {
 	b.snapMu.Lock()
 	defer b.snapMu.Unlock()
 	if b.snaps != nil {
+		if st := b.opts.SnapshotStore; st != nil {
+			refs, _ := filepath.Glob(filepath.Join(b.snaps.dir, "*", "snap-*.ref"))
+			for _, p := range refs {
+				if ref, err := os.ReadFile(p); err == nil {
+					ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+					if err := st.Delete(ctx, string(ref)); err != nil {
+						b.log.Warn("deleting a stored snapshot", "ref", string(ref), "error", err)
+					}
+					cancel()
+				}
+			}
+		}
 		if err := os.RemoveAll(b.snaps.dir); err != nil {
 			b.log.Warn("removing the snapshot directory", "dir", b.snaps.dir, "error", err)
 		}
@@ -193,6 +207,21 @@ func (b *driver) Snapshot(ctx context.Context, h session.Handle) (contract.Snaps
 	if err := f.Close(); err != nil {
 		return fail(fmt.Errorf("writing snapshot %s: %w", id, err))
 	}
+	if st := b.opts.SnapshotStore; st != nil {
+		// The tar goes to the store; the record keeps only its ref.
+		ref, err := storeSnapshot(ctx, st, "mcp/"+contract.IdentityHash(h.Caller.ID)+"/"+id, tarPath)
+		if err == nil {
+			err = os.WriteFile(refPath(tarPath), []byte(ref), 0o600)
+			if err != nil {
+				_ = st.Delete(context.WithoutCancel(ctx), ref)
+			}
+		}
+		if err != nil {
+			os.Remove(refPath(tarPath))
+			return fail(fmt.Errorf("storing snapshot %s: %w", id, err))
+		}
+		os.Remove(tarPath)
+	}
 	snap := contract.Snapshot{
 		ID: id, SourceID: h.ID, Image: h.Sandbox.Image, Network: h.Sandbox.Network,
 		NanoCPUs: h.Sandbox.NanoCPUs, MemoryBytes: h.Sandbox.MemoryBytes,
@@ -203,6 +232,31 @@ func (b *driver) Snapshot(ctx context.Context, h session.Handle) (contract.Snaps
 	}
 	b.log.Info("snapshot taken", "snapshot", id, "sandbox", h.ID, "files", stats.Files, "bytes", stats.Bytes, "owner", contract.IdentityHash(h.Caller.ID))
 	return snap, nil
+}
+
+// refPath is where a snapshot's store ref is kept, beside its record.
+func refPath(tarPath string) string { return strings.TrimSuffix(tarPath, ".tar") + ".ref" }
+
+func storeSnapshot(ctx context.Context, st snapshotstore.Store, key, tarPath string) (string, error) {
+	f, err := os.Open(tarPath)
+	if err != nil {
+		return "", err
+	}
+	defer f.Close()
+	ref, _, err := st.Put(ctx, strings.ToLower(key), f)
+	return ref, err
+}
+
+// openSnapshot opens a snapshot's tar: from the store when it went there.
+func (b *driver) openSnapshot(ctx context.Context, tarPath string) func() (io.ReadCloser, error) {
+	return func() (io.ReadCloser, error) {
+		if st := b.opts.SnapshotStore; st != nil {
+			if ref, err := os.ReadFile(refPath(tarPath)); err == nil {
+				return st.Open(ctx, string(ref))
+			}
+		}
+		return os.Open(tarPath)
+	}
 }
 
 func writeJSON(p string, v any) error {
@@ -243,8 +297,8 @@ func (b *driver) Restore(ctx context.Context, h session.Handle, id string) error
 	if err := b.thawed(ctx, h); err != nil {
 		return err
 	}
-	open := func() (io.ReadCloser, error) { return os.Open(tarPath) }
-	_, _, err = b.docker.Restore(ctx, h.Ref, dockerruntime.SnapshotRoots(h.Sandbox.WorkingDir), open,
+	open := b.openSnapshot(ctx, tarPath)
+	_, err = b.docker.Restore(ctx, h.Ref, dockerruntime.SnapshotRoots(h.Sandbox.WorkingDir), open,
 		execio.UploadLimits{MaxBytes: snapshotMaxBytes, MaxEntries: snapshotMaxEntries})
 	return mapErr(err)
 }
@@ -268,7 +322,7 @@ func (b *driver) ListSnapshots(_ context.Context, owner contract.Caller) ([]cont
 }
 
 // DeleteSnapshot implements session.SnapshotDriver.
-func (b *driver) DeleteSnapshot(_ context.Context, owner contract.Caller, id string) error {
+func (b *driver) DeleteSnapshot(ctx context.Context, owner contract.Caller, id string) error {
 	s, err := b.snapshots()
 	if err != nil {
 		return err
@@ -286,6 +340,12 @@ func (b *driver) DeleteSnapshot(_ context.Context, owner contract.Caller, id str
 	}
 	if err := os.Remove(tarPath); err != nil && !errors.Is(err, os.ErrNotExist) {
 		return fmt.Errorf("deleting snapshot %s: %w", id, err)
+	}
+	if ref, err := os.ReadFile(refPath(tarPath)); err == nil && b.opts.SnapshotStore != nil {
+		if err := b.opts.SnapshotStore.Delete(ctx, string(ref)); err != nil {
+			return fmt.Errorf("deleting snapshot %s from its store: %w", id, err)
+		}
+		os.Remove(refPath(tarPath))
 	}
 	return nil
 }

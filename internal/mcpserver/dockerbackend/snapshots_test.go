@@ -5,6 +5,7 @@ import (
 	"context"
 	"os"
 	"path/filepath"
+	"strings"
 	"time"
 
 	. "github.com/onsi/ginkgo/v2"
@@ -12,6 +13,7 @@ import (
 
 	"github.com/code-sandbox/code-sandbox-operator/internal/execio"
 	"github.com/code-sandbox/code-sandbox-operator/internal/mcpserver/contract"
+	"github.com/code-sandbox/code-sandbox-operator/internal/snapshotstore"
 	"github.com/code-sandbox/code-sandbox-operator/internal/testenv"
 )
 
@@ -77,6 +79,17 @@ var _ = Describe("Snapshots and forks", func() {
 			Expect(code).To(Equal(0))
 			Expect(out).To(Equal("v1\nscratch\n640\n"), "child %d", i)
 		}
+		// Children are fresh: each has a hostname of its own, and none has
+		// the source's.
+		hostnames := map[string]bool{}
+		for _, id := range []string{src.ID, kids[0].ID, kids[1].ID, kids[2].ID} {
+			out, code := shIn(ctx, b, alice, id, `hostname`)
+			Expect(code).To(Equal(0))
+			Expect(out).To(MatchRegexp(`^[a-z0-9-]+\n$`))
+			Expect(out).NotTo(Equal("sandbox\n"))
+			hostnames[out] = true
+		}
+		Expect(hostnames).To(HaveLen(4), "source and children share a hostname: %v", hostnames)
 		_, code = shIn(ctx, b, alice, kids[0].ID, `echo mine >/app/src/only-0`)
 		Expect(code).To(Equal(0))
 		for _, other := range []string{kids[1].ID, kids[2].ID, src.ID} {
@@ -168,4 +181,47 @@ var _ = Describe("Snapshots and forks", func() {
 			Expect(run(ctx, pb, alice, k.ID, `cat /app/w`)).To(Equal("warm\n"))
 		}
 	}, SpecTimeout(2*time.Minute))
+})
+
+var _ = Describe("Snapshots in a registry (--snapshot-registry)", func() {
+	It("pushes the tar to the registry, forks from it, and deletes it there", func(ctx SpecContext) {
+		addr := testenv.StartRegistry(GinkgoT())
+		store, err := snapshotstore.NewRegistry(addr+"/sandbox-snapshots", snapshotstore.RegistryOptions{SpoolDir: GinkgoT().TempDir()})
+		Expect(err).NotTo(HaveOccurred())
+		b := poolBackend(0)
+		b.driver.opts.SnapshotDir = GinkgoT().TempDir()
+		b.driver.opts.SnapshotStore = store
+		alice := contract.Caller{ID: "reg-alice"}
+		src, err := b.Create(ctx, alice, contract.CreateRequest{Image: testenv.BusyboxImage})
+		Expect(err).NotTo(HaveOccurred())
+		_, code := shIn(ctx, b, alice, src.ID, `echo v1 >/app/f && ln -s f /app/l`)
+		Expect(code).To(Equal(0))
+		snap, err := b.Snapshot(ctx, alice, src.ID)
+		Expect(err).NotTo(HaveOccurred())
+
+		// Locally only the record and the ref; the tar is in the registry.
+		var refFile string
+		for _, f := range snapshotFiles(b) {
+			Expect(f).NotTo(HaveSuffix(".tar"))
+			if strings.HasSuffix(f, ".ref") {
+				refFile = f
+			}
+		}
+		Expect(refFile).NotTo(BeEmpty())
+		ref, err := os.ReadFile(refFile)
+		Expect(err).NotTo(HaveOccurred())
+		Expect(string(ref)).To(HavePrefix(addr + "/sandbox-snapshots/mcp/"))
+
+		kids, err := b.Fork(ctx, alice, contract.ForkRequest{SnapshotID: snap.ID, Count: 2})
+		Expect(err).NotTo(HaveOccurred())
+		for _, k := range kids {
+			out, code := shIn(ctx, b, alice, k.ID, `cat /app/l`)
+			Expect(code).To(Equal(0))
+			Expect(out).To(Equal("v1\n"))
+		}
+
+		Expect(b.DeleteSnapshot(ctx, alice, snap.ID)).To(Succeed())
+		_, err = store.Open(ctx, string(ref))
+		Expect(err).To(MatchError(snapshotstore.ErrNotFound))
+	}, SpecTimeout(3*time.Minute))
 })

@@ -17,6 +17,7 @@ import (
 	"github.com/code-sandbox/code-sandbox-operator/internal/mcpserver/contract"
 	"github.com/code-sandbox/code-sandbox-operator/internal/mcpserver/dockerbackend"
 	"github.com/code-sandbox/code-sandbox-operator/internal/mcpserver/kubebackend"
+	"github.com/code-sandbox/code-sandbox-operator/internal/snapshotstore"
 )
 
 // sandboxBackend is a backend with the lifecycle serve drives.
@@ -136,20 +137,30 @@ func newDockerBackend(o Config, logger *slog.Logger) (*dockerbackend.Backend, er
 	if err != nil {
 		return nil, err
 	}
+	var store snapshotstore.Store
+	if o.SnapshotRegistry != "" {
+		r, err := snapshotstore.NewRegistry(o.SnapshotRegistry, snapshotstore.RegistryOptions{
+			MaxBytes: 3 * dockerruntime.DefaultDiskBytes, SpoolDir: o.SnapshotDir})
+		if err != nil {
+			return nil, usagef("--snapshot-registry: %v", err)
+		}
+		store = r
+	}
 	return dockerbackend.New(dockerbackend.Options{
-		Client:       client,
-		Instance:     inst,
-		PullPolicy:   dockerruntime.PullPolicy(o.PullPolicy),
-		Runtime:      o.Runtime,
-		MaxSandboxes: o.MaxSandboxes,
-		IdleTimeout:  o.IdleTimeout,
-		IdlePause:    o.IdlePause,
-		HistoryDir:   o.HistoryDir,
-		SnapshotDir:  o.SnapshotDir,
-		MaxSnapshots: o.MaxSnapshots,
-		Logger:       logger,
-		WarmPool:     o.warmPoolCount(),
-		DefaultImage: o.DefaultImage,
+		Client:        client,
+		Instance:      inst,
+		PullPolicy:    dockerruntime.PullPolicy(o.PullPolicy),
+		Runtime:       o.Runtime,
+		MaxSandboxes:  o.MaxSandboxes,
+		IdleTimeout:   o.IdleTimeout,
+		IdlePause:     o.IdlePause,
+		HistoryDir:    o.HistoryDir,
+		SnapshotDir:   o.SnapshotDir,
+		MaxSnapshots:  o.MaxSnapshots,
+		SnapshotStore: store,
+		Logger:        logger,
+		WarmPool:      o.warmPoolCount(),
+		DefaultImage:  o.DefaultImage,
 
 		EgressFirewall: fw,
 	})

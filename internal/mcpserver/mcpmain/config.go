@@ -112,6 +112,10 @@ type Config struct {
 	// snapshots (dockerbackend.Options).
 	SnapshotDir  string
 	MaxSnapshots int
+	// SnapshotRegistry (HOST[:PORT]/PATH), when set, keeps the Docker
+	// backend's snapshot tars in that OCI registry (snapshotstore.Registry)
+	// instead of SnapshotDir.
+	SnapshotRegistry string
 	// WarmPool is the docker backend's warm pool size (a whole number;
 	// empty: dockerbackend.DefaultWarmPool), or the name of the kubernetes
 	// backend's SandboxWarmPool (empty: none). Which one it must be is
