@@ -51,8 +51,9 @@ type Proxy struct {
 	mu      sync.RWMutex
 	sources map[netip.Addr]*source
 
-	listenMu sync.Mutex
-	ready    chan struct{}
+	listenMu  sync.Mutex
+	ready     chan struct{}
+	readyOnce sync.Once
 	tcpAddr  net.Addr
 	dnsAddr  net.Addr
 }
@@ -154,7 +155,7 @@ func (p *Proxy) Run(ctx context.Context) error {
 	p.listenMu.Lock()
 	p.tcpAddr, p.dnsAddr = ln.Addr(), udp.LocalAddr()
 	p.listenMu.Unlock()
-	close(p.ready)
+	p.readyOnce.Do(func() { close(p.ready) })
 
 	go func() {
 		<-ctx.Done()
