@@ -19,7 +19,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/docker/docker/api/types/network"
 	"github.com/go-logr/logr"
 
 	"github.com/code-sandbox/code-sandbox-operator/internal/dockerruntime"
@@ -52,20 +51,9 @@ func startEgressProxy(ctx context.Context, log logr.Logger, f egressProxyFlags, 
 	if f.port == 0 || f.port > 65535 || f.dnsPort == 0 || f.dnsPort > 65535 || f.port == f.dnsPort {
 		return nil, nil, fmt.Errorf("--egress-proxy-port %d and --egress-proxy-dns-port %d must be distinct ports", f.port, f.dnsPort)
 	}
-	n, err := docker.Docker().NetworkInspect(ctx, egress.NetworkName, network.InspectOptions{})
+	gw, subnet, err := docker.EgressNetworkAddrs(ctx)
 	if err != nil {
-		return nil, nil, fmt.Errorf("egress proxy: inspecting %s: %w", egress.NetworkName, err)
-	}
-	if len(n.IPAM.Config) == 0 {
-		return nil, nil, fmt.Errorf("egress proxy: %s has no IPAM configuration", egress.NetworkName)
-	}
-	gw, err := netip.ParseAddr(n.IPAM.Config[0].Gateway)
-	if err != nil {
-		return nil, nil, fmt.Errorf("egress proxy: gateway of %s: %w", egress.NetworkName, err)
-	}
-	subnet, err := netip.ParsePrefix(n.IPAM.Config[0].Subnet)
-	if err != nil {
-		return nil, nil, fmt.Errorf("egress proxy: subnet of %s: %w", egress.NetworkName, err)
+		return nil, nil, fmt.Errorf("egress proxy: %w", err)
 	}
 	upstream := f.upstream
 	if upstream == "" {

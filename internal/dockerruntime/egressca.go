@@ -13,9 +13,13 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net/netip"
 	"path"
 	"time"
 
+	"github.com/docker/docker/api/types/network"
+
+	"github.com/code-sandbox/code-sandbox-operator/internal/egress"
 	"github.com/code-sandbox/code-sandbox-operator/internal/execio"
 )
 
@@ -128,4 +132,24 @@ func (c *Client) imageRoots(ctx context.Context, id string) ([]byte, error) {
 		}
 	}
 	return nil, nil
+}
+
+// EgressNetworkAddrs returns the egress network's gateway (the egress
+// proxy listens there) and subnet, as Docker assigned them.
+func (c *Client) EgressNetworkAddrs(ctx context.Context) (gateway netip.Addr, subnet netip.Prefix, err error) {
+	c.negotiate(ctx)
+	nctx, cancel := c.bounded(ctx)
+	defer cancel()
+	n, err := c.docker.NetworkInspect(nctx, egress.NetworkName, network.InspectOptions{})
+	if err != nil {
+		return netip.Addr{}, netip.Prefix{}, classify(err, "inspecting the egress network")
+	}
+	for _, cfg := range n.IPAM.Config {
+		gw, gerr := netip.ParseAddr(cfg.Gateway)
+		sn, serr := netip.ParsePrefix(cfg.Subnet)
+		if gerr == nil && serr == nil && gw.Is4() && sn.Contains(gw) {
+			return gw, sn.Masked(), nil
+		}
+	}
+	return netip.Addr{}, netip.Prefix{}, fmt.Errorf("the egress network %s has no IPv4 subnet with a gateway: %+v", egress.NetworkName, n.IPAM.Config)
 }

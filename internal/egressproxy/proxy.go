@@ -54,8 +54,8 @@ type Proxy struct {
 	listenMu  sync.Mutex
 	ready     chan struct{}
 	readyOnce sync.Once
-	tcpAddr  net.Addr
-	dnsAddr  net.Addr
+	tcpAddr   net.Addr
+	dnsAddr   net.Addr
 }
 
 // source is one sandbox address: its policy and its open connections.
