@@ -154,10 +154,10 @@ func TestEgressProxyEndToEnd(t *testing.T) {
 		{Host: "plain.example.com"},
 		{Host: "meta.example.com"},
 	}}
-	if err := node.SetPolicy(ctx, ip, policy); err != nil {
+	if err := node.SetPolicy(ip, policy); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { _ = node.RemovePolicy(context.Background(), ip) })
+	t.Cleanup(func() { node.RemovePolicy(ip) })
 
 	run := func(script string) string { return e.exec(t, sbx.ID, script+" 2>&1") }
 	// Busybox's wget resolves names through glibc's static NSS and crashes;
@@ -216,7 +216,7 @@ func TestEgressProxyEndToEnd(t *testing.T) {
 	// A policy change applies at once.
 	policy.Rules = policy.Rules[1:]
 	start := time.Now()
-	if err := node.SetPolicy(ctx, ip, policy); err != nil {
+	if err := node.SetPolicy(ip, policy); err != nil {
 		t.Fatal(err)
 	}
 	if d := time.Since(start); d > time.Second {

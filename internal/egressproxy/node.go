@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"net/netip"
 	"sync"
+	"time"
 
 	"github.com/code-sandbox/code-sandbox-operator/internal/egress"
 )
@@ -48,47 +49,43 @@ func (n *Node) CAPEM() []byte {
 	return n.proxy.cfg.CA.CertPEM()
 }
 
-// SetPolicy applies pol to the sandbox at src, within the time of one
-// iptables-restore.
-func (n *Node) SetPolicy(ctx context.Context, src netip.Addr, pol Policy) error {
+// firewallTimeout bounds one firewall update (an iptables-restore).
+const firewallTimeout = 30 * time.Second
+
+// SetPolicy applies pol to the sandbox at src: the proxy has it at once,
+// the firewall redirects src within one iptables-restore. An error from
+// the firewall is returned (the caller fails closed); the firewall's own
+// loop keeps retrying the new set of addresses.
+func (n *Node) SetPolicy(src netip.Addr, pol Policy) error {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	if err := n.proxy.SetPolicy(src, pol); err != nil {
 		return err
 	}
-	return n.sync(ctx)
+	return n.sync()
 }
 
-// RemovePolicy stops proxying src: its open connections are closed, and
-// it becomes an ordinary Egress address (call it when the sandbox is
-// gone, or when its policy is removed on purpose).
-func (n *Node) RemovePolicy(ctx context.Context, src netip.Addr) error {
+// RemovePolicy stops proxying src: its open connections are closed and it
+// becomes an ordinary Egress address. Call it when the sandbox's container
+// is gone. A firewall that cannot be updated keeps redirecting src to the
+// proxy, which then refuses everything from it (fail closed); the
+// firewall's loop retries.
+func (n *Node) RemovePolicy(src netip.Addr) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	n.proxy.mu.RLock()
-	_, had := n.proxy.sources[src.Unmap()]
-	n.proxy.mu.RUnlock()
-	if !had {
-		return nil
-	}
-	policies := n.proxy.Policies()
-	delete(policies, src.Unmap())
-	if n.fw != nil {
-		if _, err := n.fw.SetProxied(ctx, policies); err != nil {
-			return fmt.Errorf("egress firewall: %w", err)
-		}
-	}
 	n.proxy.RemovePolicy(src)
-	return nil
+	_ = n.sync()
 }
 
 // Recent is Proxy.Recent.
 func (n *Node) Recent(sandbox string) []Event { return n.proxy.Recent(sandbox) }
 
-func (n *Node) sync(ctx context.Context) error {
+func (n *Node) sync() error {
 	if n.fw == nil {
 		return nil
 	}
+	ctx, cancel := context.WithTimeout(context.Background(), firewallTimeout)
+	defer cancel()
 	if _, err := n.fw.SetProxied(ctx, n.proxy.Policies()); err != nil {
 		return fmt.Errorf("egress firewall: %w", err)
 	}
