@@ -160,6 +160,17 @@ func TestEgressProxyEndToEnd(t *testing.T) {
 	t.Cleanup(func() { node.RemovePolicy(ip) })
 
 	run := func(script string) string { return e.exec(t, sbx.ID, script+" 2>&1") }
+
+	// The proxy's CA, installed through the helper on the read-only rootfs.
+	if err := e.rt.InstallEgressCA(ctx, sbx.ID, ca.CertPEM()); err != nil {
+		t.Fatal(err)
+	}
+	if got := run("cat " + dockerruntime.EgressCAFile + "; ls -l " + dockerruntime.EgressCABundle); !strings.Contains(got, "BEGIN CERTIFICATE") || !strings.Contains(got, "-rw-r--r--") {
+		t.Fatalf("the egress CA in the sandbox: %q", got)
+	}
+	if err := e.rt.InstallEgressCA(ctx, sbx.ID, []byte("not a certificate")); err == nil {
+		t.Fatal("a non-PEM CA was installed")
+	}
 	// Busybox's wget resolves names through glibc's static NSS and crashes;
 	// requests go with nc to the address the sandbox's DNS answered.
 	req := func(host, addr, header string) string {
