@@ -40,6 +40,11 @@ const (
 	// with an egress policy to the node's egress proxy and resolver
 	// (internal/egressproxy); PREROUTING jumps to it.
 	ProxyChain = "CSBX-EGRESS-PROXY"
+	// ProxyForwardChain and ProxyInputChain (filter table, IPv4) hold the
+	// proxy's drops and accepts; ForwardChain and InputChain jump to them
+	// first, on every node, proxy or not.
+	ProxyForwardChain = "CSBX-EGRESS-PROXIED"
+	ProxyInputChain   = "CSBX-EGRESS-PROXIED-IN"
 
 	dockerUserChain = "DOCKER-USER"
 )
@@ -236,6 +241,39 @@ func (f *Firewall) proxiedAddrs() []netip.Addr {
 	}
 	slices.SortFunc(out, func(a, b netip.Addr) int { return a.Compare(b) })
 	return out
+}
+
+// proxyRules are the rules of ProxyForwardChain and ProxyInputChain.
+func (f *Firewall) proxyRules() (forward, input [][]string) {
+	if f.proxy == nil {
+		return nil, nil
+	}
+	// Anti-spoofing: a sandbox has no CAP_NET_RAW or CAP_NET_ADMIN, but
+	// IP_FREEBIND lets any process send from an address it does not
+	// have; from outside the subnet that is dropped here, and inside it a
+	// spoofed TCP handshake cannot complete (the answer goes to the
+	// address's real owner).
+	forward = append(forward, []string{"!", "-s", f.proxy.Subnet.String(), "-j", "DROP"})
+	input = append(input, []string{"!", "-s", f.proxy.Subnet.String(), "-j", "DROP"})
+	gw := f.proxy.Gateway.String() + "/32"
+	for _, a := range f.proxiedAddrs() {
+		src := a.String() + "/32"
+		// Nothing of a proxied sandbox is routed: what the nat rules
+		// redirected goes to the node (INPUT), the rest ends here, before
+		// ForwardChain's ESTABLISHED rule, so that connections opened
+		// before its policy are cut too.
+		forward = append(forward, []string{"-s", src, "-j", "DROP"})
+		for _, pp := range []struct {
+			proto string
+			port  uint16
+		}{{"tcp", f.proxy.Port}, {"udp", f.proxy.DNSPort}, {"tcp", f.proxy.DNSPort}} {
+			// Only what the nat rules redirected (ctstate DNAT) reaches
+			// the proxy. ACCEPT: a RETURN would fall through to
+			// InputChain's final DROP.
+			input = append(input, []string{"-s", src, "-d", gw, "-p", pp.proto, "-m", pp.proto, "--dport", strconv.Itoa(int(pp.port)), "-m", "conntrack", "--ctstate", "DNAT", "-j", "ACCEPT"})
+		}
+	}
+	return forward, input
 }
 
 // natRules are the rules of ProxyChain.
@@ -438,6 +476,30 @@ func (f *Firewall) ensure(ctx context.Context) ([]string, error) {
 				repaired = append(repaired, fam.bin+" FORWARD -j "+dockerUserChain)
 			}
 		}
+		if !fam.v6 {
+			// The chains ForwardChain and InputChain jump to must exist
+			// first. Without a proxy they are only created, never
+			// flushed: another manager on this Docker host may own them.
+			pf, pi := f.proxyRules()
+			for _, c := range []struct {
+				name  string
+				rules [][]string
+			}{{ProxyForwardChain, pf}, {ProxyInputChain, pi}} {
+				if f.proxy == nil {
+					if err := f.ensureChain(ctx, fam, c.name); err != nil {
+						return repaired, err
+					}
+					continue
+				}
+				did, err := f.ensureRules(ctx, fam, c.name, c.rules)
+				if err != nil {
+					return repaired, err
+				}
+				if did {
+					repaired = append(repaired, fam.bin+" "+c.name)
+				}
+			}
+		}
 		for _, c := range []struct {
 			name  string
 			rules [][]string
@@ -461,7 +523,7 @@ func (f *Firewall) ensure(ctx context.Context) ([]string, error) {
 		}
 	}
 	nat := family{bin: f.backend.IPTables, table: "nat"}
-	if f.proxy != nil || f.chainExists(ctx, nat, ProxyChain) {
+	if f.proxy != nil {
 		did, err := f.ensureRules(ctx, nat, ProxyChain, f.natRules())
 		if err != nil {
 			return repaired, err
@@ -524,30 +586,11 @@ func (f *Firewall) rules(fam family) (forward, input [][]string, err error) {
 		}
 	}
 
-	if f.proxy != nil {
-		// Anti-spoofing: a sandbox has no CAP_NET_RAW or CAP_NET_ADMIN,
-		// but IP_FREEBIND lets any process send from an address it does
-		// not have; from outside the subnet that is dropped here, and
-		// inside it a spoofed TCP handshake cannot complete (the answer
-		// goes to the address's real owner).
-		forward = append(forward, []string{"!", "-s", f.proxy.Subnet.String(), "-j", "DROP"})
-		input = append(input, []string{"!", "-s", f.proxy.Subnet.String(), "-j", "DROP"})
-		gw := f.proxy.Gateway.String() + "/32"
-		for _, a := range f.proxiedAddrs() {
-			src := a.String() + "/32"
-			// Nothing of a proxied sandbox is routed: what the nat
-			// rules redirected goes to the node (INPUT), the rest ends
-			// here, before the ESTABLISHED rule, so that connections
-			// opened before its policy are cut too.
-			forward = append(forward, []string{"-s", src, "-j", "DROP"})
-			for _, pp := range []struct {
-				proto string
-				port  uint16
-			}{{"tcp", f.proxy.Port}, {"udp", f.proxy.DNSPort}, {"tcp", f.proxy.DNSPort}} {
-				input = append(input, []string{"-s", src, "-d", gw, "-p", pp.proto, "-m", pp.proto, "--dport", strconv.Itoa(int(pp.port)), "-m", "conntrack", "--ctstate", "DNAT", "-j", "RETURN"})
-			}
-		}
-	}
+	// Every manager jumps to the proxy's chains, so that managers
+	// sharing one Docker host write the same ForwardChain and InputChain;
+	// only the one running the proxy fills them (proxyRules).
+	forward = append(forward, []string{"-j", ProxyForwardChain})
+	input = append(input, []string{"-j", ProxyInputChain})
 	forward = append(forward, established)
 	// Allowed destinations RETURN to DOCKER-USER's caller rather than
 	// ACCEPT, so that Docker's own rules (inter-container isolation among
@@ -757,7 +800,8 @@ func (f *Firewall) Remove(ctx context.Context) error {
 		}
 		chains := []string{ForwardChain, InputChain}
 		if !fam.v6 {
-			chains = append(chains, ManagerMarkerChain)
+			// After the chains that jump to them.
+			chains = append(chains, ManagerMarkerChain, ProxyForwardChain, ProxyInputChain)
 		}
 		for _, c := range chains {
 			if !f.chainExists(ctx, fam, c) {

@@ -198,21 +198,35 @@ func TestProxyRules(t *testing.T) {
 		}
 		return strings.Join(lines, "\n")
 	}
-	fw, in, nat := join(forward), join(input), join(f.natRules())
-	if !strings.HasPrefix(fw, "! -s 172.30.0.0/16 -j DROP\n-s 172.30.0.9/32 -j DROP\n") || strings.Index(fw, "ESTABLISHED") < strings.Index(fw, "172.30.0.9/32 -j DROP") {
-		t.Fatalf("forward: spoofed sources, then everything routed from a proxied sandbox, dropped before ESTABLISHED:\n%s", fw)
+	if got := join(forward[:1]) + "|" + join(input[:1]); got != "-j CSBX-EGRESS-PROXIED|-j CSBX-EGRESS-PROXIED-IN" {
+		t.Fatalf("the forward and input chains must first jump to the proxy's chains: %s", got)
+	}
+	// The same with or without a proxy: managers sharing a Docker host
+	// write identical chains.
+	plain, err := NewFirewall(Options{DNSServers: []netip.Addr{netip.MustParseAddr("10.255.255.53")}, HostAddrs: func() ([]netip.Addr, error) { return nil, nil }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pfw, pin, _ := plain.rules(family{bin: "iptables"})
+	if join(pfw) != join(forward) || join(pin) != join(input) {
+		t.Fatalf("a proxy changed the shared chains:\n%s\n---\n%s", join(forward), join(pfw))
+	}
+	pf, pi := f.proxyRules()
+	fw, in, nat := join(pf), join(pi), join(f.natRules())
+	if fw != "! -s 172.30.0.0/16 -j DROP\n-s 172.30.0.9/32 -j DROP" {
+		t.Fatalf("proxied forward: spoofed sources, then everything routed from a proxied sandbox:\n%s", fw)
 	}
 	for _, want := range []string{
 		"! -s 172.30.0.0/16 -j DROP",
-		"-s 172.30.0.9/32 -d 172.30.0.1/32 -p tcp -m tcp --dport 15001 -m conntrack --ctstate DNAT -j RETURN",
-		"-s 172.30.0.9/32 -d 172.30.0.1/32 -p udp -m udp --dport 15053 -m conntrack --ctstate DNAT -j RETURN",
+		"-s 172.30.0.9/32 -d 172.30.0.1/32 -p tcp -m tcp --dport 15001 -m conntrack --ctstate DNAT -j ACCEPT",
+		"-s 172.30.0.9/32 -d 172.30.0.1/32 -p udp -m udp --dport 15053 -m conntrack --ctstate DNAT -j ACCEPT",
 	} {
 		if !strings.Contains(in, want) {
 			t.Fatalf("input lacks %q:\n%s", want, in)
 		}
 	}
-	if !strings.HasSuffix(in, "-j DROP") {
-		t.Fatalf("input must end in DROP:\n%s", in)
+	if !strings.HasSuffix(join(input), "-j DROP") {
+		t.Fatalf("input must end in DROP:\n%s", join(input))
 	}
 	for _, want := range []string{
 		"-s 172.30.0.9/32 -p udp -m udp --dport 53 -j REDIRECT --to-ports 15053",
