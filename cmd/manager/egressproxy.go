@@ -79,6 +79,12 @@ func startEgressProxy(ctx context.Context, log logr.Logger, f egressProxyFlags, 
 	if err != nil {
 		return nil, nil, err
 	}
+	// Bound before the firewall redirects anything here: a port another
+	// manager on this Docker host holds leaves this one without a proxy
+	// (and its firewall without proxy rules), not fighting over them.
+	if err := p.Listen(); err != nil {
+		return nil, nil, err
+	}
 	if err := fw.SetProxy(&egress.ProxyOptions{Gateway: gw, Subnet: subnet, Port: uint16(f.port), DNSPort: uint16(f.dnsPort)}); err != nil {
 		return nil, nil, err
 	}

@@ -52,6 +52,9 @@ type Proxy struct {
 	sources map[netip.Addr]*source
 
 	listenMu  sync.Mutex
+	ln        net.Listener   // opened by Listen, taken by Run
+	udp       net.PacketConn // the resolver's, likewise
+	dnsTCP    net.Listener
 	ready     chan struct{}
 	readyOnce sync.Once
 	tcpAddr   net.Addr
@@ -123,21 +126,13 @@ func New(cfg Config) (*Proxy, error) {
 // Run listens and serves until ctx ends. It returns an error if a listener
 // cannot be opened.
 func (p *Proxy) Run(ctx context.Context) error {
-	ln, err := net.Listen("tcp4", p.cfg.Listen)
-	if err != nil {
-		return fmt.Errorf("egress proxy: %w", err)
+	if err := p.Listen(); err != nil {
+		return err
 	}
-	udp, err := net.ListenPacket("udp4", p.cfg.DNSListen)
-	if err != nil {
-		_ = ln.Close()
-		return fmt.Errorf("egress proxy resolver: %w", err)
-	}
-	dnsTCP, err := net.Listen("tcp4", udp.LocalAddr().String())
-	if err != nil {
-		_ = ln.Close()
-		_ = udp.Close()
-		return fmt.Errorf("egress proxy resolver: %w", err)
-	}
+	p.listenMu.Lock()
+	ln, udp, dnsTCP := p.ln, p.udp, p.dnsTCP
+	p.ln, p.udp, p.dnsTCP = nil, nil, nil // a later Run listens anew
+	p.listenMu.Unlock()
 	handler := dns.HandlerFunc(p.serveDNS)
 	// Shutdown before a server started is a no-op, and the server would
 	// then run for ever: wait for both to start.
@@ -181,6 +176,35 @@ func (p *Proxy) Run(ctx context.Context) error {
 		}
 		go p.handle(ctx, c)
 	}
+}
+
+// Listen opens the proxy's and the resolver's sockets now, so that a
+// caller learns at once whether the addresses are free (another manager on
+// the same Docker host holds them) before it redirects traffic there. Run
+// listens itself when Listen was not called.
+func (p *Proxy) Listen() error {
+	p.listenMu.Lock()
+	defer p.listenMu.Unlock()
+	if p.ln != nil {
+		return nil
+	}
+	ln, err := net.Listen("tcp4", p.cfg.Listen)
+	if err != nil {
+		return fmt.Errorf("egress proxy: %w", err)
+	}
+	udp, err := net.ListenPacket("udp4", p.cfg.DNSListen)
+	if err != nil {
+		_ = ln.Close()
+		return fmt.Errorf("egress proxy resolver: %w", err)
+	}
+	dnsTCP, err := net.Listen("tcp4", udp.LocalAddr().String())
+	if err != nil {
+		_ = ln.Close()
+		_ = udp.Close()
+		return fmt.Errorf("egress proxy resolver: %w", err)
+	}
+	p.ln, p.udp, p.dnsTCP = ln, udp, dnsTCP
+	return nil
 }
 
 // Addrs returns the proxy's and the resolver's listening addresses once Run
