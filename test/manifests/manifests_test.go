@@ -104,6 +104,7 @@ var _ = Describe("The default overlay (make deploy, make build-installer)", func
 			"CustomResourceDefinition sandboxes.sandbox.code-sandbox.dev",
 			"CustomResourceDefinition sandboxquotas.sandbox.code-sandbox.dev",
 			"CustomResourceDefinition sandboxwarmpools.sandbox.code-sandbox.dev",
+			"CustomResourceDefinition sandboxsnapshots.sandbox.code-sandbox.dev",
 			// The manager, one per node.
 			"ServiceAccount "+ns+"code-sandbox-controller-manager",
 			"ClusterRole code-sandbox-manager-role",
@@ -127,6 +128,8 @@ var _ = Describe("The default overlay (make deploy, make build-installer)", func
 			"ClusterRole code-sandbox-sandboxquota-editor-role",
 			"ClusterRole code-sandbox-sandboxwarmpool-editor-role",
 			"ClusterRole code-sandbox-sandboxwarmpool-viewer-role",
+			"ClusterRole code-sandbox-sandboxsnapshot-editor-role",
+			"ClusterRole code-sandbox-sandboxsnapshot-viewer-role",
 			// The admission webhook.
 			"ServiceAccount "+ns+"code-sandbox-webhook",
 			"ClusterRole code-sandbox-webhook-role",
@@ -155,6 +158,9 @@ var _ = Describe("The default overlay (make deploy, make build-installer)", func
 			// Only the node managers write Sandbox status (config/policy).
 			"ValidatingAdmissionPolicy code-sandbox-sandbox-status-writers",
 			"ValidatingAdmissionPolicyBinding code-sandbox-sandbox-status-writers",
+			// and SandboxSnapshot status, each its own node's.
+			"ValidatingAdmissionPolicy code-sandbox-snapshot-status-writers",
+			"ValidatingAdmissionPolicyBinding code-sandbox-snapshot-status-writers",
 			// and change only the finalizers of their own node's Sandboxes.
 			"ValidatingAdmissionPolicy code-sandbox-sandbox-manager-updates",
 			"ValidatingAdmissionPolicyBinding code-sandbox-sandbox-manager-updates",
