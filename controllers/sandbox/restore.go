@@ -84,6 +84,17 @@ func (r *SandboxReconciler) claimRestore(ctx context.Context, sbx *sandboxv1alph
 		return false, ctrl.Result{}, nil // the snapshot watch wakes us
 	}
 	if snap.Status.Node != r.opts.NodeName {
+		if sbx.Spec.NodeName == r.opts.NodeName {
+			// Pinned here, held there: it can never run. Say so (an
+			// unbound Sandbox's manager may write a Ready that is not True).
+			msg := fmt.Sprintf("spec.nodeName pins the Sandbox to node %s, but SandboxSnapshot %s is held by node %s: a restore runs only where the snapshot is", r.opts.NodeName, snap.Name, snap.Status.Node)
+			if cond := meta.FindStatusCondition(sbx.Status.Conditions, string(sandboxv1alpha1.SandboxConditionReady)); cond == nil || cond.Message != msg {
+				r.setReady(sbx, metav1.ConditionFalse, sandboxv1alpha1.SandboxReasonRestoreFailed, msg)
+				if err := r.client.Status().Update(ctx, sbx); err != nil && !apierrors.IsConflict(err) && !apierrors.IsNotFound(err) {
+					return false, ctrl.Result{}, fmt.Errorf("reporting RestoreFailed: %w", err)
+				}
+			}
+		}
 		return false, ctrl.Result{}, nil // the holder's manager claims it
 	}
 	if r.opts.Snapshots == nil {

@@ -179,6 +179,13 @@ var _ = Describe("SandboxSnapshots and restore (two managers, real Docker)", Lab
 		Eventually(readyReason(client.ObjectKeyFromObject(wrong)), 30*time.Second, 100*time.Millisecond).Should(Equal("False/RestoreFailed"))
 		Expect(getSandbox(client.ObjectKeyFromObject(wrong)).Status.NodeName).To(Equal(nodeB))
 
+		// Pinned to the node that does not hold the snapshot: it says so.
+		pinned := createSandbox(newSandbox(ns, "pinned", nodeA, func(s *sandboxv1alpha1.Sandbox) {
+			s.Spec.SnapshotRef = &sandboxv1alpha1.SandboxSnapshotReference{Name: "s1"}
+		}))
+		Eventually(readyReason(client.ObjectKeyFromObject(pinned)), 20*time.Second, 100*time.Millisecond).Should(Equal("False/RestoreFailed"))
+		Expect(getSandbox(client.ObjectKeyFromObject(pinned)).Status.NodeName).To(BeEmpty())
+
 		// A missing snapshot, then created: the waiting Sandbox restores.
 		late := createSandbox(newSandbox(ns, "late", "", func(s *sandboxv1alpha1.Sandbox) {
 			s.Spec.SnapshotRef = &sandboxv1alpha1.SandboxSnapshotReference{Name: "s2"}
