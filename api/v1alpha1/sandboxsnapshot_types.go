@@ -37,10 +37,6 @@ const (
 	// bound to a node, or is not Ready; the snapshot is taken once it is.
 	SnapshotReasonPending = "Pending"
 
-	// SnapshotReasonTaking: the node's manager is stopping the source's
-	// processes and reading its files.
-	SnapshotReasonTaking = "Taking"
-
 	// SnapshotReasonStored: the files are stored on status.node. Used with
 	// Ready=True.
 	SnapshotReasonStored = "Stored"
@@ -49,11 +45,6 @@ const (
 	// of one snapshot (the source's resources.disk times its three
 	// writable paths); nothing is kept. Terminal.
 	SnapshotReasonTooLarge = "TooLarge"
-
-	// SnapshotReasonQuotaExceeded: the stored snapshot is larger than its
-	// namespace's SandboxQuota spec.hard.snapshotBytes leaves free; its data
-	// was removed. Terminal: delete the SandboxSnapshot.
-	SnapshotReasonQuotaExceeded = "QuotaExceeded"
 
 	// SnapshotReasonFailed: taking the snapshot failed for another reason
 	// (the message says which); it is retried with backoff.

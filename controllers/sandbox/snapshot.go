@@ -111,7 +111,7 @@ func (r *SnapshotReconciler) reconcile(ctx context.Context, snap *sandboxv1alpha
 	if c := meta.FindStatusCondition(snap.Status.Conditions, string(sandboxv1alpha1.SnapshotConditionReady)); c != nil {
 		switch c.Reason {
 		case sandboxv1alpha1.SnapshotReasonStored, sandboxv1alpha1.SnapshotReasonTooLarge,
-			sandboxv1alpha1.SnapshotReasonSourceGone, sandboxv1alpha1.SnapshotReasonQuotaExceeded:
+			sandboxv1alpha1.SnapshotReasonSourceGone:
 			return ctrl.Result{}, nil, nil // settled
 		}
 	}
