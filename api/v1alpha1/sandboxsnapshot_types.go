@@ -46,6 +46,12 @@ const (
 	// writable paths); nothing is kept. Terminal.
 	SnapshotReasonTooLarge = "TooLarge"
 
+	// SnapshotReasonQuotaExceeded: the stored snapshot would take its
+	// namespace's stored snapshot bytes past a SandboxQuota's
+	// spec.hard.snapshotBytes; its data was removed. Terminal: delete the
+	// SandboxSnapshot.
+	SnapshotReasonQuotaExceeded = "QuotaExceeded"
+
 	// SnapshotReasonFailed: taking the snapshot failed for another reason
 	// (the message says which); it is retried with backoff.
 	SnapshotReasonFailed = "Failed"
@@ -188,6 +194,21 @@ type SandboxSnapshotList struct {
 	metav1.TypeMeta `json:",inline"`
 	metav1.ListMeta `json:"metadata,omitempty"`
 	Items           []SandboxSnapshot `json:"items"`
+}
+
+// IsFailed reports whether the snapshot failed for good: it holds no data
+// and never will.
+func (s *SandboxSnapshot) IsFailed() bool {
+	for i := range s.Status.Conditions {
+		c := &s.Status.Conditions[i]
+		if c.Type == string(SnapshotConditionReady) {
+			switch c.Reason {
+			case SnapshotReasonTooLarge, SnapshotReasonSourceGone, SnapshotReasonQuotaExceeded:
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // IsReady reports whether the snapshot's files are stored.

@@ -187,7 +187,7 @@ func waitSnapshot(ctx context.Context, c client.Client, ns, name string) (*sandb
 			switch cond.Reason {
 			case sandboxv1alpha1.SnapshotReasonStored:
 				return snap, nil
-			case sandboxv1alpha1.SnapshotReasonTooLarge, sandboxv1alpha1.SnapshotReasonSourceGone:
+			case sandboxv1alpha1.SnapshotReasonTooLarge, sandboxv1alpha1.SnapshotReasonSourceGone, sandboxv1alpha1.SnapshotReasonQuotaExceeded:
 				return nil, fmt.Errorf("SandboxSnapshot %s/%s failed (%s): %s", ns, name, cond.Reason, cond.Message)
 			}
 		}

@@ -29,6 +29,7 @@ import (
 	sandboxv1alpha1 "github.com/code-sandbox/code-sandbox-operator/api/v1alpha1"
 	"github.com/code-sandbox/code-sandbox-operator/internal/dockerruntime"
 	"github.com/code-sandbox/code-sandbox-operator/internal/execio"
+	"github.com/code-sandbox/code-sandbox-operator/internal/quota"
 	"github.com/code-sandbox/code-sandbox-operator/internal/warmpool"
 )
 
@@ -63,6 +64,7 @@ type SnapshotReconciler struct {
 // +kubebuilder:rbac:groups=sandbox.code-sandbox.dev,resources=sandboxsnapshots,verbs=get;list;watch;update;patch
 // +kubebuilder:rbac:groups=sandbox.code-sandbox.dev,resources=sandboxsnapshots/status,verbs=get;update;patch
 // +kubebuilder:rbac:groups=sandbox.code-sandbox.dev,resources=sandboxsnapshots/finalizers,verbs=update
+// +kubebuilder:rbac:groups=sandbox.code-sandbox.dev,resources=sandboxquotas,verbs=get;list;watch
 
 // NewSnapshotReconciler builds the snapshot reconciler of one node.
 func NewSnapshotReconciler(c client.Client, docker Runtime, store SnapshotStore, recorder events.EventRecorder, clk clock.PassiveClock, node string) (*SnapshotReconciler, error) {
@@ -108,12 +110,8 @@ type snapshotEvent struct{ kind, reason, message string }
 // reconcile decides and acts; it writes nothing but the finalizer, which
 // must be stored before any data is.
 func (r *SnapshotReconciler) reconcile(ctx context.Context, snap *sandboxv1alpha1.SandboxSnapshot) (ctrl.Result, *snapshotEvent, error) {
-	if c := meta.FindStatusCondition(snap.Status.Conditions, string(sandboxv1alpha1.SnapshotConditionReady)); c != nil {
-		switch c.Reason {
-		case sandboxv1alpha1.SnapshotReasonStored, sandboxv1alpha1.SnapshotReasonTooLarge,
-			sandboxv1alpha1.SnapshotReasonSourceGone:
-			return ctrl.Result{}, nil, nil // settled
-		}
+	if snap.IsReady() || snap.IsFailed() {
+		return ctrl.Result{}, nil, nil // settled
 	}
 	sbx := &sandboxv1alpha1.Sandbox{}
 	err := r.client.Get(ctx, client.ObjectKey{Namespace: snap.Namespace, Name: snap.Spec.SandboxRef.Name}, sbx)
@@ -201,6 +199,18 @@ func (r *SnapshotReconciler) take(ctx context.Context, snap *sandboxv1alpha1.San
 	if err != nil {
 		return r.failed(snap, err)
 	}
+	if why, err := r.overQuota(ctx, snap, size); err != nil || why != "" {
+		if err == nil {
+			err = r.store.Delete(ctx, string(snap.UID))
+		}
+		if err != nil {
+			// Not settled: the data may still be there; try again.
+			return r.failed(snap, fmt.Errorf("checking the snapshot quota: %w", err))
+		}
+		msg := why + "; the snapshot's data was removed"
+		r.setReady(snap, metav1.ConditionFalse, sandboxv1alpha1.SnapshotReasonQuotaExceeded, msg)
+		return ctrl.Result{}, &snapshotEvent{"Warning", sandboxv1alpha1.SnapshotReasonQuotaExceeded, msg}, nil
+	}
 	now := metav1.NewTime(r.clock.Now())
 	tpl := sandboxv1alpha1.SandboxTemplate{
 		Image: spec.Image, ImagePullPolicy: spec.ImagePullPolicy, Command: spec.Command, WorkingDir: workdir,
@@ -213,6 +223,36 @@ func (r *SnapshotReconciler) take(ctx context.Context, snap *sandboxv1alpha1.San
 	msg := fmt.Sprintf("%d bytes of Sandbox %s stored on node %s in %s", size, sbx.Name, r.node, r.clock.Since(start).Round(time.Millisecond))
 	r.setReady(snap, metav1.ConditionTrue, sandboxv1alpha1.SnapshotReasonStored, msg)
 	return ctrl.Result{}, &snapshotEvent{"Normal", sandboxv1alpha1.SnapshotReasonStored, msg}, nil
+}
+
+// overQuota says why a stored snapshot of size bytes exceeds a SandboxQuota
+// of its namespace (spec.hard.snapshotBytes), or "". Two snapshots whose
+// sizes become known at the same moment on two nodes may both fit where
+// only one should: the bytes cap is checked, not reserved.
+func (r *SnapshotReconciler) overQuota(ctx context.Context, snap *sandboxv1alpha1.SandboxSnapshot, size int64) (string, error) {
+	var quotas sandboxv1alpha1.SandboxQuotaList
+	if err := r.client.List(ctx, &quotas, client.InNamespace(snap.Namespace)); err != nil {
+		return "", err
+	}
+	var used *quota.SnapshotUsage
+	for i := range quotas.Items {
+		q := &quotas.Items[i]
+		if q.Spec.Hard.SnapshotBytes == nil {
+			continue
+		}
+		if used == nil {
+			var snaps sandboxv1alpha1.SandboxSnapshotList
+			if err := r.client.List(ctx, &snaps, client.InNamespace(snap.Namespace)); err != nil {
+				return "", err
+			}
+			u := quota.CountSnapshots(snaps.Items, snap.UID)
+			used = &u
+		}
+		if why := quota.SnapshotBytesExceeded(q, *used, size); why != "" {
+			return why, nil
+		}
+	}
+	return "", nil
 }
 
 func (r *SnapshotReconciler) failed(snap *sandboxv1alpha1.SandboxSnapshot, err error) (ctrl.Result, *snapshotEvent, error) {

@@ -17,7 +17,9 @@ import (
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
 	"k8s.io/apimachinery/pkg/api/meta"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	sandboxv1alpha1 "github.com/code-sandbox/code-sandbox-operator/api/v1alpha1"
@@ -135,6 +137,38 @@ var _ = Describe("SandboxSnapshots and restore (two managers, real Docker)", Lab
 		}, 30*time.Second, 100*time.Millisecond).Should(BeTrue())
 		_, err = os.Stat(data)
 		Expect(os.IsNotExist(err)).To(BeTrue(), "the snapshot's data is removed with it")
+	})
+
+	It("fails a snapshot over a quota's snapshotBytes and removes its data", func() {
+		ctx := context.Background()
+		src := waitReady(createSandbox(newSandbox(ns, "src", nodeA)))
+		_, err := sh(src.Status.ContainerID, "head -c 65536 /dev/zero > /app/big")
+		Expect(err).NotTo(HaveOccurred())
+		q := &sandboxv1alpha1.SandboxQuota{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "q"},
+			Spec: sandboxv1alpha1.SandboxQuotaSpec{Hard: sandboxv1alpha1.SandboxQuotaHard{SnapshotBytes: ptr.To(resource.MustParse("16Ki"))}}}
+		Expect(k8sClient.Create(ctx, q)).To(Succeed())
+		snap := &sandboxv1alpha1.SandboxSnapshot{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "big"},
+			Spec: sandboxv1alpha1.SandboxSnapshotSpec{SandboxRef: sandboxv1alpha1.SnapshotSandboxReference{Name: "src"}}}
+		Expect(k8sClient.Create(ctx, snap)).To(Succeed())
+		skey := client.ObjectKeyFromObject(snap)
+		Eventually(snapshotReason(skey), 60*time.Second, 100*time.Millisecond).Should(Equal("False/QuotaExceeded"))
+		c := meta.FindStatusCondition(getSnapshot(skey).Status.Conditions, string(sandboxv1alpha1.SnapshotConditionReady))
+		Expect(c.Message).To(ContainSubstring(`sandbox quota "q": snapshotBytes: 0 of 16384 bytes used`))
+		Expect(c.Message).To(ContainSubstring("data was removed"))
+		entries, err := os.ReadDir(dirA)
+		Expect(err).NotTo(HaveOccurred())
+		Expect(entries).To(BeEmpty(), "nothing is kept of a snapshot over the bytes cap")
+		// A fork from it waits: it is not Ready.
+		f := createSandbox(newSandbox(ns, "f", "", func(s *sandboxv1alpha1.Sandbox) {
+			s.Spec.SnapshotRef = &sandboxv1alpha1.SandboxSnapshotReference{Name: "big"}
+		}))
+		Eventually(readyReason(client.ObjectKeyFromObject(f)), 20*time.Second, 100*time.Millisecond).Should(Equal("False/SnapshotNotReady"))
+		// Deleting it needs no data removal; its finalizer goes.
+		Expect(k8sClient.Delete(ctx, getSnapshot(skey))).To(Succeed())
+		Eventually(func() bool {
+			err := k8sClient.Get(ctx, skey, &sandboxv1alpha1.SandboxSnapshot{})
+			return err != nil && client.IgnoreNotFound(err) == nil
+		}, 30*time.Second, 100*time.Millisecond).Should(BeTrue())
 	})
 
 	It("makes a Sandbox whose snapshotRef names a missing snapshot, or another namespace's, wait unbound", func() {

@@ -192,7 +192,7 @@ var _ = Describe("The default overlay (make deploy, make build-installer)", func
 		svc := &corev1.Service{}
 		convert(find(objs, "Service", "code-sandbox-webhook-service"), svc)
 
-		Expect(vwc.Webhooks).To(HaveLen(4))
+		Expect(vwc.Webhooks).To(HaveLen(5))
 		byName := map[string]admissionregistrationv1.ValidatingWebhook{}
 		for _, w := range vwc.Webhooks {
 			byName[w.Name] = w
@@ -217,6 +217,15 @@ var _ = Describe("The default overlay (make deploy, make build-installer)", func
 			if w.Name == "sandbox-warm-pool.code-sandbox.dev" {
 				Expect(w.Rules[0].Resources).To(Equal([]string{"sandboxwarmpools"}), w.Name)
 				Expect(w.ClientConfig.Service.Path).To(HaveValue(Equal("/validate-sandbox-code-sandbox-dev-v1alpha1-sandboxwarmpool")), w.Name)
+				continue
+			}
+			if w.Name == "sandbox-snapshot.code-sandbox.dev" {
+				// Creates only: status, finalizers and deletion of
+				// snapshots never wait for the webhook.
+				Expect(w.Rules[0].Resources).To(Equal([]string{"sandboxsnapshots"}), w.Name)
+				Expect(w.Rules[0].Operations).To(Equal([]admissionregistrationv1.OperationType{admissionregistrationv1.Create}), w.Name)
+				Expect(w.SideEffects).To(HaveValue(Equal(admissionregistrationv1.SideEffectClassNone)), w.Name)
+				Expect(w.ClientConfig.Service.Path).To(HaveValue(Equal("/validate-sandbox-code-sandbox-dev-v1alpha1-sandboxsnapshot")), w.Name)
 				continue
 			}
 			Expect(w.Rules[0].Resources).To(Equal([]string{"sandboxes"}), w.Name)
