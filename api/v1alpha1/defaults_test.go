@@ -149,3 +149,9 @@ func TestDefaultQuantitiesInRuntimeUnits(t *testing.T) {
 		t.Errorf("DefaultDisk %s is %d bytes, DefaultDiskBytes is %d", DefaultDisk, got, DefaultDiskBytes)
 	}
 }
+
+func TestSnapshotCRDDefaultsAreTheConstants(t *testing.T) {
+	// The recorded source shape carries the template's markers; the
+	// snapshot itself has no default of its own.
+	sameDefaults(t, "sandbox.code-sandbox.dev_sandboxsnapshots.yaml", templateDefaults("status.source"))
+}

@@ -331,6 +331,8 @@ type SandboxNetwork struct {
 // activeDeadlineSeconds, lifecycle and paused is fixed once the Sandbox exists, because a running
 // container cannot take the change; create a new Sandbox instead.
 // +kubebuilder:validation:XValidation:rule="has(self.image) || has(self.warmPoolRef)",message="spec.image is required unless spec.warmPoolRef names a SandboxWarmPool to claim from"
+// +kubebuilder:validation:XValidation:rule="!(has(self.snapshotRef) && has(self.warmPoolRef))",message="spec.snapshotRef and spec.warmPoolRef are exclusive: a Sandbox restored from a snapshot starts a container of its own on the snapshot's node"
+// +kubebuilder:validation:XValidation:rule="has(self.snapshotRef) == has(oldSelf.snapshotRef) && (!has(self.snapshotRef) || self.snapshotRef == oldSelf.snapshotRef)",message="snapshotRef is immutable"
 // +kubebuilder:validation:XValidation:rule="!(has(self.image) && has(self.warmPoolRef))",message="spec.image must be empty when spec.warmPoolRef is set: the pool's template decides the image"
 // +kubebuilder:validation:XValidation:rule="has(self.warmPoolRef) == has(oldSelf.warmPoolRef) && (!has(self.warmPoolRef) || self.warmPoolRef == oldSelf.warmPoolRef)",message="warmPoolRef is immutable"
 // +kubebuilder:validation:XValidation:rule="has(self.command) == has(oldSelf.command) && (!has(self.command) || self.command == oldSelf.command)",message="command is immutable"
@@ -355,6 +357,17 @@ type SandboxSpec struct {
 	// every exec, and activeDeadlineSeconds counts from the claim.
 	// +optional
 	WarmPoolRef *WarmPoolReference `json:"warmPoolRef,omitempty"`
+
+	// SnapshotRef starts the Sandbox from a SandboxSnapshot of the same
+	// namespace: it runs on the node that holds the snapshot, with the
+	// snapshot's image by digest, and the snapshot's files are written into
+	// its working directory, /tmp and /var/tmp before it is Ready
+	// (condition SnapshotRestored). spec.image and spec.workingDir must be
+	// the snapshot's source's. Processes and memory are not restored: the
+	// Sandbox starts fresh. A snapshot of another namespace cannot be named
+	// (no reference grant exists).
+	// +optional
+	SnapshotRef *SandboxSnapshotReference `json:"snapshotRef,omitempty"`
 
 	// ImagePullPolicy is IfNotPresent (default), Always or Never.
 	// +kubebuilder:default=IfNotPresent

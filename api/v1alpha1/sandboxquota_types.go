@@ -74,6 +74,23 @@ type SandboxQuotaHard struct {
 	// +kubebuilder:validation:XValidation:rule="quantity(self).compareTo(quantity('0')) >= 0",message="disk must not be negative"
 	// +optional
 	Disk *resource.Quantity `json:"disk,omitempty"`
+
+	// Snapshots is the most SandboxSnapshots that may exist at once: a
+	// create beyond it is refused by the webhook. Snapshots being deleted,
+	// and those that failed for good (TooLarge, SourceGone,
+	// QuotaExceeded), do not count.
+	// +kubebuilder:validation:Minimum=0
+	// +optional
+	Snapshots *int64 `json:"snapshots,omitempty"`
+
+	// SnapshotBytes caps the bytes of the namespace's stored snapshots
+	// together (status.sizeBytes). A snapshot's size is known only once
+	// its node has read it: a snapshot that would take the total past the
+	// cap fails with reason QuotaExceeded, and its node removes its data
+	// at once.
+	// +kubebuilder:validation:XValidation:rule="quantity(self).compareTo(quantity('0')) >= 0",message="snapshotBytes must not be negative"
+	// +optional
+	SnapshotBytes *resource.Quantity `json:"snapshotBytes,omitempty"`
 }
 
 // SandboxQuotaSpec is the desired policy for Sandboxes in one namespace.

@@ -164,7 +164,7 @@ and the API server's audit log records every call.`,
 	flags.StringVar(&o.loadingRules.ExplicitPath, clientcmd.RecommendedConfigPathFlag, "", "Path to the kubeconfig file to use for CLI requests.")
 	clientcmd.BindOverrideFlags(o.overrides, flags, clientcmd.RecommendedConfigOverrideFlags(""))
 
-	root.AddCommand(newExecCommand(o), newPsCommand(o), newAttachCommand(o), newKillCommand(o), newCpCommand(o), newLogsCommand(o), newPortForwardCommand(o), newTopCommand(o), newVersionCommand(o))
+	root.AddCommand(newExecCommand(o), newPsCommand(o), newAttachCommand(o), newKillCommand(o), newCpCommand(o), newLogsCommand(o), newPortForwardCommand(o), newTopCommand(o), newSnapshotCommand(o), newForkCommand(o), newVersionCommand(o))
 	return root
 }
 

@@ -227,6 +227,9 @@ func runControlPlane(f controlPlaneFlags, metricsAddr, probeAddr string) error {
 	mgr.GetWebhookServer().Register(admission.WarmPoolPath, &webhook.Admission{
 		Handler: admission.NewWarmPoolValidator(mgr.GetAPIReader(), scheme),
 	})
+	mgr.GetWebhookServer().Register(admission.SnapshotPath, &webhook.Admission{
+		Handler: admission.NewSnapshotValidator(mgr.GetAPIReader(), scheme),
+	})
 	if certs != nil {
 		if err := mgr.Add(certs); err != nil {
 			return err

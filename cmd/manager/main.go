@@ -99,7 +99,7 @@ func run() error {
 	flag.BoolVar(&metricsSecure, "metrics-secure", true, "Serve the metrics over HTTPS to callers the API server authenticates and authorizes for GET /metrics (the metrics-reader ClusterRole); false serves plain HTTP to anyone.")
 	flag.StringVar(&probeAddr, "health-probe-bind-address", ":8081", "Address of the /healthz and /readyz endpoints.")
 	flag.BoolVar(&showVersion, "version", false, "Print the version and exit.")
-	flag.StringVar(&stateDir, "state-dir", "/var/lib/code-sandbox-operator", "Directory for the manager's state on the node (exec history under history/).")
+	flag.StringVar(&stateDir, "state-dir", "/var/lib/code-sandbox-operator", "Directory for the manager's state on the node (exec history under history/, SandboxSnapshots' files under snapshots/).")
 	allowedRegistries := flag.String("allowed-registries", "", "Comma-separated image registries sandboxes may use besides public ones: host (any port), host:port or CIDR, for example 127.0.0.1:5000,registry.corp,10.0.0.0/8. Without them loopback, private, link-local and single-label registry hosts and localhost are refused (see docs/security.md).")
 	allowPublicRegistries := flag.Bool("allow-public-registries", true, "Allow any public registry host (and images without one, which are Docker Hub's). false makes --allowed-registries a strict allow-list (list docker.io to keep Docker Hub).")
 	nodeAPI.bind(flag.CommandLine)
@@ -184,6 +184,11 @@ func run() error {
 	if err != nil {
 		return fmt.Errorf("loading kubeconfig: %w", err)
 	}
+	// SandboxSnapshots' files: tenant data, 0700/0600 (snapshotstore.go).
+	snapshots, err := sandboxcontroller.NewLocalSnapshotStore(filepath.Join(stateDir, "snapshots"), nodeName)
+	if err != nil {
+		return fmt.Errorf("--state-dir %s: %w", stateDir, err)
+	}
 	hist, err := history.New(filepath.Join(stateDir, "history"), 0)
 	if err != nil {
 		return fmt.Errorf("--state-dir %s: %w", stateDir, err)
@@ -248,6 +253,7 @@ func run() error {
 			MaxConcurrentReconciles: concurrency,
 			NodeAPIEndpoint:         api.endpoint,
 			History:                 hist,
+			Snapshots:               snapshots,
 			LiveNodes:               liveNodes,
 			Activity:                activity,
 		})

@@ -79,6 +79,9 @@ func (r *SandboxReconciler) claim(ctx context.Context, sbx *sandboxv1alpha1.Sand
 	if sbx.Spec.WarmPoolRef != nil {
 		return r.claimFromPool(ctx, sbx)
 	}
+	if sbx.Spec.SnapshotRef != nil {
+		return r.claimRestore(ctx, sbx)
+	}
 	if wait := r.spreadWait(ctx, sbx); wait > 0 {
 		return false, ctrl.Result{RequeueAfter: wait}, nil
 	}

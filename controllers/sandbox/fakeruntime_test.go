@@ -9,12 +9,14 @@ package sandbox
 import (
 	"context"
 	"fmt"
+	"io"
 	"slices"
 	"strings"
 	"sync"
 	"time"
 
 	"github.com/code-sandbox/code-sandbox-operator/internal/dockerruntime"
+	"github.com/code-sandbox/code-sandbox-operator/internal/execio"
 )
 
 // fakeRuntime is an in-memory Docker Engine for the reconciler's unit tests:
@@ -297,4 +299,12 @@ func (h *fakeHistory) keys() []string {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	return slices.Clone(h.deleted)
+}
+
+func (f *fakeRuntime) Snapshot(context.Context, string, []string, io.Writer, int64) (execio.TransferStats, error) {
+	return execio.TransferStats{}, f.unavailable("snapshot")
+}
+
+func (f *fakeRuntime) Restore(context.Context, string, []string, func() (io.ReadCloser, error), execio.UploadLimits) (execio.TransferStats, error) {
+	return execio.TransferStats{}, f.unavailable("restore")
 }

@@ -8,9 +8,11 @@ package sandbox
 
 import (
 	"context"
+	"io"
 	"time"
 
 	"github.com/code-sandbox/code-sandbox-operator/internal/dockerruntime"
+	"github.com/code-sandbox/code-sandbox-operator/internal/execio"
 )
 
 // Runtime is what the Sandbox reconciler, its Docker event watcher and its
@@ -46,6 +48,12 @@ type Runtime interface {
 	Remove(ctx context.Context, id string, grace time.Duration) error
 	// ListManaged lists this operator's containers that match the filter.
 	ListManaged(ctx context.Context, f dockerruntime.ListFilter) ([]dockerruntime.Container, error)
+	// Snapshot writes a tar of the roots of running container id to w
+	// while the sandbox's processes are stopped (dockerruntime.Client's),
+	// at most maxBytes of file content; Restore writes one into a
+	// container through the sanitising upload path.
+	Snapshot(ctx context.Context, id string, roots []string, w io.Writer, maxBytes int64) (execio.TransferStats, error)
+	Restore(ctx context.Context, id string, roots []string, open func() (io.ReadCloser, error), limits execio.UploadLimits) (execio.TransferStats, error)
 	// WatchEvents streams the container events of node until ctx ends or
 	// the stream breaks.
 	WatchEvents(ctx context.Context, node string, handle func(dockerruntime.Event)) error

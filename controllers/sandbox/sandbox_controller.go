@@ -77,6 +77,11 @@ type Options struct {
 	// idle timeouts act on (idle.go). Unset, the reconciler keeps its own,
 	// which only its status and clock feed.
 	Activity *Activity
+	// Snapshots, when set, is where this node keeps SandboxSnapshots'
+	// files (snapshot.go) and restores spec.snapshotRef from (restore.go).
+	// Unset, this node takes no snapshots and claims no Sandbox that
+	// restores one.
+	Snapshots SnapshotStore
 }
 
 // HistoryDeleter forgets the exec history of one Sandbox, keyed by its UID.
@@ -347,6 +352,9 @@ func (r *SandboxReconciler) reconcile(ctx context.Context, sbx *sandboxv1alpha1.
 	sbx.Status.ContainerID = ct.ID
 	switch ct.State.Status {
 	case "running", "paused":
+		if ok, result := r.restoreFiles(ctx, sbx, ct); !ok {
+			return result, nil
+		}
 		return r.settlePaused(ctx, sbx, ct, role, requeueAfter)
 	case "created":
 		// A manager died between create and start; adopt and start it.
@@ -386,6 +394,17 @@ func (r *SandboxReconciler) create(ctx context.Context, sbx *sandboxv1alpha1.San
 		r.setReady(sbx, metav1.ConditionFalse, sandboxv1alpha1.SandboxReasonCreateFailed, err.Error())
 		return ctrl.Result{}, nil
 	}
+	if sbx.Spec.SnapshotRef != nil {
+		why, err := r.restoreSpec(ctx, sbx, &spec)
+		if err != nil {
+			return ctrl.Result{}, err
+		}
+		if why != "" {
+			r.setRestored(sbx, metav1.ConditionFalse, sandboxv1alpha1.SandboxReasonRestoreFailed, why)
+			r.setReady(sbx, metav1.ConditionFalse, sandboxv1alpha1.SandboxReasonRestoreFailed, why)
+			return ctrl.Result{RequeueAfter: r.backoff.next(sbx.UID)}, nil
+		}
+	}
 	ct, err := r.docker.CreateAndStart(ctx, spec)
 	if err != nil {
 		return r.dockerFailure(ctx, sbx, err)
@@ -395,6 +414,9 @@ func (r *SandboxReconciler) create(ctx context.Context, sbx *sandboxv1alpha1.San
 	// The start event will requeue us; checking state right away keeps the
 	// create-to-Ready path short.
 	if ct.State.Running {
+		if ok, result := r.restoreFiles(ctx, sbx, ct); !ok {
+			return result, nil
+		}
 		return r.settlePaused(ctx, sbx, ct, role, requeueAfter)
 	}
 	return ctrl.Result{RequeueAfter: 100 * time.Millisecond}, nil
@@ -759,6 +781,12 @@ var sandboxIndexes = map[string]client.IndexerFunc{
 	statusNodeNameField: func(obj client.Object) []string {
 		return []string{obj.(*sandboxv1alpha1.Sandbox).Status.NodeName}
 	},
+	snapshotRefField: func(obj client.Object) []string {
+		if ref := obj.(*sandboxv1alpha1.Sandbox).Spec.SnapshotRef; ref != nil {
+			return []string{ref.Name}
+		}
+		return nil
+	},
 	memberClaimField: func(obj client.Object) []string {
 		if m := obj.(*sandboxv1alpha1.Sandbox).Status.WarmPool; m != nil && m.Member != nil {
 			return []string{string(m.Member.UID)}
@@ -782,10 +810,20 @@ func (r *SandboxReconciler) SetupWithManager(mgr ctrl.Manager, orphanGCInterval 
 		return err
 	}
 	skip := r.opts.SkipNameValidation
+	if r.opts.Snapshots != nil {
+		snaps, err := NewSnapshotReconciler(r.client, r.docker, r.opts.Snapshots, r.recorder, r.clock, r.opts.NodeName)
+		if err != nil {
+			return err
+		}
+		if err := snaps.SetupWithManager(mgr, skip); err != nil {
+			return err
+		}
+	}
 	return ctrl.NewControllerManagedBy(mgr).
 		// Watches rather than For, for a handler that records deletions
 		// (see deletedTracker); it enqueues exactly as For's would.
 		Watches(&sandboxv1alpha1.Sandbox{}, &sandboxEventHandler{deleted: r.deleted}, builder.WithPredicates(r.relevant())).
+		Watches(&sandboxv1alpha1.SandboxSnapshot{}, r.sandboxesRestoring()).
 		WatchesRawSource(source.Channel(r.dockerEvents, &handler.TypedEnqueueRequestForObject[*sandboxv1alpha1.Sandbox]{})).
 		WithOptions(controller.Options{MaxConcurrentReconciles: r.opts.MaxConcurrentReconciles, SkipNameValidation: &skip}).
 		Named("sandbox").

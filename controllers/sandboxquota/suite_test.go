@@ -111,6 +111,9 @@ func startWebhook() *webhookProcess {
 	mgr.GetWebhookServer().Register(admission.WarmPoolPath, &webhook.Admission{
 		Handler: admission.NewWarmPoolValidator(mgr.GetAPIReader(), cp.Scheme),
 	})
+	mgr.GetWebhookServer().Register(admission.SnapshotPath, &webhook.Admission{
+		Handler: admission.NewSnapshotValidator(mgr.GetAPIReader(), cp.Scheme),
+	})
 	Expect(sandboxquota.NewReconciler(mgr.GetClient(), mgr.GetAPIReader(), clock.RealClock{},
 		sandboxquota.Options{ReservationTimeout: reservationTimeout}).SetupWithManager(mgr)).To(Succeed())
 

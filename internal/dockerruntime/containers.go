@@ -33,6 +33,10 @@ type Container struct {
 	Name   string
 	Labels map[string]string
 	State  ContainerState
+	// ImageID is the digest of the image the container runs (sha256:…),
+	// as Docker resolved its image name at create; empty where the
+	// listing did not say.
+	ImageID string
 }
 
 // Owned reports whether the container carries the operator's labels for
@@ -46,7 +50,7 @@ func (c Container) OwnedBy(managedBy, uid string) bool {
 }
 
 func fromInspect(resp container.InspectResponse) Container {
-	out := Container{ID: resp.ID, Name: strings.TrimPrefix(resp.Name, "/")}
+	out := Container{ID: resp.ID, Name: strings.TrimPrefix(resp.Name, "/"), ImageID: resp.Image}
 	if resp.Config != nil {
 		out.Labels = resp.Config.Labels
 	}

@@ -105,6 +105,7 @@ var _ = Describe("The default overlay (make deploy, make build-installer)", func
 			"CustomResourceDefinition sandboxes.sandbox.code-sandbox.dev",
 			"CustomResourceDefinition sandboxquotas.sandbox.code-sandbox.dev",
 			"CustomResourceDefinition sandboxwarmpools.sandbox.code-sandbox.dev",
+			"CustomResourceDefinition sandboxsnapshots.sandbox.code-sandbox.dev",
 			// The manager, one per node.
 			"ServiceAccount "+ns+"code-sandbox-controller-manager",
 			"ClusterRole code-sandbox-manager-role",
@@ -128,6 +129,8 @@ var _ = Describe("The default overlay (make deploy, make build-installer)", func
 			"ClusterRole code-sandbox-sandboxquota-editor-role",
 			"ClusterRole code-sandbox-sandboxwarmpool-editor-role",
 			"ClusterRole code-sandbox-sandboxwarmpool-viewer-role",
+			"ClusterRole code-sandbox-sandboxsnapshot-editor-role",
+			"ClusterRole code-sandbox-sandboxsnapshot-viewer-role",
 			// The admission webhook.
 			"ServiceAccount "+ns+"code-sandbox-webhook",
 			"ClusterRole code-sandbox-webhook-role",
@@ -156,6 +159,9 @@ var _ = Describe("The default overlay (make deploy, make build-installer)", func
 			// Only the node managers write Sandbox status (config/policy).
 			"ValidatingAdmissionPolicy code-sandbox-sandbox-status-writers",
 			"ValidatingAdmissionPolicyBinding code-sandbox-sandbox-status-writers",
+			// and SandboxSnapshot status, each its own node's.
+			"ValidatingAdmissionPolicy code-sandbox-snapshot-status-writers",
+			"ValidatingAdmissionPolicyBinding code-sandbox-snapshot-status-writers",
 			// and change only the finalizers of their own node's Sandboxes.
 			"ValidatingAdmissionPolicy code-sandbox-sandbox-manager-updates",
 			"ValidatingAdmissionPolicyBinding code-sandbox-sandbox-manager-updates",
@@ -187,7 +193,7 @@ var _ = Describe("The default overlay (make deploy, make build-installer)", func
 		svc := &corev1.Service{}
 		convert(find(objs, "Service", "code-sandbox-webhook-service"), svc)
 
-		Expect(vwc.Webhooks).To(HaveLen(4))
+		Expect(vwc.Webhooks).To(HaveLen(5))
 		byName := map[string]admissionregistrationv1.ValidatingWebhook{}
 		for _, w := range vwc.Webhooks {
 			byName[w.Name] = w
@@ -212,6 +218,15 @@ var _ = Describe("The default overlay (make deploy, make build-installer)", func
 			if w.Name == "sandbox-warm-pool.code-sandbox.dev" {
 				Expect(w.Rules[0].Resources).To(Equal([]string{"sandboxwarmpools"}), w.Name)
 				Expect(w.ClientConfig.Service.Path).To(HaveValue(Equal("/validate-sandbox-code-sandbox-dev-v1alpha1-sandboxwarmpool")), w.Name)
+				continue
+			}
+			if w.Name == "sandbox-snapshot.code-sandbox.dev" {
+				// Creates only: status, finalizers and deletion of
+				// snapshots never wait for the webhook.
+				Expect(w.Rules[0].Resources).To(Equal([]string{"sandboxsnapshots"}), w.Name)
+				Expect(w.Rules[0].Operations).To(Equal([]admissionregistrationv1.OperationType{admissionregistrationv1.Create}), w.Name)
+				Expect(w.SideEffects).To(HaveValue(Equal(admissionregistrationv1.SideEffectClassNone)), w.Name)
+				Expect(w.ClientConfig.Service.Path).To(HaveValue(Equal("/validate-sandbox-code-sandbox-dev-v1alpha1-sandboxsnapshot")), w.Name)
 				continue
 			}
 			Expect(w.Rules[0].Resources).To(Equal([]string{"sandboxes"}), w.Name)

@@ -1,0 +1,210 @@
+/*
+Copyright 2026 The code-sandbox-operator Authors.
+
+Licensed under the MIT License; see the LICENSE file.
+*/
+
+package sandbox
+
+import (
+	"context"
+	"fmt"
+	"io"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/handler"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+
+	sandboxv1alpha1 "github.com/code-sandbox/code-sandbox-operator/api/v1alpha1"
+	"github.com/code-sandbox/code-sandbox-operator/internal/dockerruntime"
+	"github.com/code-sandbox/code-sandbox-operator/internal/execio"
+)
+
+// snapshotRefField indexes Sandboxes by the SandboxSnapshot they restore,
+// so that a snapshot turning Ready wakes them.
+const snapshotRefField = "spec.snapshotRef.name"
+
+// A Sandbox with spec.snapshotRef (its restore policy):
+//   - is claimed only by the manager of the node that holds the snapshot
+//     (its status.node, which only that node's manager may write), once the
+//     snapshot is Ready; until then every manager reports why it waits
+//     (Ready=False, SnapshotNotFound or SnapshotNotReady), unbound;
+//   - runs the snapshot's image by digest (status.imageID, present on that
+//     node since the source ran there), never pulled;
+//   - gets the snapshot's files written into its container before it is
+//     Ready (SnapshotRestored=True), or reports RestoreFailed and retries.
+//
+// The snapshot is looked up in the Sandbox's own namespace only: the API has
+// no field that could name another.
+
+// snapshotFor returns the Sandbox's snapshot, or nil and the reason it
+// cannot be used yet.
+func (r *SandboxReconciler) snapshotFor(ctx context.Context, sbx *sandboxv1alpha1.Sandbox) (*sandboxv1alpha1.SandboxSnapshot, string, string, error) {
+	snap := &sandboxv1alpha1.SandboxSnapshot{}
+	err := r.client.Get(ctx, client.ObjectKey{Namespace: sbx.Namespace, Name: sbx.Spec.SnapshotRef.Name}, snap)
+	switch {
+	case apierrors.IsNotFound(err):
+		return nil, sandboxv1alpha1.SandboxReasonSnapshotNotFound,
+			fmt.Sprintf("SandboxSnapshot %s does not exist in namespace %s", sbx.Spec.SnapshotRef.Name, sbx.Namespace), nil
+	case err != nil:
+		return nil, "", "", err
+	case !snap.DeletionTimestamp.IsZero():
+		return nil, sandboxv1alpha1.SandboxReasonSnapshotNotFound,
+			fmt.Sprintf("SandboxSnapshot %s is being deleted", snap.Name), nil
+	case !snap.IsReady() || snap.Status.Node == "" || snap.Status.Source == nil || snap.Status.ImageID == "":
+		msg := "SandboxSnapshot " + snap.Name + " is not Ready"
+		if c := meta.FindStatusCondition(snap.Status.Conditions, string(sandboxv1alpha1.SnapshotConditionReady)); c != nil {
+			msg += " (" + c.Reason + ": " + c.Message + ")"
+		}
+		return nil, sandboxv1alpha1.SandboxReasonSnapshotNotReady, msg, nil
+	}
+	return snap, "", "", nil
+}
+
+// claimRestore claims a Sandbox with spec.snapshotRef when this node holds
+// its snapshot; otherwise it reports why the Sandbox waits, or leaves it to
+// the node that holds it.
+func (r *SandboxReconciler) claimRestore(ctx context.Context, sbx *sandboxv1alpha1.Sandbox) (bool, ctrl.Result, error) {
+	snap, reason, msg, err := r.snapshotFor(ctx, sbx)
+	if err != nil {
+		return false, ctrl.Result{}, err
+	}
+	if snap == nil {
+		cond := meta.FindStatusCondition(sbx.Status.Conditions, string(sandboxv1alpha1.SandboxConditionReady))
+		if cond == nil || cond.Reason != reason || cond.Message != truncateMessage(msg) {
+			r.setReady(sbx, metav1.ConditionFalse, reason, msg)
+			if err := r.client.Status().Update(ctx, sbx); err != nil && !apierrors.IsConflict(err) && !apierrors.IsNotFound(err) {
+				return false, ctrl.Result{}, fmt.Errorf("reporting %s: %w", reason, err)
+			}
+		}
+		return false, ctrl.Result{}, nil // the snapshot watch wakes us
+	}
+	if snap.Status.Node != r.opts.NodeName {
+		if sbx.Spec.NodeName == r.opts.NodeName {
+			// Pinned here, held there: it can never run. Say so (an
+			// unbound Sandbox's manager may write a Ready that is not True).
+			msg := fmt.Sprintf("spec.nodeName pins the Sandbox to node %s, but SandboxSnapshot %s is held by node %s: a restore runs only where the snapshot is", r.opts.NodeName, snap.Name, snap.Status.Node)
+			if cond := meta.FindStatusCondition(sbx.Status.Conditions, string(sandboxv1alpha1.SandboxConditionReady)); cond == nil || cond.Message != msg {
+				r.setReady(sbx, metav1.ConditionFalse, sandboxv1alpha1.SandboxReasonRestoreFailed, msg)
+				if err := r.client.Status().Update(ctx, sbx); err != nil && !apierrors.IsConflict(err) && !apierrors.IsNotFound(err) {
+					return false, ctrl.Result{}, fmt.Errorf("reporting RestoreFailed: %w", err)
+				}
+			}
+		}
+		return false, ctrl.Result{}, nil // the holder's manager claims it
+	}
+	if r.opts.Snapshots == nil {
+		return false, ctrl.Result{}, nil
+	}
+	return r.claimNode(ctx, sbx, nil)
+}
+
+// restoreSpec points a restored Sandbox's container spec at the snapshot's
+// image by digest, or says why it cannot be restored.
+func (r *SandboxReconciler) restoreSpec(ctx context.Context, sbx *sandboxv1alpha1.Sandbox, spec *dockerruntime.Spec) (string, error) {
+	snap, _, msg, err := r.snapshotFor(ctx, sbx)
+	if err != nil {
+		return "", err
+	}
+	if snap == nil {
+		return msg, nil
+	}
+	if snap.Status.Node != r.opts.NodeName || r.opts.Snapshots == nil {
+		return fmt.Sprintf("SandboxSnapshot %s is held by node %s, not by %s", snap.Name, snap.Status.Node, r.opts.NodeName), nil
+	}
+	if why := mismatch(sbx, snap); why != "" {
+		return why, nil
+	}
+	spec.Image = snap.Status.ImageID
+	spec.PullPolicy = dockerruntime.PullPolicy(sandboxv1alpha1.PullNever)
+	return "", nil
+}
+
+// mismatch says why sbx cannot take snap's files: the files belong to the
+// source's working directory, and the image by digest must be the one spec
+// names, so that what runs is what the Sandbox (and its quota) says.
+func mismatch(sbx *sandboxv1alpha1.Sandbox, snap *sandboxv1alpha1.SandboxSnapshot) string {
+	src := snap.Status.Source
+	workdir := sbx.Spec.WorkingDir
+	if workdir == "" {
+		workdir = sandboxv1alpha1.DefaultWorkingDir
+	}
+	if sbx.Spec.Image != src.Image {
+		return fmt.Sprintf("spec.image %q differs from the image %q of SandboxSnapshot %s's source", sbx.Spec.Image, src.Image, snap.Name)
+	}
+	if workdir != src.WorkingDir {
+		return fmt.Sprintf("spec.workingDir %q differs from the working directory %q of SandboxSnapshot %s's source", workdir, src.WorkingDir, snap.Name)
+	}
+	return ""
+}
+
+// restoreFiles writes the snapshot's files into the running container once;
+// it returns false while the Sandbox must not be Ready.
+func (r *SandboxReconciler) restoreFiles(ctx context.Context, sbx *sandboxv1alpha1.Sandbox, ct dockerruntime.Container) (bool, ctrl.Result) {
+	if sbx.Spec.SnapshotRef == nil || meta.IsStatusConditionTrue(sbx.Status.Conditions, string(sandboxv1alpha1.SandboxConditionSnapshotRestored)) {
+		return true, ctrl.Result{}
+	}
+	fail := func(msg string) (bool, ctrl.Result) {
+		r.setRestored(sbx, metav1.ConditionFalse, sandboxv1alpha1.SandboxReasonRestoreFailed, msg)
+		r.setReady(sbx, metav1.ConditionFalse, sandboxv1alpha1.SandboxReasonRestoreFailed, msg)
+		return false, ctrl.Result{RequeueAfter: r.backoff.next(sbx.UID)}
+	}
+	if !ct.State.Running || ct.State.Paused {
+		return fail("the container is not running; the files are restored once it runs")
+	}
+	snap, _, msg, err := r.snapshotFor(ctx, sbx)
+	if err != nil {
+		return fail(err.Error())
+	}
+	if snap == nil {
+		return fail(msg)
+	}
+	if snap.Status.Node != r.opts.NodeName || r.opts.Snapshots == nil {
+		return fail(fmt.Sprintf("SandboxSnapshot %s is held by node %s, not by %s", snap.Name, snap.Status.Node, r.opts.NodeName))
+	}
+	if why := mismatch(sbx, snap); why != "" {
+		return fail(why)
+	}
+	disk := sandboxv1alpha1.DefaultDiskBytes
+	if d := sbx.Spec.Resources.Disk; d != nil {
+		disk = d.Value()
+	}
+	key := string(snap.UID)
+	open := func() (io.ReadCloser, error) { return r.opts.Snapshots.Open(ctx, key) }
+	limits := execio.UploadLimits{MaxBytes: disk * snapshotRootsPerSandbox}
+	stats, err := r.docker.Restore(ctx, ct.ID, dockerruntime.SnapshotRoots(snap.Status.Source.WorkingDir), open, limits)
+	if err != nil {
+		return fail(fmt.Sprintf("restoring SandboxSnapshot %s: %v", snap.Name, err))
+	}
+	msg = fmt.Sprintf("restored %d files, %d directories, %d bytes from SandboxSnapshot %s", stats.Files, stats.Dirs, stats.Bytes, snap.Name)
+	r.setRestored(sbx, metav1.ConditionTrue, sandboxv1alpha1.SandboxReasonSnapshotRestored, msg)
+	r.recorder.Eventf(sbx, nil, "Normal", sandboxv1alpha1.SandboxReasonSnapshotRestored, "Restore", "%s", msg)
+	return true, ctrl.Result{}
+}
+
+func (r *SandboxReconciler) setRestored(sbx *sandboxv1alpha1.Sandbox, status metav1.ConditionStatus, reason, msg string) {
+	meta.SetStatusCondition(&sbx.Status.Conditions, metav1.Condition{
+		Type: string(sandboxv1alpha1.SandboxConditionSnapshotRestored), Status: status, Reason: reason,
+		Message: truncateMessage(msg), ObservedGeneration: sbx.Generation,
+	})
+}
+
+// sandboxesRestoring maps a SandboxSnapshot to the Sandboxes of its
+// namespace that restore from it.
+func (r *SandboxReconciler) sandboxesRestoring() handler.EventHandler {
+	return handler.EnqueueRequestsFromMapFunc(func(ctx context.Context, obj client.Object) []reconcile.Request {
+		var list sandboxv1alpha1.SandboxList
+		if err := r.client.List(ctx, &list, client.InNamespace(obj.GetNamespace()), client.MatchingFields{snapshotRefField: obj.GetName()}); err != nil {
+			return nil
+		}
+		out := make([]reconcile.Request, 0, len(list.Items))
+		for i := range list.Items {
+			out = append(out, reconcile.Request{NamespacedName: client.ObjectKeyFromObject(&list.Items[i])})
+		}
+		return out
+	})
+}
