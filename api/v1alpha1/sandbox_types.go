@@ -320,7 +320,7 @@ type SandboxResources struct {
 }
 
 // SandboxNetwork configures network access.
-// +kubebuilder:validation:XValidation:rule="!has(self.egress) || self.mode == 'Egress'",message="network.egress needs network.mode Egress: a sandbox without a network reaches no host"
+// +kubebuilder:validation:XValidation:rule="!has(self.egress) || (has(self.mode) && self.mode == 'Egress')",message="network.egress needs network.mode Egress: a sandbox without a network reaches no host"
 type SandboxNetwork struct {
 	// Mode is None (default: loopback only) or Egress. Immutable on a
 	// Sandbox.
@@ -567,7 +567,7 @@ type SandboxSpec struct {
 	// mode is immutable; the egress policy may change (see
 	// SandboxNetwork.Egress).
 	// +kubebuilder:default={}
-	// +kubebuilder:validation:XValidation:rule="self.mode == oldSelf.mode",message="network.mode is immutable"
+	// +kubebuilder:validation:XValidation:rule="(has(self.mode) ? self.mode : 'None') == (has(oldSelf.mode) ? oldSelf.mode : 'None')",message="network.mode is immutable"
 	// +kubebuilder:validation:XValidation:rule="has(self.egress) == has(oldSelf.egress)",message="network.egress may be changed but not added or removed on an existing Sandbox: that would turn restricted egress into unrestricted or back"
 	// +optional
 	Network SandboxNetwork `json:"network,omitempty"`

@@ -186,7 +186,7 @@ var _ = Describe("The default overlay (make deploy, make build-installer)", func
 		svc := &corev1.Service{}
 		convert(find(objs, "Service", "code-sandbox-webhook-service"), svc)
 
-		Expect(vwc.Webhooks).To(HaveLen(4))
+		Expect(vwc.Webhooks).To(HaveLen(5))
 		byName := map[string]admissionregistrationv1.ValidatingWebhook{}
 		for _, w := range vwc.Webhooks {
 			byName[w.Name] = w
@@ -230,6 +230,11 @@ var _ = Describe("The default overlay (make deploy, make build-installer)", func
 		Expect(deadline.MatchConditions).To(HaveLen(1))
 		Expect(deadline.MatchConditions[0].Expression).To(ContainSubstring("activeDeadlineSeconds"))
 		Expect(deadline.MatchConditions[0].Expression).To(ContainSubstring("oldObject"))
+		Expect(byName).To(HaveKey("sandbox-egress.code-sandbox.dev"))
+		egress := byName["sandbox-egress.code-sandbox.dev"]
+		Expect(egress.Rules[0].Operations).To(Equal([]admissionregistrationv1.OperationType{admissionregistrationv1.Update}))
+		Expect(egress.MatchConditions).To(HaveLen(1))
+		Expect(egress.MatchConditions[0].Expression).To(ContainSubstring("network.egress"))
 	})
 
 	It("locks down every pod as tightly as its job allows", func() {
