@@ -52,6 +52,43 @@ const (
 	// False (reason WarmPoolEmpty) when no member was idle and the container
 	// was created from the pool's template instead. Neither is an error.
 	SandboxConditionWarmPoolClaim ConditionType = "WarmPoolClaim"
+
+	// SandboxConditionEgressPolicyApplied is set on running Sandboxes with
+	// an egress policy (spec.network.egress): True (reason
+	// EgressPolicyApplied) once the node's egress proxy enforces the
+	// current policy, False when it could not be applied as written. The
+	// manager fails closed: what it cannot apply is refused, never
+	// allowed. Reasons: EgressPolicyApplied, SecretNotFound,
+	// SecretForbidden, EgressPolicyInvalid, EgressProxyUnavailable.
+	SandboxConditionEgressPolicyApplied ConditionType = "EgressPolicyApplied"
+)
+
+// Reasons for the EgressPolicyApplied condition (and, for
+// EgressProxyUnavailable, Ready).
+const (
+	// SandboxReasonEgressPolicyApplied: the proxy enforces the policy as
+	// written. Used with EgressPolicyApplied=True.
+	SandboxReasonEgressPolicyApplied = "EgressPolicyApplied"
+
+	// SandboxReasonSecretNotFound: an inject rule's Secret, or its key,
+	// does not exist in the Sandbox's namespace. That host is refused until
+	// it does; the manager retries.
+	SandboxReasonSecretNotFound = "SecretNotFound"
+
+	// SandboxReasonSecretForbidden: the node managers may not read an
+	// inject rule's Secret (no RoleBinding in the namespace), or it lacks
+	// the label sandbox.code-sandbox.dev/egress-credential=true. That host
+	// is refused.
+	SandboxReasonSecretForbidden = "SecretForbidden"
+
+	// SandboxReasonEgressPolicyInvalid: the egress proxy refused the
+	// policy; the sandbox reaches nothing until it is fixed.
+	SandboxReasonEgressPolicyInvalid = "EgressPolicyInvalid"
+
+	// SandboxReasonEgressProxyUnavailable: the node's manager runs no
+	// egress proxy. With Ready=False, the container was not created, since
+	// a Sandbox with a policy must never run unrestricted.
+	SandboxReasonEgressProxyUnavailable = "EgressProxyUnavailable"
 )
 
 // Reasons for the Ready and Expired conditions.
@@ -388,9 +425,11 @@ type EgressRule struct {
 	Host string `json:"host"`
 
 	// Ports are the TCP ports allowed on the host; empty allows 80 and 443.
+	// Port 53 is the proxy's own resolver and cannot be allowed.
 	// +kubebuilder:validation:MaxItems=16
 	// +kubebuilder:validation:items:Minimum=1
 	// +kubebuilder:validation:items:Maximum=65535
+	// +kubebuilder:validation:XValidation:rule="!self.exists(p, p == 53)",message="port 53 cannot be allowed: DNS goes to the node's egress resolver only"
 	// +listType=set
 	// +optional
 	Ports []int32 `json:"ports,omitempty"`
@@ -421,12 +460,13 @@ type EgressHTTPRule struct {
 	Methods []EgressHTTPMethod `json:"methods,omitempty"`
 
 	// PathPrefixes are the URL path prefixes allowed, each starting with
-	// '/'; empty allows every path. A prefix matches the path as sent,
-	// before any decoding, so /v1/ does not match /v1%2F.
+	// '/'; empty allows every path. A prefix matches the cleaned path, so
+	// /v1/../admin does not match /v1/.
 	// +kubebuilder:validation:MaxItems=32
 	// +kubebuilder:validation:items:MinLength=1
 	// +kubebuilder:validation:items:MaxLength=256
 	// +kubebuilder:validation:items:Pattern=`^/[!-~]*$`
+	// +kubebuilder:validation:items:XValidation:rule="!self.contains('?') && !self.contains('#')",message="a path prefix has no query or fragment"
 	// +listType=set
 	// +optional
 	PathPrefixes []string `json:"pathPrefixes,omitempty"`

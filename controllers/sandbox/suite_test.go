@@ -94,6 +94,8 @@ type managerConfig struct {
 	// leaseNamespace, when set, runs the node Lease heartbeat there and
 	// spreads warm pool members over the nodes holding one.
 	leaseNamespace string
+	// egressProxy is the node's egress proxy (Options.EgressProxy).
+	egressProxy EgressProxy
 }
 
 // startManager runs a manager for node (prefixed with testNodePrefix) until
@@ -132,6 +134,7 @@ func startManager(node string, mc managerConfig) *testManager {
 			SkipNameValidation: true,
 			History:            mc.history,
 			LiveNodes:          liveNodes,
+			EgressProxy:        mc.egressProxy,
 		})
 	Expect(err).NotTo(HaveOccurred())
 	Expect(r.SetupWithManager(mgr, mc.orphanGCInterval)).To(Succeed())
