@@ -229,7 +229,7 @@ func (r *SandboxReconciler) egressSecret(ctx context.Context, namespace, host st
 		return nil, prob(sandboxv1alpha1.SandboxReasonSecretNotFound, "Secret %q does not exist in namespace %s", ref.Name, namespace)
 	case apierrors.IsForbidden(err):
 		return nil, prob(sandboxv1alpha1.SandboxReasonSecretForbidden,
-			"the node managers may not read Secret %q in namespace %s: bind the ClusterRole code-sandbox-egress-credentials to them there (docs/egress.md)", ref.Name, namespace)
+			"the node managers may not read Secret %q in namespace %s: bind the ClusterRole code-sandbox-egress-credentials-role to the node managers there (docs/egress.md)", ref.Name, namespace)
 	case err != nil:
 		return nil, prob(sandboxv1alpha1.SandboxReasonSecretNotFound, "reading Secret %q: %v", ref.Name, err)
 	}

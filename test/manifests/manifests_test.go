@@ -127,6 +127,8 @@ var _ = Describe("The default overlay (make deploy, make build-installer)", func
 			"ClusterRole code-sandbox-sandboxquota-editor-role",
 			"ClusterRole code-sandbox-sandboxwarmpool-editor-role",
 			"ClusterRole code-sandbox-sandboxwarmpool-viewer-role",
+			// Egress credentials, bound by namespaces that opt in.
+			"ClusterRole code-sandbox-egress-credentials-role",
 			// The admission webhook.
 			"ServiceAccount "+ns+"code-sandbox-webhook",
 			"ClusterRole code-sandbox-webhook-role",
