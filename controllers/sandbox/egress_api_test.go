@@ -16,6 +16,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	sandboxv1alpha1 "github.com/code-sandbox/code-sandbox-operator/api/v1alpha1"
+	"github.com/code-sandbox/code-sandbox-operator/internal/mcpserver/contract"
 )
 
 // The CRD's rules for spec.network.egress (CEL and schema), against
@@ -105,6 +106,18 @@ var _ = Describe("Egress policy validation", func() {
 		Entry("a host twice", egressSpec(host("a.example.com"), host("a.example.com")), "Duplicate value"),
 		Entry("more than 64 rules", egressSpec(manyHosts(sandboxv1alpha1.MaxEgressRules+1)...), "must have at most 64 items"),
 	)
+
+	It("agrees with the MCP server's check of egress_allow on every host", func() {
+		for _, h := range []string{"*", "*.com", "a.*.com", "a*.example.com", "*.*.example.com", "169.254.169.254", "::1", "[::1]",
+			"API.example.com", "api.example.com.", "localhost", "example.com:443", "https://example.com", "-a.example.com",
+			strings.Repeat("a", 64) + ".example.com", "a_b.example.com", "", strings.Repeat("a.", 127) + "com", "a.example.com\nb.org",
+			"1.2.3", "a.b.c-", "xn--bcher-kva.example", "api.example.com", "*.example.com", "*.a.example.com", "a-b.example.co",
+			strings.Repeat("a", 63) + ".example.com", "0.example.com", "example.c0m", "example.0com"} {
+			celErr := create("Sandbox", egressSpec(host(h)))
+			goErr := contract.ValidateEgressHost(h)
+			Expect(celErr == nil).To(Equal(goErr == nil), "host %q: CEL says %v, the MCP server says %v", h, celErr, goErr)
+		}
+	})
 
 	It("accepts the largest policy and a full rule", func() {
 		Expect(create("Sandbox", egressSpec(manyHosts(sandboxv1alpha1.MaxEgressRules)...))).To(Succeed())
