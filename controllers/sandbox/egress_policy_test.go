@@ -233,3 +233,14 @@ func readyMessage(key types.NamespacedName) string {
 	}
 	return c.Message
 }
+
+var _ = Describe("Egress defaults", Label("unit"), func() {
+	It("are the proxy's: a rule without ports allows 80 and 443 in the API and at the proxy", func() {
+		var api []uint16
+		for _, p := range sandboxv1alpha1.DefaultEgressPorts() {
+			api = append(api, uint16(p))
+		}
+		Expect(api).To(Equal(egressproxy.DefaultPorts))
+		Expect(sandboxv1alpha1.MaxEgressRules).To(BeNumerically("<=", egressproxy.MaxRules))
+	})
+})
