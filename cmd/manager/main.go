@@ -42,6 +42,7 @@ import (
 	sandboxcontroller "github.com/code-sandbox/code-sandbox-operator/controllers/sandbox"
 	"github.com/code-sandbox/code-sandbox-operator/internal/dockerruntime"
 	"github.com/code-sandbox/code-sandbox-operator/internal/egress"
+	"github.com/code-sandbox/code-sandbox-operator/internal/egressproxy"
 	"github.com/code-sandbox/code-sandbox-operator/internal/execio"
 	"github.com/code-sandbox/code-sandbox-operator/internal/history"
 	"github.com/code-sandbox/code-sandbox-operator/internal/imagepolicy"
@@ -83,6 +84,7 @@ func run() error {
 		role             string
 		controlPlane     controlPlaneFlags
 		egressOpts       egressFlags
+		egressProxyOpts  egressProxyFlags
 	)
 	flag.StringVar(&role, "role", roleNode, "What this process does: node (the Sandbox controller and node API for --node-name) or control-plane (the SandboxQuota admission webhook, the aggregated API, the operator CA and node certificate signer, and the quota and warm pool controllers). webhook is a deprecated alias of control-plane.")
 	flag.StringVar(&nodeName, "node-name", os.Getenv("NODE_NAME"), "Name of the node this manager runs on (default $NODE_NAME). Required.")
@@ -103,6 +105,7 @@ func run() error {
 	nodeAPI.bind(flag.CommandLine)
 	controlPlane.bind(flag.CommandLine)
 	egressOpts.bind(flag.CommandLine)
+	egressProxyOpts.bind(flag.CommandLine)
 	zapOpts := zap.Options{}
 	zapOpts.BindFlags(flag.CommandLine)
 	flag.Parse()
@@ -160,7 +163,22 @@ func run() error {
 	defer docker.Close()
 	egressCtx, egressCancel := context.WithTimeout(context.Background(), time.Minute)
 	startEgress(egressCtx, ctrl.Log.WithName("egress"), egressFW, docker)
+	// The node's egress proxy (internal/egressproxy). egressNode is what
+	// the sandbox controller sets each policy sandbox's policy on.
+	var egressNode *egressproxy.Node
+	var runEgressProxy func(context.Context) error
+	if egressProxyOpts.enabled && egressFW != nil {
+		var perr error
+		egressNode, runEgressProxy, perr = startEgressProxy(egressCtx, ctrl.Log.WithName("egress-proxy"), egressProxyOpts, egressFW, docker, stateDir)
+		if perr != nil {
+			// Sandboxes with an egress policy are refused (no Node);
+			// every other sandbox works as before.
+			log.Error(perr, "the egress proxy is not available; sandboxes with an egress policy are not created")
+			egressNode, runEgressProxy = nil, nil
+		}
+	}
 	egressCancel()
+	_ = egressNode // TODO(egress-api): pass to the sandbox controller
 
 	cfg, err := ctrl.GetConfig()
 	if err != nil {
@@ -243,6 +261,11 @@ func run() error {
 		if err := mgr.Add(manager.RunnableFunc(func(ctx context.Context) error {
 			return keepEgressFirewall(ctx, ctrl.Log.WithName("egress"), egressFW, egressOpts.interval)
 		})); err != nil {
+			return err
+		}
+	}
+	if runEgressProxy != nil {
+		if err := mgr.Add(manager.RunnableFunc(runEgressProxy)); err != nil {
 			return err
 		}
 	}

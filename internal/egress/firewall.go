@@ -17,6 +17,7 @@ import (
 	"os"
 	"os/exec"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -35,8 +36,30 @@ const (
 	// leaves them alone (neither rewrites nor removes them).
 	ManagerMarkerChain = "CSBX-EGRESS-MANAGER"
 
+	// ProxyChain, in the nat table, redirects the traffic of sandboxes
+	// with an egress policy to the node's egress proxy and resolver
+	// (internal/egressproxy); PREROUTING jumps to it.
+	ProxyChain = "CSBX-EGRESS-PROXY"
+
 	dockerUserChain = "DOCKER-USER"
 )
+
+// multiportMax is how many ports one multiport match may list.
+const multiportMax = 15
+
+// ProxyOptions locate the node's egress proxy. With them, a sandbox whose
+// address is proxied (SetProxied) has its DNS (UDP and TCP 53, to any
+// server) redirected to the resolver, its TCP to the policy's ports
+// redirected to the proxy, and everything else it sends dropped; and the
+// bridge drops packets whose source is outside the network's subnet.
+type ProxyOptions struct {
+	// Gateway is the egress bridge's address (REDIRECT delivers there).
+	Gateway netip.Addr
+	// Subnet is the egress network's IPv4 subnet.
+	Subnet netip.Prefix
+	// Port is the proxy's TCP port, DNSPort the resolver's (UDP and TCP).
+	Port, DNSPort uint16
+}
 
 // DefaultCheckInterval is how often Run re-checks the rules.
 const DefaultCheckInterval = 10 * time.Second
@@ -105,6 +128,9 @@ type Firewall struct {
 	desired map[string]string
 	// backend, once chosen (resolve).
 	backend *Backend
+	// proxy and proxied: see SetProxy and SetProxied.
+	proxy   *ProxyOptions
+	proxied map[netip.Addr][]uint16
 
 	// exec runs a binary (stdin may be empty) and returns its stdout;
 	// lookPath finds one in $PATH. Unit tests replace both.
@@ -158,6 +184,85 @@ func ParseCIDRs(values []string) ([]netip.Prefix, error) {
 		}
 	}
 	return out, nil
+}
+
+// SetProxy sets (or, with nil, unsets) where the egress proxy listens. It
+// takes effect at the next Ensure.
+func (f *Firewall) SetProxy(p *ProxyOptions) error {
+	if p != nil {
+		if !p.Gateway.Is4() || !p.Subnet.Addr().Is4() || !p.Subnet.Contains(p.Gateway) || p.Port == 0 || p.DNSPort == 0 {
+			return fmt.Errorf("egress proxy options: gateway %s must be an IPv4 address in subnet %s, and both ports set (%d, %d)", p.Gateway, p.Subnet, p.Port, p.DNSPort)
+		}
+		cp := *p
+		cp.Subnet = cp.Subnet.Masked()
+		p = &cp
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.proxy = p
+	return nil
+}
+
+// SetProxied replaces the set of sandbox addresses whose traffic goes
+// through the proxy, each with the TCP ports its policy allows (an empty
+// list: DNS only, all else dropped), and applies it at once. Addresses
+// outside the proxy's subnet are refused.
+func (f *Firewall) SetProxied(ctx context.Context, proxied map[netip.Addr][]uint16) ([]string, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.proxy == nil && len(proxied) > 0 {
+		return nil, errors.New("egress firewall: sandboxes cannot be proxied without SetProxy")
+	}
+	cp := make(map[netip.Addr][]uint16, len(proxied))
+	for a, ports := range proxied {
+		if !f.proxy.Subnet.Contains(a) || a == f.proxy.Gateway {
+			return nil, fmt.Errorf("egress firewall: %s is not a sandbox address of %s", a, f.proxy.Subnet)
+		}
+		ports = slices.Clone(ports)
+		slices.Sort(ports)
+		cp[a] = slices.Compact(slices.DeleteFunc(ports, func(p uint16) bool { return p == 0 || p == 53 }))
+	}
+	f.proxied = cp
+	repaired, err := f.ensure(ctx)
+	f.checked, f.lastErr = true, err
+	return repaired, err
+}
+
+// proxiedAddrs is the proxied addresses, sorted.
+func (f *Firewall) proxiedAddrs() []netip.Addr {
+	out := make([]netip.Addr, 0, len(f.proxied))
+	for a := range f.proxied {
+		out = append(out, a)
+	}
+	slices.SortFunc(out, func(a, b netip.Addr) int { return a.Compare(b) })
+	return out
+}
+
+// natRules are the rules of ProxyChain.
+func (f *Firewall) natRules() [][]string {
+	if f.proxy == nil {
+		return nil
+	}
+	dnsPort := strconv.Itoa(int(f.proxy.DNSPort))
+	proxyPort := strconv.Itoa(int(f.proxy.Port))
+	var out [][]string
+	for _, a := range f.proxiedAddrs() {
+		src := a.String() + "/32"
+		for _, proto := range []string{"udp", "tcp"} {
+			out = append(out, []string{"-s", src, "-p", proto, "-m", proto, "--dport", "53", "-j", "REDIRECT", "--to-ports", dnsPort})
+		}
+		ports := f.proxied[a]
+		for len(ports) > 0 {
+			n := min(len(ports), multiportMax)
+			var list []string
+			for _, p := range ports[:n] {
+				list = append(list, strconv.Itoa(int(p)))
+			}
+			ports = ports[n:]
+			out = append(out, []string{"-s", src, "-p", "tcp", "-m", "multiport", "--dports", strings.Join(list, ","), "-j", "REDIRECT", "--to-ports", proxyPort})
+		}
+	}
+	return out
 }
 
 // Healthy reports whether the last Ensure succeeded. Egress sandboxes must
@@ -233,7 +338,7 @@ func (f *Firewall) fingerprint(ctx context.Context) string {
 	}
 	var b strings.Builder
 	for _, fam := range f.families() {
-		out, err := f.run(ctx, fam.bin, "-S")
+		out, err := f.runFam(ctx, fam, "-S")
 		if err != nil {
 			return ""
 		}
@@ -248,6 +353,24 @@ type family struct {
 	v6  bool
 	// forwardParent is the chain that jumps to ForwardChain.
 	forwardParent string
+	// table is the iptables table; "" is filter.
+	table string
+}
+
+// tableName is fam's table.
+func (fam family) tableName() string {
+	if fam.table == "" {
+		return "filter"
+	}
+	return fam.table
+}
+
+// runFam runs fam's binary on fam's table.
+func (f *Firewall) runFam(ctx context.Context, fam family, args ...string) (string, error) {
+	if fam.table != "" {
+		args = append([]string{"-t", fam.table}, args...)
+	}
+	return f.run(ctx, fam.bin, args...)
 }
 
 // families are those to configure, with the chosen backend's binaries
@@ -308,8 +431,8 @@ func (f *Firewall) ensure(ctx context.Context) ([]string, error) {
 			if err := f.ensureChain(ctx, fam, dockerUserChain); err != nil {
 				return repaired, err
 			}
-			if _, err := f.run(ctx, fam.bin, "-C", "FORWARD", "-j", dockerUserChain); err != nil {
-				if _, err := f.run(ctx, fam.bin, "-I", "FORWARD", "1", "-j", dockerUserChain); err != nil {
+			if _, err := f.runFam(ctx, fam, "-C", "FORWARD", "-j", dockerUserChain); err != nil {
+				if _, err := f.runFam(ctx, fam, "-I", "FORWARD", "1", "-j", dockerUserChain); err != nil {
 					return repaired, err
 				}
 				repaired = append(repaired, fam.bin+" FORWARD -j "+dockerUserChain)
@@ -337,6 +460,23 @@ func (f *Firewall) ensure(ctx context.Context) ([]string, error) {
 			}
 		}
 	}
+	nat := family{bin: f.backend.IPTables, table: "nat"}
+	if f.proxy != nil || f.chainExists(ctx, nat, ProxyChain) {
+		did, err := f.ensureRules(ctx, nat, ProxyChain, f.natRules())
+		if err != nil {
+			return repaired, err
+		}
+		if did {
+			repaired = append(repaired, nat.bin+" nat "+ProxyChain)
+		}
+		did, err = f.ensureFirst(ctx, nat, "PREROUTING", jump(ProxyChain))
+		if err != nil {
+			return repaired, err
+		}
+		if did {
+			repaired = append(repaired, nat.bin+" nat PREROUTING -> "+ProxyChain)
+		}
+	}
 	return repaired, nil
 }
 
@@ -353,7 +493,7 @@ func (f *Firewall) verifyOwned(ctx context.Context) error {
 			if len(rules) == 0 {
 				return fmt.Errorf("the node manager's egress chain %s (%s) is empty", j.chain, fam.bin)
 			}
-			if _, err := f.run(ctx, fam.bin, append([]string{"-C", j.parent}, jump(j.chain)...)...); err != nil {
+			if _, err := f.runFam(ctx, fam, append([]string{"-C", j.parent}, jump(j.chain)...)...); err != nil {
 				return fmt.Errorf("the node manager's jump %s -> %s (%s) is missing", j.parent, j.chain, fam.bin)
 			}
 		}
@@ -384,6 +524,30 @@ func (f *Firewall) rules(fam family) (forward, input [][]string, err error) {
 		}
 	}
 
+	if f.proxy != nil {
+		// Anti-spoofing: a sandbox has no CAP_NET_RAW or CAP_NET_ADMIN,
+		// but IP_FREEBIND lets any process send from an address it does
+		// not have; from outside the subnet that is dropped here, and
+		// inside it a spoofed TCP handshake cannot complete (the answer
+		// goes to the address's real owner).
+		forward = append(forward, []string{"!", "-s", f.proxy.Subnet.String(), "-j", "DROP"})
+		input = append(input, []string{"!", "-s", f.proxy.Subnet.String(), "-j", "DROP"})
+		gw := f.proxy.Gateway.String() + "/32"
+		for _, a := range f.proxiedAddrs() {
+			src := a.String() + "/32"
+			// Nothing of a proxied sandbox is routed: what the nat
+			// rules redirected goes to the node (INPUT), the rest ends
+			// here, before the ESTABLISHED rule, so that connections
+			// opened before its policy are cut too.
+			forward = append(forward, []string{"-s", src, "-j", "DROP"})
+			for _, pp := range []struct {
+				proto string
+				port  uint16
+			}{{"tcp", f.proxy.Port}, {"udp", f.proxy.DNSPort}, {"tcp", f.proxy.DNSPort}} {
+				input = append(input, []string{"-s", src, "-d", gw, "-p", pp.proto, "-m", pp.proto, "--dport", strconv.Itoa(int(pp.port)), "-m", "conntrack", "--ctstate", "DNAT", "-j", "RETURN"})
+			}
+		}
+	}
 	forward = append(forward, established)
 	// Allowed destinations RETURN to DOCKER-USER's caller rather than
 	// ACCEPT, so that Docker's own rules (inter-container isolation among
@@ -493,18 +657,18 @@ func (f *Firewall) ensureRules(ctx context.Context, fam family, chain string, ru
 	for _, r := range rules {
 		want.WriteString("-A " + chain + " " + strings.Join(r, " ") + "\n")
 	}
-	key := fam.bin + "/" + chain
-	current, err := f.run(ctx, fam.bin, "-S", chain)
+	key := fam.bin + "/" + fam.tableName() + "/" + chain
+	current, err := f.runFam(ctx, fam, "-S", chain)
 	if err == nil && f.desired[key] == want.String() && current == f.applied[key] {
 		return false, nil
 	}
-	payload := "*filter\n:" + chain + " - [0:0]\n" + want.String() + "COMMIT\n"
+	payload := "*" + fam.tableName() + "\n:" + chain + " - [0:0]\n" + want.String() + "COMMIT\n"
 	// --noflush keeps every other chain; declaring ours flushes it, so the
 	// chain is replaced in one transaction and never seen half-written.
 	if _, err := f.runInput(ctx, payload, fam.bin+"-restore", "-w", "5", "--noflush"); err != nil {
 		return false, err
 	}
-	listed, err := f.run(ctx, fam.bin, "-S", chain)
+	listed, err := f.runFam(ctx, fam, "-S", chain)
 	if err != nil {
 		return false, err
 	}
@@ -525,7 +689,7 @@ func (f *Firewall) ensureFirst(ctx context.Context, fam family, parent string, r
 	if err := f.deleteAll(ctx, fam, parent, rule); err != nil {
 		return false, err
 	}
-	if _, err := f.run(ctx, fam.bin, append([]string{"-I", parent, "1"}, rule...)...); err != nil {
+	if _, err := f.runFam(ctx, fam, append([]string{"-I", parent, "1"}, rule...)...); err != nil {
 		return false, err
 	}
 	return true, nil
@@ -534,10 +698,10 @@ func (f *Firewall) ensureFirst(ctx context.Context, fam family, parent string, r
 // deleteAll deletes every copy of rule from parent.
 func (f *Firewall) deleteAll(ctx context.Context, fam family, parent string, rule []string) error {
 	for range 100 {
-		if _, err := f.run(ctx, fam.bin, append([]string{"-C", parent}, rule...)...); err != nil {
+		if _, err := f.runFam(ctx, fam, append([]string{"-C", parent}, rule...)...); err != nil {
 			return nil
 		}
-		if _, err := f.run(ctx, fam.bin, append([]string{"-D", parent}, rule...)...); err != nil {
+		if _, err := f.runFam(ctx, fam, append([]string{"-D", parent}, rule...)...); err != nil {
 			return err
 		}
 	}
@@ -546,7 +710,7 @@ func (f *Firewall) deleteAll(ctx context.Context, fam family, parent string, rul
 
 // list returns the "-A" lines of chain.
 func (f *Firewall) list(ctx context.Context, fam family, chain string) ([]string, error) {
-	out, err := f.run(ctx, fam.bin, "-S", chain)
+	out, err := f.runFam(ctx, fam, "-S", chain)
 	if err != nil {
 		return nil, err
 	}
@@ -560,7 +724,7 @@ func (f *Firewall) list(ctx context.Context, fam family, chain string) ([]string
 }
 
 func (f *Firewall) chainExists(ctx context.Context, fam family, chain string) bool {
-	_, err := f.run(ctx, fam.bin, "-S", chain)
+	_, err := f.runFam(ctx, fam, "-S", chain)
 	return err == nil
 }
 
@@ -568,7 +732,7 @@ func (f *Firewall) ensureChain(ctx context.Context, fam family, chain string) er
 	if f.chainExists(ctx, fam, chain) {
 		return nil
 	}
-	if _, err := f.run(ctx, fam.bin, "-N", chain); err != nil && !f.chainExists(ctx, fam, chain) {
+	if _, err := f.runFam(ctx, fam, "-N", chain); err != nil && !f.chainExists(ctx, fam, chain) {
 		return err
 	}
 	return nil
@@ -599,13 +763,24 @@ func (f *Firewall) Remove(ctx context.Context) error {
 			if !f.chainExists(ctx, fam, c) {
 				continue
 			}
-			if _, err := f.run(ctx, fam.bin, "-F", c); err != nil {
+			if _, err := f.runFam(ctx, fam, "-F", c); err != nil {
 				errs = append(errs, err)
 				continue
 			}
-			if _, err := f.run(ctx, fam.bin, "-X", c); err != nil {
+			if _, err := f.runFam(ctx, fam, "-X", c); err != nil {
 				errs = append(errs, err)
 			}
+		}
+	}
+	nat := family{bin: f.backend.IPTables, table: "nat"}
+	if f.chainExists(ctx, nat, ProxyChain) {
+		if err := f.deleteAll(ctx, nat, "PREROUTING", jump(ProxyChain)); err != nil {
+			errs = append(errs, err)
+		}
+		if _, err := f.runFam(ctx, nat, "-F", ProxyChain); err != nil {
+			errs = append(errs, err)
+		} else if _, err := f.runFam(ctx, nat, "-X", ProxyChain); err != nil {
+			errs = append(errs, err)
 		}
 	}
 	f.applied, f.desired = map[string]string{}, map[string]string{}

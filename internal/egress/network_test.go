@@ -167,3 +167,61 @@ func TestBridgeVisible(t *testing.T) {
 		t.Errorf("BridgeVisible(absent) = %v, want an error naming the namespace", err)
 	}
 }
+
+func TestProxyRules(t *testing.T) {
+	f, err := NewFirewall(Options{
+		DNSServers: []netip.Addr{netip.MustParseAddr("10.255.255.53")},
+		HostAddrs:  func() ([]netip.Addr, error) { return nil, nil },
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := f.SetProxy(&ProxyOptions{Gateway: netip.MustParseAddr("10.1.2.3"), Subnet: netip.MustParsePrefix("172.30.0.0/16"), Port: 15001, DNSPort: 15053}); err == nil {
+		t.Fatal("a gateway outside the subnet was accepted")
+	}
+	if err := f.SetProxy(&ProxyOptions{Gateway: netip.MustParseAddr("172.30.0.1"), Subnet: netip.MustParsePrefix("172.30.0.0/16"), Port: 15001, DNSPort: 15053}); err != nil {
+		t.Fatal(err)
+	}
+	var ports []uint16
+	for p := uint16(8000); p < 8020; p++ {
+		ports = append(ports, p)
+	}
+	f.proxied = map[netip.Addr][]uint16{netip.MustParseAddr("172.30.0.9"): append([]uint16{80, 443}, ports...)}
+	forward, input, err := f.rules(family{bin: "iptables"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	join := func(rs [][]string) string {
+		var lines []string
+		for _, r := range rs {
+			lines = append(lines, strings.Join(r, " "))
+		}
+		return strings.Join(lines, "\n")
+	}
+	fw, in, nat := join(forward), join(input), join(f.natRules())
+	if !strings.HasPrefix(fw, "! -s 172.30.0.0/16 -j DROP\n-s 172.30.0.9/32 -j DROP\n") || strings.Index(fw, "ESTABLISHED") < strings.Index(fw, "172.30.0.9/32 -j DROP") {
+		t.Fatalf("forward: spoofed sources, then everything routed from a proxied sandbox, dropped before ESTABLISHED:\n%s", fw)
+	}
+	for _, want := range []string{
+		"! -s 172.30.0.0/16 -j DROP",
+		"-s 172.30.0.9/32 -d 172.30.0.1/32 -p tcp -m tcp --dport 15001 -m conntrack --ctstate DNAT -j RETURN",
+		"-s 172.30.0.9/32 -d 172.30.0.1/32 -p udp -m udp --dport 15053 -m conntrack --ctstate DNAT -j RETURN",
+	} {
+		if !strings.Contains(in, want) {
+			t.Fatalf("input lacks %q:\n%s", want, in)
+		}
+	}
+	if !strings.HasSuffix(in, "-j DROP") {
+		t.Fatalf("input must end in DROP:\n%s", in)
+	}
+	for _, want := range []string{
+		"-s 172.30.0.9/32 -p udp -m udp --dport 53 -j REDIRECT --to-ports 15053",
+		"-s 172.30.0.9/32 -p tcp -m tcp --dport 53 -j REDIRECT --to-ports 15053",
+		"--dports 80,443,8000,8001,8002,8003,8004,8005,8006,8007,8008,8009,8010,8011,8012 -j REDIRECT --to-ports 15001",
+		"--dports 8013,8014,8015,8016,8017,8018,8019 -j REDIRECT --to-ports 15001",
+	} {
+		if !strings.Contains(nat, want) {
+			t.Fatalf("nat lacks %q:\n%s", want, nat)
+		}
+	}
+}

@@ -302,7 +302,7 @@ func (in *Injection) InjectsInto(method, path string) bool {
 	}
 	clean := cleanPath(path)
 	for _, pp := range in.PathPrefixes {
-		if strings.HasPrefix(clean, pp) || clean+"/" == pp {
+		if strings.HasPrefix(clean, pp) {
 			return true
 		}
 	}

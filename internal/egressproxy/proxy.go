@@ -51,10 +51,11 @@ type Proxy struct {
 	mu      sync.RWMutex
 	sources map[netip.Addr]*source
 
-	listenMu sync.Mutex
-	ready    chan struct{}
-	tcpAddr  net.Addr
-	dnsAddr  net.Addr
+	listenMu  sync.Mutex
+	ready     chan struct{}
+	readyOnce sync.Once
+	tcpAddr   net.Addr
+	dnsAddr   net.Addr
 }
 
 // source is one sandbox address: its policy and its open connections.
@@ -137,19 +138,24 @@ func (p *Proxy) Run(ctx context.Context) error {
 		_ = udp.Close()
 		return fmt.Errorf("egress proxy resolver: %w", err)
 	}
-	p.listenMu.Lock()
-	p.tcpAddr, p.dnsAddr = ln.Addr(), udp.LocalAddr()
-	p.listenMu.Unlock()
-	close(p.ready)
-
 	handler := dns.HandlerFunc(p.serveDNS)
-	udpSrv := &dns.Server{PacketConn: udp, Handler: handler}
-	tcpSrv := &dns.Server{Listener: dnsTCP, Handler: handler, ReadTimeout: helloTimeout}
+	// Shutdown before a server started is a no-op, and the server would
+	// then run for ever: wait for both to start.
+	started := make(chan struct{}, 2)
+	notify := func() { started <- struct{}{} }
+	udpSrv := &dns.Server{PacketConn: udp, Handler: handler, NotifyStartedFunc: notify}
+	tcpSrv := &dns.Server{Listener: dnsTCP, Handler: handler, ReadTimeout: helloTimeout, NotifyStartedFunc: notify}
 	var wg sync.WaitGroup
 	wg.Add(3)
 	go func() { defer wg.Done(); _ = udpSrv.ActivateAndServe() }()
 	go func() { defer wg.Done(); _ = tcpSrv.ActivateAndServe() }()
 	go func() { defer wg.Done(); p.audit.run(ctx) }()
+	<-started
+	<-started
+	p.listenMu.Lock()
+	p.tcpAddr, p.dnsAddr = ln.Addr(), udp.LocalAddr()
+	p.listenMu.Unlock()
+	p.readyOnce.Do(func() { close(p.ready) })
 
 	go func() {
 		<-ctx.Done()

@@ -18,6 +18,7 @@ import (
 	"net/http/httputil"
 	"net/netip"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -290,13 +291,18 @@ func (s *served) upstreamError(w http.ResponseWriter, r *http.Request, err error
 	if reason == ReasonBlockedAddress {
 		status = http.StatusForbidden
 	}
+	if reason == ReasonUpstream {
+		// The transport's error (a dial or TLS failure) never holds a
+		// header value.
+		reason += ": " + err.Error()
+	}
 	deny(w, status, reason)
 }
 
 // deny answers a refused request; the body names the reason only.
 func deny(w http.ResponseWriter, status int, reason string) {
 	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
-	w.Header().Set("X-Egress-Proxy-Refused", reason)
+	w.Header().Set("X-Egress-Proxy-Refused", strings.SplitN(reason, ":", 2)[0])
 	w.Header().Set("Connection", "close")
 	w.WriteHeader(status)
 	_, _ = io.WriteString(w, "egress proxy refused the request: "+reason+"\n")
