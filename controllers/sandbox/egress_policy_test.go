@@ -28,10 +28,12 @@ import (
 	"github.com/code-sandbox/code-sandbox-operator/internal/egressproxy"
 )
 
-// recordingProxy is a real egress proxy whose policies the test can also
-// read back in full (the proxy itself only tells ports per address).
+// recordingProxy is a real egress proxy (egressproxy.Node without a
+// firewall: this test does not own the node's iptables) whose policies the
+// test can also read back in full (the proxy itself only tells ports per
+// address).
 type recordingProxy struct {
-	*egressproxy.Proxy
+	*egressproxy.Node
 	mu   sync.Mutex
 	last map[netip.Addr]egressproxy.Policy
 }
@@ -40,11 +42,13 @@ func newRecordingProxy() *recordingProxy {
 	GinkgoHelper()
 	p, err := egressproxy.New(egressproxy.Config{Listen: "127.0.0.1:0", DNSListen: "127.0.0.1:0", Upstream: "127.0.0.1:53"})
 	Expect(err).NotTo(HaveOccurred())
-	return &recordingProxy{Proxy: p, last: map[netip.Addr]egressproxy.Policy{}}
+	return &recordingProxy{Node: egressproxy.NewNode(p, nil), last: map[netip.Addr]egressproxy.Policy{}}
 }
 
-func (p *recordingProxy) SetPolicy(src netip.Addr, pol egressproxy.Policy) error {
-	if err := p.Proxy.SetPolicy(src, pol); err != nil {
+func (p *recordingProxy) Policies() map[netip.Addr][]uint16 { return p.Proxy().Policies() }
+
+func (p *recordingProxy) SetPolicy(ctx context.Context, src netip.Addr, pol egressproxy.Policy) error {
+	if err := p.Node.SetPolicy(ctx, src, pol); err != nil {
 		return err
 	}
 	p.mu.Lock()
@@ -53,11 +57,14 @@ func (p *recordingProxy) SetPolicy(src netip.Addr, pol egressproxy.Policy) error
 	return nil
 }
 
-func (p *recordingProxy) RemovePolicy(src netip.Addr) {
-	p.Proxy.RemovePolicy(src)
+func (p *recordingProxy) RemovePolicy(ctx context.Context, src netip.Addr) error {
+	if err := p.Node.RemovePolicy(ctx, src); err != nil {
+		return err
+	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	delete(p.last, src)
+	return nil
 }
 
 func (p *recordingProxy) policy(src netip.Addr) (egressproxy.Policy, bool) {

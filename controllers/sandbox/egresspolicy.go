@@ -19,6 +19,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	logf "sigs.k8s.io/controller-runtime/pkg/log"
 
 	sandboxv1alpha1 "github.com/code-sandbox/code-sandbox-operator/api/v1alpha1"
 	"github.com/code-sandbox/code-sandbox-operator/internal/dockerruntime"
@@ -28,13 +29,14 @@ import (
 
 // EgressProxy is what the reconciler needs from the node's egress proxy
 // (internal/egressproxy): a policy per sandbox, keyed by the sandbox's
-// address on the egress bridge. *egressproxy.Proxy implements it.
+// address on the egress bridge. *egressproxy.Node (the proxy with the
+// firewall that redirects to it) implements it.
 type EgressProxy interface {
-	SetPolicy(src netip.Addr, p egressproxy.Policy) error
-	RemovePolicy(src netip.Addr)
+	SetPolicy(ctx context.Context, src netip.Addr, p egressproxy.Policy) error
+	RemovePolicy(ctx context.Context, src netip.Addr) error
 }
 
-var _ EgressProxy = (*egressproxy.Proxy)(nil)
+var _ EgressProxy = (*egressproxy.Node)(nil)
 
 // egressSecretRecheck is how often a running sandbox's policy is rebuilt
 // when it injects credentials, so that a rotated Secret reaches the proxy
@@ -88,12 +90,14 @@ func (t *egressTable) forget(id string) (netip.Addr, bool) {
 
 // forgetEgress removes the policy of container id, if it had one. Called
 // whenever a container stops or goes (removal, a die or destroy event).
-func (r *SandboxReconciler) forgetEgress(id string) {
+func (r *SandboxReconciler) forgetEgress(ctx context.Context, id string) {
 	if r.opts.EgressProxy == nil {
 		return
 	}
 	if a, ok := r.egress.forget(id); ok {
-		r.opts.EgressProxy.RemovePolicy(a)
+		if err := r.opts.EgressProxy.RemovePolicy(ctx, a); err != nil {
+			logf.FromContext(ctx).Error(err, "removing the egress policy of a container that is gone", "address", a)
+		}
 	}
 }
 
@@ -125,7 +129,9 @@ func (r *SandboxReconciler) applyEgress(ctx context.Context, sbx *sandboxv1alpha
 		// this address had must not apply to this one.
 		if ct.EgressAddr.IsValid() && r.opts.EgressProxy != nil {
 			if _, prev := r.egress.take(ct.ID, ct.EgressAddr); prev != "" {
-				r.opts.EgressProxy.RemovePolicy(ct.EgressAddr)
+				if err := r.opts.EgressProxy.RemovePolicy(ctx, ct.EgressAddr); err != nil {
+					logf.FromContext(ctx).Error(err, "removing a stale egress policy", "address", ct.EgressAddr)
+				}
 			}
 			r.egress.forget(ct.ID)
 		}
@@ -153,12 +159,14 @@ func (r *SandboxReconciler) applyEgress(ctx context.Context, sbx *sandboxv1alpha
 		reason = problems[0].reason
 	}
 	if prevAddr, _ := r.egress.take(ct.ID, ct.EgressAddr); prevAddr.IsValid() {
-		r.opts.EgressProxy.RemovePolicy(prevAddr)
+		if err := r.opts.EgressProxy.RemovePolicy(ctx, prevAddr); err != nil {
+			logf.FromContext(ctx).Error(err, "removing a stale egress policy", "address", prevAddr)
+		}
 	}
-	if err := r.opts.EgressProxy.SetPolicy(ct.EgressAddr, out); err != nil {
+	if err := r.opts.EgressProxy.SetPolicy(ctx, ct.EgressAddr, out); err != nil {
 		// Fail closed: nothing rather than something unchecked. The
 		// error names rules and hosts, never a value.
-		_ = r.opts.EgressProxy.SetPolicy(ct.EgressAddr, egressproxy.Policy{Sandbox: out.Sandbox})
+		_ = r.opts.EgressProxy.SetPolicy(ctx, ct.EgressAddr, egressproxy.Policy{Sandbox: out.Sandbox})
 		set(metav1.ConditionFalse, sandboxv1alpha1.SandboxReasonEgressPolicyInvalid,
 			"the egress proxy refused the policy, so the sandbox reaches nothing: "+err.Error())
 		return 0

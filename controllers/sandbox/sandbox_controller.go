@@ -376,7 +376,7 @@ func (r *SandboxReconciler) reconcile(ctx context.Context, sbx *sandboxv1alpha1.
 			}
 			r.setReady(sbx, metav1.ConditionFalse, sandboxv1alpha1.SandboxReasonContainerExited, msg)
 		}
-		r.forgetEgress(ct.ID)
+		r.forgetEgress(ctx, ct.ID)
 		// Sandboxes are not restarted in place: the agent's state is gone.
 		// Nobody can use it any more, so an idle timeout still ends it.
 		if role.kind == poolMember {
@@ -601,7 +601,7 @@ func (r *SandboxReconciler) removeContainers(ctx context.Context, sbx *sandboxv1
 			if err = r.docker.Remove(ctx, ct.ID, r.opts.StopGracePeriod); err != nil {
 				break
 			}
-			r.forgetEgress(ct.ID)
+			r.forgetEgress(ctx, ct.ID)
 		}
 	}
 	if err == nil {

@@ -49,7 +49,7 @@ func (w *dockerEventWatcher) Start(ctx context.Context) error {
 			if ev.Action == "die" || ev.Action == "destroy" {
 				// Its address goes back to Docker; its policy must not
 				// outlive it.
-				r.forgetEgress(ev.ContainerID)
+				r.forgetEgress(ctx, ev.ContainerID)
 			}
 			if ev.Owner.Namespace == "" || ev.Owner.Name == "" {
 				return
@@ -191,7 +191,7 @@ func (r *SandboxReconciler) removeOrphans(ctx context.Context, list []dockerrunt
 			errs = append(errs, err)
 			continue
 		}
-		r.forgetEgress(ct.ID)
+		r.forgetEgress(ctx, ct.ID)
 		orphansRemoved.Inc()
 		removed++
 		r.backoff.reset(types.UID(uid))
