@@ -52,6 +52,43 @@ const (
 	// False (reason WarmPoolEmpty) when no member was idle and the container
 	// was created from the pool's template instead. Neither is an error.
 	SandboxConditionWarmPoolClaim ConditionType = "WarmPoolClaim"
+
+	// SandboxConditionEgressPolicyApplied is set on running Sandboxes with
+	// an egress policy (spec.network.egress): True (reason
+	// EgressPolicyApplied) once the node's egress proxy enforces the
+	// current policy, False when it could not be applied as written. The
+	// manager fails closed: what it cannot apply is refused, never
+	// allowed. Reasons: EgressPolicyApplied, SecretNotFound,
+	// SecretForbidden, EgressPolicyInvalid, EgressProxyUnavailable.
+	SandboxConditionEgressPolicyApplied ConditionType = "EgressPolicyApplied"
+)
+
+// Reasons for the EgressPolicyApplied condition (and, for
+// EgressProxyUnavailable, Ready).
+const (
+	// SandboxReasonEgressPolicyApplied: the proxy enforces the policy as
+	// written. Used with EgressPolicyApplied=True.
+	SandboxReasonEgressPolicyApplied = "EgressPolicyApplied"
+
+	// SandboxReasonSecretNotFound: an inject rule's Secret, or its key,
+	// does not exist in the Sandbox's namespace. That host is refused until
+	// it does; the manager retries.
+	SandboxReasonSecretNotFound = "SecretNotFound"
+
+	// SandboxReasonSecretForbidden: the node managers may not read an
+	// inject rule's Secret (no RoleBinding in the namespace), or it lacks
+	// the label sandbox.code-sandbox.dev/egress-credential=true. That host
+	// is refused.
+	SandboxReasonSecretForbidden = "SecretForbidden"
+
+	// SandboxReasonEgressPolicyInvalid: the egress proxy refused the
+	// policy; the sandbox reaches nothing until it is fixed.
+	SandboxReasonEgressPolicyInvalid = "EgressPolicyInvalid"
+
+	// SandboxReasonEgressProxyUnavailable: the node's manager runs no
+	// egress proxy. With Ready=False, the container was not created, since
+	// a Sandbox with a policy must never run unrestricted.
+	SandboxReasonEgressProxyUnavailable = "EgressProxyUnavailable"
 )
 
 // Reasons for the Ready and Expired conditions.
@@ -320,12 +357,169 @@ type SandboxResources struct {
 }
 
 // SandboxNetwork configures network access.
+// +kubebuilder:validation:XValidation:rule="!has(self.egress) || (has(self.mode) && self.mode == 'Egress')",message="network.egress needs network.mode Egress: a sandbox without a network reaches no host"
 type SandboxNetwork struct {
-	// Mode is None (default: loopback only) or Egress.
+	// Mode is None (default: loopback only) or Egress. Immutable on a
+	// Sandbox.
 	// +kubebuilder:default=None
 	// +optional
 	Mode NetworkMode `json:"mode,omitempty"`
+
+	// Egress is the sandbox's egress policy: the host names it may reach,
+	// through the node's egress proxy. Once it is set the sandbox reaches
+	// exactly those names and nothing else (default deny; an empty allow
+	// list reaches nothing). Without it, mode Egress keeps the unrestricted
+	// behaviour (every public address), unless a SandboxQuota forbids that
+	// (spec.egress). Unlike the rest of spec.network it may change while
+	// the sandbox runs: the node manager hands the new policy to the proxy
+	// within a second (status condition EgressPolicyApplied). It cannot be
+	// added to or removed from an existing Sandbox: a sandbox keeps its
+	// kind of egress, restricted or not. See docs/egress.md.
+	// +optional
+	Egress *EgressPolicy `json:"egress,omitempty"`
 }
+
+// Limits of an egress policy. Every manager and the webhook cache every
+// Sandbox, so the policy is bounded like command and env.
+const (
+	// MaxEgressRules is the most entries spec.network.egress.allow holds.
+	MaxEgressRules = 64
+	// MaxEgressHostLength is the longest host name (DNS: 253).
+	MaxEgressHostLength = 253
+	// DefaultEgressPorts are the ports an egress rule without ports allows.
+	DefaultEgressPort1 int32 = 80
+	DefaultEgressPort2 int32 = 443
+)
+
+// DefaultEgressPorts returns the ports a rule without ports allows.
+func DefaultEgressPorts() []int32 { return []int32{DefaultEgressPort1, DefaultEgressPort2} }
+
+// EgressPolicy lists what a sandbox may reach. Anything not listed is
+// refused by the node's egress proxy and resolver.
+type EgressPolicy struct {
+	// Allow are the hosts the sandbox may reach, each at most once.
+	// +kubebuilder:validation:MaxItems=64
+	// +listType=map
+	// +listMapKey=host
+	// +optional
+	Allow []EgressRule `json:"allow,omitempty"`
+}
+
+// EgressRule allows one host name (or one wildcard of names).
+// +kubebuilder:validation:XValidation:rule="!has(self.http) || has(self.inject)",message="http rules need inject: the proxy reads methods and paths only where it injects a credential (it terminates TLS there); other hosts pass through untouched"
+// +kubebuilder:validation:XValidation:rule="!has(self.inject) || !self.host.startsWith('*.')",message="inject needs an exact host, not a wildcard: a credential goes to one named host"
+type EgressRule struct {
+	// Host is a DNS name in lower case without a trailing dot, for example
+	// api.example.com, or a wildcard *.example.com, which matches every
+	// name with one or more labels before example.com (a.example.com,
+	// a.b.example.com) but not example.com itself. A wildcard needs at
+	// least two labels after "*." (*.com is refused), and "*" may only be
+	// the whole first label. IP addresses are refused: the proxy resolves
+	// names itself, and a sandbox never picks an address.
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=253
+	// +kubebuilder:validation:XValidation:rule="self == self.lowerAscii()",message="host must be lower case"
+	// +kubebuilder:validation:XValidation:rule="!self.endsWith('.')",message="host must not end with a dot"
+	// +kubebuilder:validation:XValidation:rule="self.matches('^([*][.])?([a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?[.])+[a-z]([-a-z0-9]{0,61}[a-z0-9])?$')",message="host must be a DNS name of two or more labels (letters, digits, '-'), optionally starting with '*.', whose last label starts with a letter (no IP addresses, no '*' elsewhere, no '*.' before a single label such as *.com)"
+	// +required
+	Host string `json:"host"`
+
+	// Ports are the TCP ports allowed on the host; empty allows 80 and 443.
+	// Port 53 is the proxy's own resolver and cannot be allowed.
+	// +kubebuilder:validation:MaxItems=16
+	// +kubebuilder:validation:items:Minimum=1
+	// +kubebuilder:validation:items:Maximum=65535
+	// +kubebuilder:validation:XValidation:rule="!self.exists(p, p == 53)",message="port 53 cannot be allowed: DNS goes to the node's egress resolver only"
+	// +listType=set
+	// +optional
+	Ports []int32 `json:"ports,omitempty"`
+
+	// HTTP narrows the requests allowed to the host by method and path. Only
+	// with inject (see EgressRule).
+	// +optional
+	HTTP *EgressHTTPRule `json:"http,omitempty"`
+
+	// Inject adds a header carrying a Secret's value to the requests the
+	// proxy lets through to the host (matching http, if set). The value is
+	// read by the node manager and held by the proxy in memory; it never
+	// enters the sandbox.
+	// +optional
+	Inject *EgressInjection `json:"inject,omitempty"`
+}
+
+// EgressHTTPMethod is an HTTP method an egress rule allows.
+// +kubebuilder:validation:Enum=GET;HEAD;POST;PUT;PATCH;DELETE;OPTIONS
+type EgressHTTPMethod string
+
+// EgressHTTPRule narrows requests by method and path.
+type EgressHTTPRule struct {
+	// Methods are the HTTP methods allowed; empty allows every method.
+	// +kubebuilder:validation:MaxItems=7
+	// +listType=set
+	// +optional
+	Methods []EgressHTTPMethod `json:"methods,omitempty"`
+
+	// PathPrefixes are the URL path prefixes allowed, each starting with
+	// '/'; empty allows every path. A prefix matches the cleaned path, so
+	// /v1/../admin does not match /v1/.
+	// +kubebuilder:validation:MaxItems=32
+	// +kubebuilder:validation:items:MinLength=1
+	// +kubebuilder:validation:items:MaxLength=256
+	// +kubebuilder:validation:items:Pattern=`^/[!-~]*$`
+	// +kubebuilder:validation:items:XValidation:rule="!self.contains('?') && !self.contains('#')",message="a path prefix has no query or fragment"
+	// +listType=set
+	// +optional
+	PathPrefixes []string `json:"pathPrefixes,omitempty"`
+}
+
+// EgressInjection is a header the proxy adds to requests to one host.
+type EgressInjection struct {
+	// Header is the header's name, for example Authorization. A header of
+	// the same name sent by the sandbox is replaced, never passed on.
+	// Headers that steer the connection (Host, Connection, Content-Length,
+	// Transfer-Encoding, …) are refused.
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=128
+	// +kubebuilder:validation:Pattern=`^[A-Za-z0-9!#$%&'*+.^_|~-]+$`
+	// +kubebuilder:validation:XValidation:rule="!(self.lowerAscii() in ['host', 'connection', 'content-length', 'transfer-encoding', 'te', 'trailer', 'upgrade', 'keep-alive', 'proxy-connection', 'proxy-authorization', 'proxy-authenticate', 'expect'])",message="inject.header must not be a header that steers the connection (Host, Connection, Content-Length, Transfer-Encoding, TE, Trailer, Upgrade, Keep-Alive, Expect, Proxy-*)"
+	// +required
+	Header string `json:"header"`
+
+	// SecretRef names the Secret, in the Sandbox's own namespace, and the
+	// key whose value is the header's value. The Secret must carry the
+	// label sandbox.code-sandbox.dev/egress-credential: "true": the node
+	// managers read only such Secrets.
+	// +required
+	SecretRef EgressSecretKeyRef `json:"secretRef"`
+
+	// ValuePrefix is written before the Secret's value, for example
+	// "Bearer ".
+	// +kubebuilder:validation:MaxLength=64
+	// +kubebuilder:validation:Pattern=`^[ -~]*$`
+	// +optional
+	ValuePrefix string `json:"valuePrefix,omitempty"`
+}
+
+// EgressSecretKeyRef names a key of a Secret in the Sandbox's namespace.
+type EgressSecretKeyRef struct {
+	// Name of the Secret.
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=253
+	// +kubebuilder:validation:Pattern=`^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$`
+	// +required
+	Name string `json:"name"`
+
+	// Key in the Secret's data.
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=253
+	// +kubebuilder:validation:Pattern=`^[-._a-zA-Z0-9]+$`
+	// +required
+	Key string `json:"key"`
+}
+
+// LabelEgressCredential marks a Secret the node managers may read for
+// egress credential injection. Managers see no other Secret.
+const LabelEgressCredential = "sandbox.code-sandbox.dev/egress-credential"
 
 // SandboxSpec is the desired state of a Sandbox. Everything but
 // activeDeadlineSeconds, lifecycle and paused is fixed once the Sandbox exists, because a running
@@ -422,9 +616,12 @@ type SandboxSpec struct {
 	// +optional
 	Resources SandboxResources `json:"resources,omitempty"`
 
-	// Network configures network access. The default is no network.
+	// Network configures network access. The default is no network. The
+	// mode is immutable; the egress policy may change (see
+	// SandboxNetwork.Egress).
 	// +kubebuilder:default={}
-	// +kubebuilder:validation:XValidation:rule="self == oldSelf",message="network is immutable"
+	// +kubebuilder:validation:XValidation:rule="(has(self.mode) ? self.mode : 'None') == (has(oldSelf.mode) ? oldSelf.mode : 'None')",message="network.mode is immutable"
+	// +kubebuilder:validation:XValidation:rule="has(self.egress) == has(oldSelf.egress)",message="network.egress may be changed but not added or removed on an existing Sandbox: that would turn restricted egress into unrestricted or back"
 	// +optional
 	Network SandboxNetwork `json:"network,omitempty"`
 

@@ -96,6 +96,7 @@ type SandboxQuotaHard struct {
 // SandboxQuotaSpec is the desired policy for Sandboxes in one namespace.
 // Every SandboxQuota in a namespace applies: a Sandbox is admitted only if
 // all of them allow it.
+// +kubebuilder:validation:XValidation:rule="!has(self.egress) || self.allowEgress",message="egress rules need allowEgress: true (without it no Sandbox may have network mode Egress at all)"
 type SandboxQuotaSpec struct {
 	// Hard caps the total resources of the namespace's Sandboxes.
 	// +optional
@@ -139,6 +140,38 @@ type SandboxQuotaSpec struct {
 	// +kubebuilder:default=false
 	// +optional
 	AllowEgress bool `json:"allowEgress,omitempty"`
+
+	// Egress narrows what Sandboxes with network.mode Egress may reach.
+	// Only with allowEgress.
+	// +optional
+	Egress *SandboxQuotaEgress `json:"egress,omitempty"`
+}
+
+// SandboxQuotaEgress limits the egress policies (spec.network.egress) of a
+// namespace's Sandboxes. The webhook checks it when a Sandbox is created and
+// whenever its policy changes, and for a warm pool's template.
+type SandboxQuotaEgress struct {
+	// RequirePolicy refuses Egress Sandboxes without spec.network.egress,
+	// which would reach the whole public internet. False (default) keeps
+	// them allowed.
+	// +kubebuilder:default=false
+	// +optional
+	RequirePolicy bool `json:"requirePolicy,omitempty"`
+
+	// AllowedHosts are the host patterns a Sandbox's policy may allow; empty
+	// allows any. A pattern is written like a policy's host: api.example.com
+	// allows only that name, *.example.com allows every name below
+	// example.com, and so a policy's *.api.example.com or a.example.com, but
+	// not example.com itself. A non-empty list also refuses Sandboxes
+	// without a policy, as requirePolicy does: they would reach hosts
+	// outside it.
+	// +kubebuilder:validation:MaxItems=256
+	// +kubebuilder:validation:items:MinLength=1
+	// +kubebuilder:validation:items:MaxLength=253
+	// +kubebuilder:validation:items:XValidation:rule="self.matches('^([*][.])?([a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?[.])+[a-z]([-a-z0-9]{0,61}[a-z0-9])?$')",message="each allowed host must be a lower-case DNS name of two or more labels, optionally starting with '*.' (no IP addresses, no trailing dot, no '*' elsewhere)"
+	// +listType=set
+	// +optional
+	AllowedHosts []string `json:"allowedHosts,omitempty"`
 }
 
 // SandboxQuotaUsage is an amount of each limited resource.

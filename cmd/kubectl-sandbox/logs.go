@@ -2,6 +2,7 @@ package main
 
 import (
 	"fmt"
+	"strconv"
 	"strings"
 	"time"
 
@@ -9,6 +10,7 @@ import (
 
 	"github.com/code-sandbox/code-sandbox-operator/internal/history"
 	"github.com/code-sandbox/code-sandbox-operator/internal/sandboxclient"
+	"github.com/code-sandbox/code-sandbox-operator/internal/subresource"
 )
 
 const logsExample = `  # The container's output
@@ -18,19 +20,25 @@ const logsExample = `  # The container's output
   kubectl sandbox logs analysis -f --tail=20
 
   # The commands run in the Sandbox, with exit codes and durations
-  kubectl sandbox logs analysis --history`
+  kubectl sandbox logs analysis --history
+
+  # What the node's egress proxy refused, or added a credential to, lately
+  kubectl sandbox logs analysis --egress`
 
 func newLogsCommand(o *options) *cobra.Command {
 	var (
-		follow, showHistory bool
-		tail                int
+		follow, showHistory, showEgress bool
+		tail                            int
 	)
 	cmd := &cobra.Command{
-		Use:   "logs NAME [-f] [--tail N] [--history]",
+		Use:   "logs NAME [-f] [--tail N] [--history | --egress]",
 		Short: "Print a Sandbox's output, or the history of the commands run in it",
 		Long: `Print the output of a Sandbox's main process (stdout and stderr
 interleaved). With --history, print the commands run in it instead, one per
 line: START-TIME exit=CODE DURATION [timed-out] [truncated] [error="…"] COMMAND.
+With --egress, print the node egress proxy's recent decisions about the
+Sandbox (docs/egress.md), one per line: TIME DECISION REASON HOST:PORT
+[METHOD PATH]. Credentials never appear.
 
 Works for Sandboxes that are no longer Ready too, to see why they stopped.`,
 		Example: logsExample,
@@ -52,7 +60,16 @@ Works for Sandboxes that are no longer Ready too, to see why they stopped.`,
 				return err
 			}
 			defer c.Close()
+			if showEgress && (showHistory || follow) {
+				return &usageError{cmd: cmd.CommandPath(), err: fmt.Errorf("--egress cannot be combined with --history or --follow")}
+			}
 			opts := sandboxclient.LogOptions{Tail: max(tail, 0), Follow: follow}
+			if showEgress {
+				return c.EgressLog(cmd.Context(), sandboxclient.Named(ns, name), opts, func(ev subresource.EgressEvent) error {
+					_, err := fmt.Fprintln(o.out, formatEgressEvent(ev))
+					return err
+				})
+			}
 			if showHistory {
 				return c.History(cmd.Context(), sandboxclient.Named(ns, name), opts, func(r history.Record) error {
 					_, err := fmt.Fprintln(o.out, formatRecord(r))
@@ -66,6 +83,7 @@ Works for Sandboxes that are no longer Ready too, to see why they stopped.`,
 	fl.BoolVarP(&follow, "follow", "f", false, "Keep streaming new output (or commands) until interrupted.")
 	fl.IntVar(&tail, "tail", -1, "Only the last N lines (commands with --history); -1 for all.")
 	fl.BoolVar(&showHistory, "history", false, "Print the history of commands run in the Sandbox instead of its output.")
+	fl.BoolVar(&showEgress, "egress", false, "Print the node egress proxy's recent decisions about the Sandbox (refusals, injected requests) instead of its output.")
 	return cmd
 }
 
@@ -124,4 +142,32 @@ func shellQuote(s string) string {
 		}
 	}
 	return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'"
+}
+
+// formatEgressEvent renders one egress decision as a line: TIME DECISION
+// REASON HOST:PORT [METHOD PATH]. Host, method and path are what the
+// sandbox sent: quoted when they hold anything but printable ASCII without
+// spaces, so that no control character reaches the terminal.
+func formatEgressEvent(ev subresource.EgressEvent) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "%s %s %s %s", ev.Time.UTC().Format(time.RFC3339), safeField(ev.Decision), safeField(ev.Reason), safeField(ev.Host))
+	if ev.Port != 0 {
+		fmt.Fprintf(&b, ":%d", ev.Port)
+	}
+	if ev.Method != "" || ev.Path != "" {
+		fmt.Fprintf(&b, " %s %s", safeField(ev.Method), safeField(ev.Path))
+	}
+	return b.String()
+}
+
+func safeField(s string) string {
+	if s == "" {
+		return "-"
+	}
+	for i := 0; i < len(s); i++ {
+		if s[i] <= ' ' || s[i] >= 0x7f || s[i] == '"' {
+			return strconv.Quote(s)
+		}
+	}
+	return s
 }

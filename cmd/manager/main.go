@@ -26,6 +26,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/code-sandbox/code-sandbox-operator/internal/subresource"
+
 	"k8s.io/apimachinery/pkg/api/resource"
 	"k8s.io/apimachinery/pkg/runtime"
 	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
@@ -178,7 +180,6 @@ func run() error {
 		}
 	}
 	egressCancel()
-	_ = egressNode // TODO(egress-api): pass to the sandbox controller
 
 	cfg, err := ctrl.GetConfig()
 	if err != nil {
@@ -218,7 +219,7 @@ func run() error {
 		return err
 	}
 	if api.listener != nil {
-		if err := nodeAPI.serve(mgr, cfg, api.listener, nodeName, docker, hist, activity); err != nil {
+		if err := nodeAPI.serve(mgr, cfg, api.listener, nodeName, docker, hist, activity, egressNode); err != nil {
 			return err
 		}
 		log.Info("node API", "endpoint", api.endpoint, "listen", api.listener.Addr().String())
@@ -256,6 +257,7 @@ func run() error {
 			Snapshots:               snapshots,
 			LiveNodes:               liveNodes,
 			Activity:                activity,
+			EgressProxy:             egressPolicies(egressNode),
 		})
 	if err != nil {
 		return err
@@ -374,7 +376,7 @@ func (f *nodeAPIFlags) listen(nodeName string) (nodeAPIListener, error) {
 // certificate comes from the operator CA through a CSR made with the
 // manager's own (node-bound) credentials, and only the operator's
 // aggregated API server may connect.
-func (f *nodeAPIFlags) serve(mgr ctrl.Manager, cfg *rest.Config, l net.Listener, nodeName string, docker *dockerruntime.Client, hist *history.Store, activity *sandboxcontroller.Activity) error {
+func (f *nodeAPIFlags) serve(mgr ctrl.Manager, cfg *rest.Config, l net.Listener, nodeName string, docker *dockerruntime.Client, hist *history.Store, activity *sandboxcontroller.Activity, egressNode *egressproxy.Node) error {
 	cs, err := kubernetes.NewForConfig(cfg)
 	if err != nil {
 		return fmt.Errorf("creating clientset for the node API: %w", err)
@@ -402,6 +404,7 @@ func (f *nodeAPIFlags) serve(mgr ctrl.Manager, cfg *rest.Config, l net.Listener,
 		Runtime:            docker,
 		History:            hist,
 		Activity:           activity,
+		EgressEvents:       egressEvents(egressNode),
 		Authenticator:      authn,
 		ExecOutputLimit:    f.execOutputLimit.Value(),
 		FileTransferLimit:  f.fileTransferLimit.Value(),
@@ -483,4 +486,22 @@ func parseRole(value string) (role, deprecation string, err error) {
 	default:
 		return "", "", fmt.Errorf("--role must be %s or %s, got %q", roleNode, roleControlPlane, value)
 	}
+}
+
+// egressPolicies is the sandbox controller's egress proxy: nil (never a
+// typed nil) without one, so that Sandboxes with a policy are refused.
+func egressPolicies(n *egressproxy.Node) sandboxcontroller.EgressProxy {
+	if n == nil {
+		return nil
+	}
+	return n
+}
+
+// egressEvents serves log?egress from the node's egress proxy, or nothing
+// without one.
+func egressEvents(n *egressproxy.Node) func(string) []subresource.EgressEvent {
+	if n == nil {
+		return nil
+	}
+	return nodeapi.EgressEventsOf(n)
 }

@@ -82,6 +82,11 @@ type Options struct {
 	// Unset, this node takes no snapshots and claims no Sandbox that
 	// restores one.
 	Snapshots SnapshotStore
+	// EgressProxy, when set, is the node's egress proxy, which enforces
+	// spec.network.egress (egresspolicy.go). Unset, Sandboxes with an
+	// egress policy are not created on this node (Ready=False, reason
+	// EgressProxyUnavailable): they must never run unrestricted.
+	EgressProxy EgressProxy
 }
 
 // HistoryDeleter forgets the exec history of one Sandbox, keyed by its UID.
@@ -127,6 +132,9 @@ type SandboxReconciler struct {
 	activity *Activity
 	// dockerEvents carries Docker container events into the work queue.
 	dockerEvents chan eventGeneric
+	// egress maps containers to their egress bridge addresses, whose
+	// policies the proxy holds (egresspolicy.go).
+	egress *egressTable
 }
 
 // A manager deletes a Sandbox of its own node when spec.lifecycle says so
@@ -162,6 +170,7 @@ func NewSandboxReconciler(c client.Client, apiReader client.Reader, docker Runti
 		deleted:      newDeletedTracker(),
 		activity:     opts.Activity,
 		dockerEvents: make(chan eventGeneric, 1024),
+		egress:       newEgressTable(),
 	}
 	r.activity.thaw = docker.BeginUnpause
 	r.activity.notify = r.enqueue
@@ -353,9 +362,10 @@ func (r *SandboxReconciler) reconcile(ctx context.Context, sbx *sandboxv1alpha1.
 	switch ct.State.Status {
 	case "running", "paused":
 		if ok, result := r.restoreFiles(ctx, sbx, ct); !ok {
-			return result, nil
+			return withEgress(result, r.applyEgress(ctx, sbx, ct)), nil
 		}
-		return r.settlePaused(ctx, sbx, ct, role, requeueAfter)
+		res, err := r.settlePaused(ctx, sbx, ct, role, requeueAfter)
+		return withEgress(res, r.applyEgress(ctx, sbx, ct)), err
 	case "created":
 		// A manager died between create and start; adopt and start it.
 		log.Info("starting adopted container", "container", dockerruntime.ShortID(ct.ID))
@@ -374,6 +384,7 @@ func (r *SandboxReconciler) reconcile(ctx context.Context, sbx *sandboxv1alpha1.
 			}
 			r.setReady(sbx, metav1.ConditionFalse, sandboxv1alpha1.SandboxReasonContainerExited, msg)
 		}
+		r.forgetEgress(ctx, ct.ID)
 		// Sandboxes are not restarted in place: the agent's state is gone.
 		// Nobody can use it any more, so an idle timeout still ends it.
 		if role.kind == poolMember {
@@ -394,6 +405,11 @@ func (r *SandboxReconciler) create(ctx context.Context, sbx *sandboxv1alpha1.San
 		r.setReady(sbx, metav1.ConditionFalse, sandboxv1alpha1.SandboxReasonCreateFailed, err.Error())
 		return ctrl.Result{}, nil
 	}
+	if needsEgressProxy(sbx) && r.opts.EgressProxy == nil {
+		r.setReady(sbx, metav1.ConditionFalse, sandboxv1alpha1.SandboxReasonEgressProxyUnavailable,
+			"spec.network.egress needs the node's egress proxy, which this node's manager does not run; the sandbox is not created rather than given unrestricted egress")
+		return ctrl.Result{}, nil
+	}
 	if sbx.Spec.SnapshotRef != nil {
 		why, err := r.restoreSpec(ctx, sbx, &spec)
 		if err != nil {
@@ -411,13 +427,16 @@ func (r *SandboxReconciler) create(ctx context.Context, sbx *sandboxv1alpha1.San
 	}
 	containersCreated.Inc()
 	sbx.Status.ContainerID = ct.ID
+	// The policy first, as soon as the container has its address.
+	recheck := r.applyEgress(ctx, sbx, ct)
 	// The start event will requeue us; checking state right away keeps the
 	// create-to-Ready path short.
 	if ct.State.Running {
 		if ok, result := r.restoreFiles(ctx, sbx, ct); !ok {
-			return result, nil
+			return withEgress(result, recheck), nil
 		}
-		return r.settlePaused(ctx, sbx, ct, role, requeueAfter)
+		res, err := r.settlePaused(ctx, sbx, ct, role, requeueAfter)
+		return withEgress(res, recheck), err
 	}
 	return ctrl.Result{RequeueAfter: 100 * time.Millisecond}, nil
 }
@@ -604,6 +623,7 @@ func (r *SandboxReconciler) removeContainers(ctx context.Context, sbx *sandboxv1
 			if err = r.docker.Remove(ctx, ct.ID, r.opts.StopGracePeriod); err != nil {
 				break
 			}
+			r.forgetEgress(ctx, ct.ID)
 		}
 	}
 	if err == nil {
@@ -846,4 +866,13 @@ func memoryLimit(sbx *sandboxv1alpha1.Sandbox) string {
 		return spec.Resources.Memory.String()
 	}
 	return sandboxv1alpha1.DefaultMemory
+}
+
+// withEgress requeues res no later than after d (0: no change), for the
+// egress policy's own rechecks (applyEgress).
+func withEgress(res ctrl.Result, d time.Duration) ctrl.Result {
+	if d > 0 && (res.RequeueAfter == 0 || d < res.RequeueAfter) {
+		res.RequeueAfter = d
+	}
+	return res
 }

@@ -953,12 +953,12 @@ var _ = Describe("Sandbox validation", func() {
 		key := client.ObjectKeyFromObject(sbx)
 
 		for field, mutate := range map[string]func(*sandboxv1alpha1.Sandbox){
-			"image is immutable":      func(s *sandboxv1alpha1.Sandbox) { s.Spec.Image = "other:1" },
-			"resources are immutable": func(s *sandboxv1alpha1.Sandbox) { s.Spec.Resources.Memory = ptr.To(resource.MustParse("1Gi")) },
-			"runtime is immutable":    func(s *sandboxv1alpha1.Sandbox) { s.Spec.Runtime = sandboxv1alpha1.RuntimeGVisor },
-			"network is immutable":    func(s *sandboxv1alpha1.Sandbox) { s.Spec.Network.Mode = sandboxv1alpha1.NetworkEgress },
-			"command is immutable":    func(s *sandboxv1alpha1.Sandbox) { s.Spec.Command = []string{"sh"} },
-			"nodeName is immutable":   func(s *sandboxv1alpha1.Sandbox) { s.Spec.NodeName = testNodePrefix + "elsewhere" },
+			"image is immutable":        func(s *sandboxv1alpha1.Sandbox) { s.Spec.Image = "other:1" },
+			"resources are immutable":   func(s *sandboxv1alpha1.Sandbox) { s.Spec.Resources.Memory = ptr.To(resource.MustParse("1Gi")) },
+			"runtime is immutable":      func(s *sandboxv1alpha1.Sandbox) { s.Spec.Runtime = sandboxv1alpha1.RuntimeGVisor },
+			"network.mode is immutable": func(s *sandboxv1alpha1.Sandbox) { s.Spec.Network.Mode = sandboxv1alpha1.NetworkEgress },
+			"command is immutable":      func(s *sandboxv1alpha1.Sandbox) { s.Spec.Command = []string{"sh"} },
+			"nodeName is immutable":     func(s *sandboxv1alpha1.Sandbox) { s.Spec.NodeName = testNodePrefix + "elsewhere" },
 		} {
 			s := getSandbox(key)
 			mutate(s)

@@ -46,6 +46,11 @@ func (w *dockerEventWatcher) Start(ctx context.Context) error {
 			}
 		}
 		err := r.docker.WatchEvents(ctx, r.opts.NodeName, func(ev dockerruntime.Event) {
+			if ev.Action == "die" || ev.Action == "destroy" {
+				// Its address goes back to Docker; its policy must not
+				// outlive it.
+				r.forgetEgress(ctx, ev.ContainerID)
+			}
 			if ev.Owner.Namespace == "" || ev.Owner.Name == "" {
 				return
 			}
@@ -186,6 +191,7 @@ func (r *SandboxReconciler) removeOrphans(ctx context.Context, list []dockerrunt
 			errs = append(errs, err)
 			continue
 		}
+		r.forgetEgress(ctx, ct.ID)
 		orphansRemoved.Inc()
 		removed++
 		r.backoff.reset(types.UID(uid))

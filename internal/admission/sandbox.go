@@ -29,6 +29,7 @@ import (
 	"time"
 
 	admissionv1 "k8s.io/api/admission/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -57,6 +58,9 @@ const fieldReservations = "status.reservations"
 
 // fieldDeadline is the field a lifetime rule's QuotaRule cause names.
 const fieldDeadline = "spec.activeDeadlineSeconds"
+
+// fieldEgress is the field an egress rule's QuotaRule cause names.
+const fieldEgress = "spec.network.egress"
 
 // denied refuses the Sandbox name for causes (subresource.CauseQuota*): a 403
 // Forbidden Status whose message is the causes' messages joined by "; ",
@@ -154,9 +158,10 @@ func (v *SandboxValidator) Handle(ctx context.Context, req admission.Request) ad
 	return admission.Allowed("")
 }
 
-// update checks the one field that may change on a live Sandbox and that a
-// quota limits: activeDeadlineSeconds. Usage cannot change, because
-// resources are immutable. It also keeps warm pool membership as it was
+// update checks the fields that may change on a live Sandbox and that a
+// quota limits: activeDeadlineSeconds and the egress policy
+// (spec.network.egress). Usage cannot change, because resources are
+// immutable. It also keeps warm pool membership as it was
 // created (see membership).
 func (v *SandboxValidator) update(ctx context.Context, req admission.Request, sbx *sandboxv1alpha1.Sandbox) admission.Response {
 	old := &sandboxv1alpha1.Sandbox{}
@@ -166,7 +171,11 @@ func (v *SandboxValidator) update(ctx context.Context, req admission.Request, sb
 	if resp := v.membership(ctx, old, sbx); resp != nil {
 		return *resp
 	}
-	if equalDeadline(old.Spec.ActiveDeadlineSeconds, sbx.Spec.ActiveDeadlineSeconds) {
+	deadline := !equalDeadline(old.Spec.ActiveDeadlineSeconds, sbx.Spec.ActiveDeadlineSeconds)
+	// A claimant's network is its pool template's (warmpool.Effective),
+	// checked when the template was; its own is not used.
+	egress := sbx.Spec.WarmPoolRef == nil && !equality.Semantic.DeepEqual(old.Spec.Network.Egress, sbx.Spec.Network.Egress)
+	if !deadline && !egress {
 		return admission.Allowed("")
 	}
 	quotas, err := v.quotas(ctx, sbx.Namespace)
@@ -175,8 +184,19 @@ func (v *SandboxValidator) update(ctx context.Context, req admission.Request, sb
 	}
 	var causes []metav1.StatusCause
 	for i := range quotas {
+		if !deadline {
+			break
+		}
 		if msg := quota.DeadlineViolation(&quotas[i], sbx.Spec.ActiveDeadlineSeconds); msg != "" {
 			causes = append(causes, metav1.StatusCause{Type: subresource.CauseQuotaRule, Field: fieldDeadline, Message: msg})
+		}
+	}
+	for i := range quotas {
+		if !egress {
+			break
+		}
+		for _, msg := range quota.EgressViolations(&quotas[i], &sbx.Spec.Network) {
+			causes = append(causes, metav1.StatusCause{Type: subresource.CauseQuotaRule, Field: fieldEgress, Message: msg})
 		}
 	}
 	if len(causes) > 0 {

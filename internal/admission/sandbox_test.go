@@ -586,6 +586,52 @@ var _ = Describe("SandboxValidator", func() {
 			Expect(e.statusUpdates.Load()).To(BeZero())
 		})
 
+		withEgress := func(hosts ...string) *sandboxv1alpha1.Sandbox {
+			sbx := newSandbox("sbx", "uid-1")
+			sbx.Spec.Network.Mode = sandboxv1alpha1.NetworkEgress
+			sbx.Spec.Network.Egress = &sandboxv1alpha1.EgressPolicy{}
+			for _, h := range hosts {
+				sbx.Spec.Network.Egress.Allow = append(sbx.Spec.Network.Egress.Allow, sandboxv1alpha1.EgressRule{Host: h})
+			}
+			return sbx
+		}
+
+		It("checks a changed egress policy against every quota, naming each host outside it", func() {
+			a := newQuota("a", limit(10), usedN(1))
+			a.Spec.AllowEgress = true
+			a.Spec.Egress = &sandboxv1alpha1.SandboxQuotaEgress{AllowedHosts: []string{"*.example.com"}}
+			b := newQuota("b", limit(10), usedN(1))
+			b.Spec.AllowEgress = true
+			e := newEnv(envOptions{}, a, b)
+
+			expectAllowed(e.validator.Handle(ctx, updateRequest(withEgress("a.example.com"), withEgress("a.example.com", "*.b.example.com"))))
+			resp := e.validator.Handle(ctx, updateRequest(withEgress("a.example.com"), withEgress("a.example.com", "evil.org", "example.com")))
+			expectDenied(resp, `sandbox quota "a" does not allow egress to host "evil.org"; allowed hosts: *.example.com; `+
+				`sandbox quota "a" does not allow egress to host "example.com"; allowed hosts: *.example.com`)
+			Expect(resp.Result.Details.Causes[0].Field).To(Equal("spec.network.egress"))
+			Expect(e.statusUpdates.Load()).To(BeZero())
+		})
+
+		It("does not read quotas when neither the deadline nor the policy changed", func() {
+			e := newEnv(envOptions{listErr: errBoom})
+			expectAllowed(e.validator.Handle(ctx, updateRequest(withEgress("a.example.com"), withEgress("a.example.com"))))
+			Expect(e.lists.Load()).To(BeZero())
+		})
+
+		It("refuses an egress policy on create where the quota's list does not hold the host", func() {
+			q := newQuota("a", limit(10), usedN(0))
+			q.Spec.AllowEgress = true
+			q.Spec.Egress = &sandboxv1alpha1.SandboxQuotaEgress{AllowedHosts: []string{"pypi.org"}}
+			e := newEnv(envOptions{}, q)
+			expectDenied(e.validator.Handle(ctx, createRequest(withEgress("pypi.org", "files.pythonhosted.org"), false)),
+				`sandbox quota "a" does not allow egress to host "files.pythonhosted.org"; allowed hosts: pypi.org`)
+			noPolicy := withEgress()
+			noPolicy.Spec.Network.Egress = nil
+			expectDenied(e.validator.Handle(ctx, createRequest(noPolicy, false)),
+				`sandbox quota "a" requires an egress policy (spec.network.egress) for network mode Egress: unrestricted egress reaches every public host`)
+			expectUncharged(e, "a", usedN(0))
+		})
+
 		It("rejects an undecodable old object as a bad request", func() {
 			e := newEnv(envOptions{})
 			req := updateRequest(withDeadline(nil), withDeadline(nil))

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/netip"
 	"strings"
 	"time"
 
@@ -37,6 +38,11 @@ type Container struct {
 	// as Docker resolved its image name at create; empty where the
 	// listing did not say.
 	ImageID string
+	// EgressAddr is the container's IPv4 address on the egress network
+	// (NetworkEgress), the source address the node's egress proxy knows it
+	// by; invalid when it is not attached or not running. Only Inspect
+	// (and so Find and CreateAndStart) fills it in.
+	EgressAddr netip.Addr
 }
 
 // Owned reports whether the container carries the operator's labels for
@@ -65,6 +71,13 @@ func fromInspect(resp container.InspectResponse) Container {
 		}
 		out.State.StartedAt, _ = time.Parse(time.RFC3339Nano, st.StartedAt)
 		out.State.FinishedAt, _ = time.Parse(time.RFC3339Nano, st.FinishedAt)
+	}
+	if ns := resp.NetworkSettings; ns != nil {
+		if ep := ns.Networks[NetworkEgress]; ep != nil {
+			if a, err := netip.ParseAddr(ep.IPAddress); err == nil && a.Is4() {
+				out.EgressAddr = a
+			}
+		}
 	}
 	return out
 }

@@ -128,6 +128,7 @@ type initializeArgs struct {
 	Memory          string   `json:"memory"`
 	Network         string   `json:"network"`
 	LifetimeSeconds *int64   `json:"lifetime_seconds"`
+	EgressAllow     []string `json:"egress_allow"`
 }
 
 // createRequest validates sandbox_initialize's arguments against the
@@ -170,6 +171,32 @@ func (a initializeArgs) createRequest(cfg Config) (contract.CreateRequest, error
 		req.Network = contract.NetworkEgress
 	default:
 		return contract.CreateRequest{}, argError(`network %q is not one of "none" or "egress"`, Truncate(a.Network, 40))
+	}
+	if a.EgressAllow != nil {
+		if !cfg.AllowEgress {
+			return contract.CreateRequest{}, argError(`egress_allow needs network "egress", which is disabled on this server (it was started without --allow-egress)`)
+		}
+		if a.Network == contract.NetworkNone {
+			return contract.CreateRequest{}, argError(`egress_allow needs network "egress"; network is "none"`)
+		}
+		if len(a.EgressAllow) == 0 {
+			return contract.CreateRequest{}, argError(`egress_allow is empty; leave it out for unrestricted egress, or name the hosts the sandbox may reach`)
+		}
+		if len(a.EgressAllow) > contract.MaxEgressAllow {
+			return contract.CreateRequest{}, argError("egress_allow names %d hosts; at most %d", len(a.EgressAllow), contract.MaxEgressAllow)
+		}
+		seen := make(map[string]bool, len(a.EgressAllow))
+		for _, h := range a.EgressAllow {
+			if err := contract.ValidateEgressHost(h); err != nil {
+				return contract.CreateRequest{}, argError("egress_allow: %s", Truncate(err.Error(), 300))
+			}
+			if seen[h] {
+				return contract.CreateRequest{}, argError("egress_allow names %q twice", h)
+			}
+			seen[h] = true
+		}
+		req.Network = contract.NetworkEgress
+		req.EgressAllow = a.EgressAllow
 	}
 	if a.LifetimeSeconds != nil {
 		secs := *a.LifetimeSeconds

@@ -144,7 +144,7 @@ func sandboxInitializeTool(d *deps) (mcp.Tool, server.ToolHandlerFunc) {
 	if d.cfg.AllowEgress {
 		networks = append(networks, contract.NetworkEgress)
 	}
-	tool := mcp.NewTool("sandbox_initialize",
+	opts := []mcp.ToolOption{
 		mcp.WithDescription(fmt.Sprintf("Create a new hardened sandbox and return its container_id. Default image: %s. The sandbox has no network unless network is \"egress\" (when this server allows it), runs as a non-root user with a read-only root filesystem, and its working directory%s, /tmp and /var/tmp are writable. It is removed after a period without use, at the end of its lifetime, on sandbox_stop, or when this server exits.", d.cfg.DefaultImage, parenthesized(d.cfg.SandboxWorkingDir))),
 		mcp.WithString("image", mcp.Description("Container image to run; it must already be present on the host unless the server's pull policy allows pulling. Default: "+d.cfg.DefaultImage)),
 		mcp.WithNumber("cpu", mcp.Description(fmt.Sprintf("CPU cores (default %s).", cpuText(d.cfg.SandboxNanoCPUs))), mcp.Min(0.01), mcp.Max(float64(d.cfg.MaxNanoCPUs)/1e9)),
@@ -153,7 +153,14 @@ func sandboxInitializeTool(d *deps) (mcp.Tool, server.ToolHandlerFunc) {
 		mcp.WithInteger("lifetime_seconds", mcp.Description("Maximum lifetime in seconds; default and maximum "+fmt.Sprint(int64(d.cfg.MaxLifetime/time.Second))+"."), mcp.Min(1), mcp.Max(int(d.cfg.MaxLifetime/time.Second))),
 		mcp.WithOutputSchema[InitializeResult](),
 		annotations("Create sandbox", false, false, false, false),
-	)
+	}
+	if d.cfg.AllowEgress {
+		opts = append(opts,
+			mcp.WithArray("egress_allow", mcp.Description(fmt.Sprintf(`Host names the sandbox may reach, and nothing else (implies network "egress"; only if the server allows egress): lower-case DNS names such as "pypi.org", or "*.example.com" for every name below example.com (not example.com itself). No IP addresses. At most %d; leave it out for unrestricted egress. Not every backend supports it.`, contract.MaxEgressAllow)),
+				mcp.WithStringItems(mcp.MaxLength(253)), mcp.MaxItems(contract.MaxEgressAllow)),
+		)
+	}
+	tool := mcp.NewTool("sandbox_initialize", opts...)
 	return typedTool(d, tool, func(ctx context.Context, _ mcp.CallToolRequest, caller contract.Caller, args initializeArgs) (*mcp.CallToolResult, error) {
 		creq, err := args.createRequest(d.cfg)
 		if err != nil {

@@ -108,6 +108,11 @@ type Config struct {
 	ManagedBy string
 	// History records every exec and serves the history subresource.
 	History HistoryStore
+	// EgressEvents returns the node egress proxy's recent decisions about
+	// one sandbox ("namespace/name", the label the manager gives its
+	// policy), oldest first; it serves log?egress. Nil: this node runs no
+	// egress proxy. See EgressEventsOf.
+	EgressEvents func(sandbox string) []subresource.EgressEvent
 	// Authenticator admits the operator's aggregated API server and names
 	// the end user it vouches for; see NewFrontProxyAuthenticator. Required:
 	// the API has no anonymous mode. Authorisation happened in front of it.
@@ -263,6 +268,11 @@ func (s *Server) serve(w http.ResponseWriter, r *http.Request) {
 	}
 	if rt.Subresource == subresource.SubresourceHistory {
 		s.serveHistory(w, r, sbx)
+		return
+	}
+	if rt.Subresource == subresource.SubresourceLog && r.URL.Query().Has(subresource.QueryEgress) {
+		// The proxy's record, not the container's: no container needed.
+		s.serveEgressLog(w, r, sbx)
 		return
 	}
 	// Before the container check: an idle-paused container is thawed for

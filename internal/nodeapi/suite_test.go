@@ -185,6 +185,8 @@ type serverOptions struct {
 	maxFollowers       int
 	// recordRequests logs every request that reaches the HTTP layer.
 	recordRequests bool
+	// egressEvents is nodeapi.Config.EgressEvents.
+	egressEvents func(string) []subresource.EgressEvent
 }
 
 // newTestServer builds another server with the operator CA, sharing the
@@ -195,6 +197,7 @@ func newTestServer(o serverOptions) *testServer {
 		Node: o.node, Runtime: o.runtime, Reader: o.reader, History: hist,
 		FileTransferLimit: testTransferLimit, MaxExecsPerSandbox: o.maxExecsPerSandbox, DockerCheckTimeout: 3 * time.Second,
 		ExecBodyBudget: o.execBodyBudget, MaxFollowersPerSandbox: o.maxFollowersPer, MaxFollowers: o.maxFollowers,
+		EgressEvents: o.egressEvents,
 	}
 	var seen *requestLog
 	if o.recordRequests {

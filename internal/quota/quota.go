@@ -221,10 +221,7 @@ func ShapeViolations(q *sandboxv1alpha1.SandboxQuota, s *sandboxv1alpha1.Sandbox
 		out = append(out, fmt.Sprintf("sandbox quota %q does not allow runtime %q; allowed runtimes: %s",
 			q.Name, runtime, strings.Join(names, ", ")))
 	}
-	if s.Network.Mode == sandboxv1alpha1.NetworkEgress && !spec.AllowEgress {
-		out = append(out, fmt.Sprintf("sandbox quota %q does not allow network mode Egress (its allowEgress is false); use network mode None", q.Name))
-	}
-	return out
+	return append(out, EgressViolations(q, &s.Network)...)
 }
 
 // DeadlineViolation says why q refuses a Sandbox lifetime of deadline

@@ -356,3 +356,42 @@ func (c *Client) History(ctx context.Context, ref Ref, opts LogOptions, fn func(
 		}
 	}
 }
+
+// EgressLog calls fn with each of the node egress proxy's recent decisions
+// about the sandbox (credentials added, requests and connections refused),
+// oldest first; opts.Tail keeps the last N. opts.Follow is refused. The
+// events never carry a credential.
+func (c *Client) EgressLog(ctx context.Context, ref Ref, opts LogOptions, fn func(subresource.EgressEvent) error) error {
+	ns, name := ref.key()
+	if opts.Follow {
+		return fmt.Errorf("sandbox %s/%s: egress decisions cannot be followed", ns, name)
+	}
+	q := opts.query()
+	q.Set(subresource.QueryEgress, "true")
+	resp, err := c.do(ctx, ref, request{
+		method:      http.MethodGet,
+		subresource: subresource.SubresourceLog,
+		query:       q,
+		accept:      subresource.ContentTypeNDJSON,
+	})
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	dec := json.NewDecoder(io.LimitReader(resp.Body, 64<<20))
+	for {
+		var ev subresource.EgressEvent
+		if err := dec.Decode(&ev); err != nil {
+			if errors.Is(err, io.EOF) {
+				return nil
+			}
+			if ctx.Err() != nil {
+				return ctx.Err()
+			}
+			return fmt.Errorf("sandbox %s/%s: reading egress decisions: %w", ns, name, err)
+		}
+		if err := fn(ev); err != nil {
+			return err
+		}
+	}
+}

@@ -131,6 +131,8 @@ var _ = Describe("The default overlay (make deploy, make build-installer)", func
 			"ClusterRole code-sandbox-sandboxwarmpool-viewer-role",
 			"ClusterRole code-sandbox-sandboxsnapshot-editor-role",
 			"ClusterRole code-sandbox-sandboxsnapshot-viewer-role",
+			// Egress credentials, bound by namespaces that opt in.
+			"ClusterRole code-sandbox-egress-credentials-role",
 			// The admission webhook.
 			"ServiceAccount "+ns+"code-sandbox-webhook",
 			"ClusterRole code-sandbox-webhook-role",
@@ -246,6 +248,11 @@ var _ = Describe("The default overlay (make deploy, make build-installer)", func
 		Expect(deadline.MatchConditions).To(HaveLen(1))
 		Expect(deadline.MatchConditions[0].Expression).To(ContainSubstring("activeDeadlineSeconds"))
 		Expect(deadline.MatchConditions[0].Expression).To(ContainSubstring("oldObject"))
+		Expect(byName).To(HaveKey("sandbox-egress.code-sandbox.dev"))
+		egress := byName["sandbox-egress.code-sandbox.dev"]
+		Expect(egress.Rules[0].Operations).To(Equal([]admissionregistrationv1.OperationType{admissionregistrationv1.Update}))
+		Expect(egress.MatchConditions).To(HaveLen(1))
+		Expect(egress.MatchConditions[0].Expression).To(ContainSubstring("network.egress"))
 	})
 
 	It("locks down every pod as tightly as its job allows", func() {

@@ -205,7 +205,7 @@ var _ = Describe("RBAC of the default overlay, applied for real", Ordered, func(
 			Expect(cp.Client.Get(ctx, client.ObjectKey{Name: name}, role)).To(Succeed())
 			Expect(role.Labels).To(HaveKeyWithValue(label, "true"), name)
 		}
-		for _, name := range []string{"code-sandbox-sandbox-exec-role", "code-sandbox-sandboxquota-editor-role", "code-sandbox-mcp-server-role"} {
+		for _, name := range []string{"code-sandbox-sandbox-exec-role", "code-sandbox-sandboxquota-editor-role", "code-sandbox-mcp-server-role", "code-sandbox-egress-credentials-role"} {
 			role := &rbacv1.ClusterRole{}
 			Expect(cp.Client.Get(ctx, client.ObjectKey{Name: name}, role)).To(Succeed())
 			for k := range role.Labels {

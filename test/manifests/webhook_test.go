@@ -26,8 +26,9 @@ import (
 var _ = Describe("The webhook configuration, installed while no webhook answers", Ordered, func() {
 	const hold = "test.code-sandbox.dev/hold"
 	var (
-		ns  string
-		sbx *sandboxv1alpha1.Sandbox
+		ns        string
+		sbx       *sandboxv1alpha1.Sandbox
+		egressSbx *sandboxv1alpha1.Sandbox
 	)
 
 	newSandbox := func(name string) *sandboxv1alpha1.Sandbox {
@@ -47,6 +48,10 @@ var _ = Describe("The webhook configuration, installed while no webhook answers"
 		sbx = newSandbox("existing")
 		sbx.Finalizers = []string{hold}
 		Expect(cp.Client.Create(ctx, sbx)).To(Succeed())
+		egressSbx = newSandbox("existing-egress")
+		egressSbx.Spec.Network = sandboxv1alpha1.SandboxNetwork{Mode: sandboxv1alpha1.NetworkEgress,
+			Egress: &sandboxv1alpha1.EgressPolicy{Allow: []sandboxv1alpha1.EgressRule{{Host: "a.example.com"}}}}
+		Expect(cp.Client.Create(ctx, egressSbx)).To(Succeed())
 
 		vwc := find(render("config/default"), "ValidatingWebhookConfiguration", "code-sandbox-validating-webhook-configuration")
 		Expect(applyForReal(ctx, vwc)).To(Succeed())
@@ -80,6 +85,16 @@ var _ = Describe("The webhook configuration, installed while no webhook answers"
 			Expect(cp.Client.Patch(ctx, sbx.DeepCopy(), client.RawPatch("application/merge-patch+json", data))).
 				To(MatchError(ContainSubstring(`failed calling webhook "sandbox-deadline.code-sandbox.dev"`)), "deadline %v", deadline)
 		}
+	})
+
+	It("refuses changing the egress policy", func(ctx SpecContext) {
+		cur := &sandboxv1alpha1.Sandbox{}
+		Expect(cp.Client.Get(ctx, client.ObjectKeyFromObject(egressSbx), cur)).To(Succeed())
+		cur.Spec.Network.Egress.Allow = append(cur.Spec.Network.Egress.Allow, sandboxv1alpha1.EgressRule{Host: "b.example.com"})
+		Expect(cp.Client.Update(ctx, cur)).To(MatchError(ContainSubstring(`failed calling webhook "sandbox-egress.code-sandbox.dev"`)))
+		cur.Labels = map[string]string{"touched": "yes"}
+		cur.Spec.Network.Egress.Allow = cur.Spec.Network.Egress.Allow[:1]
+		Expect(cp.Client.Update(ctx, cur)).To(Succeed(), "an update that keeps the policy must not call the webhook")
 	})
 
 	It("lets every other update through: labels, status, finalizer removal and deletion", func(ctx SpecContext) {

@@ -64,6 +64,11 @@ type CreateRequest struct {
 	Network string
 	// Lifetime bounds how long the sandbox may exist.
 	Lifetime time.Duration
+	// EgressAllow, with Network NetworkEgress, are the only host names the
+	// sandbox may reach (ValidateEgressHost; at most MaxEgressAllow);
+	// empty keeps unrestricted egress. Backends that cannot enforce it
+	// refuse the request (ErrInvalid) rather than ignore it.
+	EgressAllow []string
 }
 
 // Sandbox is what a caller may know about one of its sandboxes.

@@ -252,6 +252,11 @@ func (b *driver) forgetHistory(id string) {
 
 // Create implements session.Driver.
 func (b *driver) Create(ctx context.Context, caller contract.Caller, req contract.CreateRequest) (string, contract.Sandbox, error) {
+	if len(req.EgressAllow) > 0 {
+		// Refused, never ignored: ignoring it would give the sandbox the
+		// whole internet where its caller asked for a few names.
+		return "", contract.Sandbox{}, fmt.Errorf("%w: egress_allow is not supported on the Docker backend, which runs no egress proxy; use the Kubernetes backend, or leave egress_allow out for unrestricted egress", contract.ErrInvalid)
+	}
 	warm := b.pool.matches(req)
 	if warm {
 		// A default create takes a warm pool member; with none, it

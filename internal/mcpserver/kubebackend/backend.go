@@ -382,6 +382,16 @@ func (b *driver) sandboxSpec(caller contract.Caller, name string, req contract.C
 	}
 	if req.Network == contract.NetworkEgress {
 		sbx.Spec.Network.Mode = sandboxv1alpha1.NetworkEgress
+		if len(req.EgressAllow) > 0 {
+			// Enforced by the node's egress proxy; the namespace's
+			// SandboxQuota may narrow the names (the webhook names any
+			// refused host, which reaches the caller as ErrInvalid).
+			pol := &sandboxv1alpha1.EgressPolicy{}
+			for _, h := range req.EgressAllow {
+				pol.Allow = append(pol.Allow, sandboxv1alpha1.EgressRule{Host: h})
+			}
+			sbx.Spec.Network.Egress = pol
+		}
 	}
 	if req.NanoCPUs > 0 {
 		sbx.Spec.Resources.CPU = resource.NewMilliQuantity(max(1, req.NanoCPUs/1e6), resource.DecimalSI)

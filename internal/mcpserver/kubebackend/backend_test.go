@@ -449,6 +449,16 @@ var _ = Describe("Backend", Label("unit"), func() {
 		Expect(sbx.Annotations[AnnotationIdentity]).To(Equal(alice.ID), "annotations = %v", sbx.Annotations)
 	})
 
+	It("writes egress_allow into spec.network.egress, and nothing without it", func() {
+		b := testBackend(&recordingReviewer{allow: func(*authzv1.ResourceAttributes) bool { return true }})
+		sbx := b.sandboxSpec(alice, "mcp-x", contract.CreateRequest{Image: "python:3", Network: contract.NetworkEgress,
+			EgressAllow: []string{"pypi.org", "*.pythonhosted.org"}})
+		Expect(sbx.Spec.Network).To(Equal(sandboxv1alpha1.SandboxNetwork{Mode: sandboxv1alpha1.NetworkEgress,
+			Egress: &sandboxv1alpha1.EgressPolicy{Allow: []sandboxv1alpha1.EgressRule{{Host: "pypi.org"}, {Host: "*.pythonhosted.org"}}}}))
+		open := b.sandboxSpec(alice, "mcp-y", contract.CreateRequest{Image: "python:3", Network: contract.NetworkEgress})
+		Expect(open.Spec.Network.Egress).To(BeNil(), "no egress_allow: unrestricted, as before")
+	})
+
 	It("sweeps only expired MCP sandboxes", func() {
 		expired := mcpSandbox("mcp-old", "kube:carol")
 		expired.Labels[LabelInstance] = "mcp-crashed-instance"

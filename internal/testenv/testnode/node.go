@@ -16,6 +16,8 @@ import (
 	"net/http"
 	"time"
 
+	"github.com/code-sandbox/code-sandbox-operator/internal/subresource"
+
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
 	"k8s.io/utils/clock"
@@ -33,10 +35,12 @@ import (
 
 // NodeAPIOptions configure one node API server on loopback.
 type NodeAPIOptions struct {
-	Node               string
-	Runtime            nodeapi.Runtime
-	Reader, APIReader  client.Reader
-	History            nodeapi.HistoryStore
+	Node              string
+	Runtime           nodeapi.Runtime
+	Reader, APIReader client.Reader
+	History           nodeapi.HistoryStore
+	// EgressEvents is nodeapi.Config.EgressEvents.
+	EgressEvents       func(sandbox string) []subresource.EgressEvent
 	FileTransferLimit  int64
 	MaxExecsPerSandbox int
 	// ExecBodyBudget, MaxFollowersPerSandbox and MaxFollowers: as in
@@ -83,6 +87,7 @@ func NewNodeAPI(ca *operatorca.CA, o NodeAPIOptions) *NodeAPI {
 		APIReader:          o.APIReader,
 		Runtime:            o.Runtime,
 		History:            o.History,
+		EgressEvents:       o.EgressEvents,
 		Authenticator:      authn,
 		FileTransferLimit:  o.FileTransferLimit,
 		MaxExecsPerSandbox: o.MaxExecsPerSandbox,
