@@ -195,7 +195,7 @@ var _ = Describe("The default overlay (make deploy, make build-installer)", func
 		svc := &corev1.Service{}
 		convert(find(objs, "Service", "code-sandbox-webhook-service"), svc)
 
-		Expect(vwc.Webhooks).To(HaveLen(5))
+		Expect(vwc.Webhooks).To(HaveLen(6))
 		byName := map[string]admissionregistrationv1.ValidatingWebhook{}
 		for _, w := range vwc.Webhooks {
 			byName[w.Name] = w
