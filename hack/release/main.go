@@ -16,10 +16,6 @@ Licensed under the MIT License; see the LICENSE file.
 package main
 
 import (
-	"archive/tar"
-	"archive/zip"
-	"compress/flate"
-	"compress/gzip"
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
@@ -98,6 +94,10 @@ func build(args []string) error {
 	if err != nil {
 		return err
 	}
+	license, err := os.ReadFile(o.license)
+	if err != nil {
+		return err
+	}
 	if err := emptyDir(o.out); err != nil {
 		return err
 	}
@@ -120,9 +120,13 @@ func build(args []string) error {
 				return err
 			}
 			name := release.ArchiveName(bin, o.version, goos, goarch)
-			sum, err := writeArchive(filepath.Join(o.out, name), goos, o.epoch, map[string]file{
-				release.ExecutableName(bin, goos): {path: exe, mode: 0o755},
-				"LICENSE":                         {path: o.license, mode: 0o644},
+			exeData, err := os.ReadFile(exe)
+			if err != nil {
+				return err
+			}
+			sum, err := writeArchive(filepath.Join(o.out, name), goos, o.epoch, []release.Entry{
+				{Name: release.ExecutableName(bin, goos), Mode: 0o755, Data: exeData},
+				{Name: "LICENSE", Mode: 0o644, Data: license},
 			})
 			if err != nil {
 				return fmt.Errorf("%s: %w", name, err)
@@ -196,90 +200,21 @@ func goBuild(o options, bin, goos, goarch, out string) error {
 	return nil
 }
 
-type file struct {
-	path string
-	mode int64
-}
-
-// writeArchive writes files (archive name to source) sorted by name, all
-// with mtime epoch, owner 0:0 and no user or group names, as a tar.gz (a
-// zip for windows), and returns its SHA-256.
-func writeArchive(path, goos string, epoch int64, files map[string]file) (string, error) {
+// writeArchive writes the archive at path and returns its SHA-256.
+func writeArchive(path, goos string, epoch int64, entries []release.Entry) (string, error) {
 	f, err := os.Create(path)
 	if err != nil {
 		return "", err
 	}
 	defer f.Close()
 	h := sha256.New()
-	w := io.MultiWriter(f, h)
-	mtime := time.Unix(epoch, 0).UTC()
-	names := make([]string, 0, len(files))
-	for n := range files {
-		names = append(names, n)
-	}
-	slices.Sort(names)
-	if goos == "windows" {
-		err = writeZip(w, mtime, names, files)
-	} else {
-		err = writeTarGz(w, mtime, names, files)
-	}
-	if err != nil {
+	if err := release.WriteArchive(io.MultiWriter(f, h), goos, epoch, entries); err != nil {
 		return "", err
 	}
 	if err := f.Close(); err != nil {
 		return "", err
 	}
 	return hex.EncodeToString(h.Sum(nil)), nil
-}
-
-func writeTarGz(w io.Writer, mtime time.Time, names []string, files map[string]file) error {
-	gz, err := gzip.NewWriterLevel(w, gzip.BestCompression)
-	if err != nil {
-		return err
-	}
-	// No name and no time in the gzip header; OS "unknown".
-	gz.ModTime, gz.OS = time.Time{}, 255
-	tw := tar.NewWriter(gz)
-	for _, n := range names {
-		data, err := os.ReadFile(files[n].path)
-		if err != nil {
-			return err
-		}
-		hdr := &tar.Header{Typeflag: tar.TypeReg, Name: n, Mode: files[n].mode, Size: int64(len(data)), ModTime: mtime, Format: tar.FormatUSTAR}
-		if err := tw.WriteHeader(hdr); err != nil {
-			return err
-		}
-		if _, err := tw.Write(data); err != nil {
-			return err
-		}
-	}
-	if err := tw.Close(); err != nil {
-		return err
-	}
-	return gz.Close()
-}
-
-func writeZip(w io.Writer, mtime time.Time, names []string, files map[string]file) error {
-	zw := zip.NewWriter(w)
-	zw.RegisterCompressor(zip.Deflate, func(out io.Writer) (io.WriteCloser, error) {
-		return flate.NewWriter(out, flate.BestCompression)
-	})
-	for _, n := range names {
-		data, err := os.ReadFile(files[n].path)
-		if err != nil {
-			return err
-		}
-		hdr := &zip.FileHeader{Name: n, Method: zip.Deflate, Modified: mtime}
-		hdr.SetMode(os.FileMode(files[n].mode))
-		fw, err := zw.CreateHeader(hdr)
-		if err != nil {
-			return err
-		}
-		if _, err := fw.Write(data); err != nil {
-			return err
-		}
-	}
-	return zw.Close()
 }
 
 // keygen writes a new unencrypted minisign key pair: OUT (the secret key,

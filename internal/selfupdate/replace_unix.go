@@ -1,10 +1,10 @@
+//go:build !windows
+
 /*
 Copyright 2026 The code-sandbox-operator Authors.
 
 Licensed under the MIT License; see the LICENSE file.
 */
-
-//go:build !windows
 
 package selfupdate
 
