@@ -169,7 +169,7 @@ engine-image: docker-up ## Build the Docker Engine image ENGINE_IMG offline (deb
 
 .PHONY: test-image
 test-image: docker-build ## Run the manager image's iptables against this host's Docker rules (root, host network, NET_ADMIN).
-	IMG="$(IMG)" $(GO) test -tags image ./test/image/ -count=1 -v
+	IMG="$(IMG)" MCP_IMG="$(MCP_IMG)" $(GO) test -tags image ./test/image/ -count=1 -v
 
 .PHONY: run
 run: build kustomize ## Run the manager for node $$NODE_NAME (default n1) against the local control plane (make dev-up first), the operator's webhook and aggregated API in the background.
