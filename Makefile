@@ -195,6 +195,7 @@ RELEASE_EXTRA_LDFLAGS ?=
 .PHONY: release
 release: helper ## Build, archive and sign a release: VERSION=vX.Y.Z SIGNING_KEY=<minisign secret key file> [RELEASE_TARGETS=…] → RELEASE_DIR (dist/VERSION).
 	@[ -n "$(SIGNING_KEY)" ] || { echo "make release: SIGNING_KEY=<minisign secret key file> is required (docs/releasing.md)" >&2; exit 2; }
+	@[ -z "$$(git status --porcelain --untracked-files=no)" ] || [ -n "$(RELEASE_ALLOW_DIRTY)" ] || { echo "make release: the tree has uncommitted changes, so the release would not be the commit's (RELEASE_ALLOW_DIRTY=1 to build it anyway)" >&2; exit 2; }
 	$(GO) run ./hack/release --version "$(VERSION)" --out "$(RELEASE_DIR)" --key "$(SIGNING_KEY)" \
 		--password-file "$(SIGNING_KEY_PASSWORD_FILE)" --targets "$(RELEASE_TARGETS)" --binaries "$(RELEASE_BINARIES)" \
 		--source-date-epoch "$${SOURCE_DATE_EPOCH:-$$(git log -1 --format=%ct)}" --extra-ldflags "$(RELEASE_EXTRA_LDFLAGS)"
