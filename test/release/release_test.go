@@ -470,7 +470,8 @@ func TestStdioSessionWithCheckUpdates(t *testing.T) {
 	in := install(t, r.binaries["v0.0.1"])
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, in.exe, "--check-updates", "--update-index-url", srv.URL+"/releases", "--allow-update-in-container")
+	// No warm pool: the session needs no sandbox.
+	cmd := exec.CommandContext(ctx, in.exe, "--warm-pool", "0", "--check-updates", "--update-index-url", srv.URL+"/releases", "--allow-update-in-container")
 	cmd.Env = in.env
 	stdin, err := cmd.StdinPipe()
 	if err != nil {
