@@ -206,7 +206,7 @@ func newFlagSet(o *mcpmain.Config, showVersion *bool) *flag.FlagSet {
 	fs.StringVar(&o.Kubeconfig, "kubeconfig", o.Kubeconfig, "kubeconfig for the kubernetes backend and --auth kubernetes (default: in-cluster; the kubernetes backend also tries $KUBECONFIG and ~/.kube/config)")
 	fs.StringVar(&o.NodeName, "node-name", o.NodeName, "kubernetes backend: pin Sandboxes to this node (spec.nodeName; default: any manager with capacity)")
 	fs.DurationVar(&o.ReadyTimeout, "ready-timeout", o.ReadyTimeout, "kubernetes backend: how long sandbox_initialize waits for a Sandbox to become Ready")
-	fs.StringVar(&o.DockerHost, "docker-host", o.DockerHost, "Docker endpoint (default: DOCKER_HOST or the local socket)")
+	fs.StringVar(&o.DockerHost, "docker-host", o.DockerHost, "Docker endpoint (default: as the Docker CLI finds it: DOCKER_HOST, DOCKER_CONTEXT or the current context, else the local socket or, on Windows, named pipe)")
 
 	fs.StringVar(&o.HTTPAddr, "http", o.HTTPAddr, "serve streamable HTTP on this address (for example 127.0.0.1:8080) instead of stdio")
 	fs.StringVar(&o.PreviewAddr, "preview-addr", o.PreviewAddr, "serve expose_port's preview URLs on this address (for example 127.0.0.1:8081), a separate origin from --http. Empty: no expose_port")
