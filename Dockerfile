@@ -8,6 +8,13 @@
 # so this builds offline without pulling a base image, for the build
 # host's architecture.
 FROM scratch
+# The release version, the same as the binary's (make docker-build VERSION=…).
+ARG VERSION=dev
+LABEL org.opencontainers.image.version=$VERSION \
+      org.opencontainers.image.source=https://github.com/code-sandbox/code-sandbox-operator
+# The binary's self-update and update check refuse to run in the image: a
+# new image, rolled out by the deployment, updates it (docs/mcp.md#updates).
+ENV CODE_SANDBOX_IMAGE=1
 COPY bin/image/manager-root/ /
 COPY bin/manager /manager
 # Non-root unless a Pod says otherwise; the DaemonSet does, explicitly.

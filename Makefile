@@ -161,8 +161,8 @@ WEBHOOK_CLIENT_CA ?=
 .PHONY: docker-build
 docker-build: build docker-up ## Build the manager image IMG (with this host's iptables, for its architecture) and the MCP server image MCP_IMG (FROM scratch, offline).
 	GO="$(GO)" hack/image-iptables.sh bin/image/manager-root
-	docker build -t $(IMG) -f Dockerfile .
-	docker build -t $(MCP_IMG) -f Dockerfile.mcp .
+	docker build --build-arg VERSION=$(VERSION) -t $(IMG) -f Dockerfile .
+	docker build --build-arg VERSION=$(VERSION) -t $(MCP_IMG) -f Dockerfile.mcp .
 
 .PHONY: engine-image
 engine-image: docker-up ## Build the Docker Engine image ENGINE_IMG offline (debootstrap + Debian's docker.io; root; cached by a tag hashing its inputs).
@@ -170,11 +170,77 @@ engine-image: docker-up ## Build the Docker Engine image ENGINE_IMG offline (deb
 
 .PHONY: test-image
 test-image: docker-build ## Run the manager image's iptables against this host's Docker rules (root, host network, NET_ADMIN).
-	IMG="$(IMG)" $(GO) test -tags image ./test/image/ -count=1 -v
+	IMG="$(IMG)" MCP_IMG="$(MCP_IMG)" $(GO) test -tags image ./test/image/ -count=1 -v
 
 .PHONY: run
 run: build kustomize ## Run the manager for node $$NODE_NAME (default n1) against the local control plane (make dev-up first), the operator's webhook and aggregated API in the background.
 	KUSTOMIZE="$(KUSTOMIZE)" hack/dev-run.sh
+
+##@ Release
+
+# make release VERSION=v1.2.3 SIGNING_KEY=~/keys/code-sandbox-release.key
+# writes dist/v1.2.3/: an archive per binary and target, checksums.txt and
+# its minisign signature (docs/releasing.md). Reproducible: the same commit,
+# Go toolchain and VERSION give the same bytes (the build time is the
+# commit's, SOURCE_DATE_EPOCH). The secret key never enters the repository.
+RELEASE_TARGETS ?= linux/amd64 linux/arm64 darwin/amd64 darwin/arm64 windows/amd64 windows/arm64
+RELEASE_BINARIES ?= code-sandbox-mcp kubectl-sandbox
+RELEASE_DIR ?= dist/$(VERSION)
+SIGNING_KEY ?=
+# A file with SIGNING_KEY's password, when it is encrypted.
+SIGNING_KEY_PASSWORD_FILE ?=
+# More -ldflags for the release binaries. Only the release tests set it, to
+# pin their throwaway key (internal/release.publicKeyOverride).
+RELEASE_EXTRA_LDFLAGS ?=
+
+.PHONY: release
+release: helper ## Build, archive and sign a release: VERSION=vX.Y.Z SIGNING_KEY=<minisign secret key file> [RELEASE_TARGETS=…] → RELEASE_DIR (dist/VERSION).
+	@[ -n "$(SIGNING_KEY)" ] || { echo "make release: SIGNING_KEY=<minisign secret key file> is required (docs/releasing.md)" >&2; exit 2; }
+	@[ -z "$$(git status --porcelain --untracked-files=no)" ] || [ -n "$(RELEASE_ALLOW_DIRTY)" ] || { echo "make release: the tree has uncommitted changes, so the release would not be the commit's (RELEASE_ALLOW_DIRTY=1 to build it anyway)" >&2; exit 2; }
+	$(GO) run ./hack/release --version "$(VERSION)" --out "$(RELEASE_DIR)" --key "$(SIGNING_KEY)" \
+		--password-file "$(SIGNING_KEY_PASSWORD_FILE)" --targets "$(RELEASE_TARGETS)" --binaries "$(RELEASE_BINARIES)" \
+		--source-date-epoch "$${SOURCE_DATE_EPOCH:-$$(git log -1 --format=%ct)}" --extra-ldflags "$(RELEASE_EXTRA_LDFLAGS)"
+
+.PHONY: release-key
+release-key: ## Make a new release signing key pair: RELEASE_KEY=<file> (and <file>.pub); keep the secret key out of the repository.
+	@[ -n "$(RELEASE_KEY)" ] || { echo "make release-key: RELEASE_KEY=<file> is required" >&2; exit 2; }
+	$(GO) run ./hack/release keygen --out "$(RELEASE_KEY)"
+
+.PHONY: test-release
+test-release: helper ## Build a release of this host's target twice with a throwaway key (bytes compared), then update, roll back and refuse tampered releases with the real binary over HTTP, and run hack/install.sh against it.
+	$(GO) test ./test/release/ -count=1 -v -timeout 20m
+
+##@ Cross-platform
+
+# The platforms the MCP server and the kubectl plugin are built for. The
+# in-sandbox helper they embed is always linux/amd64 and linux/arm64: that is
+# what Docker Desktop runs on Intel and Apple-silicon Macs and on Windows.
+CROSS_PLATFORMS ?= linux/amd64 linux/arm64 darwin/amd64 darwin/arm64 windows/amd64 windows/arm64
+CROSS_DIR ?= bin/cross
+# Packages vetted, and whose tests are compiled, for Windows and macOS: their
+# tests are pure Go (the other packages' tests drive Linux's Docker Engine).
+CROSS_TEST_PKGS ?= ./internal/hostfs/ ./cmd/code-sandbox-mcp/ ./cmd/kubectl-sandbox/
+
+.PHONY: cross
+cross: helper ## Cross-compile code-sandbox-mcp and kubectl-sandbox for CROSS_PLATFORMS (linux, darwin, windows × amd64, arm64) into CROSS_DIR/<os>-<arch>/.
+	@set -e; for p in $(CROSS_PLATFORMS); do \
+	  os=$${p%/*}; arch=$${p#*/}; ext=; if [ "$$os" = windows ]; then ext=.exe; fi; \
+	  for cmd in code-sandbox-mcp kubectl-sandbox; do \
+	    echo "$(CROSS_DIR)/$$os-$$arch/$$cmd$$ext"; \
+	    CGO_ENABLED=0 GOOS=$$os GOARCH=$$arch $(GO) build -trimpath -ldflags "$(LDFLAGS)" -o $(CROSS_DIR)/$$os-$$arch/$$cmd$$ext ./cmd/$$cmd; \
+	  done; \
+	done
+
+.PHONY: cross-vet
+cross-vet: helper ## Run go vet for windows and darwin on CROSS_TEST_PKGS and compile their tests for both (go test -c): they cannot run on this Linux machine.
+	@set -e; for os in windows darwin; do \
+	  echo "GOOS=$$os go vet $(CROSS_TEST_PKGS)"; \
+	  GOOS=$$os $(GO) vet $(CROSS_TEST_PKGS); \
+	  for pkg in $(CROSS_TEST_PKGS); do \
+	    echo "GOOS=$$os go test -c $$pkg"; \
+	    GOOS=$$os $(GO) test -c -o /dev/null $$pkg; \
+	  done; \
+	done
 
 ##@ Local control plane
 

@@ -3,6 +3,7 @@ module github.com/code-sandbox/code-sandbox-operator
 go 1.26.0
 
 require (
+	aead.dev/minisign v0.3.0
 	github.com/containerd/errdefs v1.0.0
 	github.com/coreos/go-oidc v2.5.0+incompatible
 	github.com/distribution/reference v0.6.0
@@ -18,6 +19,7 @@ require (
 	github.com/prometheus/client_golang v1.24.0
 	github.com/spf13/cobra v1.10.2
 	go.uber.org/goleak v1.3.0
+	golang.org/x/mod v0.41.0
 	golang.org/x/sys v0.49.0
 	golang.org/x/time v0.15.0
 	gopkg.in/go-jose/go-jose.v2 v2.6.3
@@ -128,7 +130,6 @@ require (
 	go.yaml.in/yaml/v3 v3.0.5 // indirect
 	golang.org/x/crypto v0.57.0 // indirect
 	golang.org/x/exp v0.0.0-20260410095643-746e56fc9e2f // indirect
-	golang.org/x/mod v0.41.0 // indirect
 	golang.org/x/net v0.59.0 // indirect
 	golang.org/x/oauth2 v0.36.0 // indirect
 	golang.org/x/sync v0.23.0 // indirect

@@ -26,7 +26,6 @@ import (
 	"github.com/code-sandbox/code-sandbox-operator/internal/mcpserver/auth"
 	"github.com/code-sandbox/code-sandbox-operator/internal/mcpserver/dockerbackend"
 	"github.com/code-sandbox/code-sandbox-operator/internal/mcpserver/mcpmain"
-	"github.com/code-sandbox/code-sandbox-operator/internal/version"
 )
 
 func main() {
@@ -40,10 +39,17 @@ func main() {
 func run(args []string, stdout, stderr io.Writer, serve func(mcpmain.Config) int) int {
 	// Whatever happens below, stdout is the protocol's alone.
 	log.SetOutput(stderr)
-	if len(args) > 0 && (args[0] == "config" || args[0] == "print-config") {
-		return printConfig(args[1:], stdout, stderr)
+	if len(args) > 0 {
+		switch args[0] {
+		case "config", "print-config":
+			return printConfig(args[1:], stdout, stderr)
+		case "update":
+			return runUpdate(args[1:], stderr)
+		case "version":
+			return runVersion(args[1:], stdout, stderr)
+		}
 	}
-	cfg, fs, showVersion, err := parse(args, stderr)
+	cfg, fs, cli, err := parse(args, stderr)
 	if err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return 0
@@ -51,27 +57,46 @@ func run(args []string, stdout, stderr io.Writer, serve func(mcpmain.Config) int
 		return mcpmain.ExitUsage
 	}
 	if fs.NArg() > 0 {
-		fmt.Fprintf(stderr, "unexpected arguments: %q (subcommands: config)\n", fs.Args())
+		fmt.Fprintf(stderr, "unexpected arguments: %q (subcommands: config, update, version)\n", fs.Args())
 		return mcpmain.ExitUsage
 	}
-	if showVersion {
-		fmt.Fprintln(stdout, "code-sandbox-mcp", version.Version)
-		return 0
+	if cli.showVersion {
+		return printVersion(cli.updates, stdout, stderr)
+	}
+	if cli.updates.check {
+		// The notice goes to stderr, whatever the transport: in stdio mode
+		// stdout is the protocol's alone.
+		if err := cli.updates.refusal(); err != nil {
+			fmt.Fprintln(stderr, "--check-updates:", err)
+			return mcpmain.ExitUsage
+		}
+		go func() {
+			if notice := updateNotice(cli.updates, stderr); notice != "" {
+				fmt.Fprintln(stderr, notice)
+			}
+		}()
 	}
 	return serve(cfg)
 }
 
+// cliFlags are the command line's flags that are not the server's Config.
+type cliFlags struct {
+	showVersion bool
+	updates     updateFlags
+}
+
 // parse fills a Config from args, starting from mcpmain.DefaultConfig.
-func parse(args []string, stderr io.Writer) (mcpmain.Config, *flag.FlagSet, bool, error) {
+func parse(args []string, stderr io.Writer) (mcpmain.Config, *flag.FlagSet, cliFlags, error) {
 	cfg := mcpmain.DefaultConfig()
-	var showVersion bool
-	fs := newFlagSet(&cfg, &showVersion)
+	var cli cliFlags
+	fs := newFlagSet(&cfg, &cli.showVersion)
+	cli.updates.register(fs, "update-index-url")
 	fs.SetOutput(stderr)
 	if err := fs.Parse(args); err != nil {
-		return cfg, fs, false, err
+		return cfg, fs, cli, err
 	}
 	cfg.WarmPool = strings.TrimSpace(cfg.WarmPool)
-	return cfg, fs, showVersion, nil
+	return cfg, fs, cli, nil
 }
 
 // printConfig prints client configuration snippets: the stdio form with
@@ -181,7 +206,7 @@ func newFlagSet(o *mcpmain.Config, showVersion *bool) *flag.FlagSet {
 	fs.StringVar(&o.Kubeconfig, "kubeconfig", o.Kubeconfig, "kubeconfig for the kubernetes backend and --auth kubernetes (default: in-cluster; the kubernetes backend also tries $KUBECONFIG and ~/.kube/config)")
 	fs.StringVar(&o.NodeName, "node-name", o.NodeName, "kubernetes backend: pin Sandboxes to this node (spec.nodeName; default: any manager with capacity)")
 	fs.DurationVar(&o.ReadyTimeout, "ready-timeout", o.ReadyTimeout, "kubernetes backend: how long sandbox_initialize waits for a Sandbox to become Ready")
-	fs.StringVar(&o.DockerHost, "docker-host", o.DockerHost, "Docker endpoint (default: DOCKER_HOST or the local socket)")
+	fs.StringVar(&o.DockerHost, "docker-host", o.DockerHost, "Docker endpoint (default: as the Docker CLI finds it: DOCKER_HOST, DOCKER_CONTEXT or the current context, else the local socket or, on Windows, named pipe)")
 
 	fs.StringVar(&o.HTTPAddr, "http", o.HTTPAddr, "serve streamable HTTP on this address (for example 127.0.0.1:8080) instead of stdio")
 	fs.StringVar(&o.PreviewAddr, "preview-addr", o.PreviewAddr, "serve expose_port's preview URLs on this address (for example 127.0.0.1:8081), a separate origin from --http. Empty: no expose_port")

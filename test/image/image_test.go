@@ -250,3 +250,32 @@ func TestWriteRulesWithExtensions(t *testing.T) {
 		t.Fatalf("an unknown match was accepted: exit %d, %s", r.code, r.stderr)
 	}
 }
+
+func mcpImage() string {
+	if img := os.Getenv("MCP_IMG"); img != "" {
+		return img
+	}
+	return "code-sandbox-operator/mcp-server:latest"
+}
+
+// TestImagesCarryTheVersion: both images' org.opencontainers.image.version
+// label is their binary's version (make docker-build VERSION=…), and the
+// MCP server in its image refuses to update itself.
+func TestImagesCarryTheVersion(t *testing.T) {
+	for _, img := range []string{image(), mcpImage()} {
+		if run(t, "", "docker", "image", "inspect", img).code != 0 {
+			t.Errorf("image %s not found: make docker-build builds both", img)
+			continue
+		}
+		label := strings.TrimSpace(must(t, run(t, "", "docker", "image", "inspect", "-f", `{{index .Config.Labels "org.opencontainers.image.version"}}`, img), "inspect "+img))
+		out := must(t, run(t, "", "docker", "run", "--rm", "--network", "none", img, "--version"), img+" --version")
+		first := strings.Fields(strings.SplitN(out, "\n", 2)[0])
+		if label == "" || len(first) == 0 || first[len(first)-1] != label {
+			t.Errorf("%s: label version %q, binary says %q", img, label, out)
+		}
+	}
+	r := run(t, "", "docker", "run", "--rm", "--network", "none", mcpImage(), "update", "--allow-update-in-container")
+	if r.code != 2 || !strings.Contains(r.stderr, "container image") || r.stdout != "" {
+		t.Errorf("update in the MCP image: exit %d, stdout %q, stderr %q", r.code, r.stdout, r.stderr)
+	}
+}

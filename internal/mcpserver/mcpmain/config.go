@@ -30,8 +30,8 @@ type Config struct {
 	Kubeconfig                  string
 	NodeName                    string
 	ReadyTimeout                time.Duration
-	// DockerHost is the Docker endpoint (default: DOCKER_HOST or the
-	// local socket).
+	// DockerHost is the Docker endpoint (default: the one the Docker CLI
+	// would use, dockerruntime.FindEndpoint).
 	DockerHost string
 
 	// HTTPAddr serves streamable HTTP on this address instead of stdio.

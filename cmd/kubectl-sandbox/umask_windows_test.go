@@ -1,0 +1,4 @@
+package main
+
+// withUmask reports that Windows has no umask.
+func withUmask(int) bool { return false }
