@@ -1,8 +1,13 @@
+//go:build linux
+
 /*
 Copyright 2026 The code-sandbox-operator Authors.
 
 Licensed under the MIT License; see the LICENSE file.
 */
+
+// This spec runs a node manager (Docker, iptables): Linux only, so that
+// the plugin's tests still compile for windows and darwin (make cross-vet).
 
 package main
 
