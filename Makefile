@@ -114,7 +114,7 @@ test-conformance: helper test-images ## Run only the official MCP conformance su
 	$(CONFORMANCE_ENV) $(GO) test -tags mcp_e2e ./test/e2e/... -count=1 -timeout 20m -ginkgo.label-filter=conformance -v
 
 .PHONY: bench
-bench: helper envtest test-images ## Run the benchmarks against raw Docker: create-to-Ready, time to interactive (create + first command, first and repeated exec, 1 KiB write_file), exec round trip, MCP (Docker backend), warm pool claims and bursts, the API server's exec path and the MCP kubernetes backend.
+bench: helper envtest test-images ## Run the benchmarks against raw Docker: create-to-Ready, time to interactive (create + first command, first and repeated exec, 1 KiB write_file), exec round trip, MCP (Docker backend), warm pool claims and bursts, the API server's exec path and the MCP kubernetes backend (first and repeated sandbox_exec, write_file 1 KiB). Minutes-long figures only when asked: CODE_SANDBOX_BENCH_DENSITY=500 (idle paused sandboxes and their host memory) and CODE_SANDBOX_BENCH_AGENTS=100 (agents looping exec).
 	KUBEBUILDER_ASSETS="$$(hack/setup-envtest.sh)" $(GO) test ./test/bench/... -run '^$$' -bench 'Benchmark[^BF]*$$' -benchtime 20x -count=1 -timeout 20m
 	KUBEBUILDER_ASSETS="$$(hack/setup-envtest.sh)" $(GO) test ./test/bench/... -run '^$$' -bench 'Fork$$' -benchtime 5x -count=1 -timeout 20m
 	KUBEBUILDER_ASSETS="$$(hack/setup-envtest.sh)" $(GO) test ./test/bench/... -run '^$$' -bench 'Burst$$' -benchtime 3x -count=1 -timeout 20m

@@ -61,7 +61,7 @@ type Config struct {
 	Sandboxes client.Reader
 	APIReader client.Reader
 	// Nodes reads Node objects (normally the API reader: one GET per
-	// forwarded request, no cache of every Node). status.nodeAPIEndpoint
+	// node address and nodeAddressTTL, no cache of every Node). status.nodeAPIEndpoint
 	// is dialled only if its host is one of the addresses of the Node
 	// named by status.nodeName.
 	Nodes client.Reader
@@ -88,7 +88,20 @@ type Server struct {
 
 	mu         sync.Mutex
 	transports map[nodeKey]*http.Transport
+	// confirmed is when each (node, host) pair was last found among the
+	// Node's addresses, so that a forwarded request reads the Node at most
+	// once per nodeAddressTTL rather than once per call (an API round trip
+	// on every exec). now is time.Now unless a test sets it.
+	confirmed map[nodeKey]time.Time
+	now       func() time.Time
 }
+
+// nodeAddressTTL bounds how long a confirmed node address is trusted
+// without reading the Node again. A Node's addresses are the kubelet's and
+// change rarely; a stale answer can only send a request to an address the
+// Node had within the TTL, and the dial still accepts only a certificate
+// of the operator CA naming that node.
+const nodeAddressTTL = 5 * time.Second
 
 // nodeKey names one node API: a transport only ever talks to the endpoint
 // it was made for and accepts only the certificate of the node it names.
@@ -348,6 +361,34 @@ func (s *Server) Close() {
 // compromised manager can then only point the aggregated API server at its
 // own node, never make it dial an address of its choosing.
 func (s *Server) nodeAddress(ctx context.Context, node, host string) error {
+	key := nodeKey{node: node, host: host}
+	now := time.Now
+	if s.now != nil {
+		now = s.now
+	}
+	s.mu.Lock()
+	at, ok := s.confirmed[key]
+	s.mu.Unlock()
+	if ok && now().Sub(at) < nodeAddressTTL {
+		return nil
+	}
+	if err := s.readNodeAddress(ctx, node, host); err != nil {
+		s.mu.Lock()
+		delete(s.confirmed, key)
+		s.mu.Unlock()
+		return err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.confirmed == nil || len(s.confirmed) >= maxTransports {
+		s.confirmed = map[nodeKey]time.Time{}
+	}
+	s.confirmed[key] = now()
+	return nil
+}
+
+// readNodeAddress is nodeAddress's check on the Node as read now.
+func (s *Server) readNodeAddress(ctx context.Context, node, host string) error {
 	var n corev1.Node
 	if err := s.cfg.Nodes.Get(ctx, types.NamespacedName{Name: node}, &n); err != nil {
 		return fmt.Errorf("reading Node %s: %w", node, err)

@@ -16,6 +16,7 @@ import (
 	"net/http/httptest"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -567,6 +568,63 @@ func TestNodeAddress(t *testing.T) {
 	}
 	if err := s.nodeAddress(ctx, "node-b", "10.0.0.5"); err == nil {
 		t.Error("an address of another Node was accepted for a Node that does not exist")
+	}
+}
+
+// countingReader counts the Node reads that reach the API.
+type countingReader struct {
+	client.Reader
+	gets atomic.Int32
+}
+
+func (c *countingReader) Get(ctx context.Context, key client.ObjectKey, obj client.Object, opts ...client.GetOption) error {
+	c.gets.Add(1)
+	return c.Reader.Get(ctx, key, obj, opts...)
+}
+
+// A confirmed node address is trusted for nodeAddressTTL without reading
+// the Node again, and no longer: an address the Node lost is refused once
+// the TTL has passed, and a refusal is never remembered as a success.
+func TestNodeAddressCache(t *testing.T) {
+	node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: testNode}, Status: corev1.NodeStatus{Addresses: []corev1.NodeAddress{
+		{Type: corev1.NodeInternalIP, Address: "10.0.0.5"},
+	}}}
+	scheme := runtime.NewScheme()
+	if err := clientgoscheme.AddToScheme(scheme); err != nil {
+		t.Fatal(err)
+	}
+	c := fake.NewClientBuilder().WithScheme(scheme).WithObjects(node).Build()
+	reader := &countingReader{Reader: c}
+	now := time.Unix(1000, 0)
+	s := &Server{cfg: Config{Nodes: reader}, now: func() time.Time { return now }}
+	ctx := context.Background()
+	for i := range 3 {
+		if err := s.nodeAddress(ctx, testNode, "10.0.0.5"); err != nil {
+			t.Fatalf("call %d: %v", i, err)
+		}
+	}
+	if n := reader.gets.Load(); n != 1 {
+		t.Errorf("3 calls within the TTL read the Node %d times, want 1", n)
+	}
+	for i := range 2 {
+		if err := s.nodeAddress(ctx, testNode, "10.0.0.6"); err == nil {
+			t.Fatal("an address the Node does not have was accepted")
+		}
+		if n := reader.gets.Load(); n != int32(2+i) {
+			t.Errorf("a refused address was answered from the cache (%d reads)", n)
+		}
+	}
+	// The kubelet moves the Node to another address.
+	node.Status.Addresses = []corev1.NodeAddress{{Type: corev1.NodeInternalIP, Address: "10.0.0.9"}}
+	if err := c.Status().Update(ctx, node); err != nil {
+		t.Fatal(err)
+	}
+	now = now.Add(nodeAddressTTL)
+	if err := s.nodeAddress(ctx, testNode, "10.0.0.5"); err == nil {
+		t.Error("an address the Node lost was still accepted after the TTL")
+	}
+	if err := s.nodeAddress(ctx, testNode, "10.0.0.9"); err != nil {
+		t.Errorf("the Node's new address: %v", err)
 	}
 }
 
