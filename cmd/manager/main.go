@@ -194,11 +194,14 @@ func run() error {
 		return fmt.Errorf("--state-dir %s: %w", stateDir, err)
 	}
 	snapshots := &snapshotstore.Node{Dir: snapshotDir}
+	// Registry pushes and restores spool here: the root file system is
+	// read-only in the manager's pod.
+	snapshotSpool := filepath.Join(stateDir, "snapshot-spool")
+	if err := os.MkdirAll(snapshotSpool, 0o700); err != nil {
+		return fmt.Errorf("--state-dir %s: %w", stateDir, err)
+	}
 	if *snapshotRegistry != "" {
-		spool := filepath.Join(stateDir, "snapshot-spool")
-		if err := os.MkdirAll(spool, 0o700); err != nil {
-			return fmt.Errorf("--state-dir %s: %w", stateDir, err)
-		}
+		spool := snapshotSpool
 		reg, err := snapshotstore.NewRegistry(*snapshotRegistry, snapshotstore.RegistryOptions{SpoolDir: spool})
 		if err != nil {
 			return fmt.Errorf("--snapshot-registry: %w", err)
@@ -270,6 +273,7 @@ func run() error {
 			NodeAPIEndpoint:         api.endpoint,
 			History:                 hist,
 			Snapshots:               snapshots,
+			SnapshotSpoolDir:        snapshotSpool,
 			LiveNodes:               liveNodes,
 			Activity:                activity,
 		})

@@ -197,7 +197,7 @@ func (r *SandboxReconciler) restoreFiles(ctx context.Context, sbx *sandboxv1alph
 		disk = d.Value()
 	}
 	start := r.clock.Now()
-	open, cleanup, err := spoolSnapshot(ctx, r.opts.Snapshots, snap.Status.Storage)
+	open, cleanup, err := spoolSnapshot(ctx, r.opts.Snapshots, snap.Status.Storage, r.opts.SnapshotSpoolDir)
 	if err != nil {
 		return fail(fmt.Sprintf("reading SandboxSnapshot %s: %v", snap.Name, err))
 	}

@@ -82,6 +82,11 @@ type Options struct {
 	// Unset, this node takes no snapshots and claims no Sandbox that
 	// restores one.
 	Snapshots SnapshotStore
+	// SnapshotSpoolDir holds a registry snapshot's tar while it is
+	// restored (0600 files, removed after; default os.TempDir(), which the
+	// manager's read-only root file system does not allow: give a
+	// directory under --state-dir).
+	SnapshotSpoolDir string
 }
 
 // HistoryDeleter forgets the exec history of one Sandbox, keyed by its UID.

@@ -47,11 +47,12 @@ func histogramCount(name, label, value string) uint64 {
 
 var _ = Describe("SandboxSnapshots in a registry (two managers, real Docker, docker-registry)", Label("integration", "snapshots"), func() {
 	var (
-		ns           string
-		nodeA, nodeB string
-		dirA, dirB   string
-		base         string
-		reg          *snapshotstore.Registry
+		ns             string
+		nodeA, nodeB   string
+		dirA, dirB     string
+		spoolA, spoolB string
+		base           string
+		reg            *snapshotstore.Registry
 	)
 	BeforeEach(func() {
 		ns = newNamespace()
@@ -65,8 +66,9 @@ var _ = Describe("SandboxSnapshots in a registry (two managers, real Docker, doc
 			return r
 		}
 		reg = newReg()
-		startManager(nodeA, managerConfig{snapshots: nodeStore(dirA, newReg())})
-		startManager(nodeB, managerConfig{snapshots: nodeStore(dirB, newReg())})
+		spoolA, spoolB = GinkgoT().TempDir(), GinkgoT().TempDir()
+		startManager(nodeA, managerConfig{snapshots: nodeStore(dirA, newReg()), snapshotSpool: spoolA})
+		startManager(nodeB, managerConfig{snapshots: nodeStore(dirB, newReg()), snapshotSpool: spoolB})
 	})
 
 	It("stores a snapshot taken on node A in the registry, restores it on node B with its files, and removes it from the registry on delete", func() {
@@ -120,8 +122,9 @@ var _ = Describe("SandboxSnapshots in a registry (two managers, real Docker, doc
 		Expect(histogramCount("code_sandbox_restore_seconds", "storage", StorageRegistry)).To(BeNumerically(">=", restores0+2))
 		Expect(histogramCount("code_sandbox_start_seconds", "path", PathFork)).To(BeNumerically(">=", forks0+2))
 		// No spooled copy is left behind.
-		left, _ := filepath.Glob(filepath.Join(os.TempDir(), ".restore-*.tar"))
-		Expect(left).To(BeEmpty())
+		for _, d := range []string{spoolA, spoolB} {
+			Expect(os.ReadDir(d)).To(BeEmpty())
+		}
 
 		// Delete: the manifest goes from the registry, then the object.
 		Expect(k8sClient.Delete(ctx, getSnapshot(skey))).To(Succeed())

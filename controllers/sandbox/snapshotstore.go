@@ -67,7 +67,7 @@ func putSnapshot(ctx context.Context, s SnapshotStore, key string, write func(io
 // reads the tar once per writable path, and each read of a registry ref
 // would be a download. The returned open reads the spooled copy; cleanup
 // removes it.
-func spoolSnapshot(ctx context.Context, s SnapshotStore, ref string) (open func() (io.ReadCloser, error), cleanup func(), err error) {
+func spoolSnapshot(ctx context.Context, s SnapshotStore, ref, dir string) (open func() (io.ReadCloser, error), cleanup func(), err error) {
 	if snapshotstore.IsDirRef(ref) {
 		return func() (io.ReadCloser, error) { return s.Open(ctx, ref) }, func() {}, nil
 	}
@@ -76,7 +76,7 @@ func spoolSnapshot(ctx context.Context, s SnapshotStore, ref string) (open func(
 		return nil, nil, err
 	}
 	defer rc.Close()
-	f, err := os.CreateTemp("", ".restore-*.tar") // CreateTemp makes it 0600
+	f, err := os.CreateTemp(dir, ".restore-*.tar") // CreateTemp makes it 0600
 	if err != nil {
 		return nil, nil, fmt.Errorf("spooling the snapshot: %w", err)
 	}

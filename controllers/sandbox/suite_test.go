@@ -96,6 +96,8 @@ type managerConfig struct {
 	leaseNamespace string
 	// snapshots, when set, is the node's SandboxSnapshot store.
 	snapshots SnapshotStore
+	// snapshotSpool is where registry restores spool (default: temp dir).
+	snapshotSpool string
 }
 
 // startManager runs a manager for node (prefixed with testNodePrefix) until
@@ -135,6 +137,7 @@ func startManager(node string, mc managerConfig) *testManager {
 			History:            mc.history,
 			LiveNodes:          liveNodes,
 			Snapshots:          mc.snapshots,
+			SnapshotSpoolDir:   mc.snapshotSpool,
 		})
 	Expect(err).NotTo(HaveOccurred())
 	Expect(r.SetupWithManager(mgr, mc.orphanGCInterval)).To(Succeed())
