@@ -153,9 +153,12 @@ type SandboxSnapshotStatus struct {
 	// +optional
 	Source *SandboxTemplate `json:"source,omitempty"`
 
-	// Storage says where the files are, for operators: opaque to users and
-	// never read back by the manager, which derives the location from the
-	// snapshot's UID alone.
+	// Storage is the reference the holding node's store returned for the
+	// files: "dir:snap-<random>.tar" on that node, or, with the managers'
+	// --snapshot-registry, the registry ref by digest
+	// (HOST/PATH/sandboxsnapshots/NAMESPACE/UID@sha256:...), which a
+	// restore on any node reads. Only the holding node's manager may write
+	// it, and a reader checks it against its own store's configuration.
 	// +optional
 	Storage string `json:"storage,omitempty"`
 

@@ -32,6 +32,7 @@ import (
 	sandboxcontroller "github.com/code-sandbox/code-sandbox-operator/controllers/sandbox"
 	"github.com/code-sandbox/code-sandbox-operator/internal/dockerruntime"
 	"github.com/code-sandbox/code-sandbox-operator/internal/sandboxclient/sandboxclienttest"
+	"github.com/code-sandbox/code-sandbox-operator/internal/snapshotstore"
 	"github.com/code-sandbox/code-sandbox-operator/internal/testenv"
 )
 
@@ -59,10 +60,10 @@ var _ = Describe("kubectl sandbox snapshot and fork", Label("integration"), Orde
 		Expect(err).NotTo(HaveOccurred())
 		rt, err := dockerruntime.New(dockerruntime.Options{CallTimeout: 10 * time.Second})
 		Expect(err).NotTo(HaveOccurred())
-		store, err := sandboxcontroller.NewLocalSnapshotStore(filepath.Join(GinkgoT().TempDir(), "snapshots"), node)
+		dir, err := snapshotstore.NewDir(filepath.Join(GinkgoT().TempDir(), "snapshots"), 0)
 		Expect(err).NotTo(HaveOccurred())
 		r, err := sandboxcontroller.NewSandboxReconciler(mgr.GetClient(), mgr.GetAPIReader(), rt, mgr.GetEventRecorder("kubectl-test"), clock.RealClock{},
-			sandboxcontroller.Options{NodeName: node, StopGracePeriod: time.Second, SkipNameValidation: true, Snapshots: store})
+			sandboxcontroller.Options{NodeName: node, StopGracePeriod: time.Second, SkipNameValidation: true, Snapshots: &snapshotstore.Node{Dir: dir}})
 		Expect(err).NotTo(HaveOccurred())
 		Expect(r.SetupWithManager(mgr, time.Hour)).To(Succeed())
 		ctx, cancel := context.WithCancel(context.Background())

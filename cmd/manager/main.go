@@ -51,6 +51,7 @@ import (
 	"github.com/code-sandbox/code-sandbox-operator/internal/nodeapi"
 	"github.com/code-sandbox/code-sandbox-operator/internal/nodelease"
 	"github.com/code-sandbox/code-sandbox-operator/internal/operatorca"
+	"github.com/code-sandbox/code-sandbox-operator/internal/snapshotstore"
 	"github.com/code-sandbox/code-sandbox-operator/internal/version"
 )
 
@@ -102,6 +103,7 @@ func run() error {
 	flag.StringVar(&probeAddr, "health-probe-bind-address", ":8081", "Address of the /healthz and /readyz endpoints.")
 	flag.BoolVar(&showVersion, "version", false, "Print the version and exit.")
 	flag.StringVar(&stateDir, "state-dir", "/var/lib/code-sandbox-operator", "Directory for the manager's state on the node (exec history under history/, SandboxSnapshots' files under snapshots/).")
+	snapshotRegistry := flag.String("snapshot-registry", "", "Keep SandboxSnapshots' files in this OCI registry repository (HOST[:PORT]/PATH; plain HTTP only on loopback; credentials from the Docker keychain of the manager's user) instead of under --state-dir, so that a Sandbox can be restored from them on any node. Give every node the same value. The registry must allow deletes (storage.delete.enabled).")
 	allowedRegistries := flag.String("allowed-registries", "", "Comma-separated image registries sandboxes may use besides public ones: host (any port), host:port or CIDR, for example 127.0.0.1:5000,registry.corp,10.0.0.0/8. Without them loopback, private, link-local and single-label registry hosts and localhost are refused (see docs/security.md).")
 	allowPublicRegistries := flag.Bool("allow-public-registries", true, "Allow any public registry host (and images without one, which are Docker Hub's). false makes --allowed-registries a strict allow-list (list docker.io to keep Docker Hub).")
 	nodeAPI.bind(flag.CommandLine)
@@ -185,10 +187,27 @@ func run() error {
 	if err != nil {
 		return fmt.Errorf("loading kubeconfig: %w", err)
 	}
-	// SandboxSnapshots' files: tenant data, 0700/0600 (snapshotstore.go).
-	snapshots, err := sandboxcontroller.NewLocalSnapshotStore(filepath.Join(stateDir, "snapshots"), nodeName)
+	// SandboxSnapshots' files: tenant data, 0700/0600, in the node's
+	// directory, or in the registry when one is given (then the directory
+	// still serves the snapshots stored there before).
+	snapshotDir, err := snapshotstore.NewDir(filepath.Join(stateDir, "snapshots"), 0)
 	if err != nil {
 		return fmt.Errorf("--state-dir %s: %w", stateDir, err)
+	}
+	snapshots := &snapshotstore.Node{Dir: snapshotDir}
+	// Registry pushes and restores spool here: the root file system is
+	// read-only in the manager's pod.
+	snapshotSpool := filepath.Join(stateDir, "snapshot-spool")
+	if err := os.MkdirAll(snapshotSpool, 0o700); err != nil {
+		return fmt.Errorf("--state-dir %s: %w", stateDir, err)
+	}
+	if *snapshotRegistry != "" {
+		spool := snapshotSpool
+		reg, err := snapshotstore.NewRegistry(*snapshotRegistry, snapshotstore.RegistryOptions{SpoolDir: spool})
+		if err != nil {
+			return fmt.Errorf("--snapshot-registry: %w", err)
+		}
+		snapshots.Registry = reg
 	}
 	hist, err := history.New(filepath.Join(stateDir, "history"), 0)
 	if err != nil {
@@ -255,6 +274,7 @@ func run() error {
 			NodeAPIEndpoint:         api.endpoint,
 			History:                 hist,
 			Snapshots:               snapshots,
+			SnapshotSpoolDir:        snapshotSpool,
 			LiveNodes:               liveNodes,
 			Activity:                activity,
 			EgressProxy:             egressPolicies(egressNode),

@@ -9,7 +9,6 @@ package sandbox
 import (
 	"context"
 	"fmt"
-	"io"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
@@ -29,12 +28,16 @@ import (
 const snapshotRefField = "spec.snapshotRef.name"
 
 // A Sandbox with spec.snapshotRef (its restore policy):
-//   - is claimed only by the manager of the node that holds the snapshot
-//     (its status.node, which only that node's manager may write), once the
-//     snapshot is Ready; until then every manager reports why it waits
+//   - is claimed, once the snapshot is Ready, by the manager of the node
+//     that holds the snapshot (its status.node, which only that node's
+//     manager may write) or, when the data is in the snapshot registry
+//     (status.storage is a ref of this node's --snapshot-registry), by any
+//     node's manager; until then every manager reports why it waits
 //     (Ready=False, SnapshotNotFound or SnapshotNotReady), unbound;
-//   - runs the snapshot's image by digest (status.imageID, present on that
-//     node since the source ran there), never pulled;
+//   - on the holding node, runs the snapshot's image by ID (status.imageID,
+//     present there since the source ran there), never pulled; on another
+//     node, runs spec.image by its pull policy and is refused
+//     (RestoreFailed) unless that resolves to the same image ID;
 //   - gets the snapshot's files written into its container before it is
 //     Ready (SnapshotRestored=True), or reports RestoreFailed and retries.
 //
@@ -55,7 +58,7 @@ func (r *SandboxReconciler) snapshotFor(ctx context.Context, sbx *sandboxv1alpha
 	case !snap.DeletionTimestamp.IsZero():
 		return nil, sandboxv1alpha1.SandboxReasonSnapshotNotFound,
 			fmt.Sprintf("SandboxSnapshot %s is being deleted", snap.Name), nil
-	case !snap.IsReady() || snap.Status.Node == "" || snap.Status.Source == nil || snap.Status.ImageID == "":
+	case !snap.IsReady() || snap.Status.Node == "" || snap.Status.Source == nil || snap.Status.ImageID == "" || snap.Status.Storage == "":
 		msg := "SandboxSnapshot " + snap.Name + " is not Ready"
 		if c := meta.FindStatusCondition(snap.Status.Conditions, string(sandboxv1alpha1.SnapshotConditionReady)); c != nil {
 			msg += " (" + c.Reason + ": " + c.Message + ")"
@@ -83,7 +86,7 @@ func (r *SandboxReconciler) claimRestore(ctx context.Context, sbx *sandboxv1alph
 		}
 		return false, ctrl.Result{}, nil // the snapshot watch wakes us
 	}
-	if snap.Status.Node != r.opts.NodeName {
+	if !r.canRestore(snap) {
 		if sbx.Spec.NodeName == r.opts.NodeName {
 			// Pinned here, held there: it can never run. Say so (an
 			// unbound Sandbox's manager may write a Ready that is not True).
@@ -97,10 +100,21 @@ func (r *SandboxReconciler) claimRestore(ctx context.Context, sbx *sandboxv1alph
 		}
 		return false, ctrl.Result{}, nil // the holder's manager claims it
 	}
-	if r.opts.Snapshots == nil {
-		return false, ctrl.Result{}, nil
-	}
 	return r.claimNode(ctx, sbx, nil)
+}
+
+// canRestore says whether this node can restore snap: it holds it, or its
+// data is in this node's snapshot registry.
+func (r *SandboxReconciler) canRestore(snap *sandboxv1alpha1.SandboxSnapshot) bool {
+	if r.opts.Snapshots == nil {
+		return false
+	}
+	return snap.Status.Node == r.opts.NodeName || r.opts.Snapshots.Shared(snap.Status.Storage)
+}
+
+// notHeld says why this node cannot restore snap.
+func (r *SandboxReconciler) notHeld(snap *sandboxv1alpha1.SandboxSnapshot) string {
+	return fmt.Sprintf("SandboxSnapshot %s is held by node %s, not by %s, and is not in this node's snapshot registry", snap.Name, snap.Status.Node, r.opts.NodeName)
 }
 
 // restoreSpec points a restored Sandbox's container spec at the snapshot's
@@ -113,11 +127,16 @@ func (r *SandboxReconciler) restoreSpec(ctx context.Context, sbx *sandboxv1alpha
 	if snap == nil {
 		return msg, nil
 	}
-	if snap.Status.Node != r.opts.NodeName || r.opts.Snapshots == nil {
-		return fmt.Sprintf("SandboxSnapshot %s is held by node %s, not by %s", snap.Name, snap.Status.Node, r.opts.NodeName), nil
+	if !r.canRestore(snap) {
+		return r.notHeld(snap), nil
 	}
 	if why := mismatch(sbx, snap); why != "" {
 		return why, nil
+	}
+	if snap.Status.Node != r.opts.NodeName {
+		// Another node's image store: run spec.image as the Sandbox says;
+		// restoreFiles refuses it unless it is the snapshot's image.
+		return "", nil
 	}
 	spec.Image = snap.Status.ImageID
 	spec.PullPolicy = dockerruntime.PullPolicy(sandboxv1alpha1.PullNever)
@@ -163,23 +182,32 @@ func (r *SandboxReconciler) restoreFiles(ctx context.Context, sbx *sandboxv1alph
 	if snap == nil {
 		return fail(msg)
 	}
-	if snap.Status.Node != r.opts.NodeName || r.opts.Snapshots == nil {
-		return fail(fmt.Sprintf("SandboxSnapshot %s is held by node %s, not by %s", snap.Name, snap.Status.Node, r.opts.NodeName))
+	if !r.canRestore(snap) {
+		return fail(r.notHeld(snap))
 	}
 	if why := mismatch(sbx, snap); why != "" {
 		return fail(why)
+	}
+	if ct.ImageID != snap.Status.ImageID {
+		return fail(fmt.Sprintf("the container runs image %s, but SandboxSnapshot %s was taken of image %s: spec.image %q resolves to another image on node %s",
+			ct.ImageID, snap.Name, snap.Status.ImageID, sbx.Spec.Image, r.opts.NodeName))
 	}
 	disk := sandboxv1alpha1.DefaultDiskBytes
 	if d := sbx.Spec.Resources.Disk; d != nil {
 		disk = d.Value()
 	}
-	key := string(snap.UID)
-	open := func() (io.ReadCloser, error) { return r.opts.Snapshots.Open(ctx, key) }
+	start := r.clock.Now()
+	open, cleanup, err := spoolSnapshot(ctx, r.opts.Snapshots, snap.Status.Storage, r.opts.SnapshotSpoolDir)
+	if err != nil {
+		return fail(fmt.Sprintf("reading SandboxSnapshot %s: %v", snap.Name, err))
+	}
+	defer cleanup()
 	limits := execio.UploadLimits{MaxBytes: disk * snapshotRootsPerSandbox}
 	stats, err := r.docker.Restore(ctx, ct.ID, dockerruntime.SnapshotRoots(snap.Status.Source.WorkingDir), open, limits)
 	if err != nil {
 		return fail(fmt.Sprintf("restoring SandboxSnapshot %s: %v", snap.Name, err))
 	}
+	ObserveRestore(storageKind(r.opts.Snapshots, snap.Status.Storage), r.clock.Since(start))
 	msg = fmt.Sprintf("restored %d files, %d directories, %d bytes from SandboxSnapshot %s", stats.Files, stats.Dirs, stats.Bytes, snap.Name)
 	r.setRestored(sbx, metav1.ConditionTrue, sandboxv1alpha1.SandboxReasonSnapshotRestored, msg)
 	r.recorder.Eventf(sbx, nil, "Normal", sandboxv1alpha1.SandboxReasonSnapshotRestored, "Restore", "%s", msg)

@@ -87,6 +87,11 @@ type Options struct {
 	// egress policy are not created on this node (Ready=False, reason
 	// EgressProxyUnavailable): they must never run unrestricted.
 	EgressProxy EgressProxy
+	// SnapshotSpoolDir holds a registry snapshot's tar while it is
+	// restored (0600 files, removed after; default os.TempDir(), which the
+	// manager's read-only root file system does not allow: give a
+	// directory under --state-dir).
+	SnapshotSpoolDir string
 }
 
 // HistoryDeleter forgets the exec history of one Sandbox, keyed by its UID.

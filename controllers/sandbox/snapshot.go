@@ -30,6 +30,7 @@ import (
 	"github.com/code-sandbox/code-sandbox-operator/internal/dockerruntime"
 	"github.com/code-sandbox/code-sandbox-operator/internal/execio"
 	"github.com/code-sandbox/code-sandbox-operator/internal/quota"
+	"github.com/code-sandbox/code-sandbox-operator/internal/snapshotstore"
 	"github.com/code-sandbox/code-sandbox-operator/internal/warmpool"
 )
 
@@ -83,16 +84,23 @@ func (r *SnapshotReconciler) Reconcile(ctx context.Context, req ctrl.Request) (c
 		// Gone: its finalizer saw its data removed first.
 		return ctrl.Result{}, client.IgnoreNotFound(err)
 	}
-	if snap.Status.Node != "" && snap.Status.Node != r.node {
-		return ctrl.Result{}, nil
-	}
 	if !snap.DeletionTimestamp.IsZero() {
 		return r.finalize(ctx, snap)
+	}
+	if snap.Status.Node != "" && snap.Status.Node != r.node {
+		return ctrl.Result{}, nil
 	}
 	old := snap.Status.DeepCopy()
 	result, event, err := r.reconcile(ctx, snap)
 	if !equality.Semantic.DeepEqual(old, &snap.Status) {
 		if werr := r.client.Status().Update(ctx, snap); werr != nil {
+			if old.Storage == "" && snap.Status.Storage != "" {
+				// The data was stored but its ref not recorded: remove it
+				// now, or nothing would; the next reconcile takes it again.
+				if derr := r.store.Delete(ctx, snap.Status.Storage); derr != nil {
+					werr = errors.Join(werr, fmt.Errorf("removing unrecorded data %s: %w", snap.Status.Storage, derr))
+				}
+			}
 			if apierrors.IsConflict(werr) || apierrors.IsNotFound(werr) {
 				return ctrl.Result{RequeueAfter: 100 * time.Millisecond}, nil
 			}
@@ -136,7 +144,6 @@ func (r *SnapshotReconciler) reconcile(ctx context.Context, snap *sandboxv1alpha
 		// manager may write its status, and a deletion finds the node that
 		// may hold data.
 		snap.Status.Node = r.node
-		snap.Status.Storage = r.store.Location(string(snap.UID))
 		r.setReady(snap, metav1.ConditionFalse, sandboxv1alpha1.SnapshotReasonPending, "waiting for Sandbox "+sbx.Name+" to be Ready")
 		return ctrl.Result{RequeueAfter: 50 * time.Millisecond}, nil, nil
 	}
@@ -187,11 +194,11 @@ func (r *SnapshotReconciler) take(ctx context.Context, snap *sandboxv1alpha1.San
 	}
 	maxBytes := disk * snapshotRootsPerSandbox
 	start := r.clock.Now()
-	size, err := r.store.Put(ctx, string(snap.UID), func(w io.Writer) error {
+	ref, size, err := putSnapshot(ctx, r.store, snapshotKey(snap.Namespace, string(snap.UID)), func(w io.Writer) error {
 		_, err := r.docker.Snapshot(ctx, ct.ID, dockerruntime.SnapshotRoots(workdir), w, maxBytes)
 		return err
 	})
-	if errors.Is(err, execio.ErrTooLarge) {
+	if errors.Is(err, execio.ErrTooLarge) || errors.Is(err, snapshotstore.ErrTooLarge) {
 		msg := fmt.Sprintf("the files of Sandbox %s are larger than %d bytes (%d writable paths of resources.disk); nothing was kept", sbx.Name, maxBytes, snapshotRootsPerSandbox)
 		r.setReady(snap, metav1.ConditionFalse, sandboxv1alpha1.SnapshotReasonTooLarge, msg)
 		return ctrl.Result{}, &snapshotEvent{"Warning", sandboxv1alpha1.SnapshotReasonTooLarge, msg}, nil
@@ -201,7 +208,7 @@ func (r *SnapshotReconciler) take(ctx context.Context, snap *sandboxv1alpha1.San
 	}
 	if why, err := r.overQuota(ctx, snap, size); err != nil || why != "" {
 		if err == nil {
-			err = r.store.Delete(ctx, string(snap.UID))
+			err = r.store.Delete(ctx, ref)
 		}
 		if err != nil {
 			// Not settled: the data may still be there; try again.
@@ -220,7 +227,14 @@ func (r *SnapshotReconciler) take(ctx context.Context, snap *sandboxv1alpha1.San
 	snap.Status.ImageID = ct.ImageID
 	snap.Status.SizeBytes = size
 	snap.Status.TakenTime = &now
-	msg := fmt.Sprintf("%d bytes of Sandbox %s stored on node %s in %s", size, sbx.Name, r.node, r.clock.Since(start).Round(time.Millisecond))
+	snap.Status.Storage = ref
+	took := r.clock.Since(start)
+	ObserveSnapshot(storageKind(r.store, ref), took)
+	where := "on node " + r.node
+	if r.store.Shared(ref) {
+		where = "in the snapshot registry by node " + r.node
+	}
+	msg := fmt.Sprintf("%d bytes of Sandbox %s stored %s in %s", size, sbx.Name, where, took.Round(time.Millisecond))
 	r.setReady(snap, metav1.ConditionTrue, sandboxv1alpha1.SnapshotReasonStored, msg)
 	return ctrl.Result{}, &snapshotEvent{"Normal", sandboxv1alpha1.SnapshotReasonStored, msg}, nil
 }
@@ -266,18 +280,28 @@ func (r *SnapshotReconciler) finalize(ctx context.Context, snap *sandboxv1alpha1
 	if !controllerutil.ContainsFinalizer(snap, sandboxv1alpha1.FinalizerSnapshotData) {
 		return ctrl.Result{}, nil
 	}
-	if snap.Status.Node != r.node {
-		return ctrl.Result{}, nil // never claimed: the node that claims nothing holds nothing
+	ref := snap.Status.Storage
+	shared := ref != "" && r.store.Shared(ref)
+	if snap.Status.Node != r.node && !shared {
+		// Never claimed here, and not in a registry this node reaches: the
+		// node that claimed it holds its data.
+		return ctrl.Result{}, nil
 	}
-	if err := r.store.Delete(ctx, string(snap.UID)); err != nil {
-		return ctrl.Result{}, fmt.Errorf("removing the data of snapshot %s/%s: %w", snap.Namespace, snap.Name, err)
+	if ref != "" {
+		if err := r.store.Delete(ctx, ref); err != nil && !errors.Is(err, snapshotstore.ErrInvalidRef) {
+			return ctrl.Result{}, fmt.Errorf("removing the data of snapshot %s/%s: %w", snap.Namespace, snap.Name, err)
+		} else if err != nil {
+			// Not a ref of this node's stores (written by an older
+			// manager): nothing here can be removed for it.
+			r.recorder.Eventf(snap, nil, "Warning", "DataNotRemoved", "Delete", "%s", truncateMessage(err.Error()))
+		}
 	}
 	base := snap.DeepCopy()
 	controllerutil.RemoveFinalizer(snap, sandboxv1alpha1.FinalizerSnapshotData)
 	if err := r.client.Patch(ctx, snap, client.MergeFromWithOptions(base, client.MergeFromWithOptimisticLock{})); err != nil && !apierrors.IsNotFound(err) {
 		return ctrl.Result{}, ignoreConflict(fmt.Errorf("removing finalizer: %w", err))
 	}
-	r.recorder.Eventf(snap, nil, "Normal", "DataRemoved", "Delete", "snapshot data removed from node %s", r.node)
+	r.recorder.Eventf(snap, nil, "Normal", "DataRemoved", "Delete", "snapshot data removed by node %s", r.node)
 	return ctrl.Result{}, nil
 }
 

@@ -12,114 +12,82 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"path/filepath"
-	"regexp"
+
+	"github.com/code-sandbox/code-sandbox-operator/internal/snapshotstore"
 )
 
-// SnapshotStore keeps the tar streams of SandboxSnapshots, each under a key
-// the manager derives from the snapshot's UID alone: nothing a user or a
-// sandbox writes decides where data goes. LocalSnapshotStore keeps them
-// under the manager's state directory; a registry store (--snapshot-registry)
-// can implement the same three calls.
+// SnapshotStore keeps the tar streams of SandboxSnapshots: the one store
+// abstraction of internal/snapshotstore (a node's directory, or with
+// --snapshot-registry an OCI registry; *snapshotstore.Node implements it).
+// The ref Put returns goes to status.storage, which only the holding node's
+// manager may write (config/policy/snapshot_status_policy.yaml), and each
+// store checks a ref against its own configuration before reading: nothing
+// a user or a sandbox writes decides where data goes or is read from.
 type SnapshotStore interface {
-	// Put stores what write writes under key, replacing whatever was there,
-	// and returns its size. Nothing is kept when write fails.
-	Put(ctx context.Context, key string, write func(io.Writer) error) (int64, error)
-	// Open returns the stored stream of key from its start, or an error
-	// wrapping os.ErrNotExist.
-	Open(ctx context.Context, key string) (io.ReadCloser, error)
-	// Delete removes key's data; deleting what does not exist succeeds.
-	Delete(ctx context.Context, key string) error
-	// Location describes where key's data is, for status.storage: for
-	// operators only, never read back.
-	Location(key string) string
+	snapshotstore.Store
+	// Shared says whether ref is data any node's manager with the same
+	// store can open (a registry ref), so that a restore of it may run on
+	// any node rather than only on the node that took it.
+	Shared(ref string) bool
 }
 
-// snapshotKey is the shape of a key: a Kubernetes UID (lower-case hex and
-// dashes). Anything else is refused before a path is built.
-var snapshotKey = regexp.MustCompile(`^[a-z0-9][a-z0-9-]{0,63}$`)
+// snapshotKey is the store key (a name for people: a registry repository
+// path) of a snapshot: its namespace and UID, both assigned by the API
+// server's rules, never free text.
+func snapshotKey(namespace, uid string) string { return "sandboxsnapshots/" + namespace + "/" + uid }
 
-// LocalSnapshotStore keeps each snapshot as one file, DIR/KEY.tar, mode
-// 0600 in a 0700 directory: the files are tenant data.
-type LocalSnapshotStore struct {
-	dir  string
-	node string
-}
+var errStoreStopped = errors.New("the snapshot store stopped reading")
 
-// NewLocalSnapshotStore makes (or tightens) dir and returns a store in it.
-func NewLocalSnapshotStore(dir, node string) (*LocalSnapshotStore, error) {
-	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return nil, fmt.Errorf("creating the snapshot directory: %w", err)
+// putSnapshot streams what write writes into the store under key.
+func putSnapshot(ctx context.Context, s SnapshotStore, key string, write func(io.Writer) error) (string, int64, error) {
+	pr, pw := io.Pipe()
+	werr := make(chan error, 1)
+	go func() {
+		err := write(pw)
+		pw.CloseWithError(err)
+		werr <- err
+	}()
+	ref, size, err := s.Put(ctx, key, pr)
+	// Unblock the writer if the store stopped reading early.
+	pr.CloseWithError(errStoreStopped)
+	wErr := <-werr
+	switch {
+	case err == nil:
+		return ref, size, nil
+	case wErr != nil && !errors.Is(wErr, errStoreStopped):
+		// The writer's error is the cause (too large, the container went).
+		return "", 0, wErr
+	default:
+		return "", 0, err
 	}
-	if err := os.Chmod(dir, 0o700); err != nil {
-		return nil, fmt.Errorf("securing the snapshot directory: %w", err)
-	}
-	return &LocalSnapshotStore{dir: dir, node: node}, nil
 }
 
-func (s *LocalSnapshotStore) path(key string) (string, error) {
-	if !snapshotKey.MatchString(key) {
-		return "", fmt.Errorf("invalid snapshot key %q: want a UID (lower-case letters, digits and dashes)", key)
+// spoolSnapshot opens ref once and, for data that is not a local file (a
+// registry blob), copies it into a 0600 temporary file first: a restore
+// reads the tar once per writable path, and each read of a registry ref
+// would be a download. The returned open reads the spooled copy; cleanup
+// removes it.
+func spoolSnapshot(ctx context.Context, s SnapshotStore, ref, dir string) (open func() (io.ReadCloser, error), cleanup func(), err error) {
+	if snapshotstore.IsDirRef(ref) {
+		return func() (io.ReadCloser, error) { return s.Open(ctx, ref) }, func() {}, nil
 	}
-	return filepath.Join(s.dir, key+".tar"), nil
-}
-
-// Put writes to KEY.tar.partial and renames it into place once complete,
-// so that a crash never leaves a truncated snapshot under the real name.
-func (s *LocalSnapshotStore) Put(_ context.Context, key string, write func(io.Writer) error) (int64, error) {
-	p, err := s.path(key)
+	rc, err := s.Open(ctx, ref)
 	if err != nil {
-		return 0, err
+		return nil, nil, err
 	}
-	tmp := p + ".partial"
-	f, err := os.OpenFile(tmp, os.O_CREATE|os.O_TRUNC|os.O_WRONLY, 0o600)
+	defer rc.Close()
+	f, err := os.CreateTemp(dir, ".restore-*.tar") // CreateTemp makes it 0600
 	if err != nil {
-		return 0, err
+		return nil, nil, fmt.Errorf("spooling the snapshot: %w", err)
 	}
-	werr := write(f)
-	if werr == nil {
-		werr = f.Sync()
+	cleanup = func() { _ = os.Remove(f.Name()) }
+	_, err = io.Copy(f, rc)
+	if cerr := f.Close(); err == nil {
+		err = cerr
 	}
-	var size int64
-	if st, err := f.Stat(); err == nil {
-		size = st.Size()
-	}
-	if cerr := f.Close(); werr == nil {
-		werr = cerr
-	}
-	if werr == nil {
-		werr = os.Rename(tmp, p)
-	}
-	if werr != nil {
-		_ = os.Remove(tmp)
-		return 0, werr
-	}
-	return size, nil
-}
-
-// Open opens KEY.tar.
-func (s *LocalSnapshotStore) Open(_ context.Context, key string) (io.ReadCloser, error) {
-	p, err := s.path(key)
 	if err != nil {
-		return nil, err
+		cleanup()
+		return nil, nil, fmt.Errorf("reading snapshot %s: %w", ref, err)
 	}
-	return os.Open(p)
+	return func() (io.ReadCloser, error) { return os.Open(f.Name()) }, cleanup, nil
 }
-
-// Delete removes KEY.tar and any partial write of it.
-func (s *LocalSnapshotStore) Delete(_ context.Context, key string) error {
-	p, err := s.path(key)
-	if err != nil {
-		return err
-	}
-	var errs []error
-	for _, f := range []string{p, p + ".partial"} {
-		if err := os.Remove(f); err != nil && !errors.Is(err, os.ErrNotExist) {
-			errs = append(errs, err)
-		}
-	}
-	return errors.Join(errs...)
-}
-
-// Location is "node-local:NODE".
-func (s *LocalSnapshotStore) Location(string) string { return "node-local:" + s.node }

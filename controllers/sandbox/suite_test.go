@@ -98,6 +98,8 @@ type managerConfig struct {
 	snapshots SnapshotStore
 	// egressProxy is the node's egress proxy (Options.EgressProxy).
 	egressProxy EgressProxy
+	// snapshotSpool is where registry restores spool (default: temp dir).
+	snapshotSpool string
 }
 
 // startManager runs a manager for node (prefixed with testNodePrefix) until
@@ -138,6 +140,7 @@ func startManager(node string, mc managerConfig) *testManager {
 			LiveNodes:          liveNodes,
 			Snapshots:          mc.snapshots,
 			EgressProxy:        mc.egressProxy,
+			SnapshotSpoolDir:   mc.snapshotSpool,
 		})
 	Expect(err).NotTo(HaveOccurred())
 	Expect(r.SetupWithManager(mgr, mc.orphanGCInterval)).To(Succeed())

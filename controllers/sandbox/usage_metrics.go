@@ -46,6 +46,20 @@ var (
 		Help:    "Time until a Sandbox is usable, by path: cold and warm (create to Ready), resume (thaw of a paused Sandbox).",
 		Buckets: []float64{0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 120},
 	}, []string{"path"})
+	// snapshotLatency: taking a SandboxSnapshot on this node (freeze, read
+	// the files, store them, thaw), by where the data went.
+	snapshotLatency = prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Name:    "code_sandbox_snapshot_seconds",
+		Help:    "Time to take a SandboxSnapshot on this node (files read and stored), by storage: node-local or registry.",
+		Buckets: []float64{0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 120, 300},
+	}, []string{"storage"})
+	// restoreLatency: writing a snapshot's files into a restoring
+	// Sandbox's container (the part of path="fork" that is the restore).
+	restoreLatency = prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Name:    "code_sandbox_restore_seconds",
+		Help:    "Time to write a SandboxSnapshot's files into a restoring Sandbox on this node (fetch included), by storage: node-local or registry.",
+		Buckets: []float64{0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 120, 300},
+	}, []string{"storage"})
 	warmClaimLatency = prometheus.NewHistogram(prometheus.HistogramOpts{
 		Name:    "code_sandbox_warm_claim_seconds",
 		Help:    "Time a warm pool claim takes on this node: the status write and the member's thaw.",
@@ -58,15 +72,27 @@ const (
 	PathCold   = "cold"
 	PathWarm   = "warm"
 	PathResume = "resume"
+	// PathFork: create-to-Ready of a Sandbox restored from a
+	// SandboxSnapshot (spec.snapshotRef), files included.
+	PathFork = "fork"
+)
+
+// Storage label values of the snapshot and restore histograms.
+const (
+	StorageNodeLocal = "node-local"
+	StorageRegistry  = "registry"
 )
 
 func init() {
-	metrics.Registry.MustRegister(nsSandboxes, nsCPU, nsMemory, startLatency, warmClaimLatency)
+	metrics.Registry.MustRegister(nsSandboxes, nsCPU, nsMemory, startLatency, warmClaimLatency, snapshotLatency, restoreLatency)
 }
 
 // startPath is the path of a Sandbox's first start: warm when it took over
 // a warm pool member's container.
 func startPath(sbx *sandboxv1alpha1.Sandbox) string {
+	if sbx.Spec.SnapshotRef != nil {
+		return PathFork
+	}
 	if sbx.ContainerUID() != sbx.UID {
 		return PathWarm
 	}
@@ -76,6 +102,24 @@ func startPath(sbx *sandboxv1alpha1.Sandbox) string {
 // ObserveStart records the time until a Sandbox was usable on path.
 func ObserveStart(path string, d time.Duration) {
 	startLatency.WithLabelValues(path).Observe(d.Seconds())
+}
+
+// ObserveSnapshot records the time a snapshot took, by storage.
+func ObserveSnapshot(storage string, d time.Duration) {
+	snapshotLatency.WithLabelValues(storage).Observe(d.Seconds())
+}
+
+// ObserveRestore records the time a restore's files took, by storage.
+func ObserveRestore(storage string, d time.Duration) {
+	restoreLatency.WithLabelValues(storage).Observe(d.Seconds())
+}
+
+// storageKind is the storage label of ref.
+func storageKind(s SnapshotStore, ref string) string {
+	if s != nil && s.Shared(ref) {
+		return StorageRegistry
+	}
+	return StorageNodeLocal
 }
 
 // UsageSampler is what UsageCollector needs of Docker;

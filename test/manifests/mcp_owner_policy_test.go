@@ -111,6 +111,26 @@ var _ = Describe("The MCP ownership policy of the default overlay, applied for r
 		expectMCPOwnerRefusal(impostor.Create(ctx, owned("impostor", "id-0123456789abcdef")), "may not create")
 	})
 
+	It("refuses a namespace admin creating or labelling a SandboxSnapshot as an MCP identity's, and lets the MCP server", func(ctx SpecContext) {
+		snap := func(name string, labels map[string]string) *unstructured.Unstructured {
+			u := &unstructured.Unstructured{Object: map[string]any{
+				"apiVersion": "sandbox.code-sandbox.dev/v1alpha1", "kind": "SandboxSnapshot",
+				"metadata": map[string]any{"namespace": ns, "name": name},
+				"spec":     map[string]any{"sandboxRef": map[string]any{"name": "probe"}},
+			}}
+			u.SetLabels(labels)
+			return u
+		}
+		expectMCPOwnerRefusal(carol.Create(ctx, snap("forged-snap", map[string]string{mcpOwnerLabel: "id-0123456789abcdef"})),
+			"may not create SandboxSnapshot "+ns+"/forged-snap with the label "+mcpOwnerLabel)
+		Expect(carol.Create(ctx, snap("plain-snap", nil))).To(Succeed())
+		plain := snap("plain-snap", nil)
+		Expect(carol.Get(ctx, client.ObjectKeyFromObject(plain), plain)).To(Succeed())
+		plain.SetLabels(map[string]string{mcpOwnerLabel: "id-0123456789abcdef"})
+		expectMCPOwnerRefusal(carol.Update(ctx, plain), "on SandboxSnapshot "+ns+"/plain-snap the label "+mcpOwnerLabel)
+		Expect(mcp.Create(ctx, snap("by-mcp-snap", map[string]string{mcpOwnerLabel: "id-0123456789abcdef"}))).To(Succeed())
+	})
+
 	It("lets the MCP server create its Sandboxes with both, and the namespace admin edit everything else on them", func(ctx SpecContext) {
 		Expect(mcp.Create(ctx, owned("by-mcp", "id-0123456789abcdef"))).To(Succeed())
 		Expect(patchSandbox(ctx, carol, ns, "by-mcp", map[string]any{

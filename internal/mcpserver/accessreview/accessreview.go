@@ -41,17 +41,27 @@ const (
 )
 
 // Permission is one RBAC check: a verb on sandboxes
-// (sandbox.code-sandbox.dev) or one of their subresources.
+// (sandbox.code-sandbox.dev) or one of their subresources, or on another
+// resource of that group (Resource: sandboxsnapshots).
 type Permission struct {
 	Verb        string
 	Subresource string
+	// Resource is the group's resource (empty: sandboxes).
+	Resource string
+}
+
+func (p Permission) resource() string {
+	if p.Resource == "" {
+		return "sandboxes"
+	}
+	return p.Resource
 }
 
 func (p Permission) String() string {
 	if p.Subresource == "" {
-		return p.Verb + " sandboxes"
+		return p.Verb + " " + p.resource()
 	}
-	return p.Verb + " sandboxes/" + p.Subresource
+	return p.Verb + " " + p.resource() + "/" + p.Subresource
 }
 
 // Reviewer is the part of the Kubernetes API the Authorizer uses; tests
@@ -123,7 +133,7 @@ func ReviewFor(caller contract.Caller, namespace string, p Permission, name stri
 			Verb:        p.Verb,
 			Group:       sandboxv1alpha1.GroupVersion.Group,
 			Version:     sandboxv1alpha1.GroupVersion.Version,
-			Resource:    "sandboxes",
+			Resource:    p.resource(),
 			Subresource: p.Subresource,
 			Name:        name,
 		},

@@ -477,7 +477,7 @@ func (b *driver) Create(ctx context.Context, caller contract.Caller, req contrac
 
 // createObject reserves a fresh random name within the caller's
 // --max-sandboxes (reservation.go) and creates the Sandbox under it.
-func (b *driver) createObject(ctx context.Context, caller contract.Caller, req contract.CreateRequest) (*sandboxv1alpha1.Sandbox, error) {
+func (b *driver) createObject(ctx context.Context, caller contract.Caller, req contract.CreateRequest, mutate ...func(*sandboxv1alpha1.Sandbox)) (*sandboxv1alpha1.Sandbox, error) {
 	// Finished even if the caller leaves: a create cut off half-way could
 	// leave a Sandbox nobody knows about.
 	actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), apiTimeout)
@@ -489,6 +489,9 @@ func (b *driver) createObject(ctx context.Context, caller contract.Caller, req c
 			return nil, err
 		}
 		sbx := b.sandboxSpec(caller, name, req)
+		for _, m := range mutate {
+			m(sbx)
+		}
 		err = b.kube.Create(actx, sbx)
 		if err != nil {
 			b.unreserve(ns, caller, name)

@@ -139,6 +139,13 @@ type NodeOptions struct {
 	FileTransferLimit int64
 	// History defaults to a store in a temporary directory.
 	History *history.Store
+	// Snapshots, when set, is the node's SandboxSnapshot store: the
+	// manager takes and restores snapshots.
+	Snapshots sandboxcontroller.SnapshotStore
+	// Endpoint is the node API address advertised in Sandbox status when
+	// op is nil (nothing serves it): for specs that only need Ready
+	// Sandboxes and run their commands through Docker.
+	Endpoint string
 }
 
 // Node is a manager for one node running in this process: the Sandbox
@@ -177,7 +184,7 @@ func Start(cp *testenv.ControlPlane, op *Operator, opts NodeOptions) *Node {
 		Cache:                  sandboxcontroller.CacheOptions(opts.Name),
 	})
 	Expect(err).NotTo(HaveOccurred())
-	endpoint := ""
+	endpoint := opts.Endpoint
 	n.Activity = sandboxcontroller.NewActivity(clock.RealClock{})
 	if op != nil {
 		// The aggregated API server dials only the Node's own addresses.
@@ -199,6 +206,7 @@ func Start(cp *testenv.ControlPlane, op *Operator, opts NodeOptions) *Node {
 			NodeAPIEndpoint:    endpoint,
 			History:            n.History,
 			Activity:           n.Activity,
+			Snapshots:          opts.Snapshots,
 		})
 	Expect(err).NotTo(HaveOccurred())
 	Expect(r.SetupWithManager(n.Manager, time.Hour)).To(Succeed())
