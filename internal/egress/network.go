@@ -163,14 +163,17 @@ func checkNetwork(n network.Inspect, name, bridge string) error {
 		ErrNetworkMisconfigured, name, shortID(n.ID), strings.Join(problems, ", "), name)
 }
 
-// RemoveNetwork removes the egress network. A network that does not exist is
-// not an error; one with containers attached is (Docker refuses).
+// RemoveNetwork removes the egress network and the policy network. A
+// network that does not exist is not an error; one with containers
+// attached is (Docker refuses).
 func RemoveNetwork(ctx context.Context, api NetworkRemover) error {
-	err := api.NetworkRemove(ctx, NetworkName)
-	if err == nil || cerrdefs.IsNotFound(err) {
-		return nil
+	var errs []error
+	for _, name := range []string{NetworkName, PolicyNetworkName} {
+		if err := api.NetworkRemove(ctx, name); err != nil && !cerrdefs.IsNotFound(err) {
+			errs = append(errs, fmt.Errorf("removing Docker network %s: %w", name, err))
+		}
 	}
-	return fmt.Errorf("removing Docker network %s: %w", NetworkName, err)
+	return errors.Join(errs...)
 }
 
 func shortID(id string) string {
