@@ -40,7 +40,9 @@ type recordingProxy struct {
 
 func newRecordingProxy() *recordingProxy {
 	GinkgoHelper()
-	p, err := egressproxy.New(egressproxy.Config{Listen: "127.0.0.1:0", DNSListen: "127.0.0.1:0", Upstream: "127.0.0.1:53"})
+	ca, err := egressproxy.LoadOrCreateCA(GinkgoT().TempDir(), time.Now())
+	Expect(err).NotTo(HaveOccurred())
+	p, err := egressproxy.New(egressproxy.Config{Listen: "127.0.0.1:0", DNSListen: "127.0.0.1:0", Upstream: "127.0.0.1:53", CA: ca})
 	Expect(err).NotTo(HaveOccurred())
 	return &recordingProxy{Node: egressproxy.NewNode(p, nil), last: map[netip.Addr]egressproxy.Policy{}}
 }
@@ -74,14 +76,17 @@ func (p *recordingProxy) policy(src netip.Addr) (egressproxy.Policy, bool) {
 // hosts lists a policy's hosts with their ports as the real proxy has them.
 func (p *recordingProxy) ports(src netip.Addr) []uint16 { return p.Policies()[src] }
 
-func egressAddrOf(uid types.UID) netip.Addr {
+// egressAddrOf is the container's address on network (NetworkEgress or
+// NetworkEgressPolicy); it must be on that one only.
+func egressAddrOf(uid types.UID, network string) netip.Addr {
 	GinkgoHelper()
 	list := containersOf(uid)
 	Expect(list).To(HaveLen(1))
 	ins, err := docker.ContainerInspect(context.Background(), list[0].ID)
 	Expect(err).NotTo(HaveOccurred())
-	ep := ins.NetworkSettings.Networks[dockerruntime.NetworkEgress]
-	Expect(ep).NotTo(BeNil(), "the container is not on the egress network")
+	Expect(ins.NetworkSettings.Networks).To(HaveLen(1))
+	ep := ins.NetworkSettings.Networks[network]
+	Expect(ep).NotTo(BeNil(), "the container is not on "+network)
 	a, err := netip.ParseAddr(ep.IPAddress)
 	Expect(err).NotTo(HaveOccurred())
 	return a
@@ -126,7 +131,9 @@ var _ = Describe("Egress policies on a node", func() {
 		key := client.ObjectKeyFromObject(sbx)
 		Eventually(readyReason(key), 60*time.Second, 100*time.Millisecond).Should(Equal("True/Running"))
 		Eventually(egressCondition(key), 10*time.Second, 50*time.Millisecond).Should(Equal("True/EgressPolicyApplied"))
-		addr := egressAddrOf(getSandbox(key).UID)
+		// A sandbox with a policy is on the policy network (redirected to
+		// the proxy from its first packet), never on the plain one.
+		addr := egressAddrOf(getSandbox(key).UID, dockerruntime.NetworkEgressPolicy)
 		pol, ok := proxy.policy(addr)
 		Expect(ok).To(BeTrue())
 		Expect(pol.Sandbox).To(Equal(ns + "/live"))
@@ -164,7 +171,9 @@ var _ = Describe("Egress policies on a node", func() {
 		Eventually(readyReason(key), 60*time.Second, 100*time.Millisecond).Should(Equal("True/Running"))
 		// No Secret yet: that host is left out (refused), the rest applies.
 		Eventually(egressCondition(key), 10*time.Second, 50*time.Millisecond).Should(Equal("False/SecretNotFound"))
-		addr := egressAddrOf(getSandbox(key).UID)
+		// A sandbox with a policy is on the policy network (redirected to
+		// the proxy from its first packet), never on the plain one.
+		addr := egressAddrOf(getSandbox(key).UID, dockerruntime.NetworkEgressPolicy)
 		pol, _ := proxy.policy(addr)
 		Expect(pol.Rules).To(Equal([]egressproxy.Rule{{Host: "pypi.org"}}))
 
@@ -202,6 +211,13 @@ var _ = Describe("Egress policies on a node", func() {
 		rawInspect, err := json.Marshal(ins)
 		Expect(err).NotTo(HaveOccurred())
 		Expect(string(rawInspect)).NotTo(ContainSubstring(secretValue), "the value reached the container's config (env, labels, mounts)")
+
+		// The proxy's CA is in the sandbox, through the helper, and the
+		// usual TLS clients are pointed at it.
+		id := containersOf(getSandbox(key).UID)[0].ID
+		Expect(dockerExecOutput(id, "cat", dockerruntime.EgressCAFile)).To(Equal(string(proxy.CAPEM())))
+		Expect(dockerExecOutput(id, "cat", dockerruntime.EgressCABundle)).To(HaveSuffix(string(proxy.CAPEM())))
+		Expect(ins.Config.Env).To(ContainElements(dockerruntime.EgressCAEnv()))
 	})
 
 	It("keeps unrestricted Egress without a policy", func() {
@@ -211,7 +227,7 @@ var _ = Describe("Egress policies on a node", func() {
 		key := client.ObjectKeyFromObject(sbx)
 		Eventually(readyReason(key), 60*time.Second, 100*time.Millisecond).Should(Equal("True/Running"), func() string { return readyMessage(key) })
 		Consistently(egressCondition(key), time.Second, 100*time.Millisecond).Should(BeEmpty())
-		Expect(proxy.Policies()).NotTo(HaveKey(egressAddrOf(getSandbox(key).UID)))
+		Expect(proxy.Policies()).NotTo(HaveKey(egressAddrOf(getSandbox(key).UID, dockerruntime.NetworkEgress)))
 	})
 })
 
