@@ -638,7 +638,9 @@ func (f *Firewall) ensure(ctx context.Context) ([]string, error) {
 
 // verifyOwned checks the rules a manager installed: both chains and their
 // jumps exist. The manager repairs them; we only refuse to run egress
-// sandboxes while they are missing.
+// sandboxes while they are missing. Not the policy bridge's: a Firewall
+// that is not a manager's (the MCP server's Docker backend) never runs
+// policy sandboxes, and a manager writes its own.
 func (f *Firewall) verifyOwned(ctx context.Context) error {
 	for _, fam := range f.families() {
 		for _, j := range []struct{ parent, chain string }{{fam.forwardParent, ForwardChain}, {"INPUT", InputChain}} {
@@ -650,17 +652,6 @@ func (f *Firewall) verifyOwned(ctx context.Context) error {
 				return fmt.Errorf("the node manager's egress chain %s (%s) is empty", j.chain, fam.bin)
 			}
 			if _, err := f.runFam(ctx, fam, append([]string{"-C", j.parent}, jump(j.chain)...)...); err != nil {
-				return fmt.Errorf("the node manager's jump %s -> %s (%s) is missing", j.parent, j.chain, fam.bin)
-			}
-		}
-		// The policy bridge's drops: without them (a manager of an
-		// older version owns the rules) its sandboxes would be
-		// unrestricted.
-		for _, j := range []struct{ parent, chain string }{{fam.forwardParent, PolicyForwardChain}, {"INPUT", PolicyInputChain}} {
-			if rules, err := f.list(ctx, fam, j.chain); err != nil || len(rules) == 0 {
-				return fmt.Errorf("the node manager's egress chain %s (%s) is missing or empty", j.chain, fam.bin)
-			}
-			if _, err := f.runFam(ctx, fam, append([]string{"-C", j.parent}, policyJump(j.chain)...)...); err != nil {
 				return fmt.Errorf("the node manager's jump %s -> %s (%s) is missing", j.parent, j.chain, fam.bin)
 			}
 		}
