@@ -11,6 +11,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/netip"
+	"strings"
 	"sync"
 	"time"
 
@@ -110,13 +111,14 @@ var _ = Describe("Egress policies on a node", func() {
 		ns    string
 		proxy *recordingProxy
 		node  string
+		mgr   *testManager
 	)
 	BeforeEach(func() {
 		ns = newNamespace()
 		proxy = newRecordingProxy()
 		nodeSeq++
 		node = fmt.Sprintf("%segress-policy-%d", testNodePrefix, nodeSeq)
-		startManager(node, managerConfig{egressProxy: proxy})
+		mgr = startManager(node, managerConfig{egressProxy: proxy})
 	})
 
 	policySandbox := func(name string, rules ...sandboxv1alpha1.EgressRule) *sandboxv1alpha1.Sandbox {
@@ -218,6 +220,50 @@ var _ = Describe("Egress policies on a node", func() {
 		Expect(dockerExecOutput(id, "cat", dockerruntime.EgressCAFile)).To(Equal(string(proxy.CAPEM())))
 		Expect(dockerExecOutput(id, "cat", dockerruntime.EgressCABundle)).To(HaveSuffix(string(proxy.CAPEM())))
 		Expect(ins.Config.Env).To(ContainElements(dockerruntime.EgressCAEnv()))
+	})
+
+	It("records the proxy's refusals as Warning Events on the Sandbox, rate-limited, quoted", func() {
+		sbx := policySandbox("refused", sandboxv1alpha1.EgressRule{Host: "a.example.com"})
+		key := client.ObjectKeyFromObject(sbx)
+		Eventually(func() error { return mgr.reconciler.client.Get(ctx, key, &sandboxv1alpha1.Sandbox{}) }, 10*time.Second, 50*time.Millisecond).Should(Succeed())
+		refusals := func() []eventsv1.Event {
+			var evs eventsv1.EventList
+			Expect(k8sClient.List(ctx, &evs, client.InNamespace(ns))).To(Succeed())
+			var out []eventsv1.Event
+			for _, ev := range evs.Items {
+				if ev.Reason == EventReasonEgressRefused && ev.Regarding.Name == "refused" {
+					out = append(out, ev)
+				}
+			}
+			return out
+		}
+		refuse := func(host, reason, path string) egressproxy.Event {
+			return egressproxy.Event{Time: time.Now(), Sandbox: ns + "/refused", Host: host, Port: 443, Method: "GET", Path: path,
+				Decision: egressproxy.DecisionRefused, Reason: reason}
+		}
+		// A sandbox retrying in a loop: one Event.
+		for range 20 {
+			mgr.reconciler.EgressAudit(refuse("evil.example.org", egressproxy.ReasonNotAllowed, "/x\x1b[31m\n"))
+		}
+		// Not refusals, or not a sandbox: none.
+		mgr.reconciler.EgressAudit(egressproxy.Event{Sandbox: ns + "/refused", Host: "a.example.com", Port: 443, Decision: egressproxy.DecisionInjected, Reason: egressproxy.ReasonInjected})
+		mgr.reconciler.EgressAudit(egressproxy.Event{Sandbox: "", Host: "x.example.org", Port: 443, Decision: egressproxy.DecisionRefused, Reason: egressproxy.ReasonNoPolicy})
+		mgr.reconciler.EgressAudit(refuse("other.example.org", egressproxy.ReasonNotAllowed, "/"))
+		mgr.reconciler.EgressAudit(refuse("1.2.3.4", egressproxy.ReasonRawIP, "/"))
+		// One Event per kind of refusal (the events API folds the other
+		// host's NotAllowed into the first one's series).
+		Eventually(func() int { return len(refusals()) }, 10*time.Second, 100*time.Millisecond).Should(Equal(2))
+		Consistently(func() int { return len(refusals()) }, 2*time.Second, 200*time.Millisecond).Should(Equal(2))
+		var notes []string
+		for _, ev := range refusals() {
+			Expect(ev.Type).To(Equal("Warning"))
+			Expect(ev.Note).NotTo(ContainSubstring("\x1b"), "the sandbox's bytes are quoted")
+			Expect(ev.Note).NotTo(ContainSubstring("\n"))
+			notes = append(notes, ev.Note)
+		}
+		Expect(strings.Join(notes, "|")).To(And(
+			ContainSubstring(`"evil.example.org":443 "GET" "/x\x1b[31m\n": NotAllowed`),
+			ContainSubstring(`"1.2.3.4":443 "GET" "/": RawIP`)))
 	})
 
 	It("keeps unrestricted Egress without a policy", func() {

@@ -128,6 +128,8 @@ type SandboxReconciler struct {
 	spread  *spreadTracker
 	// deleted holds the UIDs of deleted Sandboxes not yet cleaned up after.
 	deleted *deletedTracker
+	// egressEvents rate-limits EgressAudit's Events.
+	egressEvents egressEventLimiter
 	// activity is the node API's record of use, for the idle policy.
 	activity *Activity
 	// dockerEvents carries Docker container events into the work queue.
