@@ -45,7 +45,7 @@ func (f *egressFlags) bind(fs *flag.FlagSet) {
 	fs.DurationVar(&f.interval, "egress-firewall-interval", egress.DefaultCheckInterval, "How often the egress rules are checked and repaired.")
 	fs.StringVar(&f.mode, "egress-iptables-mode", egress.ModeAuto, "iptables backend of the egress rules, which must be the one holding Docker's DOCKER-USER chain: auto (the one holding Docker's chains, else kubelet's hint chain, else the most rules, as Kubernetes' iptables-wrapper does; plain iptables when neither iptables-nft nor iptables-legacy is installed), nft (iptables-nft) or legacy (iptables-legacy).")
 	fs.BoolVar(&f.detect, "egress-iptables-detect", false, "Print the iptables backend --egress-iptables-mode chooses on this node, and why, then exit. Changes nothing.")
-	fs.BoolVar(&f.cleanup, "egress-cleanup", false, "Remove the egress iptables rules and the "+egress.NetworkName+" Docker network, then exit (uninstall).")
+	fs.BoolVar(&f.cleanup, "egress-cleanup", false, "Remove the egress iptables rules and the "+egress.NetworkName+" and "+egress.PolicyNetworkName+" Docker networks, then exit (uninstall).")
 }
 
 func (f *egressFlags) newFirewall() (*egress.Firewall, error) {
@@ -110,7 +110,7 @@ func runEgressCleanup(f egressFlags, dockerHost string) error {
 		errs = append(errs, fmt.Errorf("%w (remove the Egress sandboxes first)", err))
 	}
 	if len(errs) == 0 {
-		fmt.Println("removed the egress firewall rules and the " + egress.NetworkName + " network")
+		fmt.Println("removed the egress firewall rules and the " + egress.NetworkName + " and " + egress.PolicyNetworkName + " networks")
 	}
 	return errors.Join(errs...)
 }

@@ -17,6 +17,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/go-logr/logr"
@@ -44,7 +45,11 @@ func (f *egressProxyFlags) bind(fs *flag.FlagSet) {
 // startEgressProxy builds the proxy on the egress bridge's gateway, tells
 // the firewall where it is, and returns the Node the sandbox controller
 // sets policies on, with the proxy's Run to add to the manager.
-func startEgressProxy(ctx context.Context, log logr.Logger, f egressProxyFlags, fw *egress.Firewall, docker *dockerruntime.Client, stateDir string) (*egressproxy.Node, func(context.Context) error, error) {
+//
+// sink, once set, gets every audit event too (the sandbox controller's
+// EgressAudit, which turns refusals into Events); the proxy exists before
+// the controller does.
+func startEgressProxy(ctx context.Context, log logr.Logger, f egressProxyFlags, fw *egress.Firewall, docker *dockerruntime.Client, stateDir string, sink *atomic.Pointer[func(egressproxy.Event)]) (*egressproxy.Node, func(context.Context) error, error) {
 	if fw == nil {
 		return nil, nil, errors.New("--egress-proxy needs --egress-firewall")
 	}
@@ -74,6 +79,9 @@ func startEgressProxy(ctx context.Context, log logr.Logger, f egressProxyFlags, 
 		// Rate-limited by the proxy; the secret is never in an Event.
 		Audit: func(e egressproxy.Event) {
 			audit.Info("egress", "sandbox", e.Sandbox, "decision", e.Decision, "reason", e.Reason, "host", e.Host, "port", e.Port, "method", e.Method, "path", e.Path)
+			if fn := sink.Load(); fn != nil {
+				(*fn)(e)
+			}
 		},
 	})
 	if err != nil {

@@ -24,6 +24,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/code-sandbox/code-sandbox-operator/internal/subresource"
@@ -171,9 +172,10 @@ func run() error {
 	// the sandbox controller sets each policy sandbox's policy on.
 	var egressNode *egressproxy.Node
 	var runEgressProxy func(context.Context) error
+	var egressAudit atomic.Pointer[func(egressproxy.Event)]
 	if egressProxyOpts.enabled && egressFW != nil {
 		var perr error
-		egressNode, runEgressProxy, perr = startEgressProxy(egressCtx, ctrl.Log.WithName("egress-proxy"), egressProxyOpts, egressFW, docker, stateDir)
+		egressNode, runEgressProxy, perr = startEgressProxy(egressCtx, ctrl.Log.WithName("egress-proxy"), egressProxyOpts, egressFW, docker, stateDir, &egressAudit)
 		if perr != nil {
 			// Sandboxes with an egress policy are refused (no Node);
 			// every other sandbox works as before.
@@ -285,6 +287,10 @@ func run() error {
 	if err := reconciler.SetupWithManager(mgr, orphanGCInterval); err != nil {
 		return fmt.Errorf("setting up controller: %w", err)
 	}
+	// Refusals become Events on the Sandbox (rate-limited twice: by the
+	// proxy's sink and per sandbox, host and reason).
+	audit := reconciler.EgressAudit
+	egressAudit.Store(&audit)
 	if egressFW != nil {
 		if err := mgr.Add(manager.RunnableFunc(func(ctx context.Context) error {
 			return keepEgressFirewall(ctx, ctrl.Log.WithName("egress"), egressFW, egressOpts.interval)

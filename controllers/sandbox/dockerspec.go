@@ -60,6 +60,12 @@ func dockerSpecFor(sbx *sandboxv1alpha1.Sandbox, opts Options) (dockerruntime.Sp
 		spec.Network = dockerruntime.NetworkNone
 	case sandboxv1alpha1.NetworkEgress:
 		spec.Network = dockerruntime.NetworkEgress
+		if egressPolicyOf(sbx) != nil {
+			// The policy network: the firewall sends everything to the
+			// proxy from the first packet, before applyEgress has set
+			// the policy (until then the proxy refuses the source).
+			spec.Network = dockerruntime.NetworkEgressPolicy
+		}
 	default:
 		return spec, fmt.Errorf("unknown network mode %q", sbx.Spec.Network.Mode)
 	}

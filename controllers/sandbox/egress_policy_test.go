@@ -11,6 +11,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/netip"
+	"strings"
 	"sync"
 	"time"
 
@@ -40,7 +41,9 @@ type recordingProxy struct {
 
 func newRecordingProxy() *recordingProxy {
 	GinkgoHelper()
-	p, err := egressproxy.New(egressproxy.Config{Listen: "127.0.0.1:0", DNSListen: "127.0.0.1:0", Upstream: "127.0.0.1:53"})
+	ca, err := egressproxy.LoadOrCreateCA(GinkgoT().TempDir(), time.Now())
+	Expect(err).NotTo(HaveOccurred())
+	p, err := egressproxy.New(egressproxy.Config{Listen: "127.0.0.1:0", DNSListen: "127.0.0.1:0", Upstream: "127.0.0.1:53", CA: ca})
 	Expect(err).NotTo(HaveOccurred())
 	return &recordingProxy{Node: egressproxy.NewNode(p, nil), last: map[netip.Addr]egressproxy.Policy{}}
 }
@@ -74,14 +77,17 @@ func (p *recordingProxy) policy(src netip.Addr) (egressproxy.Policy, bool) {
 // hosts lists a policy's hosts with their ports as the real proxy has them.
 func (p *recordingProxy) ports(src netip.Addr) []uint16 { return p.Policies()[src] }
 
-func egressAddrOf(uid types.UID) netip.Addr {
+// egressAddrOf is the container's address on network (NetworkEgress or
+// NetworkEgressPolicy); it must be on that one only.
+func egressAddrOf(uid types.UID, network string) netip.Addr {
 	GinkgoHelper()
 	list := containersOf(uid)
 	Expect(list).To(HaveLen(1))
 	ins, err := docker.ContainerInspect(context.Background(), list[0].ID)
 	Expect(err).NotTo(HaveOccurred())
-	ep := ins.NetworkSettings.Networks[dockerruntime.NetworkEgress]
-	Expect(ep).NotTo(BeNil(), "the container is not on the egress network")
+	Expect(ins.NetworkSettings.Networks).To(HaveLen(1))
+	ep := ins.NetworkSettings.Networks[network]
+	Expect(ep).NotTo(BeNil(), "the container is not on "+network)
 	a, err := netip.ParseAddr(ep.IPAddress)
 	Expect(err).NotTo(HaveOccurred())
 	return a
@@ -105,13 +111,14 @@ var _ = Describe("Egress policies on a node", func() {
 		ns    string
 		proxy *recordingProxy
 		node  string
+		mgr   *testManager
 	)
 	BeforeEach(func() {
 		ns = newNamespace()
 		proxy = newRecordingProxy()
 		nodeSeq++
 		node = fmt.Sprintf("%segress-policy-%d", testNodePrefix, nodeSeq)
-		startManager(node, managerConfig{egressProxy: proxy})
+		mgr = startManager(node, managerConfig{egressProxy: proxy})
 	})
 
 	policySandbox := func(name string, rules ...sandboxv1alpha1.EgressRule) *sandboxv1alpha1.Sandbox {
@@ -126,7 +133,9 @@ var _ = Describe("Egress policies on a node", func() {
 		key := client.ObjectKeyFromObject(sbx)
 		Eventually(readyReason(key), 60*time.Second, 100*time.Millisecond).Should(Equal("True/Running"))
 		Eventually(egressCondition(key), 10*time.Second, 50*time.Millisecond).Should(Equal("True/EgressPolicyApplied"))
-		addr := egressAddrOf(getSandbox(key).UID)
+		// A sandbox with a policy is on the policy network (redirected to
+		// the proxy from its first packet), never on the plain one.
+		addr := egressAddrOf(getSandbox(key).UID, dockerruntime.NetworkEgressPolicy)
 		pol, ok := proxy.policy(addr)
 		Expect(ok).To(BeTrue())
 		Expect(pol.Sandbox).To(Equal(ns + "/live"))
@@ -164,7 +173,9 @@ var _ = Describe("Egress policies on a node", func() {
 		Eventually(readyReason(key), 60*time.Second, 100*time.Millisecond).Should(Equal("True/Running"))
 		// No Secret yet: that host is left out (refused), the rest applies.
 		Eventually(egressCondition(key), 10*time.Second, 50*time.Millisecond).Should(Equal("False/SecretNotFound"))
-		addr := egressAddrOf(getSandbox(key).UID)
+		// A sandbox with a policy is on the policy network (redirected to
+		// the proxy from its first packet), never on the plain one.
+		addr := egressAddrOf(getSandbox(key).UID, dockerruntime.NetworkEgressPolicy)
 		pol, _ := proxy.policy(addr)
 		Expect(pol.Rules).To(Equal([]egressproxy.Rule{{Host: "pypi.org"}}))
 
@@ -202,6 +213,57 @@ var _ = Describe("Egress policies on a node", func() {
 		rawInspect, err := json.Marshal(ins)
 		Expect(err).NotTo(HaveOccurred())
 		Expect(string(rawInspect)).NotTo(ContainSubstring(secretValue), "the value reached the container's config (env, labels, mounts)")
+
+		// The proxy's CA is in the sandbox, through the helper, and the
+		// usual TLS clients are pointed at it.
+		id := containersOf(getSandbox(key).UID)[0].ID
+		Expect(dockerExecOutput(id, "cat", dockerruntime.EgressCAFile)).To(Equal(string(proxy.CAPEM())))
+		Expect(dockerExecOutput(id, "cat", dockerruntime.EgressCABundle)).To(HaveSuffix(string(proxy.CAPEM())))
+		Expect(ins.Config.Env).To(ContainElements(dockerruntime.EgressCAEnv()))
+	})
+
+	It("records the proxy's refusals as Warning Events on the Sandbox, rate-limited, quoted", func() {
+		sbx := policySandbox("refused", sandboxv1alpha1.EgressRule{Host: "a.example.com"})
+		key := client.ObjectKeyFromObject(sbx)
+		Eventually(func() error { return mgr.reconciler.client.Get(ctx, key, &sandboxv1alpha1.Sandbox{}) }, 10*time.Second, 50*time.Millisecond).Should(Succeed())
+		refusals := func() []eventsv1.Event {
+			var evs eventsv1.EventList
+			Expect(k8sClient.List(ctx, &evs, client.InNamespace(ns))).To(Succeed())
+			var out []eventsv1.Event
+			for _, ev := range evs.Items {
+				if ev.Reason == EventReasonEgressRefused && ev.Regarding.Name == "refused" {
+					out = append(out, ev)
+				}
+			}
+			return out
+		}
+		refuse := func(host, reason, path string) egressproxy.Event {
+			return egressproxy.Event{Time: time.Now(), Sandbox: ns + "/refused", Host: host, Port: 443, Method: "GET", Path: path,
+				Decision: egressproxy.DecisionRefused, Reason: reason}
+		}
+		// A sandbox retrying in a loop: one Event.
+		for range 20 {
+			mgr.reconciler.EgressAudit(refuse("evil.example.org", egressproxy.ReasonNotAllowed, "/x\x1b[31m\n"))
+		}
+		// Not refusals, or not a sandbox: none.
+		mgr.reconciler.EgressAudit(egressproxy.Event{Sandbox: ns + "/refused", Host: "a.example.com", Port: 443, Decision: egressproxy.DecisionInjected, Reason: egressproxy.ReasonInjected})
+		mgr.reconciler.EgressAudit(egressproxy.Event{Sandbox: "", Host: "x.example.org", Port: 443, Decision: egressproxy.DecisionRefused, Reason: egressproxy.ReasonNoPolicy})
+		mgr.reconciler.EgressAudit(refuse("other.example.org", egressproxy.ReasonNotAllowed, "/"))
+		mgr.reconciler.EgressAudit(refuse("1.2.3.4", egressproxy.ReasonRawIP, "/"))
+		// One Event per kind of refusal (the events API folds the other
+		// host's NotAllowed into the first one's series).
+		Eventually(func() int { return len(refusals()) }, 10*time.Second, 100*time.Millisecond).Should(Equal(2))
+		Consistently(func() int { return len(refusals()) }, 2*time.Second, 200*time.Millisecond).Should(Equal(2))
+		var notes []string
+		for _, ev := range refusals() {
+			Expect(ev.Type).To(Equal("Warning"))
+			Expect(ev.Note).NotTo(ContainSubstring("\x1b"), "the sandbox's bytes are quoted")
+			Expect(ev.Note).NotTo(ContainSubstring("\n"))
+			notes = append(notes, ev.Note)
+		}
+		Expect(strings.Join(notes, "|")).To(And(
+			ContainSubstring(`"evil.example.org":443 "GET" "/x\x1b[31m\n": NotAllowed`),
+			ContainSubstring(`"1.2.3.4":443 "GET" "/": RawIP`)))
 	})
 
 	It("keeps unrestricted Egress without a policy", func() {
@@ -211,7 +273,7 @@ var _ = Describe("Egress policies on a node", func() {
 		key := client.ObjectKeyFromObject(sbx)
 		Eventually(readyReason(key), 60*time.Second, 100*time.Millisecond).Should(Equal("True/Running"), func() string { return readyMessage(key) })
 		Consistently(egressCondition(key), time.Second, 100*time.Millisecond).Should(BeEmpty())
-		Expect(proxy.Policies()).NotTo(HaveKey(egressAddrOf(getSandbox(key).UID)))
+		Expect(proxy.Policies()).NotTo(HaveKey(egressAddrOf(getSandbox(key).UID, dockerruntime.NetworkEgress)))
 	})
 })
 

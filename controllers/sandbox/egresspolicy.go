@@ -8,6 +8,7 @@ package sandbox
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/netip"
 	"strings"
@@ -35,6 +36,9 @@ type EgressProxy interface {
 	// RemovePolicy fails closed by itself: a firewall it cannot update
 	// keeps redirecting the address to the proxy, which refuses it.
 	RemovePolicy(src netip.Addr)
+	// CAPEM is the certificate sandboxes whose policy injects must trust
+	// (the proxy terminates their TLS); nil without a CA.
+	CAPEM() []byte
 }
 
 var _ EgressProxy = (*egressproxy.Node)(nil)
@@ -114,6 +118,36 @@ func egressPolicyOf(sbx *sandboxv1alpha1.Sandbox) *sandboxv1alpha1.EgressPolicy 
 // needsEgressProxy reports whether sbx may only be created on a node with
 // an egress proxy: a sandbox with a policy must never run unrestricted.
 func needsEgressProxy(sbx *sandboxv1alpha1.Sandbox) bool { return egressPolicyOf(sbx) != nil }
+
+// egressInjects reports whether sbx's policy injects a credential: the
+// proxy then terminates its TLS, and the container must trust the proxy's
+// CA (EgressCAEnv at create, installEgressCA after start).
+func egressInjects(sbx *sandboxv1alpha1.Sandbox) bool {
+	pol := egressPolicyOf(sbx)
+	if pol == nil {
+		return false
+	}
+	for _, rule := range pol.Allow {
+		if rule.Inject != nil {
+			return true
+		}
+	}
+	return false
+}
+
+// installEgressCA puts the proxy's CA into a new container of a sandbox
+// whose policy injects, through the helper (never the image). Until it is
+// there, TLS to an injected host fails verification: closed, not open.
+func (r *SandboxReconciler) installEgressCA(ctx context.Context, sbx *sandboxv1alpha1.Sandbox, id string) error {
+	if r.opts.EgressProxy == nil || !egressInjects(sbx) {
+		return nil
+	}
+	pem := r.opts.EgressProxy.CAPEM()
+	if len(pem) == 0 {
+		return errors.New("the node's egress proxy has no CA, so it cannot inject into HTTPS")
+	}
+	return r.docker.InstallEgressCA(ctx, id, pem)
+}
 
 // applyEgress hands the policy of a running container to the proxy and
 // records the outcome in the EgressPolicyApplied condition. It fails

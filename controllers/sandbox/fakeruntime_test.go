@@ -8,6 +8,7 @@ package sandbox
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"slices"
@@ -307,4 +308,9 @@ func (f *fakeRuntime) Snapshot(context.Context, string, []string, io.Writer, int
 
 func (f *fakeRuntime) Restore(context.Context, string, []string, func() (io.ReadCloser, error), execio.UploadLimits) (execio.TransferStats, error) {
 	return execio.TransferStats{}, f.unavailable("restore")
+}
+
+// InstallEgressCA is not exercised by the unit tier (no egress proxy).
+func (f *fakeRuntime) InstallEgressCA(context.Context, string, []byte) error {
+	return errors.New("fakeRuntime: no egress CA")
 }

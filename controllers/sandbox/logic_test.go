@@ -131,6 +131,13 @@ var _ = Describe("dockerSpecFor", Label("unit"), func() {
 		Expect(spec.Network).To(Equal(dockerruntime.NetworkEgress))
 		Expect(spec.Runtime).To(Equal(dockerruntime.RuntimeRunsc))
 		Expect(spec.StopGracePeriod).To(Equal(3 * time.Second))
+
+		// With a policy, the policy network: redirected to the proxy
+		// from the first packet, before the policy is set.
+		sbx.Spec.Network.Egress = &sandboxv1alpha1.EgressPolicy{Allow: []sandboxv1alpha1.EgressRule{{Host: "example.com"}}}
+		spec, err = dockerSpecFor(sbx, Options{NodeName: "node-1"})
+		Expect(err).NotTo(HaveOccurred())
+		Expect(spec.Network).To(Equal(dockerruntime.NetworkEgressPolicy))
 	})
 
 	It("leaves unset limits to the runtime's defaults and rejects unknown enums", func() {

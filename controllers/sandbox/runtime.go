@@ -54,6 +54,10 @@ type Runtime interface {
 	// container through the sanitising upload path.
 	Snapshot(ctx context.Context, id string, roots []string, w io.Writer, maxBytes int64) (execio.TransferStats, error)
 	Restore(ctx context.Context, id string, roots []string, open func() (io.ReadCloser, error), limits execio.UploadLimits) (execio.TransferStats, error)
+	// InstallEgressCA writes the node egress proxy's CA (and a bundle of
+	// the image's roots with it) into a running container through the
+	// helper, at dockerruntime.EgressCABundle; the image is unchanged.
+	InstallEgressCA(ctx context.Context, id string, caPEM []byte) error
 	// WatchEvents streams the container events of node until ctx ends or
 	// the stream breaks.
 	WatchEvents(ctx context.Context, node string, handle func(dockerruntime.Event)) error

@@ -133,6 +133,8 @@ type SandboxReconciler struct {
 	spread  *spreadTracker
 	// deleted holds the UIDs of deleted Sandboxes not yet cleaned up after.
 	deleted *deletedTracker
+	// egressEvents rate-limits EgressAudit's Events.
+	egressEvents egressEventLimiter
 	// activity is the node API's record of use, for the idle policy.
 	activity *Activity
 	// dockerEvents carries Docker container events into the work queue.
@@ -426,6 +428,10 @@ func (r *SandboxReconciler) create(ctx context.Context, sbx *sandboxv1alpha1.San
 			return ctrl.Result{RequeueAfter: r.backoff.next(sbx.UID)}, nil
 		}
 	}
+	if egressInjects(sbx) {
+		// The CA installEgressCA writes, for the usual TLS clients.
+		spec.Env = append(spec.Env, dockerruntime.EgressCAEnv()...)
+	}
 	ct, err := r.docker.CreateAndStart(ctx, spec)
 	if err != nil {
 		return r.dockerFailure(ctx, sbx, err)
@@ -434,6 +440,14 @@ func (r *SandboxReconciler) create(ctx context.Context, sbx *sandboxv1alpha1.San
 	sbx.Status.ContainerID = ct.ID
 	// The policy first, as soon as the container has its address.
 	recheck := r.applyEgress(ctx, sbx, ct)
+	if err := r.installEgressCA(ctx, sbx, ct.ID); err != nil {
+		// A container without the CA would fail every injected request:
+		// removed and created again.
+		_ = r.docker.Remove(context.WithoutCancel(ctx), ct.ID, 0)
+		r.forgetEgress(ctx, ct.ID)
+		sbx.Status.ContainerID = ""
+		return r.dockerFailure(ctx, sbx, fmt.Errorf("installing the egress proxy's CA: %w", err))
+	}
 	// The start event will requeue us; checking state right away keeps the
 	// create-to-Ready path short.
 	if ct.State.Running {

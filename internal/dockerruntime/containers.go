@@ -73,9 +73,11 @@ func fromInspect(resp container.InspectResponse) Container {
 		out.State.FinishedAt, _ = time.Parse(time.RFC3339Nano, st.FinishedAt)
 	}
 	if ns := resp.NetworkSettings; ns != nil {
-		if ep := ns.Networks[NetworkEgress]; ep != nil {
-			if a, err := netip.ParseAddr(ep.IPAddress); err == nil && a.Is4() {
-				out.EgressAddr = a
+		for _, n := range []string{NetworkEgress, NetworkEgressPolicy} {
+			if ep := ns.Networks[n]; ep != nil {
+				if a, err := netip.ParseAddr(ep.IPAddress); err == nil && a.Is4() {
+					out.EgressAddr = a
+				}
 			}
 		}
 	}

@@ -36,8 +36,13 @@ func (c *Client) CreateAndStart(ctx context.Context, spec Spec) (Container, erro
 	if err := c.defaultPath(ctx, s.Image, cfg); err != nil {
 		return Container{}, err
 	}
-	if s.Network == NetworkEgress {
+	switch s.Network {
+	case NetworkEgress:
 		if err := c.EnsureEgressNetwork(ctx); err != nil {
+			return Container{}, err
+		}
+	case NetworkEgressPolicy:
+		if err := c.EnsureEgressPolicyNetwork(ctx); err != nil {
 			return Container{}, err
 		}
 	}
@@ -117,6 +122,31 @@ func (c *Client) EnsureEgressNetwork(ctx context.Context) error {
 		if err := egress.BridgeVisible(egress.BridgeName); err != nil {
 			return fmt.Errorf("%w: %v", ErrEgressUnavailable, err)
 		}
+	}
+	return nil
+}
+
+// EnsureEgressPolicyNetwork is EnsureEgressNetwork for the network of the
+// sandboxes with an egress policy (NetworkEgressPolicy).
+func (c *Client) EnsureEgressPolicyNetwork(ctx context.Context) error {
+	if c.egressReady != nil {
+		if err := c.egressReady(ctx); err != nil {
+			return fmt.Errorf("%w: %v", ErrEgressUnavailable, err)
+		}
+	}
+	c.negotiate(ctx)
+	nctx, cancel := c.bounded(ctx)
+	defer cancel()
+	if _, err := egress.EnsurePolicyNetwork(nctx, c.docker); err != nil {
+		if errors.Is(err, egress.ErrNetworkMisconfigured) {
+			return fmt.Errorf("%w: %v", ErrEgressUnavailable, err)
+		}
+		return classify(err, "preparing the egress policy network")
+	}
+	// Unlike EnsureEgressNetwork, always: a bridge the firewall's rules
+	// cannot see would leave a policy sandbox unrestricted.
+	if err := egress.BridgeVisible(egress.PolicyBridgeName); err != nil {
+		return fmt.Errorf("%w: %v", ErrEgressUnavailable, err)
 	}
 	return nil
 }

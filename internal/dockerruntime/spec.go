@@ -31,7 +31,15 @@ const (
 const (
 	NetworkNone   = "none"
 	NetworkEgress = egress.NetworkName
+	// NetworkEgressPolicy is the network of the sandboxes with an egress
+	// policy: the firewall sends everything on it to the node's egress
+	// proxy (or drops it) from the container's first packet, so that the
+	// sandbox is never unrestricted before its policy is set.
+	NetworkEgressPolicy = egress.PolicyNetworkName
 )
+
+// isEgress reports whether network mode n reaches the egress bridges.
+func isEgress(n string) bool { return n == NetworkEgress || n == NetworkEgressPolicy }
 
 // Docker runtime names.
 const (
@@ -183,9 +191,9 @@ func (s Spec) validate() error {
 		return invalid("memory %d is below Docker's 6MiB minimum", s.MemoryBytes)
 	}
 	switch s.Network {
-	case NetworkNone, NetworkEgress:
+	case NetworkNone, NetworkEgress, NetworkEgressPolicy:
 	default:
-		return invalid("network mode %q is not allowed (%s or %s)", s.Network, NetworkNone, NetworkEgress)
+		return invalid("network mode %q is not allowed (%s, %s or %s)", s.Network, NetworkNone, NetworkEgress, NetworkEgressPolicy)
 	}
 	switch s.Runtime {
 	case RuntimeRunc, RuntimeRunsc:
@@ -332,7 +340,7 @@ func BuildContainerConfig(spec Spec) (*container.Config, *container.HostConfig, 
 	pids := s.Pids
 	init := true
 	var sysctls map[string]string
-	if s.Network == NetworkEgress {
+	if isEgress(s.Network) {
 		sysctls = egress.SandboxSysctls()
 	}
 	hostCfg := &container.HostConfig{

@@ -46,6 +46,18 @@ const (
 	ProxyForwardChain = "CSBX-EGRESS-PROXIED"
 	ProxyInputChain   = "CSBX-EGRESS-PROXIED-IN"
 
+	// PolicyForwardChain and PolicyInputChain (filter, both families)
+	// hold the rules of PolicyBridgeName, the bridge of the sandboxes with
+	// an egress policy: nothing is routed, and the node accepts only what
+	// PolicyProxyChain (nat, the proxy's manager only) redirected to the
+	// proxy and resolver. They match the bridge, not addresses, so they
+	// hold from a container's first packet, and every manager writes the
+	// same (they do not depend on the proxy); without a proxy the bridge
+	// reaches nothing at all.
+	PolicyForwardChain = "CSBX-EGRESS-POLICY"
+	PolicyInputChain   = "CSBX-EGRESS-POLICY-IN"
+	PolicyProxyChain   = "CSBX-EGRESS-POLICY-PROXY"
+
 	dockerUserChain = "DOCKER-USER"
 )
 
@@ -233,6 +245,18 @@ func (f *Firewall) SetProxied(ctx context.Context, proxied map[netip.Addr][]uint
 	return repaired, err
 }
 
+// ProxiedSubnet is the subnet SetProxied takes addresses of (the egress
+// network's, from SetProxy); invalid without a proxy. Sandboxes on the
+// policy network need no address rules: their bridge's are enough.
+func (f *Firewall) ProxiedSubnet() netip.Prefix {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.proxy == nil {
+		return netip.Prefix{}
+	}
+	return f.proxy.Subnet
+}
+
 // proxiedAddrs is the proxied addresses, sorted.
 func (f *Firewall) proxiedAddrs() []netip.Addr {
 	out := make([]netip.Addr, 0, len(f.proxied))
@@ -301,6 +325,37 @@ func (f *Firewall) natRules() [][]string {
 		}
 	}
 	return out
+}
+
+// policyRules are the rules of PolicyForwardChain and PolicyInputChain.
+func policyRules(fam family) (forward, input [][]string) {
+	drop := []string{"-j", "DROP"}
+	if fam.v6 {
+		return [][]string{drop}, [][]string{drop}
+	}
+	// Only what PolicyProxyChain redirected (ctstate DNAT: to the proxy
+	// or the resolver) reaches the node; ACCEPT, since INPUT's policy may
+	// drop. Docker DNATs only published ports, to containers (routed, so
+	// dropped in PolicyForwardChain).
+	return [][]string{drop}, [][]string{{"-m", "conntrack", "--ctstate", "DNAT", "-j", "ACCEPT"}, drop}
+}
+
+// policyNATRules are the rules of PolicyProxyChain: DNS (to any server)
+// to the resolver, every other TCP port to the proxy, which checks the
+// original port against the source's policy and refuses a source it has
+// none for. DNAT to the proxy's address on the egress bridge: the node
+// delivers locally to any of its addresses.
+func (f *Firewall) policyNATRules() [][]string {
+	if f.proxy == nil {
+		return nil
+	}
+	gw := f.proxy.Gateway.String()
+	dns := gw + ":" + strconv.Itoa(int(f.proxy.DNSPort))
+	var out [][]string
+	for _, proto := range []string{"udp", "tcp"} {
+		out = append(out, []string{"-p", proto, "-m", proto, "--dport", "53", "-j", "DNAT", "--to-destination", dns})
+	}
+	return append(out, []string{"-p", "tcp", "-j", "DNAT", "--to-destination", gw + ":" + strconv.Itoa(int(f.proxy.Port))})
 }
 
 // Healthy reports whether the last Ensure succeeded. Egress sandboxes must
@@ -432,6 +487,9 @@ func ipv6Enabled() bool {
 // jump is the rule in parent that sends the bridge's traffic to chain.
 func jump(chain string) []string { return []string{"-i", BridgeName, "-j", chain} }
 
+// policyJump is jump for the policy bridge.
+func policyJump(chain string) []string { return []string{"-i", PolicyBridgeName, "-j", chain} }
+
 // Ensure installs whatever is missing or changed: the chains and their
 // rules, and the jumps to them as the first rule of DOCKER-USER (FORWARD
 // for IPv6) and INPUT. It returns what it repaired.
@@ -521,6 +579,28 @@ func (f *Firewall) ensure(ctx context.Context) ([]string, error) {
 				repaired = append(repaired, fmt.Sprintf("%s %s -> %s", fam.bin, j.parent, j.chain))
 			}
 		}
+		pf, pi := policyRules(fam)
+		for _, c := range []struct {
+			parent, name string
+			rules        [][]string
+		}{{fam.forwardParent, PolicyForwardChain, pf}, {"INPUT", PolicyInputChain, pi}} {
+			did, err := f.ensureRules(ctx, fam, c.name, c.rules)
+			if err != nil {
+				return repaired, err
+			}
+			if did {
+				repaired = append(repaired, fam.bin+" "+c.name)
+			}
+			// Second, after the egress bridge's jump (which matches
+			// another interface): both come before Docker's rules.
+			did, err = f.ensureAt(ctx, fam, c.parent, 2, policyJump(c.name))
+			if err != nil {
+				return repaired, err
+			}
+			if did {
+				repaired = append(repaired, fmt.Sprintf("%s %s -> %s", fam.bin, c.parent, c.name))
+			}
+		}
 	}
 	nat := family{bin: f.backend.IPTables, table: "nat"}
 	if f.proxy != nil {
@@ -538,13 +618,29 @@ func (f *Firewall) ensure(ctx context.Context) ([]string, error) {
 		if did {
 			repaired = append(repaired, nat.bin+" nat PREROUTING -> "+ProxyChain)
 		}
+		did, err = f.ensureRules(ctx, nat, PolicyProxyChain, f.policyNATRules())
+		if err != nil {
+			return repaired, err
+		}
+		if did {
+			repaired = append(repaired, nat.bin+" nat "+PolicyProxyChain)
+		}
+		did, err = f.ensureAt(ctx, nat, "PREROUTING", 2, policyJump(PolicyProxyChain))
+		if err != nil {
+			return repaired, err
+		}
+		if did {
+			repaired = append(repaired, nat.bin+" nat PREROUTING -> "+PolicyProxyChain)
+		}
 	}
 	return repaired, nil
 }
 
 // verifyOwned checks the rules a manager installed: both chains and their
 // jumps exist. The manager repairs them; we only refuse to run egress
-// sandboxes while they are missing.
+// sandboxes while they are missing. Not the policy bridge's: a Firewall
+// that is not a manager's (the MCP server's Docker backend) never runs
+// policy sandboxes, and a manager writes its own.
 func (f *Firewall) verifyOwned(ctx context.Context) error {
 	for _, fam := range f.families() {
 		for _, j := range []struct{ parent, chain string }{{fam.forwardParent, ForwardChain}, {"INPUT", InputChain}} {
@@ -721,18 +817,29 @@ func (f *Firewall) ensureRules(ctx context.Context, fam family, chain string, ru
 
 // ensureFirst makes rule the first rule of parent (exactly once).
 func (f *Firewall) ensureFirst(ctx context.Context, fam family, parent string, rule []string) (bool, error) {
+	return f.ensureAt(ctx, fam, parent, 1, rule)
+}
+
+// ensureAt makes rule the pos-th (from 1) rule of parent (exactly once),
+// or the last if parent has fewer rules before it.
+func (f *Firewall) ensureAt(ctx context.Context, fam family, parent string, pos int, rule []string) (bool, error) {
 	rules, err := f.list(ctx, fam, parent)
 	if err != nil {
 		return false, err
 	}
 	want := "-A " + parent + " " + strings.Join(rule, " ")
-	if len(rules) > 0 && rules[0] == want && slices.Index(rules[1:], want) < 0 {
+	if i := slices.Index(rules, want); i >= 0 && i == min(pos-1, len(rules)-1) && slices.Index(rules[i+1:], want) < 0 {
 		return false, nil
 	}
 	if err := f.deleteAll(ctx, fam, parent, rule); err != nil {
 		return false, err
 	}
-	if _, err := f.runFam(ctx, fam, append([]string{"-I", parent, "1"}, rule...)...); err != nil {
+	rules, err = f.list(ctx, fam, parent)
+	if err != nil {
+		return false, err
+	}
+	at := min(pos, len(rules)+1)
+	if _, err := f.runFam(ctx, fam, append([]string{"-I", parent, strconv.Itoa(at)}, rule...)...); err != nil {
 		return false, err
 	}
 	return true, nil
@@ -791,14 +898,20 @@ func (f *Firewall) Remove(ctx context.Context) error {
 	}
 	var errs []error
 	for _, fam := range f.families() {
-		for _, j := range []struct{ parent, chain string }{{fam.forwardParent, ForwardChain}, {"INPUT", InputChain}} {
+		for _, j := range []struct {
+			parent, chain string
+			rule          []string
+		}{
+			{fam.forwardParent, ForwardChain, jump(ForwardChain)}, {"INPUT", InputChain, jump(InputChain)},
+			{fam.forwardParent, PolicyForwardChain, policyJump(PolicyForwardChain)}, {"INPUT", PolicyInputChain, policyJump(PolicyInputChain)},
+		} {
 			if f.chainExists(ctx, fam, j.parent) {
-				if err := f.deleteAll(ctx, fam, j.parent, jump(j.chain)); err != nil {
+				if err := f.deleteAll(ctx, fam, j.parent, j.rule); err != nil {
 					errs = append(errs, err)
 				}
 			}
 		}
-		chains := []string{ForwardChain, InputChain}
+		chains := []string{ForwardChain, InputChain, PolicyForwardChain, PolicyInputChain}
 		if !fam.v6 {
 			// After the chains that jump to them.
 			chains = append(chains, ManagerMarkerChain, ProxyForwardChain, ProxyInputChain)
@@ -817,13 +930,19 @@ func (f *Firewall) Remove(ctx context.Context) error {
 		}
 	}
 	nat := family{bin: f.backend.IPTables, table: "nat"}
-	if f.chainExists(ctx, nat, ProxyChain) {
-		if err := f.deleteAll(ctx, nat, "PREROUTING", jump(ProxyChain)); err != nil {
+	for _, c := range []struct {
+		chain string
+		rule  []string
+	}{{ProxyChain, jump(ProxyChain)}, {PolicyProxyChain, policyJump(PolicyProxyChain)}} {
+		if !f.chainExists(ctx, nat, c.chain) {
+			continue
+		}
+		if err := f.deleteAll(ctx, nat, "PREROUTING", c.rule); err != nil {
 			errs = append(errs, err)
 		}
-		if _, err := f.runFam(ctx, nat, "-F", ProxyChain); err != nil {
+		if _, err := f.runFam(ctx, nat, "-F", c.chain); err != nil {
 			errs = append(errs, err)
-		} else if _, err := f.runFam(ctx, nat, "-X", ProxyChain); err != nil {
+		} else if _, err := f.runFam(ctx, nat, "-X", c.chain); err != nil {
 			errs = append(errs, err)
 		}
 	}

@@ -31,6 +31,16 @@ const (
 	NetworkName = "code-sandbox-egress"
 	BridgeName  = "csbx-egress0"
 
+	// PolicyNetworkName is the network of the sandboxes with an egress
+	// policy, and PolicyBridgeName its bridge. Everything a sandbox sends
+	// on it is the proxy's or dropped, by interface, from the first packet
+	// (Firewall: PolicyForwardChain, PolicyInputChain, PolicyProxyChain):
+	// there is no window between the container's start and the manager's
+	// SetPolicy in which it is unrestricted, and the proxy refuses a
+	// source it has no policy for.
+	PolicyNetworkName = "code-sandbox-egress-policy"
+	PolicyBridgeName  = "csbx-egpol0"
+
 	// Docker's bridge driver options the network is created with.
 	optBridgeName = "com.docker.network.bridge.name"
 	optICC        = "com.docker.network.bridge.enable_icc"
@@ -57,9 +67,11 @@ type NetworkRemover interface {
 }
 
 // NetworkOptions are the driver options of the egress network.
-func NetworkOptions() map[string]string {
+func NetworkOptions() map[string]string { return networkOptions(BridgeName) }
+
+func networkOptions(bridge string) map[string]string {
 	return map[string]string{
-		optBridgeName: BridgeName,
+		optBridgeName: bridge,
 		optICC:        "false",
 		optMasquerade: "true",
 	}
@@ -87,44 +99,53 @@ func SandboxSysctls() map[string]string {
 // an existing one has the options the firewall relies on. It is idempotent
 // and safe to call concurrently from several processes.
 func EnsureNetwork(ctx context.Context, api NetworkAPI) (network.Inspect, error) {
-	n, err := api.NetworkInspect(ctx, NetworkName, network.InspectOptions{})
+	return ensureNetwork(ctx, api, NetworkName, BridgeName)
+}
+
+// EnsurePolicyNetwork is EnsureNetwork for PolicyNetworkName.
+func EnsurePolicyNetwork(ctx context.Context, api NetworkAPI) (network.Inspect, error) {
+	return ensureNetwork(ctx, api, PolicyNetworkName, PolicyBridgeName)
+}
+
+func ensureNetwork(ctx context.Context, api NetworkAPI, name, bridge string) (network.Inspect, error) {
+	n, err := api.NetworkInspect(ctx, name, network.InspectOptions{})
 	if err == nil {
-		return n, checkNetwork(n)
+		return n, checkNetwork(n, name, bridge)
 	}
 	if !cerrdefs.IsNotFound(err) {
-		return network.Inspect{}, fmt.Errorf("inspecting Docker network %s: %w", NetworkName, err)
+		return network.Inspect{}, fmt.Errorf("inspecting Docker network %s: %w", name, err)
 	}
 	ipv6 := false
-	_, err = api.NetworkCreate(ctx, NetworkName, network.CreateOptions{
+	_, err = api.NetworkCreate(ctx, name, network.CreateOptions{
 		Driver:     "bridge",
-		Options:    NetworkOptions(),
+		Options:    networkOptions(bridge),
 		EnableIPv6: &ipv6,
 		Labels:     map[string]string{labelManagedBy: managedByValue},
 	})
 	// Another process may have created it in between.
 	if err != nil && !cerrdefs.IsConflict(err) && !strings.Contains(err.Error(), "already exists") {
-		return network.Inspect{}, fmt.Errorf("creating Docker network %s: %w", NetworkName, err)
+		return network.Inspect{}, fmt.Errorf("creating Docker network %s: %w", name, err)
 	}
-	n, err = api.NetworkInspect(ctx, NetworkName, network.InspectOptions{})
+	n, err = api.NetworkInspect(ctx, name, network.InspectOptions{})
 	if err != nil {
-		return network.Inspect{}, fmt.Errorf("inspecting Docker network %s: %w", NetworkName, err)
+		return network.Inspect{}, fmt.Errorf("inspecting Docker network %s: %w", name, err)
 	}
-	return n, checkNetwork(n)
+	return n, checkNetwork(n, name, bridge)
 }
 
 // checkNetwork refuses a network the firewall would not cover: another
 // driver, another bridge name (the rules match BridgeName), inter-container
 // communication on, or internal (no egress at all).
-func checkNetwork(n network.Inspect) error {
+func checkNetwork(n network.Inspect, name, bridge string) error {
 	var problems []string
-	if n.Name != NetworkName {
+	if n.Name != name {
 		problems = append(problems, fmt.Sprintf("name %q", n.Name))
 	}
 	if n.Driver != "bridge" {
 		problems = append(problems, fmt.Sprintf("driver %q (want bridge)", n.Driver))
 	}
-	if got := n.Options[optBridgeName]; got != BridgeName {
-		problems = append(problems, fmt.Sprintf("%s=%q (want %q)", optBridgeName, got, BridgeName))
+	if got := n.Options[optBridgeName]; got != bridge {
+		problems = append(problems, fmt.Sprintf("%s=%q (want %q)", optBridgeName, got, bridge))
 	}
 	if got := n.Options[optICC]; got != "false" {
 		problems = append(problems, fmt.Sprintf("%s=%q (want \"false\")", optICC, got))
@@ -139,17 +160,20 @@ func checkNetwork(n network.Inspect) error {
 		return nil
 	}
 	return fmt.Errorf("%w: Docker network %s (%s) exists with %s; remove it (docker network rm %s, after removing the containers attached to it) so that it is re-created",
-		ErrNetworkMisconfigured, NetworkName, shortID(n.ID), strings.Join(problems, ", "), NetworkName)
+		ErrNetworkMisconfigured, name, shortID(n.ID), strings.Join(problems, ", "), name)
 }
 
-// RemoveNetwork removes the egress network. A network that does not exist is
-// not an error; one with containers attached is (Docker refuses).
+// RemoveNetwork removes the egress network and the policy network. A
+// network that does not exist is not an error; one with containers
+// attached is (Docker refuses).
 func RemoveNetwork(ctx context.Context, api NetworkRemover) error {
-	err := api.NetworkRemove(ctx, NetworkName)
-	if err == nil || cerrdefs.IsNotFound(err) {
-		return nil
+	var errs []error
+	for _, name := range []string{NetworkName, PolicyNetworkName} {
+		if err := api.NetworkRemove(ctx, name); err != nil && !cerrdefs.IsNotFound(err) {
+			errs = append(errs, fmt.Errorf("removing Docker network %s: %w", name, err))
+		}
 	}
-	return fmt.Errorf("removing Docker network %s: %w", NetworkName, err)
+	return errors.Join(errs...)
 }
 
 func shortID(id string) string {

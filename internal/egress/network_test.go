@@ -238,4 +238,21 @@ func TestProxyRules(t *testing.T) {
 			t.Fatalf("nat lacks %q:\n%s", want, nat)
 		}
 	}
+	// The policy bridge: everything to the proxy by interface, from the
+	// first packet, whatever the proxied addresses.
+	if got, want := join(f.policyNATRules()), "-p udp -m udp --dport 53 -j DNAT --to-destination 172.30.0.1:15053\n"+
+		"-p tcp -m tcp --dport 53 -j DNAT --to-destination 172.30.0.1:15053\n-p tcp -j DNAT --to-destination 172.30.0.1:15001"; got != want {
+		t.Fatalf("policy nat:\n%s\nwant\n%s", got, want)
+	}
+	if plain.policyNATRules() != nil {
+		t.Fatal("policy nat rules without a proxy")
+	}
+	pf4, pi4 := policyRules(family{bin: "iptables"})
+	if got := join(pf4) + "|" + join(pi4); got != "-j DROP|-m conntrack --ctstate DNAT -j ACCEPT\n-j DROP" {
+		t.Fatalf("policy filter: %s", got)
+	}
+	pf6, pi6 := policyRules(family{bin: "ip6tables", v6: true})
+	if got := join(pf6) + "|" + join(pi6); got != "-j DROP|-j DROP" {
+		t.Fatalf("policy filter (IPv6): %s", got)
+	}
 }

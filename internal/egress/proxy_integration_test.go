@@ -142,10 +142,17 @@ func TestEgressProxyEndToEnd(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := e.fw.SetProxy(&egress.ProxyOptions{Gateway: gw, Subnet: subnet, Port: uint16(tcpAddr.(*net.TCPAddr).Port), DNSPort: uint16(dnsAddr.(*net.UDPAddr).Port)}); err != nil {
+	// A manager's firewall, as on a node: a non-manager's (e.fw) writes
+	// nothing, the proxy's rules included, while another manager on this
+	// Docker host owns the rules.
+	fw, err := egress.NewFirewall(egress.Options{Manager: true})
+	if err != nil {
 		t.Fatal(err)
 	}
-	node := egressproxy.NewNode(p, e.fw)
+	if err := fw.SetProxy(&egress.ProxyOptions{Gateway: gw, Subnet: subnet, Port: uint16(tcpAddr.(*net.TCPAddr).Port), DNSPort: uint16(dnsAddr.(*net.UDPAddr).Port)}); err != nil {
+		t.Fatal(err)
+	}
+	node := egressproxy.NewNode(p, fw)
 
 	sbx := e.sandbox(t, dockerruntime.NetworkEgress)
 	ip := netip.MustParseAddr(e.ipOf(t, sbx.ID))

@@ -9,6 +9,7 @@ package egressproxy
 import (
 	"context"
 	"fmt"
+	"maps"
 	"net/netip"
 	"sync"
 	"time"
@@ -86,7 +87,13 @@ func (n *Node) sync() error {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), firewallTimeout)
 	defer cancel()
-	if _, err := n.fw.SetProxied(ctx, n.proxy.Policies()); err != nil {
+	// Only the egress network's addresses: the policy network's are
+	// redirected by their bridge from the first packet (egress.
+	// PolicyNetworkName), whether or not the proxy has their policy yet.
+	subnet := n.fw.ProxiedSubnet()
+	proxied := n.proxy.Policies()
+	maps.DeleteFunc(proxied, func(a netip.Addr, _ []uint16) bool { return !subnet.Contains(a) })
+	if _, err := n.fw.SetProxied(ctx, proxied); err != nil {
 		return fmt.Errorf("egress firewall: %w", err)
 	}
 	return nil
