@@ -67,7 +67,15 @@ type machineIDPool struct {
 	filling bool
 	closed  bool
 	sweep   sync.Once
+	// background counts the refills and removals running on their own,
+	// so that Close waits for them: a process that exits while a refill's
+	// never-started filler container exists leaves it on the Engine.
+	background sync.WaitGroup
 }
+
+// machineIDCloseWait bounds how long Close waits for a background refill
+// (a few Docker calls; the client's own call timeout bounds each).
+const machineIDCloseWait = 30 * time.Second
 
 func (p preparedID) mount() mount.Mount {
 	return mount.Mount{Type: mount.TypeBind, Source: p.source, Target: machineIDPath, ReadOnly: true}
@@ -109,9 +117,16 @@ func (c *Client) machineIDMount(ctx context.Context) (mount.Mount, string, error
 	if refill {
 		p.filling = true
 	}
+	// Added under the lock, and never once closed, so that Close's Wait
+	// sees every background run.
+	background := (refill || len(stale) > 0) && !p.closed
+	if background {
+		p.background.Add(1)
+	}
 	p.mu.Unlock()
-	if refill || len(stale) > 0 {
+	if background {
 		go func() {
+			defer p.background.Done()
 			bctx := context.WithoutCancel(ctx)
 			for _, s := range stale {
 				_ = c.removeMachineID(bctx, s.volume)
@@ -224,6 +239,12 @@ func (c *Client) closeMachineIDs() {
 	c.machineIDs.mu.Lock()
 	c.machineIDs.closed = true
 	c.machineIDs.mu.Unlock()
+	done := make(chan struct{})
+	go func() { c.machineIDs.background.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(machineIDCloseWait):
+	}
 	c.ReleaseMachineIDs(context.Background())
 }
 
