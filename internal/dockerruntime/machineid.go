@@ -262,7 +262,18 @@ func (c *Client) ReleaseMachineIDs(ctx context.Context) {
 	}
 }
 
-// sweepMachineIDs removes machine-id volumes that no container mounts and
+// fillerOrphanAge: a never-started filler container (tools.go,
+// prepareMachineIDs) older than this was left by a process that died while
+// it existed; live ones last a few Docker calls.
+const fillerOrphanAge = 2 * time.Minute
+
+// orphanFiller reports whether a container is a filler left behind.
+func orphanFiller(labels map[string]string, state string, created time.Time) bool {
+	return labels[LabelManagedBy] == ManagedByValue+"-tools" && state == "created" && time.Since(created) > fillerOrphanAge
+}
+
+// sweepMachineIDs removes filler containers killed processes left
+// (orphanFiller) and machine-id volumes that no container mounts and
 // that are older than minAge (machineIDOrphanAge): what killed processes
 // left.
 func (c *Client) sweepMachineIDs(ctx context.Context, minAge time.Duration) {
@@ -278,6 +289,13 @@ func (c *Client) sweepMachineIDs(ctx context.Context, minAge time.Duration) {
 	}
 	used := map[string]bool{}
 	for _, ct := range cts {
+		if orphanFiller(ct.Labels, ct.State, time.Unix(ct.Created, 0)) {
+			// A filler is never started and lives for a few calls; one this
+			// old was left by a process killed mid-refill. Its volumes are
+			// then unused too.
+			_ = c.docker.ContainerRemove(ctx, ct.ID, container.RemoveOptions{Force: true})
+			continue
+		}
 		for _, m := range ct.Mounts {
 			if v := MachineIDVolumeOf(m.Destination, m.Source); v != "" {
 				used[v] = true

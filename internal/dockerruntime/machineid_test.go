@@ -2,6 +2,7 @@ package dockerruntime
 
 import (
 	"regexp"
+	"testing"
 	"time"
 
 	cerrdefs "github.com/containerd/errdefs"
@@ -109,3 +110,25 @@ var _ = Describe("Fresh identity", dockerLabel, func() {
 		}
 	}, SpecTimeout(90*time.Second))
 })
+
+func TestOrphanFiller(t *testing.T) {
+	tools := map[string]string{LabelManagedBy: ManagedByValue + "-tools"}
+	old := time.Now().Add(-fillerOrphanAge - time.Second)
+	for _, tc := range []struct {
+		name    string
+		labels  map[string]string
+		state   string
+		created time.Time
+		want    bool
+	}{
+		{"a never-started filler left by a killed process", tools, "created", old, true},
+		{"a filler in use right now", tools, "created", time.Now(), false},
+		{"a started container is no filler", tools, "running", old, false},
+		{"a sandbox", map[string]string{LabelManagedBy: ManagedByValue}, "created", old, false},
+		{"someone else's container", map[string]string{"x": "y"}, "created", old, false},
+	} {
+		if got := orphanFiller(tc.labels, tc.state, tc.created); got != tc.want {
+			t.Errorf("%s: orphanFiller = %v, want %v", tc.name, got, tc.want)
+		}
+	}
+}
