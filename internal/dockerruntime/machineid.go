@@ -66,7 +66,8 @@ type machineIDPool struct {
 	ready   []preparedID
 	filling bool
 	closed  bool
-	sweep   sync.Once
+	// lastSweep is when sweepMachineIDs last ran (machineIDSweepEvery).
+	lastSweep time.Time
 	// background counts the refills and removals running on their own,
 	// so that Close waits for them: a process that exits while a refill's
 	// never-started filler container exists leaves it on the Engine.
@@ -111,7 +112,12 @@ func (c *Client) machineIDMount(ctx context.Context) (mount.Mount, string, error
 			stale = append(stale, id)
 		}
 	}
-	p.sweep.Do(func() { go c.sweepMachineIDs(context.WithoutCancel(ctx), machineIDOrphanAge) })
+	if now := time.Now(); now.Sub(p.lastSweep) > machineIDSweepEvery {
+		// Not only once: what a process on this Engine killed later left
+		// (a filler, its volumes) is found by the next sweep.
+		p.lastSweep = now
+		go c.sweepMachineIDs(context.WithoutCancel(ctx), machineIDOrphanAge)
+	}
 	refill := !p.filling && !p.closed && len(p.ready) < machineIDLowWater
 	n := machineIDPoolSize - len(p.ready)
 	if refill {
@@ -266,6 +272,9 @@ func (c *Client) ReleaseMachineIDs(ctx context.Context) {
 // prepareMachineIDs) older than this was left by a process that died while
 // it existed; live ones last a few Docker calls.
 const fillerOrphanAge = 2 * time.Minute
+
+// machineIDSweepEvery: creates run the sweep at most this often.
+const machineIDSweepEvery = 5 * time.Minute
 
 // orphanFiller reports whether a container is a filler left behind.
 func orphanFiller(labels map[string]string, state string, created time.Time) bool {
