@@ -112,7 +112,11 @@ func installOperator(ctx context.Context) error {
 			hooks, _, _ := unstructured.NestedSlice(obj.Object, "webhooks")
 			for _, h := range hooks {
 				cc := h.(map[string]any)["clientConfig"].(map[string]any)
-				u, err := url.Parse(cc["url"].(string))
+				raw, ok := cc["url"].(string)
+				if !ok {
+					return fmt.Errorf("config/dev/operator: webhook %v has no clientConfig.url: add it to the overlay's webhook patch", h.(map[string]any)["name"])
+				}
+				u, err := url.Parse(raw)
 				if err != nil {
 					return err
 				}
