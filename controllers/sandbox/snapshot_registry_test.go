@@ -10,6 +10,7 @@ import (
 	"context"
 	"os"
 	"path/filepath"
+	"regexp"
 	"time"
 
 	. "github.com/onsi/ginkgo/v2"
@@ -89,7 +90,7 @@ var _ = Describe("SandboxSnapshots in a registry (two managers, real Docker, doc
 		snap = getSnapshot(skey)
 		Expect(snap.Status.Node).To(Equal(nodeA))
 		ref := snap.Status.Storage
-		Expect(ref).To(HavePrefix(base+"/sandboxsnapshots/"+ns+"/"+string(snap.UID)+"@sha256:"), "the location is the registry ref by digest, from the namespace and UID")
+		Expect(ref).To(MatchRegexp(`^`+regexp.QuoteMeta(base+"/sandboxsnapshots/"+ns+"/"+string(snap.UID)+"/")+`[0-9a-f]{8}@sha256:[0-9a-f]{64}$`), "the location is the registry ref by digest, from the namespace, the UID and a take's random part")
 		c := meta.FindStatusCondition(snap.Status.Conditions, string(sandboxv1alpha1.SnapshotConditionReady))
 		Expect(c.Message).To(ContainSubstring("in the snapshot registry"))
 		for _, d := range []string{dirA, dirB} {

@@ -13,6 +13,8 @@ import (
 	"io"
 	"os"
 
+	"github.com/code-sandbox/code-sandbox-operator/internal/randid"
+
 	"github.com/code-sandbox/code-sandbox-operator/internal/snapshotstore"
 )
 
@@ -32,9 +34,14 @@ type SnapshotStore interface {
 }
 
 // snapshotKey is the store key (a name for people: a registry repository
-// path) of a snapshot: its namespace and UID, both assigned by the API
-// server's rules, never free text.
-func snapshotKey(namespace, uid string) string { return "sandboxsnapshots/" + namespace + "/" + uid }
+// path) of one take of a snapshot: its namespace and UID, both assigned by
+// the API server's rules, never free text, and a random part. The random
+// part keeps takes apart: a registry names data by digest, and a second
+// take of the same files (a reconcile on a stale cache) has the same
+// digest, so removing that unrecorded take would remove the recorded one.
+func snapshotKey(namespace, uid string) string {
+	return "sandboxsnapshots/" + namespace + "/" + uid + "/" + randid.Hex(4)
+}
 
 var errStoreStopped = errors.New("the snapshot store stopped reading")
 
