@@ -347,7 +347,14 @@ var _ = Describe("Node API", Ordered, ContinueOnFailure, func() {
 		It("serves a container frozen behind the manager's back again once the manager thaws it (spec.paused is the truth)", func() {
 			frozen := waitReady(createSandbox(ns, uniqueName("frozen")))
 			Expect(api.exec(ns, frozen.Name, echo).status).To(Equal(http.StatusOK))
-			Expect(docker.Pause(context.Background(), frozen.Status.ContainerID)).To(Succeed())
+			// The raw API, not the runtime's Pause: that one waits to see
+			// Docker record the pause, and the manager may thaw the
+			// container before it looks (the very behaviour under test).
+			// runc's cgroup v1 freezer may give up under load ("unable to
+			// freeze"), so a refused pause is tried again.
+			Eventually(func() error {
+				return rawDocker.ContainerPause(context.Background(), frozen.Status.ContainerID)
+			}, 20*time.Second, 200*time.Millisecond).Should(Succeed())
 			DeferCleanup(func() { _ = docker.Unpause(context.Background(), frozen.Status.ContainerID) })
 			// Docker's pause event wakes the manager, which unpauses a
 			// container whose Sandbox does not ask to be paused. Until then
