@@ -14,8 +14,6 @@ import (
 	"os"
 	"path/filepath"
 	"time"
-
-	"golang.org/x/mod/semver"
 )
 
 // CheckInterval is how often Notice asks the index at most.
@@ -60,7 +58,7 @@ func Notice(ctx context.Context, o Options, statePath string, now time.Time) (st
 			checkErr = fmt.Errorf("update check state: %w", err)
 		}
 	}
-	if st.Latest != "" && semver.IsValid(o.CurrentVersion) && semver.Compare(st.Latest, o.CurrentVersion) > 0 {
+	if st.Latest != "" && compare(st.Latest, o.CurrentVersion) > 0 {
 		return fmt.Sprintf("%s %s is available (this is %s): run `%s update`", o.Binary, st.Latest, o.CurrentVersion, o.Binary), checkErr
 	}
 	return "", checkErr

@@ -30,6 +30,7 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"time"
 
@@ -112,7 +113,7 @@ func Check(ctx context.Context, o Options) (Status, *Release, error) {
 		return Status{}, nil, err
 	}
 	st := Status{Current: o.CurrentVersion, Latest: rel.Tag}
-	st.Newer = semver.IsValid(o.CurrentVersion) && semver.Compare(rel.Tag, o.CurrentVersion) > 0
+	st.Newer = compare(rel.Tag, o.CurrentVersion) > 0
 	return st, rel, nil
 }
 
@@ -165,15 +166,28 @@ func Update(ctx context.Context, o Options, log io.Writer) (string, bool, error)
 	return rel.Tag, true, nil
 }
 
-// compare orders release tag against the current version; a current
+// compare orders release tag against the current version. A current
 // version that is no release version counts as newer than any release
-// (a source build), so that only --allow-downgrade replaces it.
+// (a source build), so that only --allow-downgrade replaces it. A `git
+// describe` version (v1.2.3-4-gabcdef0, perhaps -dirty) is a build after
+// v1.2.3: semver would read its suffix as a prerelease and order it
+// before v1.2.3, offering v1.2.3 as an update to a newer build.
 func compare(tag, current string) int {
+	if m := describeSuffix.FindStringSubmatch(current); m != nil && semver.IsValid(m[1]) {
+		if c := semver.Compare(tag, m[1]); c != 0 {
+			return c
+		}
+		return -1
+	}
 	if !semver.IsValid(current) {
 		return -1
 	}
 	return semver.Compare(tag, current)
 }
+
+// describeSuffix matches what `git describe --tags --dirty` appends to
+// the tag it counts from: commits since it and the abbreviated hash.
+var describeSuffix = regexp.MustCompile(`^(v[0-9].*)-[0-9]+-g[0-9a-f]{4,40}(-dirty)?$`)
 
 // OldPath is where Update keeps the binary it replaced.
 func OldPath(exe string) string { return exe + ".old" }

@@ -306,6 +306,27 @@ func TestDowngradeWhenAllowed(t *testing.T) {
 	}
 }
 
+// A source build `git describe` names (v1.1.0-3-gabcdef0) is newer than
+// the tag it counts from: semver alone would order it before v1.1.0.
+func TestGitDescribeBuilds(t *testing.T) {
+	f := newFixture(t, "v1.0.0", "v1.1.0")
+	for _, current := range []string{"v1.1.0-3-gabcdef0", "v1.1.0-12-g0123456789ab-dirty"} {
+		o := f.install("v1.1.0")
+		o.CurrentVersion = current
+		if _, changed, err := Update(context.Background(), o, &bytes.Buffer{}); !errors.Is(err, ErrDowngrade) || changed {
+			t.Errorf("%s offered v1.1.0: changed=%v err=%v", current, changed, err)
+		}
+		if st, _, err := Check(context.Background(), o); err != nil || st.Newer {
+			t.Errorf("%s: Check says v1.1.0 is newer (%+v, %v)", current, st, err)
+		}
+	}
+	o := f.install("v1.0.0")
+	o.CurrentVersion = "v1.0.0-3-gabcdef0"
+	if got, changed, err := Update(context.Background(), o, &bytes.Buffer{}); err != nil || !changed || got != "v1.1.0" {
+		t.Fatalf("a build after v1.0.0 is not updated to v1.1.0: %q %v %v", got, changed, err)
+	}
+}
+
 func TestIndexSkipsDraftsPrereleasesAndBadTags(t *testing.T) {
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
 		_, _ = w.Write([]byte(`[{"tag_name":"v9.0.0","draft":true},{"tag_name":"v8.0.0","prerelease":true},{"tag_name":"v7.0.0-rc.1"},{"tag_name":"latest"},{"tag_name":"v1.2.3","assets":[{"name":"x","browser_download_url":"https://example.com/x"}]},{"tag_name":"v1.10.0"}]`))
