@@ -26,15 +26,12 @@ import (
 	"net/netip"
 	"os"
 	"os/exec"
-	"runtime"
 	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
 	"github.com/docker/docker/api/types/network"
-	"golang.org/x/sys/unix"
 
 	"github.com/code-sandbox/code-sandbox-operator/internal/dockerruntime"
 	"github.com/code-sandbox/code-sandbox-operator/internal/egress"
@@ -207,42 +204,11 @@ func serve(ln net.Listener, tag string) {
 	}
 }
 
-// serveInNetns listens on addr inside network namespace ns: the socket is
-// created on a thread switched into ns and stays there.
+// serveInNetns serves the fake internet's plain TCP listener on addr
+// inside network namespace ns.
 func serveInNetns(t *testing.T, ns, addr string) {
 	t.Helper()
-	errc := make(chan error, 1)
-	var ln net.Listener
-	go func() {
-		runtime.LockOSThread()
-		orig, err := os.Open(fmt.Sprintf("/proc/self/task/%d/ns/net", syscall.Gettid()))
-		if err != nil {
-			errc <- err
-			return
-		}
-		defer orig.Close()
-		target, err := os.Open("/var/run/netns/" + ns)
-		if err != nil {
-			errc <- err
-			return
-		}
-		defer target.Close()
-		if _, _, e := syscall.RawSyscall(unix.SYS_SETNS, target.Fd(), syscall.CLONE_NEWNET, 0); e != 0 {
-			errc <- fmt.Errorf("setns: %v", e)
-			return
-		}
-		ln, err = net.Listen("tcp4", fmt.Sprintf("%s:%d", addr, listenPort))
-		if _, _, e := syscall.RawSyscall(unix.SYS_SETNS, orig.Fd(), syscall.CLONE_NEWNET, 0); e == 0 {
-			// Only a thread back in the host namespace may be reused.
-			runtime.UnlockOSThread()
-		}
-		errc <- err
-	}()
-	if err := <-errc; err != nil {
-		t.Fatalf("listening on %s in %s: %v", addr, ns, err)
-	}
-	t.Cleanup(func() { ln.Close() })
-	go serve(ln, addr)
+	go serve(listenInNetns(t, ns, fmt.Sprintf("%s:%d", addr, listenPort)), addr)
 }
 
 func dial(addr string) string {

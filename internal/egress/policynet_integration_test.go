@@ -9,17 +9,13 @@ package egress_test
 import (
 	"context"
 	"fmt"
-	"net"
 	"net/http"
 	"os/exec"
 	"strings"
 	"testing"
 	"time"
 
-	"github.com/miekg/dns"
-
 	"github.com/code-sandbox/code-sandbox-operator/internal/dockerruntime"
-	"github.com/code-sandbox/code-sandbox-operator/internal/egress"
 	"github.com/code-sandbox/code-sandbox-operator/internal/egressproxy"
 )
 
@@ -43,54 +39,12 @@ func TestEgressPolicyNetworkFromFirstPacket(t *testing.T) {
 			fmt.Fprintf(w, "echo-reached host=%s\n", r.Host)
 		}))
 	}()
-	pc, err := net.ListenPacket("udp4", "127.0.0.1:0")
+	upstream := fakeDNS(t, map[string]string{"plain.example.com": internetAddr})
+	_, subnet, err := e.rt.EgressNetworkAddrs(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
-	started := make(chan struct{})
-	ds := &dns.Server{PacketConn: pc, NotifyStartedFunc: func() { close(started) }, Handler: dns.HandlerFunc(func(w dns.ResponseWriter, r *dns.Msg) {
-		m := new(dns.Msg)
-		m.SetReply(r)
-		if strings.EqualFold(r.Question[0].Name, "plain.example.com.") && r.Question[0].Qtype == dns.TypeA {
-			m.Answer = append(m.Answer, &dns.A{Hdr: dns.RR_Header{Name: r.Question[0].Name, Rrtype: dns.TypeA, Class: dns.ClassINET, Ttl: 60}, A: net.ParseIP(internetAddr)})
-		} else if !strings.EqualFold(r.Question[0].Name, "plain.example.com.") {
-			m.Rcode = dns.RcodeNameError
-		}
-		_ = w.WriteMsg(m)
-	})}
-	go func() { _ = ds.ActivateAndServe() }()
-	<-started
-	t.Cleanup(func() { _ = ds.Shutdown() })
-
-	gw, subnet, err := e.rt.EgressNetworkAddrs(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	p, err := egressproxy.New(egressproxy.Config{Listen: gw.String() + ":0", DNSListen: gw.String() + ":0", Upstream: pc.LocalAddr().String()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	pctx, pcancel := context.WithCancel(context.Background())
-	pdone := make(chan struct{})
-	go func() { defer close(pdone); _ = p.Run(pctx) }()
-	t.Cleanup(func() { pcancel(); <-pdone })
-	tcpAddr, dnsAddr, err := p.Addrs(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	// A manager's firewall, as on a node: a non-manager's (e.fw) writes
-	// nothing while another manager on this Docker host owns the rules.
-	fw, err := egress.NewFirewall(egress.Options{Manager: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := fw.SetProxy(&egress.ProxyOptions{Gateway: gw, Subnet: subnet, Port: uint16(tcpAddr.(*net.TCPAddr).Port), DNSPort: uint16(dnsAddr.(*net.UDPAddr).Port)}); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := fw.Ensure(ctx); err != nil {
-		t.Fatal(err)
-	}
-	node := egressproxy.NewNode(p, fw)
+	node := e.nodeProxy(ctx, t, egressproxy.Config{Upstream: upstream})
 
 	// PID 1's command connects at once: an HTTP request to the echo, a raw
 	// connection to the fake internet's other listener, and DNS through a

@@ -14,61 +14,17 @@ package egress_test
 import (
 	"context"
 	"fmt"
-	"net"
 	"net/http"
 	"net/netip"
-	"os"
-	"runtime"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
-	"github.com/miekg/dns"
-	"golang.org/x/sys/unix"
-
 	"github.com/code-sandbox/code-sandbox-operator/internal/dockerruntime"
-	"github.com/code-sandbox/code-sandbox-operator/internal/egress"
 	"github.com/code-sandbox/code-sandbox-operator/internal/egressproxy"
 )
 
 const proxySecret = "Bearer s3cr3t-e2e-71aa"
-
-// listenInNetns is serveInNetns's listener, for any port.
-func listenInNetns(t *testing.T, ns, addr string) net.Listener {
-	t.Helper()
-	errc := make(chan error, 1)
-	var ln net.Listener
-	go func() {
-		runtime.LockOSThread()
-		orig, err := os.Open(fmt.Sprintf("/proc/self/task/%d/ns/net", syscall.Gettid()))
-		if err != nil {
-			errc <- err
-			return
-		}
-		defer orig.Close()
-		target, err := os.Open("/var/run/netns/" + ns)
-		if err != nil {
-			errc <- err
-			return
-		}
-		defer target.Close()
-		if _, _, e := syscall.RawSyscall(unix.SYS_SETNS, target.Fd(), syscall.CLONE_NEWNET, 0); e != 0 {
-			errc <- fmt.Errorf("setns: %v", e)
-			return
-		}
-		ln, err = net.Listen("tcp4", addr)
-		if _, _, e := syscall.RawSyscall(unix.SYS_SETNS, orig.Fd(), syscall.CLONE_NEWNET, 0); e == 0 {
-			runtime.UnlockOSThread()
-		}
-		errc <- err
-	}()
-	if err := <-errc; err != nil {
-		t.Fatalf("listening on %s in %s: %v", addr, ns, err)
-	}
-	t.Cleanup(func() { ln.Close() })
-	return ln
-}
 
 func TestEgressProxyEndToEnd(t *testing.T) {
 	e := setup(t)
@@ -94,65 +50,19 @@ func TestEgressProxyEndToEnd(t *testing.T) {
 		}))
 	}()
 
-	// The upstream resolver.
-	pc, err := net.ListenPacket("udp4", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	started := make(chan struct{})
-	ds := &dns.Server{PacketConn: pc, NotifyStartedFunc: func() { close(started) }, Handler: dns.HandlerFunc(func(w dns.ResponseWriter, r *dns.Msg) {
-		m := new(dns.Msg)
-		m.SetReply(r)
-		addr := map[string]string{"echo.example.com.": internetAddr, "plain.example.com.": internetAddr, "meta.example.com.": metadataAddr, "other.example.com.": internetAddr}[strings.ToLower(r.Question[0].Name)]
-		if addr == "" {
-			m.Rcode = dns.RcodeNameError
-		} else if r.Question[0].Qtype == dns.TypeA {
-			m.Answer = append(m.Answer, &dns.A{Hdr: dns.RR_Header{Name: r.Question[0].Name, Rrtype: dns.TypeA, Class: dns.ClassINET, Ttl: 60}, A: net.ParseIP(addr)})
-		}
-		_ = w.WriteMsg(m)
-	})}
-	go func() { _ = ds.ActivateAndServe() }()
-	<-started
-	t.Cleanup(func() { _ = ds.Shutdown() })
-
-	gw, subnet, err := e.rt.EgressNetworkAddrs(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
+	upstream := fakeDNS(t, map[string]string{"echo.example.com": internetAddr, "plain.example.com": internetAddr, "meta.example.com": metadataAddr, "other.example.com": internetAddr})
 	ca, err := egressproxy.LoadOrCreateCA(t.TempDir(), time.Now())
 	if err != nil {
 		t.Fatal(err)
 	}
 	var events []egressproxy.Event
 	evc := make(chan egressproxy.Event, 1024)
-	p, err := egressproxy.New(egressproxy.Config{
-		Listen: gw.String() + ":0", DNSListen: gw.String() + ":0", Upstream: pc.LocalAddr().String(), CA: ca,
+	node := e.nodeProxy(ctx, t, egressproxy.Config{
+		Upstream: upstream, CA: ca,
 		// The fake internet is on a TEST-NET address: the default
 		// blocked ranges apply unchanged.
 		Audit: func(ev egressproxy.Event) { evc <- ev }, AuditRate: 1000, AuditBurst: 1000,
 	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	pctx, pcancel := context.WithCancel(context.Background())
-	pdone := make(chan struct{})
-	go func() { defer close(pdone); _ = p.Run(pctx) }()
-	t.Cleanup(func() { pcancel(); <-pdone })
-	tcpAddr, dnsAddr, err := p.Addrs(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	// A manager's firewall, as on a node: a non-manager's (e.fw) writes
-	// nothing, the proxy's rules included, while another manager on this
-	// Docker host owns the rules.
-	fw, err := egress.NewFirewall(egress.Options{Manager: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := fw.SetProxy(&egress.ProxyOptions{Gateway: gw, Subnet: subnet, Port: uint16(tcpAddr.(*net.TCPAddr).Port), DNSPort: uint16(dnsAddr.(*net.UDPAddr).Port)}); err != nil {
-		t.Fatal(err)
-	}
-	node := egressproxy.NewNode(p, fw)
 
 	sbx := e.sandbox(t, dockerruntime.NetworkEgress)
 	ip := netip.MustParseAddr(e.ipOf(t, sbx.ID))

@@ -10,16 +10,12 @@ import (
 	"context"
 	"crypto/tls"
 	"fmt"
-	"net"
 	"net/http"
 	"strings"
 	"testing"
 	"time"
 
-	"github.com/miekg/dns"
-
 	"github.com/code-sandbox/code-sandbox-operator/internal/dockerruntime"
-	"github.com/code-sandbox/code-sandbox-operator/internal/egress"
 	"github.com/code-sandbox/code-sandbox-operator/internal/egressproxy"
 	"github.com/code-sandbox/code-sandbox-operator/internal/randid"
 )
@@ -54,59 +50,12 @@ func TestEgressInjectedHTTPSFromSandbox(t *testing.T) {
 				fmt.Fprintf(w, "auth-ok=%v n=%d path=%s\n", r.Header.Get("Authorization") == proxySecret, len(r.Header.Values("Authorization")), r.URL.Path)
 			}))
 	}()
-	pc, err := net.ListenPacket("udp4", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	started := make(chan struct{})
-	ds := &dns.Server{PacketConn: pc, NotifyStartedFunc: func() { close(started) }, Handler: dns.HandlerFunc(func(w dns.ResponseWriter, r *dns.Msg) {
-		m := new(dns.Msg)
-		m.SetReply(r)
-		if strings.EqualFold(r.Question[0].Name, "echo.example.com.") {
-			if r.Question[0].Qtype == dns.TypeA {
-				m.Answer = append(m.Answer, &dns.A{Hdr: dns.RR_Header{Name: r.Question[0].Name, Rrtype: dns.TypeA, Class: dns.ClassINET, Ttl: 60}, A: net.ParseIP(internetAddr)})
-			}
-		} else {
-			m.Rcode = dns.RcodeNameError
-		}
-		_ = w.WriteMsg(m)
-	})}
-	go func() { _ = ds.ActivateAndServe() }()
-	<-started
-	t.Cleanup(func() { _ = ds.Shutdown() })
-
-	gw, subnet, err := e.rt.EgressNetworkAddrs(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
+	upstream := fakeDNS(t, map[string]string{"echo.example.com": internetAddr})
 	proxyCA, err := egressproxy.LoadOrCreateCA(t.TempDir(), time.Now())
 	if err != nil {
 		t.Fatal(err)
 	}
-	p, err := egressproxy.New(egressproxy.Config{Listen: gw.String() + ":0", DNSListen: gw.String() + ":0", Upstream: pc.LocalAddr().String(),
-		CA: proxyCA, UpstreamRoots: upCA.Pool()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	pctx, pcancel := context.WithCancel(context.Background())
-	pdone := make(chan struct{})
-	go func() { defer close(pdone); _ = p.Run(pctx) }()
-	t.Cleanup(func() { pcancel(); <-pdone })
-	tcpAddr, dnsAddr, err := p.Addrs(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	fw, err := egress.NewFirewall(egress.Options{Manager: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := fw.SetProxy(&egress.ProxyOptions{Gateway: gw, Subnet: subnet, Port: uint16(tcpAddr.(*net.TCPAddr).Port), DNSPort: uint16(dnsAddr.(*net.UDPAddr).Port)}); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := fw.Ensure(ctx); err != nil {
-		t.Fatal(err)
-	}
-	node := egressproxy.NewNode(p, fw)
+	node := e.nodeProxy(ctx, t, egressproxy.Config{Upstream: upstream, CA: proxyCA, UpstreamRoots: upCA.Pool()})
 
 	// As the manager creates it: the policy network, EgressCAEnv.
 	ct, err := e.rt.CreateAndStart(ctx, dockerruntime.Spec{
