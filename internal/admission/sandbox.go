@@ -392,8 +392,8 @@ func (v *charger) charge(ctx context.Context, q *sandboxv1alpha1.SandboxQuota, s
 			// object toward etcd's size limit, after which no charge,
 			// count or spec change of the quota could be written.
 			return &metav1.StatusCause{Type: subresource.CauseQuotaExceeded, Field: fieldReservations,
-				Message: fmt.Sprintf("sandbox quota %q has %d Sandboxes admitted but not yet counted, the most it records; retry in a few seconds",
-					q.Name, len(q.Status.Reservations))}, nil
+				Message: fmt.Sprintf("sandbox quota %q has %d %s admitted but not yet counted, the most it records; retry in a few seconds",
+					q.Name, len(q.Status.Reservations), admittedNoun(q.Status.Reservations))}, nil
 		}
 		if dryRun {
 			return nil, nil
@@ -422,6 +422,18 @@ func (v *charger) charge(ctx context.Context, q *sandboxv1alpha1.SandboxQuota, s
 			return nil, err
 		}
 	}
+}
+
+// admittedNoun names what the reservations stand for: "Sandboxes" (the
+// wording since before snapshots were charged), or "Sandboxes and
+// SandboxSnapshots" once any is a snapshot's.
+func admittedNoun(reservations []sandboxv1alpha1.SandboxQuotaReservation) string {
+	for _, r := range reservations {
+		if r.Kind == sandboxv1alpha1.ReservationKindSnapshot {
+			return "Sandboxes and SandboxSnapshots"
+		}
+	}
+	return "Sandboxes"
 }
 
 func hasReservation(q *sandboxv1alpha1.SandboxQuota, uid types.UID) bool {
