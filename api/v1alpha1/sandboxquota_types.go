@@ -76,7 +76,8 @@ type SandboxQuotaHard struct {
 	Disk *resource.Quantity `json:"disk,omitempty"`
 
 	// Snapshots is the most SandboxSnapshots that may exist at once: a
-	// create beyond it is refused by the webhook. Snapshots being deleted,
+	// create beyond it is refused by the webhook, which charges each
+	// admitted snapshot to status.used as it does a Sandbox. Snapshots being deleted,
 	// and those that failed for good (TooLarge, SourceGone,
 	// QuotaExceeded), do not count.
 	// +kubebuilder:validation:Minimum=0
@@ -87,7 +88,8 @@ type SandboxQuotaHard struct {
 	// together (status.sizeBytes). A snapshot's size is known only once
 	// its node has read it: a snapshot that would take the total past the
 	// cap fails with reason QuotaExceeded, and its node removes its data
-	// at once.
+	// at once. While the stored bytes are at or over the cap, the webhook
+	// refuses new snapshots.
 	// +kubebuilder:validation:XValidation:rule="quantity(self).compareTo(quantity('0')) >= 0",message="snapshotBytes must not be negative"
 	// +optional
 	SnapshotBytes *resource.Quantity `json:"snapshotBytes,omitempty"`
@@ -191,19 +193,44 @@ type SandboxQuotaUsage struct {
 	// Disk is a sum of spec.resources.disk.
 	// +optional
 	Disk resource.Quantity `json:"disk"`
+
+	// Snapshots is a number of SandboxSnapshots: those that count (not
+	// being deleted, not failed for good), and those admitted but not yet
+	// seen by the quota controller.
+	// +optional
+	Snapshots int64 `json:"snapshots,omitempty"`
+
+	// SnapshotBytes is the sum of status.sizeBytes of the stored (Ready)
+	// SandboxSnapshots that count. Only the manager of the node holding a
+	// snapshot writes its size (config/policy/snapshot_status_policy.yaml).
+	// +optional
+	SnapshotBytes *resource.Quantity `json:"snapshotBytes,omitempty"`
 }
 
-// SandboxQuotaReservation is usage charged at admission for a Sandbox that
-// the quota controller has not seen yet. It keeps the charge from being lost
+// Kinds of object a SandboxQuotaReservation stands for.
+const (
+	// ReservationKindSandbox: a Sandbox (also the meaning of an empty kind).
+	ReservationKindSandbox = "Sandbox"
+	// ReservationKindSnapshot: a SandboxSnapshot.
+	ReservationKindSnapshot = "SandboxSnapshot"
+)
+
+// SandboxQuotaReservation is usage charged at admission for a Sandbox (or a
+// SandboxSnapshot) that the quota controller has not seen yet. It keeps the charge from being lost
 // when usage is recounted while the create is still in flight; the
 // controller drops it once the Sandbox shows up, or once the create has
 // evidently failed.
 type SandboxQuotaReservation struct {
-	// Name of the Sandbox.
+	// Kind of the object: Sandbox (also when empty) or SandboxSnapshot.
+	// +kubebuilder:validation:Enum=Sandbox;SandboxSnapshot
+	// +optional
+	Kind string `json:"kind,omitempty"`
+
+	// Name of the Sandbox or SandboxSnapshot.
 	// +required
 	Name string `json:"name"`
 
-	// UID of the Sandbox, assigned before admission.
+	// UID of the object, assigned before admission.
 	// +required
 	UID types.UID `json:"uid"`
 
@@ -224,9 +251,10 @@ type SandboxQuotaStatus struct {
 	// +optional
 	Conditions []metav1.Condition `json:"conditions,omitempty"`
 
-	// Used is what the namespace's Sandboxes use now, including admitted
-	// Sandboxes still being created. Sandboxes being deleted or expired do
-	// not count: their containers are being, or have been, removed.
+	// Used is what the namespace's Sandboxes and SandboxSnapshots use now,
+	// including admitted ones still being created. Sandboxes being deleted
+	// or expired do not count: their containers are being, or have been,
+	// removed; nor do snapshots being deleted or failed for good.
 	// +optional
 	Used SandboxQuotaUsage `json:"used,omitempty"`
 
@@ -253,6 +281,7 @@ type SandboxQuotaStatus struct {
 // +kubebuilder:printcolumn:name="Used/Hard",type=string,JSONPath=`.status.summary`
 // +kubebuilder:printcolumn:name="Exhausted",type=string,JSONPath=`.status.conditions[?(@.type=="Exhausted")].status`
 // +kubebuilder:printcolumn:name="Sandboxes",type=integer,JSONPath=`.status.used.sandboxes`,priority=1
+// +kubebuilder:printcolumn:name="Snapshots",type=integer,JSONPath=`.status.used.snapshots`,priority=1
 // +kubebuilder:printcolumn:name="Egress",type=boolean,JSONPath=`.spec.allowEgress`,priority=1
 // +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
 

@@ -275,7 +275,7 @@ func newFlagSet(o *mcpmain.Config, showVersion *bool) *flag.FlagSet {
 	fs.StringVar(&o.HistoryDir, "history-dir", o.HistoryDir, "keep exec history in files here (default: in memory)")
 	fs.StringVar(&o.SnapshotRegistry, "snapshot-registry", o.SnapshotRegistry, "docker backend: keep sandbox_snapshot's tars in this OCI registry repository (HOST[:PORT]/PATH; plain HTTP only on loopback), removed on exit, instead of --snapshot-dir")
 	fs.StringVar(&o.SnapshotDir, "snapshot-dir", o.SnapshotDir, "docker backend: keep sandbox_snapshot's snapshots in a directory of this server run under this one, removed on exit (default: the system temp directory)")
-	fs.IntVar(&o.MaxSnapshots, "max-snapshots", o.MaxSnapshots, "docker backend: most snapshots one client may keep")
+	fs.IntVar(&o.MaxSnapshots, "max-snapshots", o.MaxSnapshots, "most snapshots one identity may keep at once")
 	fs.StringVar(&o.WarmPool, "warm-pool", "", fmt.Sprintf("docker backend: keep this many paused sandboxes of the default settings (--default-image, default CPU and memory, no network) ready, so that such a sandbox_initialize returns at once; 0 turns it off (default %d, at most %d). kubernetes backend: the name of a SandboxWarmPool in the Sandboxes' namespace that a sandbox_initialize with the default settings claims from (default: none)", dockerbackend.DefaultWarmPool, dockerbackend.MaxWarmPool))
 
 	fs.StringVar(&o.LogLevel, "log-level", o.LogLevel, "log level: debug, info, warn or error (logs go to stderr)")

@@ -228,7 +228,7 @@ func runControlPlane(f controlPlaneFlags, metricsAddr, probeAddr string) error {
 		Handler: admission.NewWarmPoolValidator(mgr.GetAPIReader(), scheme),
 	})
 	mgr.GetWebhookServer().Register(admission.SnapshotPath, &webhook.Admission{
-		Handler: admission.NewSnapshotValidator(mgr.GetAPIReader(), scheme),
+		Handler: admission.NewSnapshotValidator(mgr.GetAPIReader(), mgr.GetClient(), scheme, clock.RealClock{}),
 	})
 	if certs != nil {
 		if err := mgr.Add(certs); err != nil {

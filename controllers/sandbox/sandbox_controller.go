@@ -857,6 +857,11 @@ func (r *SandboxReconciler) SetupWithManager(mgr ctrl.Manager, orphanGCInterval 
 		if err := snaps.SetupWithManager(mgr, skip); err != nil {
 			return err
 		}
+		if sweep := NewSnapshotSweeper(r.apiReader, r.opts.Snapshots, r.clock, r.opts.NodeName); sweep != nil {
+			if err := mgr.Add(sweep); err != nil {
+				return err
+			}
+		}
 	}
 	return ctrl.NewControllerManagedBy(mgr).
 		// Watches rather than For, for a handler that records deletions

@@ -45,6 +45,7 @@ const DefaultReservationTimeout = 60 * time.Second
 // +kubebuilder:rbac:groups=sandbox.code-sandbox.dev,resources=sandboxquotas,verbs=get;list;watch
 // +kubebuilder:rbac:groups=sandbox.code-sandbox.dev,resources=sandboxquotas/status,verbs=get;update;patch
 // +kubebuilder:rbac:groups=sandbox.code-sandbox.dev,resources=sandboxes,verbs=get;list;watch
+// +kubebuilder:rbac:groups=sandbox.code-sandbox.dev,resources=sandboxsnapshots,verbs=get;list;watch
 // A Sandbox that claims from a warm pool is counted with the pool's template
 // until its manager records the template it used.
 // +kubebuilder:rbac:groups=sandbox.code-sandbox.dev,resources=sandboxwarmpools,verbs=get;list;watch
@@ -95,6 +96,7 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
 	return ctrl.NewControllerManagedBy(mgr).
 		For(&sandboxv1alpha1.SandboxQuota{}).
 		Watches(&sandboxv1alpha1.Sandbox{}, r.sandboxHandler()).
+		Watches(&sandboxv1alpha1.SandboxSnapshot{}, r.snapshotHandler()).
 		Watches(&sandboxv1alpha1.SandboxWarmPool{}, handler.EnqueueRequestsFromMapFunc(r.quotasOf)).
 		WithOptions(controller.Options{MaxConcurrentReconciles: r.opts.MaxConcurrentReconciles}).
 		Named("sandboxquota").
@@ -115,6 +117,36 @@ func (r *Reconciler) sandboxHandler() handler.EventHandler {
 			newS, okNew := e.ObjectNew.(*sandboxv1alpha1.Sandbox)
 			if okOld && okNew && quota.Counts(oldS) == quota.Counts(newS) &&
 				apiequality.Semantic.DeepEqual(oldS.Status.WarmPool, newS.Status.WarmPool) {
+				return
+			}
+			enqueue.Update(ctx, e, q)
+		},
+		DeleteFunc: func(ctx context.Context, e event.DeleteEvent, q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
+			r.rememberDeleted(e.Object.GetUID())
+			enqueue.Delete(ctx, e, q)
+		},
+		GenericFunc: func(ctx context.Context, e event.GenericEvent, q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
+			enqueue.Generic(ctx, e, q)
+		},
+	}
+}
+
+// snapshotHandler requeues a namespace's quotas when a SandboxSnapshot is
+// created, starts being deleted, is gone, or changes what it counts (its
+// size becomes known, it fails for good).
+func (r *Reconciler) snapshotHandler() handler.EventHandler {
+	enqueue := handler.EnqueueRequestsFromMapFunc(r.quotasOf)
+	counts := func(s *sandboxv1alpha1.SandboxSnapshot) quota.SnapshotUsage {
+		return quota.CountSnapshots([]sandboxv1alpha1.SandboxSnapshot{*s}, "")
+	}
+	return handler.Funcs{
+		CreateFunc: func(ctx context.Context, e event.CreateEvent, q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
+			enqueue.Create(ctx, e, q)
+		},
+		UpdateFunc: func(ctx context.Context, e event.UpdateEvent, q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
+			oldS, okOld := e.ObjectOld.(*sandboxv1alpha1.SandboxSnapshot)
+			newS, okNew := e.ObjectNew.(*sandboxv1alpha1.SandboxSnapshot)
+			if okOld && okNew && counts(oldS) == counts(newS) {
 				return
 			}
 			enqueue.Update(ctx, e, q)
@@ -202,10 +234,16 @@ func (r *Reconciler) reconcile(ctx context.Context, q *sandboxv1alpha1.SandboxQu
 			sandboxv1alpha1.SandboxQuotaReasonCountFailed, fmt.Sprintf("listing SandboxWarmPools: %v", err))
 		return ctrl.Result{}, fmt.Errorf("listing the SandboxWarmPools in namespace %s: %w", q.Namespace, err)
 	}
+	var snapshots sandboxv1alpha1.SandboxSnapshotList
+	if err := r.client.List(ctx, &snapshots, client.InNamespace(q.Namespace)); err != nil {
+		r.setCondition(q, sandboxv1alpha1.SandboxQuotaConditionReady, metav1.ConditionFalse,
+			sandboxv1alpha1.SandboxQuotaReasonCountFailed, fmt.Sprintf("listing SandboxSnapshots: %v", err))
+		return ctrl.Result{}, fmt.Errorf("listing the SandboxSnapshots in namespace %s: %w", q.Namespace, err)
+	}
 	now := r.clock.Now()
 	templates := warmpool.TemplatesOf(pools.Items)
 	charged := func(sbx *sandboxv1alpha1.Sandbox) *sandboxv1alpha1.Sandbox { return warmpool.Charged(sbx, templates) }
-	count := quota.Count(q.Status.Reservations, sandboxes.Items, charged, r.wasDeleted, now, r.opts.ReservationTimeout)
+	count := quota.Count(q.Status.Reservations, sandboxes.Items, snapshots.Items, charged, r.wasDeleted, now, r.opts.ReservationTimeout)
 	for _, res := range count.Overdue {
 		exists, err := r.exists(ctx, q.Namespace, res)
 		if err != nil {
@@ -220,7 +258,7 @@ func (r *Reconciler) reconcile(ctx context.Context, q *sandboxv1alpha1.SandboxQu
 			count.Keep(res)
 			continue
 		}
-		log.Info("dropping the reservation of a Sandbox that was never stored", "quota", q.Name, "sandbox", res.Name, "uid", res.UID)
+		log.Info("dropping the reservation of an object that was never stored", "quota", q.Name, "kind", res.Kind, "name", res.Name, "uid", res.UID)
 	}
 
 	q.Status.Used = count.Used
@@ -228,7 +266,8 @@ func (r *Reconciler) reconcile(ctx context.Context, q *sandboxv1alpha1.SandboxQu
 	q.Status.Summary = quota.Summary(q.Spec.Hard, count.Used)
 	q.Status.ObservedGeneration = q.Generation
 	r.setCondition(q, sandboxv1alpha1.SandboxQuotaConditionReady, metav1.ConditionTrue, sandboxv1alpha1.SandboxQuotaReasonCounted,
-		fmt.Sprintf("counted %d Sandboxes and %d pending reservations", count.Used.Sandboxes-int64(len(count.Reservations)), len(count.Reservations)))
+		fmt.Sprintf("counted %d Sandboxes, %d SandboxSnapshots and %d pending reservations",
+			count.Used.Sandboxes-reservedOf(count.Reservations, false), count.Used.Snapshots-reservedOf(count.Reservations, true), len(count.Reservations)))
 	reason, msg := quota.Exhaustion(q.Spec.Hard, count.Used)
 	status := metav1.ConditionTrue
 	if reason == sandboxv1alpha1.SandboxQuotaReasonWithinLimits {
@@ -242,9 +281,32 @@ func (r *Reconciler) reconcile(ctx context.Context, q *sandboxv1alpha1.SandboxQu
 	return ctrl.Result{RequeueAfter: count.NextDeadline.Sub(now) + time.Second}, nil
 }
 
-// exists asks the API server whether the reserved Sandbox was stored after
+// reservedOf is how many of reservations are for snapshots (snapshots) or
+// for Sandboxes (!snapshots).
+func reservedOf(reservations []sandboxv1alpha1.SandboxQuotaReservation, snapshots bool) int64 {
+	var n int64
+	for _, res := range reservations {
+		if (res.Kind == sandboxv1alpha1.ReservationKindSnapshot) == snapshots {
+			n++
+		}
+	}
+	return n
+}
+
+// exists asks the API server whether the reserved object was stored after
 // all; a cache that has not caught up must not make it look gone.
 func (r *Reconciler) exists(ctx context.Context, namespace string, res sandboxv1alpha1.SandboxQuotaReservation) (bool, error) {
+	if res.Kind == sandboxv1alpha1.ReservationKindSnapshot {
+		snap := &sandboxv1alpha1.SandboxSnapshot{}
+		err := r.apiReader.Get(ctx, client.ObjectKey{Namespace: namespace, Name: res.Name}, snap)
+		switch {
+		case apierrors.IsNotFound(err):
+			return false, nil
+		case err != nil:
+			return false, err
+		}
+		return snap.UID == res.UID && quota.CountSnapshots([]sandboxv1alpha1.SandboxSnapshot{*snap}, "").Count > 0, nil
+	}
 	sbx := &sandboxv1alpha1.Sandbox{}
 	err := r.apiReader.Get(ctx, client.ObjectKey{Namespace: namespace, Name: res.Name}, sbx)
 	switch {

@@ -112,7 +112,7 @@ func startWebhook() *webhookProcess {
 		Handler: admission.NewWarmPoolValidator(mgr.GetAPIReader(), cp.Scheme),
 	})
 	mgr.GetWebhookServer().Register(admission.SnapshotPath, &webhook.Admission{
-		Handler: admission.NewSnapshotValidator(mgr.GetAPIReader(), cp.Scheme),
+		Handler: admission.NewSnapshotValidator(mgr.GetAPIReader(), mgr.GetClient(), cp.Scheme, clock.RealClock{}),
 	})
 	Expect(sandboxquota.NewReconciler(mgr.GetClient(), mgr.GetAPIReader(), clock.RealClock{},
 		sandboxquota.Options{ReservationTimeout: reservationTimeout}).SetupWithManager(mgr)).To(Succeed())

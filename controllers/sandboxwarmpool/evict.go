@@ -73,7 +73,7 @@ func (r *Reconciler) evictForClaimants(ctx context.Context, key types.Namespaced
 			}
 			// As the webhook counts: every reservation still recorded is
 			// a create that may be on its way.
-			count := quota.Count(q.Status.Reservations, live, charged, nil, now, 0)
+			count := quota.Count(q.Status.Reservations, live, nil, charged, nil, now, 0)
 			for _, res := range count.Overdue {
 				count.Keep(res)
 			}

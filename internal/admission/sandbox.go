@@ -109,21 +109,27 @@ const Path = "/validate-sandbox-code-sandbox-dev-v1alpha1-sandbox"
 // SandboxValidator admits Sandboxes that every SandboxQuota in their
 // namespace allows, and charges them to those quotas.
 type SandboxValidator struct {
-	// reader lists quotas from the API server itself, not a cache: the
-	// decision must be made against the newest quota.
-	reader  client.Reader
-	writer  client.Client
+	charger
 	decoder admission.Decoder
-	clock   clock.PassiveClock
 	// poolController is the user the warm pool controller creates members
 	// as; see WithPoolController.
 	poolController string
 }
 
+// charger charges quotas: the one reservation path of Sandboxes and
+// SandboxSnapshots.
+type charger struct {
+	// reader lists quotas from the API server itself, not a cache: the
+	// decision must be made against the newest quota.
+	reader client.Reader
+	writer client.Client
+	clock  clock.PassiveClock
+}
+
 // NewSandboxValidator builds the validator. reader must read from the API
 // server directly (a manager's GetAPIReader); writer writes quota status.
 func NewSandboxValidator(reader client.Reader, writer client.Client, scheme *runtime.Scheme, clk clock.PassiveClock) *SandboxValidator {
-	return &SandboxValidator{reader: reader, writer: writer, decoder: admission.NewDecoder(scheme), clock: clk}
+	return &SandboxValidator{charger: charger{reader: reader, writer: writer, clock: clk}, decoder: admission.NewDecoder(scheme)}
 }
 
 // WithPoolController names the user the warm pool controller
@@ -270,7 +276,7 @@ func (v *SandboxValidator) create(ctx context.Context, req admission.Request, sb
 
 	usage := quota.Usage(checked)
 	dryRun := req.DryRun != nil && *req.DryRun
-	refusal, resp := v.chargeAll(ctx, quotas, sbx, usage, dryRun, nil, nil)
+	refusal, resp := v.chargeAll(ctx, quotas, sandboxSubject(sbx), usage, dryRun, nil, nil)
 	// Evicting a warm pool member frees usage, not reservations.
 	if refusal != nil && refusal.Type == subresource.CauseQuotaExceeded && refusal.Field != fieldReservations && pool != nil {
 		return v.makeRoom(ctx, sbx, pool, usage, dryRun, *refusal)
@@ -278,13 +284,31 @@ func (v *SandboxValidator) create(ctx context.Context, req admission.Request, sb
 	return resp
 }
 
+// subject is what a charge is for: a Sandbox or a SandboxSnapshot. Both are
+// charged by this one path (chargeAll, charge, release), so they are
+// reserved alike.
+type subject struct {
+	// kind is the reservation's kind: "" for a Sandbox,
+	// ReservationKindSnapshot for a snapshot.
+	kind string
+	// details is details.kind of a refusal.
+	details   string
+	namespace string
+	name      string
+	uid       types.UID
+}
+
+func sandboxSubject(sbx *sandboxv1alpha1.Sandbox) subject {
+	return subject{details: subresource.StatusKind, namespace: sbx.Namespace, name: sbx.Name, uid: sbx.UID}
+}
+
 // chargeAll charges sbx to every quota, or to none. base, if not nil, is
 // what each quota is taken to have used instead of its status.used; room,
 // if not nil, is usage about to be freed (see makeRoom). A refusal is
 // returned with the response that carries it.
-func (v *SandboxValidator) chargeAll(ctx context.Context, quotas []sandboxv1alpha1.SandboxQuota, sbx *sandboxv1alpha1.Sandbox,
+func (v *charger) chargeAll(ctx context.Context, quotas []sandboxv1alpha1.SandboxQuota, sbx subject,
 	usage sandboxv1alpha1.SandboxQuotaUsage, dryRun bool, base baseFunc, room *sandboxv1alpha1.SandboxQuotaUsage) (*metav1.StatusCause, admission.Response) {
-	log := logf.FromContext(ctx).WithValues("sandbox", client.ObjectKeyFromObject(sbx), "uid", sbx.UID)
+	log := logf.FromContext(ctx).WithValues("object", client.ObjectKey{Namespace: sbx.namespace, Name: sbx.name}, "uid", sbx.uid)
 	var charged []string
 	for i := range quotas {
 		refusal, err := v.charge(ctx, &quotas[i], sbx, usage, dryRun, base, room)
@@ -301,16 +325,16 @@ func (v *SandboxValidator) chargeAll(ctx context.Context, quotas []sandboxv1alph
 			return nil, errored(http.StatusInternalServerError,
 				fmt.Errorf("sandbox quota %q: could not record usage: %w", quotas[i].Name, err))
 		}
-		return refusal, denied(sbx.Name, []metav1.StatusCause{*refusal})
+		return refusal, deniedKind(sbx.details, sbx.name, []metav1.StatusCause{*refusal})
 	}
 	if len(charged) > 0 {
-		log.V(1).Info("sandbox charged to quotas", "quotas", charged, "usage", quota.Summary(sandboxv1alpha1.SandboxQuotaHard{}, usage))
+		log.V(1).Info("charged to quotas", "quotas", charged, "usage", quota.Summary(sandboxv1alpha1.SandboxQuotaHard{}, usage))
 	}
 	return nil, admission.Allowed("")
 }
 
 // quotas lists the namespace's SandboxQuotas from the API server.
-func (v *SandboxValidator) quotas(ctx context.Context, namespace string) ([]sandboxv1alpha1.SandboxQuota, error) {
+func (v *charger) quotas(ctx context.Context, namespace string) ([]sandboxv1alpha1.SandboxQuota, error) {
 	var list sandboxv1alpha1.SandboxQuotaList
 	if err := v.reader.List(ctx, &list, client.InNamespace(namespace)); err != nil {
 		return nil, fmt.Errorf("listing the SandboxQuotas in namespace %s: %w", namespace, err)
@@ -326,7 +350,7 @@ func (v *SandboxValidator) quotas(ctx context.Context, namespace string) ([]sand
 // status.used. With room, the check subtracts it (usage the pool
 // controller is about to free), but the charge written does not: the
 // quota shows what is really held until the member is gone.
-func (v *SandboxValidator) charge(ctx context.Context, q *sandboxv1alpha1.SandboxQuota, sbx *sandboxv1alpha1.Sandbox,
+func (v *charger) charge(ctx context.Context, q *sandboxv1alpha1.SandboxQuota, sbx subject,
 	usage sandboxv1alpha1.SandboxQuotaUsage, dryRun bool, base baseFunc, room *sandboxv1alpha1.SandboxQuotaUsage) (refusal *metav1.StatusCause, err error) {
 	for attempt := 0; ; attempt++ {
 		if attempt > 0 {
@@ -339,7 +363,7 @@ func (v *SandboxValidator) charge(ctx context.Context, q *sandboxv1alpha1.Sandbo
 			}
 			q = fresh
 		}
-		if hasReservation(q, sbx.UID) {
+		if hasReservation(q, sbx.uid) {
 			return nil, nil // charged by an earlier call for this very request
 		}
 		if q.Status.ObservedGeneration == 0 {
@@ -368,16 +392,17 @@ func (v *SandboxValidator) charge(ctx context.Context, q *sandboxv1alpha1.Sandbo
 			// object toward etcd's size limit, after which no charge,
 			// count or spec change of the quota could be written.
 			return &metav1.StatusCause{Type: subresource.CauseQuotaExceeded, Field: fieldReservations,
-				Message: fmt.Sprintf("sandbox quota %q has %d Sandboxes admitted but not yet counted, the most it records; retry in a few seconds",
-					q.Name, len(q.Status.Reservations))}, nil
+				Message: fmt.Sprintf("sandbox quota %q has %d %s admitted but not yet counted, the most it records; retry in a few seconds",
+					q.Name, len(q.Status.Reservations), admittedNoun(q.Status.Reservations))}, nil
 		}
 		if dryRun {
 			return nil, nil
 		}
 		q.Status.Used = quota.Add(used, usage)
 		q.Status.Reservations = append(q.Status.Reservations, sandboxv1alpha1.SandboxQuotaReservation{
-			Name:  sbx.Name,
-			UID:   sbx.UID,
+			Kind:  sbx.kind,
+			Name:  sbx.name,
+			UID:   sbx.uid,
 			Time:  metav1.NewTime(v.clock.Now()),
 			Usage: usage,
 		})
@@ -399,6 +424,18 @@ func (v *SandboxValidator) charge(ctx context.Context, q *sandboxv1alpha1.Sandbo
 	}
 }
 
+// admittedNoun names what the reservations stand for: "Sandboxes" (the
+// wording since before snapshots were charged), or "Sandboxes and
+// SandboxSnapshots" once any is a snapshot's.
+func admittedNoun(reservations []sandboxv1alpha1.SandboxQuotaReservation) string {
+	for _, r := range reservations {
+		if r.Kind == sandboxv1alpha1.ReservationKindSnapshot {
+			return "Sandboxes and SandboxSnapshots"
+		}
+	}
+	return "Sandboxes"
+}
+
 func hasReservation(q *sandboxv1alpha1.SandboxQuota, uid types.UID) bool {
 	for _, r := range q.Status.Reservations {
 		if r.UID == uid {
@@ -411,7 +448,7 @@ func hasReservation(q *sandboxv1alpha1.SandboxQuota, uid types.UID) bool {
 // release takes back the charges made for sbx on the named quotas. It is
 // best effort: a reservation it cannot remove names a Sandbox that never
 // gets stored, and the quota controller drops it once it is overdue.
-func (v *SandboxValidator) release(ctx context.Context, sbx *sandboxv1alpha1.Sandbox, names []string) {
+func (v *charger) release(ctx context.Context, sbx subject, names []string) {
 	log := logf.FromContext(ctx)
 	// The request may already be out of time; the undo deserves its own.
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
@@ -419,9 +456,9 @@ func (v *SandboxValidator) release(ctx context.Context, sbx *sandboxv1alpha1.San
 	for _, name := range names {
 		for {
 			q := &sandboxv1alpha1.SandboxQuota{}
-			err := v.reader.Get(ctx, client.ObjectKey{Namespace: sbx.Namespace, Name: name}, q)
+			err := v.reader.Get(ctx, client.ObjectKey{Namespace: sbx.namespace, Name: name}, q)
 			if err == nil {
-				if !removeReservation(q, sbx.UID) {
+				if !removeReservation(q, sbx.uid) {
 					break
 				}
 				err = v.writer.Status().Update(ctx, q)
@@ -430,7 +467,7 @@ func (v *SandboxValidator) release(ctx context.Context, sbx *sandboxv1alpha1.San
 				continue
 			}
 			if err != nil && !apierrors.IsNotFound(err) {
-				log.Error(err, "releasing a charge; the quota controller will drop it once overdue", "quota", name, "sandbox", sbx.Name)
+				log.Error(err, "releasing a charge; the quota controller will drop it once overdue", "quota", name, "object", sbx.name)
 			}
 			break
 		}

@@ -8,18 +8,18 @@ package admission
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/http"
 
 	admissionv1 "k8s.io/api/admission/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/utils/clock"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
 
 	sandboxv1alpha1 "github.com/code-sandbox/code-sandbox-operator/api/v1alpha1"
 	"github.com/code-sandbox/code-sandbox-operator/internal/quota"
-	"github.com/code-sandbox/code-sandbox-operator/internal/subresource"
 )
 
 // SnapshotPath is where the webhook server serves the SandboxSnapshot
@@ -32,20 +32,24 @@ const snapshotKind = "sandboxsnapshots"
 
 // +kubebuilder:rbac:groups=sandbox.code-sandbox.dev,resources=sandboxsnapshots,verbs=get;list;watch
 
-// SnapshotValidator refuses a SandboxSnapshot create that would take its
-// namespace past a SandboxQuota's spec.hard.snapshots. The count is read
-// from the API server at each create, not reserved: two creates racing for
-// the last place may both pass (docs/quota.md). The bytes cap is checked by
-// the node that learns the size (controllers/sandbox/snapshot.go).
+// SnapshotValidator charges a SandboxSnapshot create to every SandboxQuota
+// of its namespace, through the same reservation path as a Sandbox
+// (charger): one snapshot is added to status.used and reserved, written
+// with the quota's resourceVersion, so that two creates racing for the last
+// place cannot both pass. A snapshot's bytes are unknown at create: it is
+// refused while the namespace's stored bytes (status.used.snapshotBytes,
+// counted by the quota controller from the sizes the nodes record) are at
+// or over spec.hard.snapshotBytes, and the node that learns its size checks
+// it once more (controllers/sandbox/snapshot.go).
 type SnapshotValidator struct {
-	reader  client.Reader
+	charger
 	decoder admission.Decoder
 }
 
-// NewSnapshotValidator builds the validator; reader must read from the API
-// server directly.
-func NewSnapshotValidator(reader client.Reader, scheme *runtime.Scheme) *SnapshotValidator {
-	return &SnapshotValidator{reader: reader, decoder: admission.NewDecoder(scheme)}
+// NewSnapshotValidator builds the validator. reader must read from the API
+// server directly (a manager's GetAPIReader); writer writes quota status.
+func NewSnapshotValidator(reader client.Reader, writer client.Client, scheme *runtime.Scheme, clk clock.PassiveClock) *SnapshotValidator {
+	return &SnapshotValidator{charger: charger{reader: reader, writer: writer, clock: clk}, decoder: admission.NewDecoder(scheme)}
 }
 
 // Handle implements admission.Handler.
@@ -63,31 +67,25 @@ func (v *SnapshotValidator) Handle(ctx context.Context, req admission.Request) a
 	if snap.Name == "" {
 		snap.Name = req.Name
 	}
-	var quotas sandboxv1alpha1.SandboxQuotaList
-	if err := v.reader.List(ctx, &quotas, client.InNamespace(snap.Namespace)); err != nil {
-		return errored(http.StatusInternalServerError, fmt.Errorf("listing the SandboxQuotas in namespace %s: %w", snap.Namespace, err))
+	if snap.UID == "" {
+		return errored(http.StatusBadRequest, errors.New("the SandboxSnapshot in the admission request has no metadata.uid"))
 	}
-	var used *quota.SnapshotUsage
-	var causes []metav1.StatusCause
-	for i := range quotas.Items {
-		q := &quotas.Items[i]
-		if q.Spec.Hard.Snapshots == nil {
-			continue
-		}
-		if used == nil {
-			var snaps sandboxv1alpha1.SandboxSnapshotList
-			if err := v.reader.List(ctx, &snaps, client.InNamespace(snap.Namespace)); err != nil {
-				return errored(http.StatusInternalServerError, fmt.Errorf("listing the SandboxSnapshots in namespace %s: %w", snap.Namespace, err))
-			}
-			u := quota.CountSnapshots(snaps.Items, snap.UID)
-			used = &u
-		}
-		if msg := quota.SnapshotCountExceeded(q, *used); msg != "" {
-			causes = append(causes, metav1.StatusCause{Type: subresource.CauseQuotaExceeded, Field: "spec.hard.snapshots", Message: msg})
+	quotas, err := v.quotas(ctx, snap.Namespace)
+	if err != nil {
+		return errored(http.StatusInternalServerError, err)
+	}
+	// A quota that limits no snapshot figure is not charged: its status
+	// still shows what the controller counts.
+	limiting := quotas[:0]
+	for i := range quotas {
+		if quotas[i].Spec.Hard.Snapshots != nil || quotas[i].Spec.Hard.SnapshotBytes != nil {
+			limiting = append(limiting, quotas[i])
 		}
 	}
-	if len(causes) > 0 {
-		return deniedKind(snapshotKind, snap.Name, causes)
+	if len(limiting) == 0 {
+		return admission.Allowed("")
 	}
-	return admission.Allowed("")
+	sub := subject{kind: sandboxv1alpha1.ReservationKindSnapshot, details: snapshotKind, namespace: snap.Namespace, name: snap.Name, uid: snap.UID}
+	_, resp := v.chargeAll(ctx, limiting, sub, quota.SnapshotRequest(), req.DryRun != nil && *req.DryRun, nil, nil)
+	return resp
 }

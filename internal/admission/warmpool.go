@@ -82,7 +82,7 @@ func (v *SandboxValidator) makeRoom(ctx context.Context, sbx *sandboxv1alpha1.Sa
 	// namespace holds now can tell. The member's usage is the room the
 	// eviction will make.
 	room := quota.Usage(warmpool.Charged(member, pools))
-	_, resp := v.chargeAll(ctx, quotas, sbx, usage, false, v.recount, &room)
+	_, resp := v.chargeAll(ctx, quotas, sandboxSubject(sbx), usage, false, v.recount, &room)
 	if resp.Allowed {
 		logf.FromContext(ctx).Info("admitted a claimant at a full quota; the pool controller evicts an idle member once it exists",
 			"sandbox", client.ObjectKeyFromObject(sbx), "uid", sbx.UID, "pool", pool.Name, "member", member.Name)
@@ -100,10 +100,14 @@ func (v *SandboxValidator) recount(ctx context.Context, q *sandboxv1alpha1.Sandb
 	// A reservation whose Sandbox is not listed may stand for a create
 	// still in flight; only the controller decides when it is overdue.
 	charged := func(sbx *sandboxv1alpha1.Sandbox) *sandboxv1alpha1.Sandbox { return warmpool.Charged(sbx, pools) }
-	count := quota.Count(q.Status.Reservations, sandboxes, charged, nil, v.clock.Now(), 0)
+	count := quota.Count(q.Status.Reservations, sandboxes, nil, charged, nil, v.clock.Now(), 0)
 	for _, res := range count.Overdue {
 		count.Keep(res)
 	}
+	// Snapshots are not listed here: their figures, reservations
+	// included, stay as the quota records them.
+	count.Used.Snapshots = q.Status.Used.Snapshots
+	count.Used.SnapshotBytes = q.Status.Used.SnapshotBytes
 	return count.Used, nil
 }
 

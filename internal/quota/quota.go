@@ -67,10 +67,12 @@ func Counts(sbx *sandboxv1alpha1.Sandbox) bool {
 // Add returns a+b.
 func Add(a, b sandboxv1alpha1.SandboxQuotaUsage) sandboxv1alpha1.SandboxQuotaUsage {
 	out := sandboxv1alpha1.SandboxQuotaUsage{
-		Sandboxes: a.Sandboxes + b.Sandboxes,
-		CPU:       a.CPU.DeepCopy(),
-		Memory:    a.Memory.DeepCopy(),
-		Disk:      a.Disk.DeepCopy(),
+		Sandboxes:     a.Sandboxes + b.Sandboxes,
+		CPU:           a.CPU.DeepCopy(),
+		Memory:        a.Memory.DeepCopy(),
+		Disk:          a.Disk.DeepCopy(),
+		Snapshots:     a.Snapshots + b.Snapshots,
+		SnapshotBytes: resource.NewQuantity(SnapshotBytes(a)+SnapshotBytes(b), resource.BinarySI),
 	}
 	out.CPU.Add(b.CPU)
 	out.Memory.Add(b.Memory)
@@ -78,14 +80,33 @@ func Add(a, b sandboxv1alpha1.SandboxQuotaUsage) sandboxv1alpha1.SandboxQuotaUsa
 	return canonical(out)
 }
 
+// SnapshotBytes is u's snapshot bytes (0 when unset).
+func SnapshotBytes(u sandboxv1alpha1.SandboxQuotaUsage) int64 {
+	if u.SnapshotBytes == nil {
+		return 0
+	}
+	return u.SnapshotBytes.Value()
+}
+
+// SnapshotRequest is what one SandboxSnapshot is charged at admission: one
+// snapshot, and no bytes, since its size is known only once its node has
+// read the files (the quota controller then counts status.sizeBytes).
+func SnapshotRequest() sandboxv1alpha1.SandboxQuotaUsage {
+	u := Zero()
+	u.Snapshots = 1
+	return u
+}
+
 // Sub returns a-b, never below zero: usage recorded before a quota was
 // counted may be smaller than what a rollback takes back.
 func Sub(a, b sandboxv1alpha1.SandboxQuotaUsage) sandboxv1alpha1.SandboxQuotaUsage {
 	out := sandboxv1alpha1.SandboxQuotaUsage{
-		Sandboxes: max(0, a.Sandboxes-b.Sandboxes),
-		CPU:       a.CPU.DeepCopy(),
-		Memory:    a.Memory.DeepCopy(),
-		Disk:      a.Disk.DeepCopy(),
+		Sandboxes:     max(0, a.Sandboxes-b.Sandboxes),
+		CPU:           a.CPU.DeepCopy(),
+		Memory:        a.Memory.DeepCopy(),
+		Disk:          a.Disk.DeepCopy(),
+		Snapshots:     max(0, a.Snapshots-b.Snapshots),
+		SnapshotBytes: resource.NewQuantity(max(0, SnapshotBytes(a)-SnapshotBytes(b)), resource.BinarySI),
 	}
 	for _, p := range []struct{ dst, sub *resource.Quantity }{{&out.CPU, &b.CPU}, {&out.Memory, &b.Memory}, {&out.Disk, &b.Disk}} {
 		p.dst.Sub(*p.sub)
@@ -102,6 +123,12 @@ func canonical(u sandboxv1alpha1.SandboxQuotaUsage) sandboxv1alpha1.SandboxQuota
 	u.CPU = *resource.NewMilliQuantity(u.CPU.MilliValue(), resource.DecimalSI)
 	u.Memory = *resource.NewQuantity(u.Memory.Value(), resource.BinarySI)
 	u.Disk = *resource.NewQuantity(u.Disk.Value(), resource.BinarySI)
+	// Unset when zero, so that a Sandbox's reservation does not carry it.
+	if b := SnapshotBytes(u); b != 0 {
+		u.SnapshotBytes = resource.NewQuantity(b, resource.BinarySI)
+	} else {
+		u.SnapshotBytes = nil
+	}
 	return u
 }
 
@@ -112,7 +139,8 @@ func Zero() sandboxv1alpha1.SandboxQuotaUsage {
 
 // Equal reports whether two usages are the same amounts.
 func Equal(a, b sandboxv1alpha1.SandboxQuotaUsage) bool {
-	return a.Sandboxes == b.Sandboxes && a.CPU.Cmp(b.CPU) == 0 && a.Memory.Cmp(b.Memory) == 0 && a.Disk.Cmp(b.Disk) == 0
+	return a.Sandboxes == b.Sandboxes && a.CPU.Cmp(b.CPU) == 0 && a.Memory.Cmp(b.Memory) == 0 && a.Disk.Cmp(b.Disk) == 0 &&
+		a.Snapshots == b.Snapshots && SnapshotBytes(a) == SnapshotBytes(b)
 }
 
 // Overage is one limit that a request would break.
@@ -122,15 +150,27 @@ type Overage struct {
 	Used      string
 	Hard      string
 	Over      string
+	// Note, when set, replaces "(Over over)".
+	Note string
 }
 
 func (o Overage) String() string {
+	if o.Note != "" {
+		return fmt.Sprintf("%s: requested %s, used %s, limit %s (%s)", o.Resource, o.Requested, o.Used, o.Hard, o.Note)
+	}
 	return fmt.Sprintf("%s: requested %s, used %s, limit %s (%s over)", o.Resource, o.Requested, o.Used, o.Hard, o.Over)
 }
 
 // Exceeds returns the limits in hard that used+req would go past, in a fixed
-// order: sandboxes, cpu, memory, disk.
+// order: sandboxes, cpu, memory, disk. A request for a snapshot
+// (req.Snapshots > 0) is checked against the snapshot limits only, in the
+// order snapshots, snapshotBytes; any other request (a Sandbox, or none)
+// against the Sandbox limits only, so that neither kind is refused because
+// the other is over a lowered limit.
 func Exceeds(hard sandboxv1alpha1.SandboxQuotaHard, used, req sandboxv1alpha1.SandboxQuotaUsage) []Overage {
+	if req.Snapshots > 0 {
+		return exceedsSnapshots(hard, used, req)
+	}
 	var out []Overage
 	if hard.Sandboxes != nil && used.Sandboxes+req.Sandboxes > *hard.Sandboxes {
 		out = append(out, Overage{
@@ -163,6 +203,37 @@ func Exceeds(hard sandboxv1alpha1.SandboxQuotaHard, used, req sandboxv1alpha1.Sa
 	check("cpu", hard.CPU, used.CPU, req.CPU, cpuString)
 	check("memory", hard.Memory, used.Memory, req.Memory, bytesString)
 	check("disk", hard.Disk, used.Disk, req.Disk, bytesString)
+	return out
+}
+
+func exceedsSnapshots(hard sandboxv1alpha1.SandboxQuotaHard, used, req sandboxv1alpha1.SandboxQuotaUsage) []Overage {
+	var out []Overage
+	if hard.Snapshots != nil && used.Snapshots+req.Snapshots > *hard.Snapshots {
+		out = append(out, Overage{
+			Resource:  "snapshots",
+			Requested: fmt.Sprint(req.Snapshots),
+			Used:      fmt.Sprint(used.Snapshots),
+			Hard:      fmt.Sprint(*hard.Snapshots),
+			Over:      fmt.Sprint(used.Snapshots + req.Snapshots - *hard.Snapshots),
+		})
+	}
+	// Every stored snapshot has at least a tar's end blocks, so one with
+	// no bytes left cannot fit: at the cap, a new snapshot is refused too.
+	if h := hard.SnapshotBytes; h != nil {
+		total := SnapshotBytes(used) + SnapshotBytes(req)
+		if total > h.Value() || (SnapshotBytes(req) == 0 && total >= h.Value()) {
+			out = append(out, Overage{
+				Resource:  "snapshotBytes",
+				Requested: "a new snapshot",
+				Used:      bytesString(*resource.NewQuantity(SnapshotBytes(used), resource.BinarySI)),
+				Hard:      bytesString(*h),
+				Over:      bytesString(*resource.NewQuantity(total-h.Value(), resource.BinarySI)),
+			})
+			if total <= h.Value() {
+				out[len(out)-1].Note = "no bytes left for its files"
+			}
+		}
+	}
 	return out
 }
 
@@ -267,7 +338,12 @@ func (r *Recount) Keep(res sandboxv1alpha1.SandboxQuotaReservation) {
 // overdue and the caller decides. Each Sandbox is charged as charged makes
 // it (nil: as it is; warmpool.Charged for a namespace with warm pools), and
 // a member another Sandbox claimed is not charged at all (ClaimedMembers).
+//
+// snapshots are the namespace's SandboxSnapshots, counted as
+// CountSnapshots does; a caller that passes none (nil) keeps only the
+// snapshot reservations, and must take the snapshot figures from elsewhere.
 func Count(reservations []sandboxv1alpha1.SandboxQuotaReservation, sandboxes []sandboxv1alpha1.Sandbox,
+	snapshots []sandboxv1alpha1.SandboxSnapshot,
 	charged func(*sandboxv1alpha1.Sandbox) *sandboxv1alpha1.Sandbox,
 	deleted func(types.UID) bool, now time.Time, timeout time.Duration) Recount {
 	if charged == nil {
@@ -282,6 +358,15 @@ func Count(reservations []sandboxv1alpha1.SandboxQuotaReservation, sandboxes []s
 		if Counts(sbx) && !claimed[sbx.UID] {
 			out.Used = Add(out.Used, Usage(charged(sbx)))
 		}
+	}
+	for i := range snapshots {
+		seen[snapshots[i].UID] = true
+	}
+	if snaps := CountSnapshots(snapshots, ""); snaps.Count > 0 {
+		u := Zero()
+		u.Snapshots = snaps.Count
+		u.SnapshotBytes = resource.NewQuantity(snaps.Bytes, resource.BinarySI)
+		out.Used = Add(out.Used, u)
 	}
 	for _, res := range reservations {
 		if seen[res.UID] || (deleted != nil && deleted(res.UID)) {
@@ -315,6 +400,12 @@ func Summary(hard sandboxv1alpha1.SandboxQuotaHard, used sandboxv1alpha1.Sandbox
 	if hard.Disk != nil {
 		parts = append(parts, fmt.Sprintf("disk: %s/%s", bytesString(used.Disk), bytesString(*hard.Disk)))
 	}
+	if hard.Snapshots != nil {
+		parts = append(parts, fmt.Sprintf("snapshots: %d/%d", used.Snapshots, *hard.Snapshots))
+	}
+	if hard.SnapshotBytes != nil {
+		parts = append(parts, fmt.Sprintf("snapshotBytes: %s/%s", bytesString(*resource.NewQuantity(SnapshotBytes(used), resource.BinarySI)), bytesString(*hard.SnapshotBytes)))
+	}
 	if len(parts) == 0 {
 		return fmt.Sprintf("sandboxes: %d (no limits)", used.Sandboxes)
 	}
@@ -336,13 +427,7 @@ func Exhaustion(hard sandboxv1alpha1.SandboxQuotaHard, used sandboxv1alpha1.Sand
 		}
 	}
 	if hard.Sandboxes != nil {
-		cmp := 0
-		if used.Sandboxes > *hard.Sandboxes {
-			cmp = 1
-		} else if used.Sandboxes < *hard.Sandboxes {
-			cmp = -1
-		}
-		note("sandboxes", cmp, fmt.Sprint(used.Sandboxes), fmt.Sprint(*hard.Sandboxes))
+		note("sandboxes", cmp64(used.Sandboxes, *hard.Sandboxes), fmt.Sprint(used.Sandboxes), fmt.Sprint(*hard.Sandboxes))
 	}
 	if hard.CPU != nil {
 		note("cpu", used.CPU.Cmp(*hard.CPU), cpuString(used.CPU), cpuString(*hard.CPU))
@@ -353,6 +438,13 @@ func Exhaustion(hard sandboxv1alpha1.SandboxQuotaHard, used sandboxv1alpha1.Sand
 	if hard.Disk != nil {
 		note("disk", used.Disk.Cmp(*hard.Disk), bytesString(used.Disk), bytesString(*hard.Disk))
 	}
+	if hard.Snapshots != nil {
+		note("snapshots", cmp64(used.Snapshots, *hard.Snapshots), fmt.Sprint(used.Snapshots), fmt.Sprint(*hard.Snapshots))
+	}
+	if hard.SnapshotBytes != nil {
+		b := SnapshotBytes(used)
+		note("snapshotBytes", cmp64(b, hard.SnapshotBytes.Value()), bytesString(*resource.NewQuantity(b, resource.BinarySI)), bytesString(*hard.SnapshotBytes))
+	}
 	switch {
 	case len(over) > 0:
 		return sandboxv1alpha1.SandboxQuotaReasonOverLimit,
@@ -361,4 +453,14 @@ func Exhaustion(hard sandboxv1alpha1.SandboxQuotaHard, used sandboxv1alpha1.Sand
 		return sandboxv1alpha1.SandboxQuotaReasonLimitReached, "fully used: " + strings.Join(full, ", ")
 	}
 	return sandboxv1alpha1.SandboxQuotaReasonWithinLimits, "every limit has room left"
+}
+
+func cmp64(a, b int64) int {
+	switch {
+	case a > b:
+		return 1
+	case a < b:
+		return -1
+	}
+	return 0
 }

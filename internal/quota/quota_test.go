@@ -420,7 +420,7 @@ var _ = Describe("Count", func() {
 	}
 
 	It("is zero, in canonical form, for an empty namespace", func() {
-		r := quota.Count(nil, nil, nil, nil, now, timeout)
+		r := quota.Count(nil, nil, nil, nil, nil, now, timeout)
 		Expect(strs(r.Used)).To(Equal([]any{int64(0), "0", "0", "0"}))
 		Expect(r.Reservations).To(BeEmpty())
 		Expect(r.Overdue).To(BeEmpty())
@@ -437,13 +437,13 @@ var _ = Describe("Count", func() {
 			expired(sandbox("e", "8", "8Gi", "8Gi"), metav1.ConditionTrue),
 			expired(sandbox("f", "250m", "256Mi", "128Mi"), metav1.ConditionFalse),
 		}
-		r := quota.Count(nil, sandboxes, nil, nil, now, timeout)
+		r := quota.Count(nil, sandboxes, nil, nil, nil, now, timeout)
 		Expect(strs(r.Used)).To(Equal([]any{int64(3), "1750m", "1Gi", "512Mi"}))
 	})
 
 	It("settles a reservation whose Sandbox is listed, without charging it twice", func() {
 		res := []sandboxv1alpha1.SandboxQuotaReservation{reservation("a", time.Second, usage(1, "1", "512Mi", "256Mi"))}
-		r := quota.Count(res, []sandboxv1alpha1.Sandbox{sandbox("a", "1", "512Mi", "256Mi")}, nil, nil, now, timeout)
+		r := quota.Count(res, []sandboxv1alpha1.Sandbox{sandbox("a", "1", "512Mi", "256Mi")}, nil, nil, nil, now, timeout)
 		Expect(strs(r.Used)).To(Equal([]any{int64(1), "1", "512Mi", "256Mi"}))
 		Expect(r.Reservations).To(BeEmpty())
 		Expect(r.Overdue).To(BeEmpty())
@@ -452,7 +452,7 @@ var _ = Describe("Count", func() {
 
 	It("settles a reservation whose Sandbox is listed but expired, charging nothing", func() {
 		res := []sandboxv1alpha1.SandboxQuotaReservation{reservation("a", time.Second, usage(1, "1", "512Mi", "256Mi"))}
-		r := quota.Count(res, []sandboxv1alpha1.Sandbox{expired(sandbox("a", "1", "512Mi", "256Mi"), metav1.ConditionTrue)}, nil, nil, now, timeout)
+		r := quota.Count(res, []sandboxv1alpha1.Sandbox{expired(sandbox("a", "1", "512Mi", "256Mi"), metav1.ConditionTrue)}, nil, nil, nil, now, timeout)
 		Expect(quota.Equal(r.Used, quota.Zero())).To(BeTrue())
 		Expect(r.Reservations).To(BeEmpty())
 	})
@@ -464,7 +464,7 @@ var _ = Describe("Count", func() {
 		}
 		var asked []types.UID
 		deleted := func(uid types.UID) bool { asked = append(asked, uid); return uid == "gone" }
-		r := quota.Count(res, nil, nil, deleted, now, timeout)
+		r := quota.Count(res, nil, nil, nil, deleted, now, timeout)
 		Expect(asked).To(ConsistOf(types.UID("gone"), types.UID("pending")))
 		Expect(uids(r.Reservations)).To(Equal([]types.UID{"pending"}))
 		Expect(strs(r.Used)).To(Equal([]any{int64(1), "2", "1Gi", "1Gi"}))
@@ -476,7 +476,7 @@ var _ = Describe("Count", func() {
 			reservation("old", 50*time.Second, usage(1, "500m", "256Mi", "128Mi")),
 			reservation("middle", 30*time.Second, usage(1, "250m", "256Mi", "128Mi")),
 		}
-		r := quota.Count(res, []sandboxv1alpha1.Sandbox{sandbox("x", "1", "1Gi", "1Gi")}, nil, nil, now, timeout)
+		r := quota.Count(res, []sandboxv1alpha1.Sandbox{sandbox("x", "1", "1Gi", "1Gi")}, nil, nil, nil, now, timeout)
 		Expect(uids(r.Reservations)).To(Equal([]types.UID{"young", "old", "middle"}))
 		Expect(r.Overdue).To(BeEmpty())
 		Expect(strs(r.Used)).To(Equal([]any{int64(4), "2750m", "2Gi", "1536Mi"}))
@@ -489,7 +489,7 @@ var _ = Describe("Count", func() {
 			reservation("fresh", 59*time.Second, usage(1, "1", "512Mi", "256Mi")),
 			reservation("exact", timeout, usage(1, "2", "2Gi", "2Gi")),
 		}
-		r := quota.Count(res, nil, nil, nil, now, timeout)
+		r := quota.Count(res, nil, nil, nil, nil, now, timeout)
 		Expect(uids(r.Overdue)).To(Equal([]types.UID{"late", "exact"}))
 		Expect(uids(r.Reservations)).To(Equal([]types.UID{"fresh"}))
 		Expect(strs(r.Used)).To(Equal([]any{int64(1), "1", "512Mi", "256Mi"}))
@@ -498,14 +498,14 @@ var _ = Describe("Count", func() {
 
 	It("has no next deadline when everything is overdue", func() {
 		res := []sandboxv1alpha1.SandboxQuotaReservation{reservation("late", time.Hour, usage(1, "1", "1Gi", "1Gi"))}
-		r := quota.Count(res, nil, nil, nil, now, timeout)
+		r := quota.Count(res, nil, nil, nil, nil, now, timeout)
 		Expect(r.NextDeadline.IsZero()).To(BeTrue())
 		Expect(quota.Equal(r.Used, quota.Zero())).To(BeTrue())
 	})
 
 	It("settles a listed Sandbox's reservation even when it is overdue", func() {
 		res := []sandboxv1alpha1.SandboxQuotaReservation{reservation("a", time.Hour, usage(1, "1", "512Mi", "256Mi"))}
-		r := quota.Count(res, []sandboxv1alpha1.Sandbox{sandbox("a", "1", "512Mi", "256Mi")}, nil, nil, now, timeout)
+		r := quota.Count(res, []sandboxv1alpha1.Sandbox{sandbox("a", "1", "512Mi", "256Mi")}, nil, nil, nil, now, timeout)
 		Expect(r.Overdue).To(BeEmpty())
 		Expect(r.Reservations).To(BeEmpty())
 		Expect(r.Used.Sandboxes).To(Equal(int64(1)))
@@ -516,7 +516,7 @@ var _ = Describe("Count", func() {
 			reservation("fresh", time.Second, usage(1, "1", "512Mi", "256Mi")),
 			reservation("late", time.Hour, usage(1, "500m", "512Mi", "256Mi")),
 		}
-		r := quota.Count(res, nil, nil, nil, now, timeout)
+		r := quota.Count(res, nil, nil, nil, nil, now, timeout)
 		Expect(uids(r.Overdue)).To(Equal([]types.UID{"late"}))
 		r.Keep(r.Overdue[0])
 		Expect(uids(r.Reservations)).To(Equal([]types.UID{"fresh", "late"}))

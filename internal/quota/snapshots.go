@@ -15,9 +15,14 @@ import (
 )
 
 // SnapshotUsage is what a namespace's SandboxSnapshots take from its
-// quotas: how many count, and the bytes of those stored. The webhook (count,
-// at create) and the node managers (bytes, once a size is known) count with
-// this one function.
+// quotas: how many count, and the bytes of those stored. The quota
+// controller (status.used, through Count) and the node managers (bytes,
+// once a size is known) count with this one function.
+//
+// It reads only what the operator writes: status.conditions and
+// status.sizeBytes are written only by the manager of the node holding the
+// snapshot (config/policy/snapshot_status_policy.yaml), and the deletion
+// timestamp, which a user may set, only frees what the user gives up.
 type SnapshotUsage struct {
 	Count int64
 	Bytes int64
@@ -38,14 +43,6 @@ func CountSnapshots(snaps []sandboxv1alpha1.SandboxSnapshot, except types.UID) S
 		}
 	}
 	return u
-}
-
-// SnapshotCountExceeded says why one more snapshot does not fit q, or "".
-func SnapshotCountExceeded(q *sandboxv1alpha1.SandboxQuota, used SnapshotUsage) string {
-	if h := q.Spec.Hard.Snapshots; h != nil && used.Count+1 > *h {
-		return fmt.Sprintf("sandbox quota %q: snapshots: %d of %d used, 1 more requested", q.Name, used.Count, *h)
-	}
-	return ""
 }
 
 // SnapshotBytesExceeded says why a snapshot of size bytes does not fit q

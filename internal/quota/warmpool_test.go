@@ -94,19 +94,19 @@ var _ = Describe("Warm pools", func() {
 				member,
 				idle,
 				claimed(claimant("c", "pool"), "m", template("busybox:1", "1", "256Mi", "128Mi")),
-			}, charged, nil, now, time.Minute)
+			}, nil, charged, nil, now, time.Minute)
 			// idle (2, 1Gi, 512Mi) + c by its recorded template; m not at all.
 			Expect(strs(r.Used)).To(Equal([]any{int64(2), "3", "1280Mi", "640Mi"}))
 		})
 
 		It("counts an unclaimed claimant with its pool's current template, and one whose pool is gone by its own spec", func() {
-			r := quota.Count(nil, []sandboxv1alpha1.Sandbox{claimant("c", "pool"), claimant("d", "gone")}, charged, nil, now, time.Minute)
+			r := quota.Count(nil, []sandboxv1alpha1.Sandbox{claimant("c", "pool"), claimant("d", "gone")}, nil, charged, nil, now, time.Minute)
 			Expect(strs(r.Used)).To(Equal([]any{int64(2), "2050m", "1032Mi", "513Mi"}))
 		})
 
 		It("settles the reservation of a claimed member without charging it", func() {
 			res := []sandboxv1alpha1.SandboxQuotaReservation{{Name: "sbx-m", UID: "m", Time: metav1.NewTime(now), Usage: usage(1, "2", "1Gi", "512Mi")}}
-			r := quota.Count(res, []sandboxv1alpha1.Sandbox{sandbox("m", "2", "1Gi", "512Mi"), claimed(claimant("c", "pool"), "m", current)}, charged, nil, now, time.Minute)
+			r := quota.Count(res, []sandboxv1alpha1.Sandbox{sandbox("m", "2", "1Gi", "512Mi"), claimed(claimant("c", "pool"), "m", current)}, nil, charged, nil, now, time.Minute)
 			Expect(r.Reservations).To(BeEmpty())
 			Expect(strs(r.Used)).To(Equal([]any{int64(1), "2", "1Gi", "512Mi"}))
 		})

@@ -3,6 +3,7 @@ package snapshotstore
 import (
 	"context"
 	"crypto/rand"
+	"crypto/sha256"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -11,6 +12,8 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"strings"
+	"time"
 )
 
 // Dir stores each snapshot as one file in a directory that only this
@@ -163,4 +166,120 @@ func (c ctxReader) Read(p []byte) (int, error) {
 		return 0, err
 	}
 	return c.r.Read(p)
+}
+
+// EntryKind is what a directory entry is.
+type EntryKind string
+
+const (
+	// EntrySnapshot is a stored snapshot file (Ref is its dir: ref).
+	EntrySnapshot EntryKind = "snapshot"
+	// EntryPartial is the temporary file of a Put that has not finished
+	// (or whose process died).
+	EntryPartial EntryKind = "partial"
+	// EntryPushed is a journal record of a registry ref this node pushed
+	// (Ref is the registry ref).
+	EntryPushed EntryKind = "pushed"
+)
+
+// Entry is one thing a Dir holds.
+type Entry struct {
+	Kind EntryKind
+	// Ref is the snapshot's ref; empty for a partial file.
+	Ref string
+	// ModTime is when the file was last written.
+	ModTime time.Time
+	name    string
+}
+
+var (
+	partialRE = regexp.MustCompile(`^\.snap-[0-9a-f]{32}\.tar\.part$`)
+	pushedRE  = regexp.MustCompile(`^\.pushed-[0-9a-f]{64}$`)
+)
+
+// journalName is the file that records a pushed ref: a hash, so that the
+// ref never becomes a path.
+func journalName(ref string) string {
+	sum := sha256.Sum256([]byte(ref))
+	return ".pushed-" + hex.EncodeToString(sum[:])
+}
+
+// journal records ref, 0600, synced before the push it precedes.
+func (d *Dir) journal(ref string) error {
+	name := journalName(ref)
+	f, err := d.root.OpenFile(name, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o600)
+	if err != nil {
+		return fmt.Errorf("snapshot store: journal: %w", err)
+	}
+	_, err = f.WriteString(ref)
+	if err == nil {
+		err = f.Sync()
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		_ = d.root.Remove(name)
+		return fmt.Errorf("snapshot store: journal: %w", err)
+	}
+	return nil
+}
+
+func (d *Dir) unjournal(ref string) error {
+	return d.removeName(journalName(ref))
+}
+
+func (d *Dir) removeName(name string) error {
+	if !partialRE.MatchString(name) && !pushedRE.MatchString(name) {
+		return fmt.Errorf("%w: %q is not a partial or journal file", ErrInvalidRef, name)
+	}
+	if err := d.root.Remove(name); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return fmt.Errorf("snapshot store: %w", err)
+	}
+	return nil
+}
+
+// maxJournalBytes bounds a journal file read: a ref is far shorter.
+const maxJournalBytes = 4096
+
+// entries lists the directory. Names of no known shape are left out (and
+// alone); so is a journal file that does not hold a ref.
+func (d *Dir) entries() ([]Entry, error) {
+	f, err := d.root.Open(".")
+	if err != nil {
+		return nil, fmt.Errorf("snapshot store: %w", err)
+	}
+	defer f.Close()
+	des, err := f.ReadDir(-1)
+	if err != nil {
+		return nil, fmt.Errorf("snapshot store: listing: %w", err)
+	}
+	var out []Entry
+	for _, de := range des {
+		if !de.Type().IsRegular() {
+			continue
+		}
+		info, err := de.Info()
+		if err != nil {
+			continue // removed meanwhile
+		}
+		name := de.Name()
+		e := Entry{ModTime: info.ModTime(), name: name}
+		switch {
+		case dirRefRE.MatchString("dir:" + name):
+			e.Kind, e.Ref = EntrySnapshot, "dir:"+name
+		case partialRE.MatchString(name):
+			e.Kind = EntryPartial
+		case pushedRE.MatchString(name) && info.Size() <= maxJournalBytes:
+			raw, err := d.root.ReadFile(name)
+			if err != nil || journalName(string(raw)) != name || strings.TrimSpace(string(raw)) != string(raw) {
+				continue
+			}
+			e.Kind, e.Ref = EntryPushed, string(raw)
+		default:
+			continue
+		}
+		out = append(out, e)
+	}
+	return out, nil
 }

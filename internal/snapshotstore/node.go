@@ -23,7 +23,11 @@ type Node struct {
 // Put implements Store.
 func (n *Node) Put(ctx context.Context, key string, r io.Reader) (string, int64, error) {
 	if n.Registry != nil {
-		return n.Registry.Put(ctx, key, r)
+		var journal func(string) error
+		if n.Dir != nil {
+			journal = n.Dir.journal
+		}
+		return n.Registry.PutWith(ctx, key, r, journal)
 	}
 	if n.Dir == nil {
 		return "", 0, errors.New("snapshot store: no directory configured")
@@ -40,13 +44,49 @@ func (n *Node) Open(ctx context.Context, ref string) (io.ReadCloser, error) {
 	return s.Open(ctx, ref)
 }
 
-// Delete implements Store.
+// Delete implements Store. A registry ref this node pushed also leaves
+// the node's journal once it is deleted.
 func (n *Node) Delete(ctx context.Context, ref string) error {
 	s, err := n.route(ref)
 	if err != nil {
 		return err
 	}
-	return s.Delete(ctx, ref)
+	if err := s.Delete(ctx, ref); err != nil {
+		return err
+	}
+	if s == Store(n.Registry) && n.Dir != nil {
+		return n.Dir.unjournal(ref)
+	}
+	return nil
+}
+
+// Leftovers lists what this node's directory holds: snapshot files,
+// partial files of Puts, and the registry refs this node pushed (its
+// journal). A sweep compares them with the refs the SandboxSnapshots
+// record and removes the rest (RemoveLeftover).
+func (n *Node) Leftovers() ([]Entry, error) {
+	if n.Dir == nil {
+		return nil, nil
+	}
+	return n.Dir.entries()
+}
+
+// RemoveLeftover removes e: the file, or for a pushed ref the manifest in
+// the registry and then the journal entry. A pushed ref of a registry this
+// node no longer has configured is refused (ErrInvalidRef) and kept.
+func (n *Node) RemoveLeftover(ctx context.Context, e Entry) error {
+	switch e.Kind {
+	case EntrySnapshot:
+		return n.Dir.Delete(ctx, e.Ref)
+	case EntryPartial:
+		return n.Dir.removeName(e.name)
+	case EntryPushed:
+		if n.Registry == nil {
+			return fmt.Errorf("%w: %q: this node has no --snapshot-registry now", ErrInvalidRef, e.Ref)
+		}
+		return n.Delete(ctx, e.Ref)
+	}
+	return fmt.Errorf("snapshot store: unknown entry kind %q", e.Kind)
 }
 
 // Shared says whether ref is in this node's registry: data any node with

@@ -114,6 +114,15 @@ func (r *Registry) opts(ctx context.Context) []remote.Option {
 
 // Put implements Store.
 func (r *Registry) Put(ctx context.Context, key string, src io.Reader) (string, int64, error) {
+	return r.PutWith(ctx, key, src, nil)
+}
+
+// PutWith is Put, calling beforePush (when not nil) with the ref once it is
+// known and before anything is pushed; an error from it stops the Put. A
+// Node records the ref there, so that a manifest pushed by a process that
+// dies before it records the ref anywhere else can still be found and
+// removed: the registry API lists no manifest that has no tag.
+func (r *Registry) PutWith(ctx context.Context, key string, src io.Reader, beforePush func(ref string) error) (string, int64, error) {
 	if err := checkKey(key); err != nil {
 		return "", 0, err
 	}
@@ -144,6 +153,11 @@ func (r *Registry) Put(ctx context.Context, key string, src io.Reader) (string, 
 		return "", n, fmt.Errorf("snapshot registry: %w", err)
 	}
 	ref := repo.Digest(mdigest.String())
+	if beforePush != nil {
+		if err := beforePush(ref.String()); err != nil {
+			return "", n, fmt.Errorf("snapshot registry: before pushing %s: %w", ref, err)
+		}
+	}
 	if err := remote.Write(ref, img, r.opts(ctx)...); err != nil {
 		return "", n, fmt.Errorf("snapshot registry: pushing %s: %w", ref, err)
 	}

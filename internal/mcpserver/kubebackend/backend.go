@@ -69,6 +69,9 @@ const (
 // Defaults for Options.
 const (
 	DefaultMaxSandboxes = session.DefaultMaxSandboxes
+	// DefaultMaxSnapshots is the Docker backend's default of
+	// --max-snapshots, so that both backends keep the same.
+	DefaultMaxSnapshots = 16
 	DefaultIdleTimeout  = session.DefaultIdleTimeout
 	DefaultReadyTimeout = 2 * time.Minute
 	// DefaultStopTimeout bounds the wait for a deleted Sandbox to be gone:
@@ -107,6 +110,10 @@ type Options struct {
 	// MaxSandboxes bounds the Sandboxes one identity may have at once,
 	// across every replica (reservation.go).
 	MaxSandboxes int
+	// MaxSnapshots bounds the SandboxSnapshots one identity may keep at
+	// once, across every replica, through the same reservation record
+	// (reservation.go); default DefaultMaxSnapshots.
+	MaxSnapshots int
 	// IdleTimeout deletes a Sandbox nobody used this long: written to its
 	// spec.lifecycle.idleDeleteSeconds, and the node manager acts on it.
 	IdleTimeout time.Duration
@@ -249,6 +256,9 @@ func New(opts Options) (*Backend, error) {
 func newBackend(d *driver) *Backend {
 	if d.opts.MaxSandboxes <= 0 {
 		d.opts.MaxSandboxes = DefaultMaxSandboxes
+	}
+	if d.opts.MaxSnapshots <= 0 {
+		d.opts.MaxSnapshots = DefaultMaxSnapshots
 	}
 	d.limitError = func(have, limit int) error {
 		return &messageError{kind: contract.ErrQuota, msg: fmt.Sprintf("you already have %d sandboxes; the limit is %d", have, limit)}

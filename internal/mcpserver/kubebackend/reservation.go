@@ -61,6 +61,87 @@ const ReservationPrefix = "mcp-sandboxes-"
 // Sandbox name to RFC 3339 reservation time.
 const AnnotationReservations = "sandbox.code-sandbox.dev/mcp-reservations"
 
+// AnnotationSnapshotReservations holds the same for SandboxSnapshot names:
+// --max-snapshots is kept by the same record and the same code.
+const AnnotationSnapshotReservations = "sandbox.code-sandbox.dev/mcp-snapshot-reservations"
+
+// reserved is one kind of object an identity's record reserves names for.
+type reserved struct {
+	// noun names the objects in messages.
+	noun       string
+	annotation string
+	// prefix starts every name reserved.
+	prefix string
+	limit  func(*driver) int
+	// live lists caller's objects that count: name to creation time.
+	live func(ctx context.Context, d *driver, namespace string, caller contract.Caller) (map[string]time.Time, error)
+	// owned asks the API server whether object name is caller's and not
+	// being deleted.
+	owned      func(ctx context.Context, d *driver, namespace, name string, caller contract.Caller) (bool, error)
+	limitError func(d *driver, have, limit int) error
+}
+
+var (
+	sandboxReservations = &reserved{
+		noun: "sandbox", annotation: AnnotationReservations, prefix: NamePrefix,
+		limit: func(d *driver) int { return d.opts.MaxSandboxes },
+		live: func(ctx context.Context, d *driver, namespace string, caller contract.Caller) (map[string]time.Time, error) {
+			list, err := d.ownedSandboxes(ctx, namespace, caller)
+			if err != nil {
+				return nil, err
+			}
+			out := make(map[string]time.Time, len(list))
+			for i := range list {
+				out[list[i].Name] = list[i].CreationTimestamp.UTC()
+			}
+			return out, nil
+		},
+		owned: func(ctx context.Context, d *driver, namespace, name string, caller contract.Caller) (bool, error) {
+			var sbx sandboxv1alpha1.Sandbox
+			if err := d.kube.Get(ctx, client.ObjectKey{Namespace: namespace, Name: name}, &sbx); err != nil {
+				return false, err
+			}
+			return owns(caller, &sbx), nil
+		},
+		limitError: func(d *driver, have, limit int) error { return d.limitError(have, limit) },
+	}
+	// Snapshots are listed from the API server: the cache holds Sandboxes
+	// only, and a snapshot create is rare enough.
+	snapshotReservations = &reserved{
+		noun: "snapshot", annotation: AnnotationSnapshotReservations, prefix: SnapshotPrefix,
+		limit: func(d *driver) int { return d.opts.MaxSnapshots },
+		live: func(ctx context.Context, d *driver, namespace string, caller contract.Caller) (map[string]time.Time, error) {
+			var list sandboxv1alpha1.SandboxSnapshotList
+			if err := d.kube.List(ctx, &list, client.InNamespace(namespace), ownerSelector(caller)); err != nil {
+				return nil, err
+			}
+			out := make(map[string]time.Time, len(list.Items))
+			for i := range list.Items {
+				if ownsSnapshot(caller, &list.Items[i]) {
+					out[list.Items[i].Name] = list.Items[i].CreationTimestamp.UTC()
+				}
+			}
+			return out, nil
+		},
+		owned: func(ctx context.Context, d *driver, namespace, name string, caller contract.Caller) (bool, error) {
+			var snap sandboxv1alpha1.SandboxSnapshot
+			if err := d.kube.Get(ctx, client.ObjectKey{Namespace: namespace, Name: name}, &snap); err != nil {
+				return false, err
+			}
+			return ownsSnapshot(caller, &snap), nil
+		},
+		limitError: func(_ *driver, have, limit int) error {
+			return &messageError{kind: contract.ErrQuota, msg: fmt.Sprintf(
+				"you already keep %d snapshots; the limit (--max-snapshots) is %d: delete_snapshot one first", have, limit)}
+		},
+	}
+)
+
+// ownsSnapshot is owns for a SandboxSnapshot.
+func ownsSnapshot(caller contract.Caller, snap *sandboxv1alpha1.SandboxSnapshot) bool {
+	return snap.DeletionTimestamp == nil && snap.Labels[LabelOwner] == contract.IdentityHash(caller.ID)
+}
+
 // reservationGrace is how long an entry without a Sandbox counts: a create
 // in flight (createObject is bounded by apiTimeout), with room for clock
 // differences between replicas.
@@ -75,9 +156,9 @@ func reservationName(caller contract.Caller) string {
 	return ReservationPrefix + contract.IdentityHash(caller.ID)
 }
 
-func readEntries(lease *coordinationv1.Lease) reservationEntries {
+func readEntries(lease *coordinationv1.Lease, annotation string) reservationEntries {
 	out := reservationEntries{}
-	raw := lease.Annotations[AnnotationReservations]
+	raw := lease.Annotations[annotation]
 	if raw == "" {
 		return out
 	}
@@ -95,35 +176,40 @@ func readEntries(lease *coordinationv1.Lease) reservationEntries {
 }
 
 // reserve reserves a fresh Sandbox name for caller in namespace, or refuses
-// with the limit error when caller already has MaxSandboxes. release drops
+// with the limit error when caller already has MaxSandboxes. unreserve drops
 // the reservation again (for a create that failed).
 func (b *driver) reserve(ctx context.Context, namespace string, caller contract.Caller) (string, error) {
-	limit := b.opts.MaxSandboxes
+	return b.reserveKind(ctx, sandboxReservations, namespace, caller)
+}
+
+// reserveKind reserves a fresh name of kind k for caller.
+func (b *driver) reserveKind(ctx context.Context, k *reserved, namespace string, caller contract.Caller) (string, error) {
+	limit := k.limit(b)
 	key := client.ObjectKey{Namespace: namespace, Name: reservationName(caller)}
 	for attempt := 0; attempt < maxReserveAttempts; attempt++ {
 		var lease coordinationv1.Lease
 		err := b.kube.Get(ctx, key, &lease)
 		exists := err == nil
 		if err != nil && !apierrors.IsNotFound(err) {
-			return "", apiError("reading your sandbox reservations", err)
+			return "", apiError("reading your "+k.noun+" reservations", err)
 		}
-		live, err := b.ownedSandboxes(ctx, namespace, caller)
+		live, err := k.live(ctx, b, namespace, caller)
 		if err != nil {
-			return "", apiError("counting your sandboxes", err)
+			return "", apiError("counting your "+k.noun+"s", err)
 		}
 		now := time.Now()
-		kept := b.pruneEntries(ctx, namespace, caller, readEntries(&lease), live, now)
+		kept := b.pruneEntries(ctx, k, namespace, caller, readEntries(&lease, k.annotation), live, now)
 		if len(kept) >= limit {
-			// At the edge, trust no cached Sandbox the API server no longer
+			// At the edge, trust no cached object the API server no longer
 			// has (a stop that just finished).
-			kept = b.confirmEntries(ctx, namespace, caller, kept, now)
+			kept = b.confirmEntries(ctx, k, namespace, caller, kept, now)
 		}
 		if n := len(kept); n >= limit {
-			return "", b.limitError(n, limit)
+			return "", k.limitError(b, n, limit)
 		}
 		var name string
 		for name == "" || kept[name] != (time.Time{}) {
-			name = NamePrefix + randid.Hex(6)
+			name = k.prefix + randid.Hex(6)
 		}
 		kept[name] = now.UTC()
 		raw, _ := json.Marshal(map[string]time.Time(kept))
@@ -135,7 +221,7 @@ func (b *driver) reserve(ctx context.Context, namespace string, caller contract.
 		if lease.Annotations == nil {
 			lease.Annotations = map[string]string{}
 		}
-		lease.Annotations[AnnotationReservations] = string(raw)
+		lease.Annotations[k.annotation] = string(raw)
 		if exists {
 			// The resourceVersion read above: a conflict if anyone wrote
 			// in between.
@@ -149,12 +235,12 @@ func (b *driver) reserve(ctx context.Context, namespace string, caller contract.
 			continue
 		}
 		if err != nil {
-			return "", apiError("recording your sandbox reservation", err)
+			return "", apiError("recording your "+k.noun+" reservation", err)
 		}
 		return name, nil
 	}
 	return "", &messageError{kind: contract.ErrUnavailable, msg: fmt.Sprintf(
-		"could not record a sandbox reservation after %d attempts: too many concurrent sandbox_initialize calls for this identity; retry", maxReserveAttempts)}
+		"could not record a %s reservation after %d attempts: too many concurrent calls for this identity; retry", k.noun, maxReserveAttempts)}
 }
 
 // pruneEntries is the entries that still count, together with every live
@@ -162,11 +248,9 @@ func (b *driver) reserve(ctx context.Context, namespace string, caller contract.
 // Sandbox is live, or while it is young enough to be a create in flight.
 // An older entry without a cached Sandbox is checked with the API server
 // (the cache may lag behind a Sandbox another replica made).
-func (b *driver) pruneEntries(ctx context.Context, namespace string, caller contract.Caller, entries reservationEntries, live []sandboxv1alpha1.Sandbox, now time.Time) reservationEntries {
+func (b *driver) pruneEntries(ctx context.Context, k *reserved, namespace string, caller contract.Caller, entries reservationEntries, live map[string]time.Time, now time.Time) reservationEntries {
 	kept := reservationEntries{}
-	for i := range live {
-		kept[live[i].Name] = live[i].CreationTimestamp.UTC()
-	}
+	maps.Copy(kept, live)
 	for name, at := range entries {
 		if _, ok := kept[name]; ok {
 			continue
@@ -176,7 +260,7 @@ func (b *driver) pruneEntries(ctx context.Context, namespace string, caller cont
 			kept[name] = at
 			continue
 		}
-		if b.liveOwned(ctx, namespace, name, caller) {
+		if b.liveOwned(ctx, k, namespace, name, caller) {
 			kept[name] = at
 		}
 	}
@@ -185,38 +269,42 @@ func (b *driver) pruneEntries(ctx context.Context, namespace string, caller cont
 
 // confirmEntries drops the entries that are neither young nor a Sandbox of
 // caller's that the API server has.
-func (b *driver) confirmEntries(ctx context.Context, namespace string, caller contract.Caller, kept reservationEntries, now time.Time) reservationEntries {
+func (b *driver) confirmEntries(ctx context.Context, k *reserved, namespace string, caller contract.Caller, kept reservationEntries, now time.Time) reservationEntries {
 	out := maps.Clone(kept)
 	for name, at := range kept {
 		if age := now.Sub(at); age >= -time.Second && age < reservationGrace {
 			continue
 		}
-		if !b.liveOwned(ctx, namespace, name, caller) {
+		if !b.liveOwned(ctx, k, namespace, name, caller) {
 			delete(out, name)
 		}
 	}
 	return out
 }
 
-// liveOwned asks the API server whether Sandbox name is caller's and not
-// being deleted. When it cannot tell, it says yes: counting one too many
-// is the safe side.
-func (b *driver) liveOwned(ctx context.Context, namespace, name string, caller contract.Caller) bool {
-	var sbx sandboxv1alpha1.Sandbox
-	err := b.kube.Get(ctx, client.ObjectKey{Namespace: namespace, Name: name}, &sbx)
+// liveOwned asks the API server whether object name of kind k is caller's
+// and not being deleted. When it cannot tell, it says yes: counting one too
+// many is the safe side.
+func (b *driver) liveOwned(ctx context.Context, k *reserved, namespace, name string, caller contract.Caller) bool {
+	ok, err := k.owned(ctx, b, namespace, name, caller)
 	if apierrors.IsNotFound(err) {
 		return false
 	}
 	if err != nil {
 		return true
 	}
-	return owns(caller, &sbx)
+	return ok
 }
 
 // unreserve drops name from caller's reservations (a create that failed, a
 // Sandbox stopped), best effort: an entry left behind (a Sandbox deleted by
 // other means) stops counting after reservationGrace.
 func (b *driver) unreserve(namespace string, caller contract.Caller, name string) {
+	b.unreserveKind(sandboxReservations, namespace, caller, name)
+}
+
+// unreserveKind is unreserve for kind k.
+func (b *driver) unreserveKind(k *reserved, namespace string, caller contract.Caller, name string) {
 	ctx, cancel := context.WithTimeout(context.Background(), apiTimeout)
 	defer cancel()
 	key := client.ObjectKey{Namespace: namespace, Name: reservationName(caller)}
@@ -225,17 +313,17 @@ func (b *driver) unreserve(namespace string, caller contract.Caller, name string
 		if err := b.kube.Get(ctx, key, &lease); err != nil {
 			return
 		}
-		entries := readEntries(&lease)
+		entries := readEntries(&lease, k.annotation)
 		if _, ok := entries[name]; !ok {
 			return
 		}
 		delete(entries, name)
 		raw, _ := json.Marshal(map[string]time.Time(entries))
-		lease.Annotations[AnnotationReservations] = string(raw)
+		lease.Annotations[k.annotation] = string(raw)
 		err := b.kube.Update(ctx, &lease)
 		if !apierrors.IsConflict(err) {
 			if err != nil {
-				b.log.Warn("dropping a sandbox reservation", "sandbox", name, "error", err)
+				b.log.Warn("dropping a reservation", "kind", k.noun, "name", name, "error", err)
 			}
 			return
 		}

@@ -18,14 +18,16 @@ import (
 	sandboxv1alpha1 "github.com/code-sandbox/code-sandbox-operator/api/v1alpha1"
 	"github.com/code-sandbox/code-sandbox-operator/internal/mcpserver/contract"
 	"github.com/code-sandbox/code-sandbox-operator/internal/mcpserver/session"
-	"github.com/code-sandbox/code-sandbox-operator/internal/randid"
 )
 
 // Snapshots on this backend are SandboxSnapshot objects in the caller's
 // namespace, labelled with the caller's identity hash as its Sandboxes are;
 // the node managers take and store them (docs/snapshots.md). A fork creates
 // Sandboxes with spec.snapshotRef through the ordinary create path, so the
-// reservation record holds them to --max-sandboxes.
+// reservation record holds them to --max-sandboxes; and a snapshot's name is
+// reserved in the same record before it is created, which holds an
+// identity's snapshots to --max-snapshots across replicas, as the Docker
+// backend's are.
 
 // SnapshotPrefix starts every SandboxSnapshot name this backend creates.
 const SnapshotPrefix = "mcp-snap-"
@@ -64,9 +66,13 @@ func (d *driver) snapshot(ctx context.Context, caller contract.Caller, id string
 	if err != nil {
 		return nil, err
 	}
+	name, err := d.reserveKind(ctx, snapshotReservations, src.Namespace, caller)
+	if err != nil {
+		return nil, err
+	}
 	snap := &sandboxv1alpha1.SandboxSnapshot{
 		ObjectMeta: metav1.ObjectMeta{
-			Name:      SnapshotPrefix + randid.Hex(6),
+			Name:      name,
 			Namespace: src.Namespace,
 			Labels: map[string]string{
 				LabelManagedBy: ManagedBy,
@@ -81,11 +87,13 @@ func (d *driver) snapshot(ctx context.Context, caller contract.Caller, id string
 	err = d.kube.Create(actx, snap)
 	cancel()
 	if err != nil {
+		d.unreserveKind(snapshotReservations, snap.Namespace, caller, snap.Name)
 		return nil, apiError("creating the snapshot", err)
 	}
 	stored, err := d.waitStored(ctx, snap)
 	if err != nil {
 		d.deleteSnapshotQuietly(snap.Namespace, snap.Name)
+		d.unreserveKind(snapshotReservations, snap.Namespace, caller, snap.Name)
 		return nil, err
 	}
 	return stored, nil
@@ -174,7 +182,10 @@ func (b *Backend) Fork(ctx context.Context, caller contract.Caller, req contract
 		}
 		// Only the restores read it; they are done once the children are
 		// Ready (or gone).
-		defer d.deleteSnapshotQuietly(snap.Namespace, snap.Name)
+		defer func() {
+			d.deleteSnapshotQuietly(snap.Namespace, snap.Name)
+			d.unreserveKind(snapshotReservations, snap.Namespace, caller, snap.Name)
+		}()
 	} else {
 		if snap, err = d.ownedSnapshot(ctx, caller, req.SnapshotID); err != nil {
 			return nil, err
@@ -275,6 +286,7 @@ func (b *Backend) DeleteSnapshot(ctx context.Context, caller contract.Caller, id
 	if err != nil && !apierrors.IsNotFound(err) {
 		return apiError("deleting snapshot "+id, err)
 	}
+	d.unreserveKind(snapshotReservations, snap.Namespace, caller, snap.Name)
 	return nil
 }
 

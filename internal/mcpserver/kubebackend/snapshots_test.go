@@ -2,10 +2,13 @@ package kubebackend
 
 import (
 	"context"
+	"encoding/json"
+	"fmt"
 	"log/slog"
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"time"
 
 	. "github.com/onsi/ginkgo/v2"
@@ -13,6 +16,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	sandboxv1alpha1 "github.com/code-sandbox/code-sandbox-operator/api/v1alpha1"
+	"github.com/code-sandbox/code-sandbox-operator/internal/mcpserver"
 	"github.com/code-sandbox/code-sandbox-operator/internal/mcpserver/contract"
 	"github.com/code-sandbox/code-sandbox-operator/internal/randid"
 	"github.com/code-sandbox/code-sandbox-operator/internal/snapshotstore"
@@ -136,5 +140,83 @@ var _ = Describe("Backend snapshots and forks (a real manager)", Label("integrat
 		}).WithTimeout(30*time.Second).Should(BeTrue(), "the manager removed the data and the finalizer")
 		_, err = b.Fork(ctx, alice, contract.ForkRequest{SnapshotID: snap.ID, Count: 1})
 		Expect(err).To(MatchError(contract.ErrSnapshotNotFound))
+	})
+
+	It("holds an identity's snapshots to --max-snapshots: the limit+1-th sandbox_snapshot is an isError result naming the limit, also when they race", func() {
+		b.driver.opts.MaxSnapshots = 2
+		DeferCleanup(func() { b.driver.opts.MaxSnapshots = DefaultMaxSnapshots })
+		mine, err := b.List(ctx, alice)
+		Expect(err).NotTo(HaveOccurred())
+		Expect(mine).NotTo(BeEmpty())
+		src := mine[0].ID
+		srv, err := mcpserver.New(mcpserver.Config{}, b, slog.New(slog.NewTextHandler(GinkgoWriter, nil)))
+		Expect(err).NotTo(HaveOccurred())
+		call := func(tool string, args map[string]any) (bool, string) {
+			GinkgoHelper()
+			params, _ := json.Marshal(map[string]any{"name": tool, "arguments": args})
+			msg := fmt.Sprintf(`{"jsonrpc":"2.0","id":1,"method":"tools/call","params":%s}`, params)
+			out, err := json.Marshal(srv.HandleMessage(contract.WithCaller(ctx, alice), json.RawMessage(msg)))
+			Expect(err).NotTo(HaveOccurred())
+			var res struct {
+				Result struct {
+					IsError bool `json:"isError"`
+					Content []struct {
+						Text string `json:"text"`
+					} `json:"content"`
+				} `json:"result"`
+			}
+			Expect(json.Unmarshal(out, &res)).To(Succeed(), string(out))
+			Expect(res.Result.Content).NotTo(BeEmpty(), string(out))
+			return res.Result.IsError, res.Result.Content[0].Text
+		}
+		for i := range 2 {
+			isErr, text := call("sandbox_snapshot", map[string]any{"container_id": src})
+			Expect(isErr).To(BeFalse(), "snapshot %d: %s", i+1, text)
+		}
+		isErr, text := call("sandbox_snapshot", map[string]any{"container_id": src})
+		Expect(isErr).To(BeTrue())
+		Expect(text).To(ContainSubstring("you already keep 2 snapshots; the limit (--max-snapshots) is 2"))
+		// Another identity has its own count.
+		other, err := b.Create(ctx, bob, contract.CreateRequest{Image: testenv.BusyboxImage})
+		Expect(err).NotTo(HaveOccurred())
+		bobSnap, err := b.Snapshot(ctx, bob, other.ID)
+		Expect(err).NotTo(HaveOccurred())
+		Expect(b.DeleteSnapshot(ctx, bob, bobSnap.ID)).To(Succeed())
+
+		// Racing creates are held to the limit too: with one place free,
+		// one of three concurrent snapshots passes.
+		list, err := b.ListSnapshots(ctx, alice)
+		Expect(err).NotTo(HaveOccurred())
+		Expect(list).To(HaveLen(2))
+		Expect(b.DeleteSnapshot(ctx, alice, list[0].ID)).To(Succeed())
+		errs := make([]error, 3)
+		var wg sync.WaitGroup
+		for i := range errs {
+			wg.Go(func() {
+				defer GinkgoRecover()
+				_, errs[i] = b.Snapshot(ctx, alice, src)
+			})
+		}
+		wg.Wait()
+		passed := 0
+		for _, err := range errs {
+			if err == nil {
+				passed++
+			} else {
+				Expect(err).To(MatchError(contract.ErrQuota))
+			}
+		}
+		Expect(passed).To(Equal(1))
+		Eventually(func() int {
+			var objs sandboxv1alpha1.SandboxSnapshotList
+			Expect(cp.Client.List(ctx, &objs, client.InNamespace(ns), client.MatchingLabels{LabelOwner: contract.IdentityHash(alice.ID)})).To(Succeed())
+			n := 0
+			for _, o := range objs.Items {
+				if o.DeletionTimestamp == nil {
+					n++
+				}
+			}
+			return n
+		}).WithTimeout(30 * time.Second).Should(Equal(2))
 	})
 })

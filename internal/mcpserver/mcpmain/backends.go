@@ -90,6 +90,7 @@ func newKubeBackend(o Config, kube *kubeSetup, logger *slog.Logger) (*kubebacken
 		PullPolicy:                  pull,
 		Runtime:                     rt,
 		MaxSandboxes:                o.MaxSandboxes,
+		MaxSnapshots:                o.MaxSnapshots,
 		IdleTimeout:                 o.IdleTimeout,
 		IdlePause:                   o.IdlePause,
 		ReadyTimeout:                o.ReadyTimeout,

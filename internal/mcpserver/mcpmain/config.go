@@ -108,8 +108,9 @@ type Config struct {
 	MaxUploadBytes    int64
 	MaxUploadEntries  int
 	HistoryDir        string
-	// SnapshotDir and MaxSnapshots configure the Docker backend's
-	// snapshots (dockerbackend.Options).
+	// SnapshotDir configures the Docker backend's snapshots
+	// (dockerbackend.Options); MaxSnapshots bounds one identity's
+	// snapshots on both backends.
 	SnapshotDir  string
 	MaxSnapshots int
 	// SnapshotRegistry (HOST[:PORT]/PATH), when set, keeps the Docker
