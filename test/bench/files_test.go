@@ -12,6 +12,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net/http"
 	"strings"
 	"testing"
 	"time"
@@ -20,9 +21,10 @@ import (
 
 	"github.com/code-sandbox/code-sandbox-operator/internal/dockerruntime"
 	"github.com/code-sandbox/code-sandbox-operator/internal/execio"
+	"github.com/code-sandbox/code-sandbox-operator/internal/subresource"
 )
 
-// fileSample is one iteration of BenchmarkFileTransfer on one path.
+// fileSample is one iteration of BenchmarkTransfers on one path.
 type fileSample struct {
 	// repeated is a command of `true`: one round trip through the
 	// resident helper (raw: one exec), the floor of a transfer.
@@ -40,13 +42,13 @@ type fileSample struct {
 	cpIn, cpOut time.Duration
 }
 
-// BenchmarkFileTransfer times, on one sandbox and one raw container, in
+// BenchmarkTransfers times, on one sandbox and one raw container, in
 // alternating order: a repeated command, a 1 KiB write_file and read_file,
 // and (ours) a command that starts the Go helper binary, against raw
 // `docker exec` and `docker cp` of the same bytes, in the same run; then a
 // 64 MiB upload both ways. p50 and p99, and the load average (the machine
 // is shared).
-func BenchmarkFileTransfer(b *testing.B) {
+func BenchmarkTransfers(b *testing.B) {
 	e := env(b)
 	ctx := context.Background()
 	b.StopTimer()
@@ -221,6 +223,121 @@ func BenchmarkFileTransfer(b *testing.B) {
 	}
 	fmt.Fprintf(&out, "  upload 64 MiB  %6.0fms vs raw docker cp %6.0fms: ratio %.2f\n", ms(big64), ms(rawBig64), float64(big64)/float64(rawBig64))
 	b.ReportMetric(ms(big64), "upload-64m-ms")
+	if b.N > 1 {
+		fmt.Print(out.String())
+	}
+}
+
+// BenchmarkNodeAPITransfers times a 1 KiB write_file and read_file through
+// the node API (mutual TLS, front-proxy identity, the Sandbox lookup and
+// ownership check, the exec slots, then the runtime), as the aggregated API
+// server forwards them for the kubernetes backend, next to the runtime
+// alone and raw `docker exec`, in the same run. What kube-apiserver and the
+// aggregated API server add on top is not in it (the e2e part of make
+// bench, label bench, measures the whole path on kind).
+func BenchmarkNodeAPITransfers(b *testing.B) {
+	e := env(b)
+	ctx := context.Background()
+	b.StopTimer()
+	load0 := loadavg()
+	fx, err := e.setupExecFixture(ctx, b)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer func() {
+		if err := fx.teardown(ctx, e); err != nil {
+			b.Error(err)
+		}
+	}()
+	api, name, id := fx.api, fx.sandbox, fx.containerID
+	url := fmt.Sprintf("%s%s%s/sandboxes/%s/%s?path=/tmp/f", api.endpoint, subresource.PathPrefix, namespace, name, subresource.SubresourceFiles)
+	call := func(method string, body []byte) ([]byte, error) {
+		var rd io.Reader
+		if body != nil {
+			rd = bytes.NewReader(body)
+		}
+		req, err := http.NewRequestWithContext(ctx, method, url, rd)
+		if err != nil {
+			return nil, err
+		}
+		req.Header.Set(subresource.HeaderRemoteUser, benchUser)
+		req.Header.Set(subresource.HeaderRemoteGroup, "system:authenticated")
+		if body != nil {
+			req.Header.Set("Content-Type", subresource.ContentTypeBinary)
+		}
+		resp, err := api.client.Do(req)
+		if err != nil {
+			return nil, err
+		}
+		defer resp.Body.Close()
+		out, err := io.ReadAll(resp.Body)
+		if err == nil && resp.StatusCode != http.StatusOK {
+			err = fmt.Errorf("node API %s files: %s: %s", method, resp.Status, out)
+		}
+		return out, err
+	}
+	type sample struct{ apiWrite, apiRead, rtWrite, rawWrite time.Duration }
+	one := func() (sample, error) {
+		var s sample
+		t := time.Now()
+		if _, err := call(http.MethodPost, oneKiB); err != nil {
+			return s, err
+		}
+		s.apiWrite = time.Since(t)
+		t = time.Now()
+		out, err := call(http.MethodGet, nil)
+		if err != nil {
+			return s, err
+		}
+		s.apiRead = time.Since(t)
+		if !bytes.Contains(out, oneKiB) {
+			return s, errors.New("the file read back is not the one written")
+		}
+		t = time.Now()
+		if _, err := e.docker.CopyIn(ctx, id, execio.Target{Root: "/tmp"}, bytes.NewReader(tarOf("g", oneKiB)), execio.UploadLimits{}); err != nil {
+			return s, err
+		}
+		s.rtWrite = time.Since(t)
+		t = time.Now()
+		if err := e.rawExecStdin(ctx, id, []string{"sh", "-c", "cat > /tmp/h"}, oneKiB); err != nil {
+			return s, err
+		}
+		s.rawWrite = time.Since(t)
+		return s, nil
+	}
+	for range 3 {
+		if _, err := one(); err != nil {
+			b.Fatal(err)
+		}
+	}
+	var samples []sample
+	b.ResetTimer()
+	b.StopTimer()
+	for i := 0; i < b.N; i++ {
+		s, err := one()
+		if err != nil {
+			b.Fatal(err)
+		}
+		samples = append(samples, s)
+	}
+	var out strings.Builder
+	fmt.Fprintf(&out, "file transfers through the node API (mTLS), 1 KiB, [n=%d], load %s -> %s:\n", len(samples), load0, loadavg())
+	for _, f := range []struct {
+		name string
+		get  func(sample) time.Duration
+	}{
+		{"node API write_file", func(s sample) time.Duration { return s.apiWrite }},
+		{"node API read_file", func(s sample) time.Duration { return s.apiRead }},
+		{"runtime write_file", func(s sample) time.Duration { return s.rtWrite }},
+		{"raw exec cat>f", func(s sample) time.Duration { return s.rawWrite }},
+	} {
+		p50, p99 := percentile(collect(samples, f.get), 50), percentile(collect(samples, f.get), 99)
+		fmt.Fprintf(&out, "  %-20s p50 %6.1fms p99 %6.1fms\n", f.name, ms(p50), ms(p99))
+	}
+	w50 := percentile(collect(samples, func(s sample) time.Duration { return s.apiWrite }), 50)
+	r50 := percentile(collect(samples, func(s sample) time.Duration { return s.rawWrite }), 50)
+	fmt.Fprintf(&out, "  node API write_file vs raw exec: ratio p50 %.2f\n", float64(w50)/float64(r50))
+	b.ReportMetric(ms(w50), "api-write-1k-p50-ms")
 	if b.N > 1 {
 		fmt.Print(out.String())
 	}
