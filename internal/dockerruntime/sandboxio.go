@@ -409,9 +409,10 @@ func (c *Client) CopyIn(ctx context.Context, id string, dest execio.Target, arch
 		done <- sanitized{stats, err}
 	}()
 	where := fmt.Sprintf("uploading to %s in sandbox %s", joinTarget(dest), ShortID(id))
-	// An archive that fits in a request goes through the resident helper
-	// (transfer_serve.go); a larger one, or one the sanitiser refused part
-	// way, streams through an exec as it always did.
+	// An archive that fits in a request goes to the resident helper in
+	// one (transfer_serve.go); a larger one, or one the sanitiser refused
+	// part way, streams to it in frames (streamUntar), or through an exec
+	// where the helper is too old for that.
 	// Read as it comes, not into a buffer of serveUploadMax+1 each time:
 	// a 1 KiB write_file then allocates about 1 KiB, not 4 MiB.
 	prefix, rerr := io.ReadAll(io.LimitReader(pr, serveUploadMax+1))
