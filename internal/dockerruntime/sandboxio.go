@@ -409,12 +409,18 @@ func (c *Client) CopyIn(ctx context.Context, id string, dest execio.Target, arch
 		done <- sanitized{stats, err}
 	}()
 	where := fmt.Sprintf("uploading to %s in sandbox %s", joinTarget(dest), ShortID(id))
-	// An archive that fits in a request goes through the resident helper
-	// (transfer_serve.go); a larger one, or one the sanitiser refused part
-	// way, streams through an exec as it always did.
-	prefix := make([]byte, serveUploadMax+1)
-	n, rerr := io.ReadFull(pr, prefix)
-	prefix = prefix[:n]
+	// An archive that fits in a request goes to the resident helper in
+	// one (transfer_serve.go); a larger one, or one the sanitiser refused
+	// part way, streams to it in frames (streamUntar), or through an exec
+	// where the helper is too old for that.
+	// Read as it comes, not into a buffer of serveUploadMax+1 each time:
+	// a 1 KiB write_file then allocates about 1 KiB, not 4 MiB.
+	prefix, rerr := io.ReadAll(io.LimitReader(pr, serveUploadMax+1))
+	if rerr == nil {
+		if len(prefix) <= serveUploadMax {
+			rerr = io.EOF
+		}
+	}
 	var stdin io.Reader
 	var s *sanitized
 	switch {
@@ -443,9 +449,17 @@ func (c *Client) CopyIn(ctx context.Context, id string, dest execio.Target, arch
 		stdin = io.MultiReader(bytes.NewReader(prefix), failingReader{rerr})
 	}
 	stderr := &boundedBuffer{max: helperStderrMax}
-	res, execErr := c.Exec(ctx, id, ExecOptions{Cmd: untarArgv(dest, limits), Stdin: stdin}, io.Discard, stderr)
-	// Unblock the sanitiser if the helper stopped reading early.
+	// A larger archive streams to the resident helper in frames; one that
+	// is older than that (or has no serve) gets an exec of its own.
+	var res ExecResult
 	errHelperGone := errors.New("the sandbox helper stopped reading the upload")
+	code, handled, execErr := c.streamUntar(ctx, id, dest, limits, stdin, func() { pr.CloseWithError(errHelperGone) }, stderr)
+	if handled {
+		res.ExitCode = code
+	} else {
+		res, execErr = c.Exec(ctx, id, ExecOptions{Cmd: untarArgv(dest, limits), Stdin: stdin}, io.Discard, stderr)
+	}
+	// Unblock the sanitiser if the helper stopped reading early.
 	pr.CloseWithError(errHelperGone)
 	if s == nil {
 		got := <-done

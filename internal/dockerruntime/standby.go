@@ -102,6 +102,9 @@ func (c *Client) startServe(ctx context.Context, id string) (*serveExec, error) 
 	select {
 	case f, ok := <-s.frames:
 		if ok {
+			if f.kind == helperproto.FrameReady {
+				c.noteFeatures(id, helperproto.ParseReady(f.payload))
+			}
 			f.release()
 		}
 		if ok && f.kind == helperproto.FrameReady {
@@ -227,6 +230,10 @@ type standbys struct {
 	// starting are the helper starts prestartHelper began, closed when
 	// each ends (prestart.go).
 	starting map[string]chan struct{}
+	// features are what each container's helper said it can do in its
+	// ready frame (one binary per container: its tools volume), known once
+	// a helper of this client started there (transfer_serve.go).
+	features map[string]helperproto.Ready
 }
 
 // takeStandby returns the container's idle helper, or nil.
@@ -282,6 +289,7 @@ func (c *Client) dropStandby(id string) {
 	s := c.standby.idle[id]
 	delete(c.standby.idle, id)
 	delete(c.standby.legacy, id)
+	delete(c.standby.features, id)
 	c.standby.mu.Unlock()
 	if s != nil {
 		s.close()

@@ -331,7 +331,7 @@ var _ = Describe("run and kill (a built helper)", unit, Ordered, func() {
 		Expect(cmd.Start()).To(Succeed())
 		DeferCleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
 		s := &serveSession{cmd: cmd, stdin: stdin, out: out}
-		kind, _, err := helperproto.ReadFrame(out, 0)
+		kind, _, err := helperproto.ReadFrame(out, helperproto.MaxReadyPayload)
 		Expect(err).NotTo(HaveOccurred())
 		Expect(kind).To(Equal(helperproto.FrameReady))
 		return s
@@ -450,6 +450,214 @@ var _ = Describe("run and kill (a built helper)", unit, Ordered, func() {
 		Expect(stderr).To(ContainSubstring("run ID"))
 		var exitErr *exec.ExitError
 		Expect(errors.As(s.cmd.Wait(), &exitErr)).To(BeTrue())
+	})
+
+	Describe("its own untar and tar, served in the serve process", func() {
+		var root, outside string
+		BeforeEach(func() {
+			base := GinkgoT().TempDir()
+			root, outside = filepath.Join(base, "root"), filepath.Join(base, "outside")
+			Expect(os.Mkdir(root, 0o755)).To(Succeed())
+			Expect(os.Mkdir(outside, 0o755)).To(Succeed())
+			Expect(os.WriteFile(filepath.Join(outside, "victim"), []byte("victim"), 0o644)).To(Succeed())
+		})
+		untarReq := func(id string, archive []byte, flags ...string) helperproto.ServeRequest {
+			return helperproto.ServeRequest{ID: id, Argv: append([]string{helper, "untar", "--root=" + root, "--dest="}, flags...), Stdin: archive}
+		}
+		// stream sends archive as data frames of chunk bytes, then the end.
+		stream := func(s *serveSession, archive []byte, chunk int) {
+			for rest := archive; len(rest) > 0; {
+				n := min(chunk, len(rest))
+				send(s, helperproto.FrameData, rest[:n])
+				rest = rest[n:]
+			}
+			send(s, helperproto.FrameCloseWrite, nil)
+		}
+
+		It("announces the feature and forks nothing: it works with the binary gone from its path", func() {
+			// A copy of the helper, removed once serve runs: a forked
+			// `helper run -- helper untar` could not exec it any more.
+			moved := filepath.Join(GinkgoT().TempDir(), "helper")
+			data, err := os.ReadFile(helper)
+			Expect(err).NotTo(HaveOccurred())
+			Expect(os.WriteFile(moved, data, 0o755)).To(Succeed())
+			cmd := exec.Command(moved, "serve")
+			stdin, err := cmd.StdinPipe()
+			Expect(err).NotTo(HaveOccurred())
+			out, err := cmd.StdoutPipe()
+			Expect(err).NotTo(HaveOccurred())
+			Expect(cmd.Start()).To(Succeed())
+			DeferCleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+			s := &serveSession{cmd: cmd, stdin: stdin, out: out}
+			kind, payload, err := helperproto.ReadFrame(out, helperproto.MaxReadyPayload)
+			Expect(err).NotTo(HaveOccurred())
+			Expect(kind).To(Equal(helperproto.FrameReady))
+			Expect(helperproto.ParseReady(payload).Has(helperproto.FeatureStreamedUntar)).To(BeTrue())
+			Expect(os.Remove(moved)).To(Succeed())
+
+			request(s, helperproto.ServeRequest{ID: "f1", Argv: []string{moved, "untar", "--root=" + root, "--dest=up/x"},
+				Stdin: tarOf(&tar.Header{Name: "d/f", Typeflag: tar.TypeReg, Mode: 0o4751, Size: 3})})
+			_, stderr, code := outcome(s)
+			Expect(code).To(BeZero(), stderr)
+			info, err := os.Stat(filepath.Join(root, "up/x/d/f"))
+			Expect(err).NotTo(HaveOccurred())
+			Expect(info.Mode()).To(Equal(os.FileMode(0o751)), "setuid dropped, umask ignored, as the forked untar")
+			Expect(os.ReadFile(filepath.Join(root, "up/x/d/f"))).To(Equal([]byte("xxx")))
+
+			request(s, helperproto.ServeRequest{ID: "f2", Argv: []string{moved, "tar", "--root=" + root, "--path=up"}})
+			stdout, stderr, code := outcome(s)
+			Expect(code).To(BeZero(), stderr)
+			Expect(names([]byte(stdout))).To(Equal([]string{"up/", "up/x/", "up/x/d/", "up/x/d/f"}))
+
+			request(s, helperproto.ServeRequest{ID: "f3", Argv: []string{moved, "tar", "--root=" + root, "--path=missing"}})
+			_, stderr, code = outcome(s)
+			Expect(code).To(Equal(helperproto.ExitNotFound))
+			Expect(stderr).To(ContainSubstring(helperproto.ErrorPrefix))
+
+			request(s, helperproto.ServeRequest{ID: "f4", Argv: []string{moved, "untar", "--root=" + root, "--bogus=1"}})
+			_, stderr, code = outcome(s)
+			Expect(code).To(Equal(helperproto.ExitUsage))
+			Expect(stderr).To(ContainSubstring("unknown flag"))
+
+			request(s, helperproto.ServeRequest{ID: "f5", Argv: []string{"true"}})
+			_, _, code = outcome(s)
+			Expect(code).To(BeZero(), "still serving commands")
+		})
+
+		It("refuses what a hostile archive or request tries, as the forked untar does, and keeps serving", func() {
+			s := startServe()
+			Expect(os.Symlink(outside, filepath.Join(root, "out"))).To(Succeed())
+			reg := func(name string, size int64) *tar.Header {
+				return &tar.Header{Name: name, Typeflag: tar.TypeReg, Mode: 0o644, Size: size}
+			}
+			for _, c := range []struct {
+				what    string
+				archive []byte
+				flags   []string
+				code    int
+			}{
+				{"../x", tarOf(reg("../x", 1)), nil, helperproto.ExitInvalidPath},
+				{"an absolute path", tarOf(reg("/etc/x", 1)), nil, helperproto.ExitInvalidPath},
+				{"a file through a planted symlink", tarOf(reg("out/x", 1)), nil, helperproto.ExitInvalidPath},
+				{"a destination through a planted symlink", tarOf(reg("x", 1)), []string{"--dest=out"}, helperproto.ExitInvalidPath},
+				{"a symlink, then a file through it", tarOf(&tar.Header{Name: "l", Typeflag: tar.TypeSymlink, Linkname: outside}, reg("l/x", 1)), []string{"--links=1"}, helperproto.ExitInvalidPath},
+				{"a symlink without --links", tarOf(&tar.Header{Name: "l", Typeflag: tar.TypeSymlink, Linkname: outside}), nil, helperproto.ExitUnsupportedEntry},
+				{"a hard link", tarOf(&tar.Header{Name: "h", Typeflag: tar.TypeLink, Linkname: "../outside/victim"}), nil, helperproto.ExitUnsupportedEntry},
+				{"oversize", tarOf(reg("a", 10)), []string{"--max-bytes=5"}, helperproto.ExitTooLarge},
+				{"too many entries", tarOf(reg("a", 0), reg("b", 0), reg("c", 0)), []string{"--max-entries=2"}, helperproto.ExitTooLarge},
+				{"a long path", tarOf(reg(strings.Repeat("a/", 3000)+"f", 0)), nil, helperproto.ExitInvalidPath},
+				{"garbage", []byte(strings.Repeat("not a tar ", 100)), nil, helperproto.ExitOther},
+			} {
+				req := untarReq("h", c.archive)
+				if len(c.flags) > 0 && strings.HasPrefix(c.flags[0], "--dest=") {
+					req.Argv = append(req.Argv[:3], c.flags...)
+				} else {
+					req.Argv = append(req.Argv, c.flags...)
+				}
+				request(s, req)
+				_, stderr, code := outcome(s)
+				Expect(code).To(Equal(c.code), "%s: %s", c.what, stderr)
+				Expect(stderr).To(ContainSubstring(helperproto.ErrorPrefix), c.what)
+			}
+			entries, err := os.ReadDir(outside)
+			Expect(err).NotTo(HaveOccurred())
+			Expect(entries).To(HaveLen(1), "nothing was written outside the root")
+			Expect(os.ReadFile(filepath.Join(outside, "victim"))).To(Equal([]byte("victim")))
+			request(s, helperproto.ServeRequest{ID: "ok", Argv: []string{"true"}})
+			_, _, code := outcome(s)
+			Expect(code).To(BeZero())
+		})
+
+		It("never writes outside the root while the sandbox swaps a directory for a symlink", func() {
+			s := startServe()
+			dir := filepath.Join(root, "d")
+			stop := make(chan struct{})
+			swapped := make(chan int)
+			go func() {
+				defer GinkgoRecover()
+				n := 0
+				for {
+					select {
+					case <-stop:
+						swapped <- n
+						return
+					default:
+					}
+					// A real directory, then a symlink to outside, again and again.
+					_ = os.RemoveAll(dir)
+					_ = os.Mkdir(dir, 0o755)
+					_ = os.RemoveAll(dir)
+					_ = os.Symlink(outside, dir)
+					n++
+				}
+			}()
+			var hs []*tar.Header
+			for i := range 200 {
+				hs = append(hs, &tar.Header{Name: fmt.Sprintf("d/f%d", i), Typeflag: tar.TypeReg, Mode: 0o644, Size: 1})
+			}
+			archive := tarOf(hs...)
+			for i := range 20 {
+				request(s, untarReq(fmt.Sprintf("race%d", i), archive))
+				outcome(s) // success or an invalid path: either, never outside
+			}
+			close(stop)
+			Expect(<-swapped).To(BeNumerically(">", 10), "the swap raced the writes")
+			entries, err := os.ReadDir(outside)
+			Expect(err).NotTo(HaveOccurred())
+			Expect(entries).To(HaveLen(1), "a file landed through the swapped symlink")
+		})
+
+		It("takes an upload as data frames, and drops the rest of one it refused part way", func() {
+			s := startServe()
+			big := bytes.Repeat([]byte("0123456789abcdef"), 3<<16) // 3 MiB
+			var buf bytes.Buffer
+			tw := tar.NewWriter(&buf)
+			Expect(tw.WriteHeader(&tar.Header{Name: "big", Typeflag: tar.TypeReg, Mode: 0o640, Size: int64(len(big))})).To(Succeed())
+			_, err := tw.Write(big)
+			Expect(err).NotTo(HaveOccurred())
+			Expect(tw.Close()).To(Succeed())
+			req := untarReq("s1", nil, "--max-bytes=67108864")
+			req.StdinFrames = true
+			request(s, req)
+			stream(s, buf.Bytes(), 256<<10)
+			_, stderr, code := outcome(s)
+			Expect(code).To(BeZero(), stderr)
+			Expect(os.ReadFile(filepath.Join(root, "big"))).To(Equal(big))
+
+			// Refused at its first entry: the exit frame comes before the
+			// rest, which is dropped, and the next request is served.
+			bad := append(tarOf(&tar.Header{Name: "../x", Typeflag: tar.TypeReg, Size: 1}), buf.Bytes()...)
+			req = untarReq("s2", nil)
+			req.StdinFrames = true
+			request(s, req)
+			send(s, helperproto.FrameData, bad[:1024])
+			_, stderr, code = outcome(s)
+			Expect(code).To(Equal(helperproto.ExitInvalidPath), stderr)
+			stream(s, bad[1024:], 256<<10)
+			request(s, helperproto.ServeRequest{ID: "s3", Argv: []string{"sh", "-c", "echo after"}})
+			stdout, _, code := outcome(s)
+			Expect(code).To(BeZero())
+			Expect(stdout).To(Equal("after\n"))
+
+			// A kill in the middle of one: 137, then the end of the data.
+			req = untarReq("s4", nil, "--max-bytes=67108864")
+			req.StdinFrames = true
+			request(s, req)
+			send(s, helperproto.FrameData, buf.Bytes()[:64<<10])
+			send(s, helperproto.FrameKill, []byte("s4"))
+			_, _, code = outcome(s)
+			Expect(code).To(Equal(helperproto.ExitKilled))
+			send(s, helperproto.FrameCloseWrite, nil)
+			request(s, helperproto.ServeRequest{ID: "s5", Argv: []string{"true"}})
+			_, _, code = outcome(s)
+			Expect(code).To(BeZero())
+
+			// Streamed stdin is for untar only.
+			request(s, helperproto.ServeRequest{ID: "s6", Argv: []string{"cat"}, StdinFrames: true})
+			_, stderr, code = outcome(s)
+			Expect(code).To(Equal(helperproto.ExitUsage))
+			Expect(stderr).To(ContainSubstring("stdinFrames"))
+		})
 	})
 
 	It("kills a run by ID and is idempotent", func() {

@@ -29,7 +29,8 @@ import (
 // own (environment, directory) between commands.
 func serve(stdin io.Reader, stdout io.Writer) int {
 	out := &frameWriter{w: stdout}
-	if err := out.frame(helperproto.FrameReady, nil); err != nil {
+	ready, _ := json.Marshal(helperproto.Ready{Features: []string{helperproto.FeatureStreamedUntar}})
+	if err := out.frame(helperproto.FrameReady, ready); err != nil {
 		return helperproto.ExitOther
 	}
 	in := make(chan inFrame)
@@ -60,8 +61,21 @@ func serve(stdin io.Reader, stdout io.Writer) int {
 		if req.DialPort != 0 {
 			return dialServe(req.DialPort, in, out)
 		}
+		op, args, transfer := transferRequest(req)
+		if req.StdinFrames && (!transfer || op != "untar") {
+			return out.fail(helperproto.ExitUsage, errors.New("serve: stdinFrames is only for the helper's own untar"))
+		}
 		if err := out.frame(helperproto.FrameAccepted, nil); err != nil {
 			return helperproto.ExitOther
+		}
+		if transfer {
+			// In this process, not forked (serve_transfer_linux.go); it
+			// sends its own exit frame.
+			code, more := serveTransfer(req, op, args, in, out)
+			if !more {
+				return code
+			}
+			continue
 		}
 		code, more := runOne(req, in, out)
 		if err := out.exit(code); err != nil || !more {
@@ -214,6 +228,8 @@ func parseServeRequest(kind byte, payload []byte) (helperproto.ServeRequest, err
 		return req, errors.New("serve: a request is a command or a dial, not both")
 	case req.DialPort == 0 && len(req.Argv) == 0:
 		return req, errors.New("serve: the request has no command")
+	case req.StdinFrames && (req.DialPort != 0 || len(req.Stdin) != 0):
+		return req, errors.New("serve: stdinFrames is the stdin of an untar, not of a dial, nor next to stdin")
 	case req.BackstopSeconds < 0:
 		return req, fmt.Errorf("serve: negative backstop %d", req.BackstopSeconds)
 	}

@@ -273,7 +273,7 @@ func (e *benchEnv) serveStart(ctx context.Context, id string) (serveStartSample,
 		return s, fmt.Errorf("reading the ready frame: %w", err)
 	}
 	s.ready = time.Since(t0)
-	kind, _, err := helperproto.ReadFrame(attach.Reader, 0)
+	kind, _, err := helperproto.ReadFrame(attach.Reader, helperproto.MaxReadyPayload)
 	if err != nil || kind != helperproto.FrameReady {
 		return s, fmt.Errorf("the helper's first frame is %q (%v), not ready", kind, err)
 	}

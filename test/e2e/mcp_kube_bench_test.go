@@ -121,13 +121,17 @@ var _ = Describe("code-sandbox-mcp --backend kubernetes latency", Ordered, Label
 			}))
 		}
 		// The raw baseline's spec: that of a container the operator made.
+		// It stays until the rounds are done: its machine-id bind source
+		// (a volume of its own) goes with it.
 		{
 			id := kmcpInit(ctx, sess, nil)
 			out, err := kubectl(ctx, "get", "sandbox", id, "-n", namespace, "-o", "jsonpath={.status.containerID}")
 			Expect(err).NotTo(HaveOccurred())
 			template, err = raw.ContainerInspect(ctx, out)
 			Expect(err).NotTo(HaveOccurred())
-			Expect(kmcpCall(ctx, sess, "sandbox_stop", map[string]any{"container_id": id}).IsError).To(BeFalse())
+			DeferCleanup(func(ctx SpecContext) {
+				Expect(kmcpCall(ctx, sess, "sandbox_stop", map[string]any{"container_id": id}).IsError).To(BeFalse())
+			}, NodeTimeout(time.Minute))
 		}
 		// Warm both paths, then alternate so that drifting noise lands on both.
 		mcpRound(-1)

@@ -2,6 +2,7 @@ package helperproto
 
 import (
 	"encoding/binary"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -35,6 +36,17 @@ import (
 // (bytes for the connection) and FrameCloseWrite (a half-close) on its
 // stdin. It sends FrameExit and exits once both directions have ended, or at
 // once when its stdin ends: a helper that dialed never runs another command.
+//
+// A request whose Argv is the helper's own `untar` or `tar` (Argv[0] the
+// path serve was started as) is served in the serve process itself, not
+// forked: the same walker, flags and limits as the subcommand, the same
+// stdout, error line and exit code, without the cost of starting the Go
+// binary again. With StdinFrames the archive of an untar follows the
+// request as FrameData frames, ended by FrameCloseWrite, instead of in
+// Stdin; the helper may end the command (its FrameExit) before it, and then
+// drops the data up to the FrameCloseWrite. Only a helper whose FrameReady
+// payload (a JSON Ready) lists FeatureStreamedUntar takes StdinFrames: an
+// older one sends FrameReady without payload and refuses the field.
 //
 // The reader of the helper's frames must treat them as hostile: code in the
 // sandbox runs as the same user as the helper and may tamper with it.
@@ -76,6 +88,43 @@ type ServeRequest struct {
 	// DialPort, instead of Argv, asks for a connection to
 	// 127.0.0.1:DialPort in the sandbox (1-65535).
 	DialPort int `json:"dialPort,omitempty"`
+	// StdinFrames: the stdin of the helper's own untar follows as FrameData
+	// frames, ended by FrameCloseWrite (see above), instead of Stdin.
+	StdinFrames bool `json:"stdinFrames,omitempty"`
+}
+
+// Ready is FrameReady's payload: what this helper's serve can do beyond
+// commands and dials. An older helper's FrameReady has no payload.
+type Ready struct {
+	Features []string `json:"features,omitempty"`
+}
+
+// FeatureStreamedUntar: the helper runs its own untar and tar in the serve
+// process and takes an untar's archive as StdinFrames.
+const FeatureStreamedUntar = "streamed-untar"
+
+// MaxReadyPayload bounds FrameReady's payload as the manager reads it.
+const MaxReadyPayload = 1 << 10
+
+// ParseReady decodes FrameReady's payload; an empty or unreadable one is a
+// helper without features (it is read from a process the sandbox can
+// tamper with: it only ever turns a faster path on, never a check off).
+func ParseReady(payload []byte) Ready {
+	var r Ready
+	if len(payload) == 0 || len(payload) > MaxReadyPayload || json.Unmarshal(payload, &r) != nil {
+		return Ready{}
+	}
+	return r
+}
+
+// Has says whether the helper lists feature.
+func (r Ready) Has(feature string) bool {
+	for _, f := range r.Features {
+		if f == feature {
+			return true
+		}
+	}
+	return false
 }
 
 // ErrFrameTooLarge is a frame over the reader's bound.

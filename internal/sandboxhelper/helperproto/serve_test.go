@@ -51,3 +51,24 @@ func TestFramesRefuseHostileInput(t *testing.T) {
 		t.Fatal("a short exit payload must be refused")
 	}
 }
+
+// The ready frame's payload comes from a process the sandbox can tamper
+// with: anything but a well-formed, bounded list is a helper without
+// features (the slower, older paths), never an error.
+func TestParseReady(t *testing.T) {
+	valid := []byte(`{"features":["x","` + FeatureStreamedUntar + `"]}`)
+	if !ParseReady(valid).Has(FeatureStreamedUntar) {
+		t.Fatalf("a listed feature is not seen")
+	}
+	for name, payload := range map[string][]byte{
+		"empty (an older helper)": nil,
+		"garbage":                 []byte("{not json"),
+		"wrong type":              []byte(`{"features":"` + FeatureStreamedUntar + `"}`),
+		"over the bound":          append(append([]byte(`{"features":["`+FeatureStreamedUntar+`"],"pad":"`), bytes.Repeat([]byte("p"), MaxReadyPayload)...), `"}`...),
+		"other features only":     []byte(`{"features":["streamed-untar2"]}`),
+	} {
+		if ParseReady(payload).Has(FeatureStreamedUntar) {
+			t.Errorf("%s: taken as having the feature", name)
+		}
+	}
+}
