@@ -8,6 +8,7 @@ package sandbox
 
 import (
 	"context"
+	"slices"
 	"time"
 
 	. "github.com/onsi/ginkgo/v2"
@@ -153,5 +154,17 @@ var _ = Describe("Reconcile, idle policy (unit)", Label("unit"), func() {
 			Expect(ready(s)).To(Equal("False/"+sandboxv1alpha1.SandboxReasonExpired), string(policy))
 			Expect(s.DeletionTimestamp != nil).To(Equal(deleted), string(policy))
 		}
+	})
+
+	It("reports a cold-created Sandbox Ready only after waiting for its resident helper", func() {
+		e := newUnitEnv(unitSandbox(true))
+		e.mustReconcile()
+		s := e.get()
+		Expect(ready(s)).To(Equal("True/Running"))
+		Expect(e.rt.calls).To(ContainElement("await-helper "+s.Status.ContainerID))
+		create := slices.Index(e.rt.calls, "create "+string(s.UID))
+		await := slices.Index(e.rt.calls, "await-helper "+s.Status.ContainerID)
+		Expect(create).To(BeNumerically(">=", 0))
+		Expect(await).To(BeNumerically(">", create))
 	})
 })
