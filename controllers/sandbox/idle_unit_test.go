@@ -206,7 +206,7 @@ var _ = Describe("Reconcile, idle policy (unit)", Label("unit"), func() {
 		e.mustReconcile()
 		s := e.get()
 		Expect(ready(s)).To(Equal("True/Running"))
-		Expect(e.rt.calls).To(ContainElement("await-helper "+s.Status.ContainerID))
+		Expect(e.rt.calls).To(ContainElement("await-helper " + s.Status.ContainerID))
 		create := slices.Index(e.rt.calls, "create "+string(s.UID))
 		await := slices.Index(e.rt.calls, "await-helper "+s.Status.ContainerID)
 		Expect(create).To(BeNumerically(">=", 0))
