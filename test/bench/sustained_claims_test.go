@@ -38,7 +38,8 @@ import (
 // and is counted as a miss, with its own latency. Skipped unless
 // CODE_SANDBOX_BENCH_CLAIMS (claims/s) is set; CODE_SANDBOX_BENCH_CLAIMS_SECONDS
 // (default 60) and CODE_SANDBOX_BENCH_CLAIMS_DEPTH (default rate*seconds,
-// at most 200) size the run.
+// at most 200) size the run; CODE_SANDBOX_BENCH_CLAIMS_REFILL=0 leaves
+// the pool unrefilled, to time the claims alone.
 func BenchmarkSustainedWarmClaims(b *testing.B) {
 	rate := envInt(b, "CODE_SANDBOX_BENCH_CLAIMS")
 	if rate <= 0 {
@@ -89,9 +90,12 @@ func runSustainedClaims(b *testing.B, rate int) *benchReport {
 	var refilled, minIdle atomic.Int64
 	minIdle.Store(int64(depth))
 	refillDone := make(chan struct{})
+	refillOn := os.Getenv("CODE_SANDBOX_BENCH_CLAIMS_REFILL") != "0"
 	go func() {
 		defer close(refillDone)
-		e.refill(runCtx, pool, depth, &refilled, &minIdle)
+		if refillOn {
+			e.refill(runCtx, pool, depth, &refilled, &minIdle)
+		}
 	}()
 
 	type claimResult struct {
@@ -154,6 +158,9 @@ func runSustainedClaims(b *testing.B, rate int) *benchReport {
 	logf("  all: p50 %.1fms p99 %.1fms max %.1fms; warm %d (p50 %.1fms p99 %.1fms); cold (pool empty) %d (p50 %.1fms p99 %.1fms); failed %d",
 		ms(percentile(all, 50)), ms(percentile(all, 99)), ms(percentile(all, 100)),
 		len(warm), ms(percentile(warm, 50)), ms(percentile(warm, 99)), len(cold), ms(percentile(cold, 50)), ms(percentile(cold, 99)), failed)
+	if !refillOn {
+		logf("  refill: off (CODE_SANDBOX_BENCH_CLAIMS_REFILL=0): the claims alone, from the filled pool")
+	}
 	logf("  refill: %d members brought to idle during the run (%.2f/s), lowest idle depth %d of %d; goal 45/s for 60 s with p99 <= 100ms; load average %s",
 		refilled.Load(), float64(refilled.Load())/elapsed.Seconds(), minIdle.Load(), depth, string(load[:len(load)-1]))
 	// The claimants go before the members they took.
