@@ -16,11 +16,13 @@ import (
 	"testing"
 	"time"
 
+	dto "github.com/prometheus/client_model/go"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/watch"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	crmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
 
 	sandboxv1alpha1 "github.com/code-sandbox/code-sandbox-operator/api/v1alpha1"
 	"github.com/code-sandbox/code-sandbox-operator/internal/warmpool"
@@ -110,6 +112,7 @@ func runSustainedClaims(b *testing.B, rate int) *benchReport {
 	)
 	interval := time.Second / time.Duration(rate)
 	total := rate * seconds
+	before := managerTimings()
 	b.ResetTimer()
 	start := time.Now()
 	for i := range total {
@@ -158,6 +161,10 @@ func runSustainedClaims(b *testing.B, rate int) *benchReport {
 	logf("  all: p50 %.1fms p99 %.1fms max %.1fms; warm %d (p50 %.1fms p99 %.1fms); cold (pool empty) %d (p50 %.1fms p99 %.1fms); failed %d",
 		ms(percentile(all, 50)), ms(percentile(all, 99)), ms(percentile(all, 100)),
 		len(warm), ms(percentile(warm, 50)), ms(percentile(warm, 99)), len(cold), ms(percentile(cold, 50)), ms(percentile(cold, 99)), failed)
+	after := managerTimings()
+	logf("  in the manager over the run (means, from its metrics): sandbox queue wait %.1fms over %d adds, reconcile %.1fms over %d reconciles, warm claim incl. thaw %.1fms over %d claims",
+		after.mean("queue", before), after.count("queue", before), after.mean("reconcile", before), after.count("reconcile", before),
+		after.mean("claim", before), after.count("claim", before))
 	if !refillOn {
 		logf("  refill: off (CODE_SANDBOX_BENCH_CLAIMS_REFILL=0): the claims alone, from the filled pool")
 	}
@@ -269,4 +276,61 @@ func (e *benchEnv) deleteMembers(ctx context.Context, pool *sandboxv1alpha1.Sand
 		}
 		time.Sleep(200 * time.Millisecond)
 	}
+}
+
+// timings are sums (seconds) and counts of the manager's histograms the
+// claim path goes through, read from controller-runtime's registry (the
+// manager runs in this process): the Sandbox controller's work queue wait
+// and reconcile time, and the warm claim (status write and thaw).
+type timings map[string][2]float64
+
+func managerTimings() timings {
+	t := timings{}
+	families, err := crmetrics.Registry.Gather()
+	if err != nil {
+		return t
+	}
+	for _, f := range families {
+		var key string
+		switch f.GetName() {
+		case "workqueue_queue_duration_seconds":
+			key = "queue"
+		case "controller_runtime_reconcile_time_seconds":
+			key = "reconcile"
+		case "code_sandbox_warm_claim_seconds":
+			key = "claim"
+		default:
+			continue
+		}
+		for _, m := range f.GetMetric() {
+			if key != "claim" && !hasLabel(m.GetLabel(), "sandbox") {
+				continue
+			}
+			h := m.GetHistogram()
+			v := t[key]
+			t[key] = [2]float64{v[0] + h.GetSampleSum(), v[1] + float64(h.GetSampleCount())}
+		}
+	}
+	return t
+}
+
+// hasLabel says whether a series is the Sandbox controller's (its name or
+// controller label is "sandbox").
+func hasLabel(labels []*dto.LabelPair, value string) bool {
+	for _, l := range labels {
+		if (l.GetName() == "name" || l.GetName() == "controller") && l.GetValue() == value {
+			return true
+		}
+	}
+	return false
+}
+
+func (t timings) count(key string, since timings) int { return int(t[key][1] - since[key][1]) }
+
+func (t timings) mean(key string, since timings) float64 {
+	n := t[key][1] - since[key][1]
+	if n <= 0 {
+		return 0
+	}
+	return (t[key][0] - since[key][0]) / n * 1000
 }
