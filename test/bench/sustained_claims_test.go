@@ -11,6 +11,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -41,7 +42,10 @@ import (
 // CODE_SANDBOX_BENCH_CLAIMS (claims/s) is set; CODE_SANDBOX_BENCH_CLAIMS_SECONDS
 // (default 60) and CODE_SANDBOX_BENCH_CLAIMS_DEPTH (default rate*seconds,
 // at most 200) size the run; CODE_SANDBOX_BENCH_CLAIMS_REFILL=0 leaves
-// the pool unrefilled, to time the claims alone.
+// the pool unrefilled, to time the claims alone. The bench manager runs
+// CODE_SANDBOX_BENCH_WORKERS reconcile workers (default 4) and at most 100
+// Sandboxes: members and cold claims past that wait as NodeAtCapacity
+// (a warm claim needs no capacity).
 func BenchmarkSustainedWarmClaims(b *testing.B) {
 	rate := envInt(b, "CODE_SANDBOX_BENCH_CLAIMS")
 	if rate <= 0 {
@@ -162,6 +166,7 @@ func runSustainedClaims(b *testing.B, rate int) *benchReport {
 		ms(percentile(all, 50)), ms(percentile(all, 99)), ms(percentile(all, 100)),
 		len(warm), ms(percentile(warm, 50)), ms(percentile(warm, 99)), len(cold), ms(percentile(cold, 50)), ms(percentile(cold, 99)), failed)
 	after := managerTimings()
+	logf("  manager: %d reconcile workers (CODE_SANDBOX_BENCH_WORKERS), at most 100 Sandboxes", cmp.Or(benchWorkers(), 4))
 	logf("  in the manager over the run (means, from its metrics): sandbox queue wait %.1fms over %d adds, reconcile %.1fms over %d reconciles, warm claim incl. thaw %.1fms over %d claims",
 		after.mean("queue", before), after.count("queue", before), after.mean("reconcile", before), after.count("reconcile", before),
 		after.mean("claim", before), after.count("claim", before))
@@ -333,4 +338,14 @@ func (t timings) mean(key string, since timings) float64 {
 		return 0
 	}
 	return (t[key][0] - since[key][0]) / n * 1000
+}
+
+// benchWorkers is CODE_SANDBOX_BENCH_WORKERS, or 0 (the reconciler's
+// default) when unset or not a positive integer.
+func benchWorkers() int {
+	n, err := strconv.Atoi(os.Getenv("CODE_SANDBOX_BENCH_WORKERS"))
+	if err != nil || n <= 0 {
+		return 0
+	}
+	return n
 }
