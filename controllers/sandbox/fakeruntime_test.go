@@ -40,6 +40,9 @@ type fakeRuntime struct {
 	// "remove ID grace").
 	calls []string
 	specs []dockerruntime.Spec
+	// processes and processesErr are what ListProcesses returns.
+	processes    []execio.ProcessStatus
+	processesErr error
 }
 
 var _ Runtime = (*fakeRuntime)(nil)
@@ -182,6 +185,22 @@ func (f *fakeRuntime) CreateAndStart(_ context.Context, spec dockerruntime.Spec)
 	}
 	id := f.addLocked(spec.Owner, "running")
 	return f.containers[id], nil
+}
+
+func (f *fakeRuntime) AwaitHelper(_ context.Context, id string) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.calls = append(f.calls, "await-helper "+id)
+}
+
+func (f *fakeRuntime) ListProcesses(_ context.Context, id string) ([]execio.ProcessStatus, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.down {
+		return nil, f.unavailable("listing processes")
+	}
+	f.calls = append(f.calls, "list-processes "+id)
+	return f.processes, f.processesErr
 }
 
 func (f *fakeRuntime) Start(_ context.Context, id string) error {

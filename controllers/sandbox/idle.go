@@ -23,6 +23,7 @@ import (
 
 	sandboxv1alpha1 "github.com/code-sandbox/code-sandbox-operator/api/v1alpha1"
 	"github.com/code-sandbox/code-sandbox-operator/internal/dockerruntime"
+	"github.com/code-sandbox/code-sandbox-operator/internal/execio"
 )
 
 // The idle policy of spec.lifecycle: the node manager, which serves every
@@ -68,6 +69,10 @@ type activityEntry struct {
 	known  bool
 	// notified is when Begin last asked for a reconcile to persist.
 	notified time.Time
+	// background: a background process was started through this
+	// manager's node API and was running when last asked (Background,
+	// busyInBackground).
+	background bool
 	// deleteDue: the last reconcile found the Sandbox idle past
 	// idleDeleteSeconds; Reconcile deletes it after its status write.
 	deleteDue string
@@ -137,6 +142,80 @@ func (a *Activity) Begin(ctx context.Context, sbx *sandboxv1alpha1.Sandbox, wake
 			e.last = a.clock.Now()
 		})
 	}, nil
+}
+
+// Background records that a background process was started in sbx (the
+// node API calls it after a successful start). It is activity, and until
+// busyInBackground finds no process running, a failed process list counts
+// as one running.
+func (a *Activity) Background(sbx *sandboxv1alpha1.Sandbox) {
+	e := a.entry(sbx.UID)
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.background = true
+	e.last = a.clock.Now()
+}
+
+// backgroundListTimeout bounds the process list the idle clock asks for:
+// a helper that does not answer must not hold up the reconcile long.
+const backgroundListTimeout = 10 * time.Second
+
+// busyInBackground restarts the idle clock of a running sandbox whose idle
+// timeout is due while a background process (exec handles, background:
+// true) runs in it: such a sandbox is working, though no exec, transfer or
+// log read comes. It asks the helper only when a timeout is due, so a
+// sandbox costs at most one process list per idle period. It asks every
+// running sandbox whose clock is due, not only those this process saw
+// start one: a process started before a manager restart still counts. A
+// list that fails counts as a running process only when this process saw
+// a start (a helper without process support, for example, answers with an
+// error and must not keep its sandbox forever).
+func (r *SandboxReconciler) busyInBackground(ctx context.Context, sbx *sandboxv1alpha1.Sandbox, ct *dockerruntime.Container) {
+	lc := sbx.Spec.Lifecycle
+	if lc == nil || ct == nil || ct.State.Paused || !ct.State.Running || sbx.Spec.Paused ||
+		(lc.IdlePauseSeconds == nil && lc.IdleDeleteSeconds == nil) {
+		return
+	}
+	e := r.activity.entry(sbx.UID)
+	e.mu.Lock()
+	last := lastActivity(sbx, e.last)
+	seen := e.background
+	inflight := e.inflight
+	e.mu.Unlock()
+	if last.IsZero() || inflight > 0 {
+		return
+	}
+	due := time.Duration(1<<63 - 1)
+	for _, sec := range []*int64{lc.IdlePauseSeconds, lc.IdleDeleteSeconds} {
+		if sec != nil && time.Duration(*sec)*time.Second < due {
+			due = time.Duration(*sec) * time.Second
+		}
+	}
+	if r.clock.Since(last) < due {
+		return
+	}
+	lctx, cancel := context.WithTimeout(ctx, backgroundListTimeout)
+	procs, err := r.docker.ListProcesses(lctx, ct.ID)
+	cancel()
+	running := false
+	for _, p := range procs {
+		if p.State == execio.ProcessRunning {
+			running = true
+			break
+		}
+	}
+	if err != nil {
+		logf.FromContext(ctx).Info("could not list the background processes for the idle clock", "error", err.Error(), "counted as running", seen)
+		running = seen
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if running {
+		e.last = r.clock.Now()
+		e.background = true
+	} else {
+		e.background = false
+	}
 }
 
 // ask requests a reconcile: always when force, else when the persisted
@@ -209,6 +288,7 @@ func (r *SandboxReconciler) notIdleFrozen(sbx *sandboxv1alpha1.Sandbox) {
 // marks the Sandbox for deletion once idleDeleteSeconds passed. It returns
 // when to look again.
 func (r *SandboxReconciler) applyIdle(ctx context.Context, sbx *sandboxv1alpha1.Sandbox, ct *dockerruntime.Container, result ctrl.Result) (ctrl.Result, error) {
+	r.busyInBackground(ctx, sbx, ct)
 	e := r.activity.entry(sbx.UID)
 	e.mu.Lock()
 	defer e.mu.Unlock()

@@ -8,6 +8,7 @@ package sandbox
 
 import (
 	"context"
+	"strconv"
 	"time"
 
 	. "github.com/onsi/ginkgo/v2"
@@ -19,6 +20,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	sandboxv1alpha1 "github.com/code-sandbox/code-sandbox-operator/api/v1alpha1"
+	"github.com/code-sandbox/code-sandbox-operator/internal/dockerruntime"
+	"github.com/code-sandbox/code-sandbox-operator/internal/execio"
 )
 
 // The idle policy and shutdown policy of spec.lifecycle, against real
@@ -113,6 +116,63 @@ var _ = Describe("Sandbox lifecycle", func() {
 		Eventually(isGone(key), 30*time.Second, 200*time.Millisecond).Should(BeTrue())
 		Eventually(containerCount(sbx.UID), 30*time.Second).Should(BeZero())
 		Eventually(eventReasons(sbx), 10*time.Second).Should(ContainElement(EventReasonDeleted))
+	})
+
+	// backgroundSleep starts `sleep secs` as a background process in the
+	// sandbox's container, as the node API's processes subresource does.
+	backgroundSleep := func(m *testManager, sbx *sandboxv1alpha1.Sandbox, secs int) {
+		GinkgoHelper()
+		rt, ok := m.reconciler.docker.(*dockerruntime.Client)
+		Expect(ok).To(BeTrue())
+		_, err := rt.StartProcess(context.Background(), sbx.Status.ContainerID, dockerruntime.NewProcessHandle(),
+			execio.Request{Command: []string{"sleep", strconv.Itoa(secs)}}, 0)
+		Expect(err).NotTo(HaveOccurred())
+	}
+	// neverPausedFor samples the container for d: it must stay running.
+	neverPausedFor := func(id string, d time.Duration) {
+		GinkgoHelper()
+		until := time.Now().Add(d)
+		for time.Now().Before(until) {
+			Expect(inspect(id).State.Paused).To(BeFalse(), "frozen while its background process ran")
+			time.Sleep(200 * time.Millisecond)
+		}
+	}
+
+	It("counts a running background process as activity: not paused while it runs, paused after it ends", func() {
+		node := testNodePrefix + "idle-background"
+		m := startManager(node, managerConfig{})
+		sbx := waitReady(createSandbox(newSandbox(ns, "idle-background", node, lifecycle(sandboxv1alpha1.SandboxLifecycle{IdlePauseSeconds: ptr.To[int64](1)}))))
+		key := client.ObjectKeyFromObject(sbx)
+		id := sbx.Status.ContainerID
+
+		touch(m, sbx, true)
+		backgroundSleep(m, sbx, 10)
+		m.reconciler.activity.Background(getSandbox(key))
+		started := time.Now()
+		// Ten idle pause periods with no exec, transfer or log read.
+		neverPausedFor(id, 9*time.Second)
+		Expect(pausedCondition(key)()).NotTo(Equal("True/Idle"))
+
+		// The sleep ends at 10 s; idle one second later, and a check of at
+		// most a period after that.
+		Eventually(pausedCondition(key), 15*time.Second, 100*time.Millisecond).Should(Equal("True/Idle"))
+		Expect(inspect(id).State.Paused).To(BeTrue())
+		Expect(time.Since(started)).To(BeNumerically(">=", 10*time.Second), "paused before the background process ended")
+	})
+
+	It("counts a background process the manager did not see start (started before a manager restart)", func() {
+		node := testNodePrefix + "idle-background-unseen"
+		m := startManager(node, managerConfig{})
+		sbx := waitReady(createSandbox(newSandbox(ns, "idle-bg-unseen", node, lifecycle(sandboxv1alpha1.SandboxLifecycle{IdlePauseSeconds: ptr.To[int64](1)}))))
+		key := client.ObjectKeyFromObject(sbx)
+		id := sbx.Status.ContainerID
+
+		touch(m, sbx, true)
+		backgroundSleep(m, sbx, 6) // no Activity.Background: this manager never heard of it
+		started := time.Now()
+		neverPausedFor(id, 5*time.Second)
+		Eventually(pausedCondition(key), 15*time.Second, 100*time.Millisecond).Should(Equal("True/Idle"))
+		Expect(time.Since(started)).To(BeNumerically(">=", 6*time.Second), "paused before the background process ended")
 	})
 
 	It("keeps the idle clock across a manager restart: lastActivityTime is persisted and not reset", func() {

@@ -8,6 +8,8 @@ package sandbox
 
 import (
 	"context"
+	"errors"
+	"slices"
 	"time"
 
 	. "github.com/onsi/ginkgo/v2"
@@ -17,6 +19,7 @@ import (
 
 	sandboxv1alpha1 "github.com/code-sandbox/code-sandbox-operator/api/v1alpha1"
 	"github.com/code-sandbox/code-sandbox-operator/internal/dockerruntime"
+	"github.com/code-sandbox/code-sandbox-operator/internal/execio"
 )
 
 // The idle policy on the fake clock: exact times, which the envtest specs
@@ -153,5 +156,60 @@ var _ = Describe("Reconcile, idle policy (unit)", Label("unit"), func() {
 			Expect(ready(s)).To(Equal("False/"+sandboxv1alpha1.SandboxReasonExpired), string(policy))
 			Expect(s.DeletionTimestamp != nil).To(Equal(deleted), string(policy))
 		}
+	})
+
+	It("counts a running background process as activity: the helper is asked only when the clock is due", func() {
+		e := newUnitEnv(unitSandbox(true, withLifecycle(60, 0)))
+		e.mustReconcile()
+		e.rt.processes = []execio.ProcessStatus{{Handle: "p-1", State: execio.ProcessRunning}}
+		e.clk.Step(30 * time.Second)
+		e.mustReconcile()
+		Expect(e.rt.callsWith("list-processes ")).To(BeEmpty(), "asked before the idle pause was due")
+
+		e.clk.Step(30 * time.Second)
+		res := e.mustReconcile()
+		Expect(e.rt.callsWith("list-processes ")).To(HaveLen(1))
+		Expect(e.rt.callsWith("pause ")).To(BeEmpty(), "paused while a background process ran")
+		Expect(res.RequeueAfter).To(Equal(60*time.Second), "the clock restarts at the check")
+
+		// Ended (exited processes are listed too): paused at the next due time.
+		e.rt.processes = []execio.ProcessStatus{{Handle: "p-1", State: execio.ProcessExited}}
+		e.clk.Step(60 * time.Second)
+		e.mustReconcile()
+		Expect(e.rt.callsWith("pause ")).To(HaveLen(1))
+		Expect(pausedReason(e.get())).To(Equal("True/" + sandboxv1alpha1.SandboxReasonIdle))
+	})
+
+	It("counts a failed process list as a running process only after a background start it saw", func() {
+		e := newUnitEnv(unitSandbox(true, withLifecycle(0, 60)))
+		e.mustReconcile()
+		e.rt.processesErr = errors.New("helper has no process support")
+
+		// Never saw a start: a list error is no activity, so the clock runs out.
+		e.clk.Step(60 * time.Second)
+		e.mustReconcile()
+		Expect(e.rt.callsWith("list-processes ")).To(HaveLen(1))
+		Expect(e.get().DeletionTimestamp).NotTo(BeNil(), "kept forever by a helper that cannot list")
+
+		e2 := newUnitEnv(unitSandbox(true, withLifecycle(0, 60)))
+		e2.mustReconcile()
+		e2.r.activity.Background(e2.get())
+		e2.rt.processesErr = errors.New("helper did not answer")
+		e2.clk.Step(60 * time.Second)
+		e2.mustReconcile()
+		Expect(e2.get().DeletionTimestamp).To(BeNil(), "deleted while the background process it started may run")
+		Expect(e2.rt.callsWith("list-processes ")).To(HaveLen(1))
+	})
+
+	It("reports a cold-created Sandbox Ready only after waiting for its resident helper", func() {
+		e := newUnitEnv(unitSandbox(true))
+		e.mustReconcile()
+		s := e.get()
+		Expect(ready(s)).To(Equal("True/Running"))
+		Expect(e.rt.calls).To(ContainElement("await-helper " + s.Status.ContainerID))
+		create := slices.Index(e.rt.calls, "create "+string(s.UID))
+		await := slices.Index(e.rt.calls, "await-helper "+s.Status.ContainerID)
+		Expect(create).To(BeNumerically(">=", 0))
+		Expect(await).To(BeNumerically(">", create))
 	})
 })

@@ -30,6 +30,15 @@ type Runtime interface {
 	// CreateAndStart creates the container for spec (adopting one that a
 	// retried create collides with) and starts it.
 	CreateAndStart(ctx context.Context, spec dockerruntime.Spec) (dockerruntime.Container, error)
+	// AwaitHelper waits, within ctx, for the resident helper start that
+	// CreateAndStart began in the background (dockerruntime/prestart.go),
+	// so that a Sandbox reported Ready answers its first command as fast
+	// as a repeated one. It returns at once when no start is under way;
+	// a start that failed leaves the first command to start a helper.
+	AwaitHelper(ctx context.Context, id string)
+	// ListProcesses lists the background processes of running container
+	// id (execio.ProcessStatus), for the idle clock (idle.go).
+	ListProcesses(ctx context.Context, id string) ([]execio.ProcessStatus, error)
 	// Start starts a created container.
 	Start(ctx context.Context, id string) error
 	// Pause freezes a running container; Unpause thaws it. Both are

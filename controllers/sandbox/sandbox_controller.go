@@ -454,6 +454,14 @@ func (r *SandboxReconciler) create(ctx context.Context, sbx *sandboxv1alpha1.San
 		if ok, result := r.restoreFiles(ctx, sbx, ct); !ok {
 			return withEgress(result, recheck), nil
 		}
+		if role.kind != poolMember && !sbx.Spec.Paused {
+			// Ready only once the resident helper CreateAndStart began is
+			// up: the first command then costs what a repeated one does,
+			// instead of waiting for a process spawn behind Ready. A pool
+			// member's health check (checkMemberBeforeFreeze) waits for
+			// it the same way, so it is frozen with its helper parked.
+			r.docker.AwaitHelper(ctx, ct.ID)
+		}
 		res, err := r.settlePaused(ctx, sbx, ct, role, requeueAfter)
 		return withEgress(res, recheck), err
 	}

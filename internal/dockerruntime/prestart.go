@@ -72,3 +72,29 @@ func (c *Client) awaitPrestart(ctx context.Context, id string) {
 	case <-ctx.Done():
 	}
 }
+
+// AwaitHelper waits, within ctx, until the resident helper start that
+// CreateAndStart began on container id has ended (parked, or failed and
+// left nothing), and returns at once when none is under way. The Sandbox
+// reconciler calls it before it reports a cold-created Sandbox Ready, so
+// that the first command after Ready finds the helper serving instead of
+// waiting for its spawn (see prestart.go's opening comment).
+func (c *Client) AwaitHelper(ctx context.Context, id string) {
+	c.awaitPrestart(ctx, id)
+}
+
+// HelperParked says whether container id has an idle resident helper
+// parked, ready for its next command (for tests and diagnostics).
+func (c *Client) HelperParked(id string) bool {
+	c.standby.mu.Lock()
+	defer c.standby.mu.Unlock()
+	return c.standby.idle[id] != nil
+}
+
+// HelperStarting says whether a resident helper start CreateAndStart began
+// on container id is still under way (for tests and diagnostics).
+func (c *Client) HelperStarting(id string) bool {
+	c.standby.mu.Lock()
+	defer c.standby.mu.Unlock()
+	return c.standby.starting[id] != nil
+}

@@ -78,6 +78,9 @@ func (s *Server) serveProcesses(w http.ResponseWriter, r *http.Request, sbx *san
 		handle := dockerruntime.NewProcessHandle()
 		st, err = rt.StartProcess(ctx, ct.ID, handle, req, time.Duration(preq.TimeoutSeconds)*time.Second)
 		resp.Process = &st
+		if err == nil && s.cfg.Activity != nil {
+			s.cfg.Activity.Background(sbx)
+		}
 		logf.FromContext(ctx).Info("background process started", "handle", handle, "command", truncatedArgv(req.Argv()), "error", errText(err))
 	case execio.ProcessActionList:
 		resp.Processes, err = rt.ListProcesses(ctx, ct.ID)

@@ -17,7 +17,9 @@ import (
 
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
 
 	sandboxv1alpha1 "github.com/code-sandbox/code-sandbox-operator/api/v1alpha1"
 	"github.com/code-sandbox/code-sandbox-operator/internal/dockerruntime"
@@ -153,6 +155,27 @@ var _ = Describe("Node API: background processes", Ordered, ContinueOnFailure, f
 			Expect(resp.StatusCode).To(Equal(http.StatusBadRequest), c.body)
 			Expect(statusOf(resp).Message).To(ContainSubstring(c.want), c.body)
 		}
+	})
+
+	It("keeps a Sandbox whose background process runs from its idle pause (spec.lifecycle), and pauses it after the process ends", func() {
+		idle := waitReady(createSandbox(ns, uniqueName("procs-idle"), func(s *sandboxv1alpha1.Sandbox) {
+			s.Spec.Lifecycle = &sandboxv1alpha1.SandboxLifecycle{IdlePauseSeconds: ptr.To[int64](1)}
+		}))
+		st := start(api, idle.Name, execio.Request{Command: []string{"sleep", "6"}})
+		Expect(st.State).To(Equal(execio.ProcessRunning))
+		started := time.Now()
+		Consistently(func() bool {
+			ct, err := docker.Inspect(context.Background(), idle.Status.ContainerID)
+			return err == nil && !ct.State.Paused
+		}, 5*time.Second, 200*time.Millisecond).Should(BeTrue(), "frozen while its background process ran")
+		Eventually(func() string {
+			c := meta.FindStatusCondition(getSandbox(idle).Status.Conditions, string(sandboxv1alpha1.SandboxConditionPaused))
+			if c == nil {
+				return ""
+			}
+			return string(c.Status) + "/" + c.Reason
+		}, 20*time.Second, 100*time.Millisecond).Should(Equal("True/Idle"))
+		Expect(time.Since(started)).To(BeNumerically(">=", 6*time.Second), "paused before the background process ended")
 	})
 
 	It("refuses a start past the sandbox's limit with a typed 429", func() {

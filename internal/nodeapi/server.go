@@ -59,6 +59,11 @@ type Activity interface {
 	// container running, and an idle-paused one is thawed before Begin
 	// returns. end is called when the operation ends.
 	Begin(ctx context.Context, sbx *sandboxv1alpha1.Sandbox, wake bool) (end func(), err error)
+	// Background records that a background process was started in sbx:
+	// while one runs, the idle clock does not run out (the reconciler
+	// asks the helper before it pauses or deletes the sandbox for
+	// idleness).
+	Background(sbx *sandboxv1alpha1.Sandbox)
 }
 
 // HistoryStore keeps the exec history of each Sandbox, keyed by its UID.

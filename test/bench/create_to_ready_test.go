@@ -231,6 +231,10 @@ func setup() (_ *benchEnv, skip string, err error) {
 		mgr.GetEventRecorder("bench"), clock.RealClock{}, sandboxcontroller.Options{
 			NodeName:     benchNode,
 			MaxSandboxes: 100,
+			// CODE_SANDBOX_BENCH_WORKERS: the manager's
+			// --max-concurrent-reconciles (default 4), to see whether the
+			// sustained claims are bound by the reconcile workers.
+			MaxConcurrentReconciles: benchWorkers(),
 		})
 	if err != nil {
 		return nil, "", err

@@ -55,17 +55,18 @@ func BenchmarkMCP(b *testing.B) {
 	bin := buildMCP(b)
 	// The cold path: no warm pool (BenchmarkMCPWarmPool measures it).
 	callTool := startMCP(b, bin, image, "--warm-pool", "0")
-	mcpSample := func() (initExec, execAlone time.Duration) {
+	mcpSample := func() (initExec, firstExec, execAlone time.Duration) {
 		t0 := time.Now()
 		out, err := callTool("sandbox_initialize", nil)
 		if err != nil {
 			b.Fatal(err)
 		}
 		id := out["container_id"].(string)
+		tFirst := time.Now()
 		if _, err := callTool("sandbox_exec", map[string]any{"container_id": id, "commands": []string{"echo hi"}}); err != nil {
 			b.Fatal(err)
 		}
-		initExec = time.Since(t0)
+		initExec, firstExec = time.Since(t0), time.Since(tFirst)
 		t1 := time.Now()
 		if _, err := callTool("sandbox_exec", map[string]any{"container_id": id, "commands": []string{"echo hi"}}); err != nil {
 			b.Fatal(err)
@@ -74,21 +75,22 @@ func BenchmarkMCP(b *testing.B) {
 		if _, err := callTool("sandbox_stop", map[string]any{"container_id": id}); err != nil {
 			b.Fatal(err)
 		}
-		return initExec, execAlone
+		return initExec, firstExec, execAlone
 	}
-	rawSample := func() (createExec, execAlone time.Duration) {
+	rawSample := func() (createExec, firstExec, execAlone time.Duration) {
 		id, createStart, remove := rawCreateStart(ctx, b, raw, image)
 		defer remove()
 		t0 := time.Now()
 		if err := rawExec(ctx, raw, id); err != nil {
 			b.Fatal(err)
 		}
-		createExec = createStart + time.Since(t0)
+		firstExec = time.Since(t0)
+		createExec = createStart + firstExec
 		t1 := time.Now()
 		if err := rawExec(ctx, raw, id); err != nil {
 			b.Fatal(err)
 		}
-		return createExec, time.Since(t1)
+		return createExec, firstExec, time.Since(t1)
 	}
 
 	// Warm up both paths (tools volume, helper, connections).
@@ -96,21 +98,29 @@ func BenchmarkMCP(b *testing.B) {
 	rawSample()
 	b.ResetTimer()
 	b.StopTimer()
-	var mInit, mExec, rInit, rExec []time.Duration
+	var mInit, mFirst, mExec, rInit, rFirst, rExec []time.Duration
 	for i := 0; i < b.N; i++ {
 		// Alternate the order so drifting machine noise lands on both.
 		if i%2 == 0 {
-			a, e := mcpSample()
-			mInit, mExec = append(mInit, a), append(mExec, e)
-			a, e = rawSample()
-			rInit, rExec = append(rInit, a), append(rExec, e)
+			a, f, e := mcpSample()
+			mInit, mFirst, mExec = append(mInit, a), append(mFirst, f), append(mExec, e)
+			a, f, e = rawSample()
+			rInit, rFirst, rExec = append(rInit, a), append(rFirst, f), append(rExec, e)
 		} else {
-			a, e := rawSample()
-			rInit, rExec = append(rInit, a), append(rExec, e)
-			a, e = mcpSample()
-			mInit, mExec = append(mInit, a), append(mExec, e)
+			a, f, e := rawSample()
+			rInit, rFirst, rExec = append(rInit, a), append(rFirst, f), append(rExec, e)
+			a, f, e = mcpSample()
+			mInit, mFirst, mExec = append(mInit, a), append(mFirst, f), append(mExec, e)
 		}
 	}
+	// Issue 26's goal: the first sandbox_exec after sandbox_initialize
+	// <= 10 ms on the Docker backend (sandbox_initialize answers once the
+	// resident helper is up).
+	mf, rf := percentile(mFirst, 50), percentile(rFirst, 50)
+	b.ReportMetric(ms(mf), "mcp-first-exec-p50-ms")
+	b.ReportMetric(ms(rf), "raw-first-exec-p50-ms")
+	b.Logf("first sandbox_exec after sandbox_initialize p50 %.1fms vs raw first exec after create+start p50 %.1fms: ratio %.2f (goal <= 10ms) [p90 %.1f vs %.1fms]",
+		ms(mf), ms(rf), float64(mf)/float64(rf), ms(percentile(mFirst, 90)), ms(percentile(rFirst, 90)))
 	mi, ri := percentile(mInit, 50), percentile(rInit, 50)
 	me, re := percentile(mExec, 50), percentile(rExec, 50)
 	ratio := float64(mi) / float64(ri)

@@ -292,6 +292,10 @@ func (b *driver) Create(ctx context.Context, caller contract.Caller, req contrac
 	if sb.Network == "" {
 		sb.Network = contract.NetworkNone
 	}
+	// Answered once the resident helper CreateAndStart began is up, so
+	// that the caller's first command costs what a repeated one does (as
+	// a node manager reports a Sandbox Ready only then).
+	b.docker.AwaitHelper(ctx, ct.ID)
 	b.log.Info("sandbox created", "sandbox", uid, "container", dockerruntime.ShortID(ct.ID), "image", req.Image, "owner", contract.IdentityHash(caller.ID))
 	if warm {
 		// The default image is on the host now: the pool may fill.

@@ -251,6 +251,9 @@ var _ = Describe("the warm pool", Label("docker"), func() {
 			ct, err := b.driver.docker.Inspect(ctx, refOf(ctx, b, sb.ID))
 			Expect(err).NotTo(HaveOccurred())
 			Expect(ct.Labels[dockerruntime.LabelNamespace]).To(Equal(contract.IdentityHash(caller.ID)))
+			// Answered with the resident helper up, not still starting.
+			Expect(b.driver.docker.HelperStarting(ct.ID)).To(BeFalse())
+			Expect(b.driver.docker.HelperParked(ct.ID)).To(BeTrue())
 		}
 		Expect(idleMembers(b)).To(ConsistOf(members))
 	}, SpecTimeout(3*time.Minute))
