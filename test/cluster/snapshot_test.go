@@ -12,6 +12,7 @@ import (
 	"context"
 	"crypto/x509"
 	"fmt"
+	"net/http"
 	"strings"
 	"time"
 
@@ -92,6 +93,19 @@ spec:
 			rc, err := reg.Open(ctx, ref)
 			Expect(err).NotTo(HaveOccurred())
 			Expect(rc.Close()).To(Succeed())
+			// Only behind it: the registry speaks no plain HTTP, and a
+			// client without its CA is refused, naming the problem.
+			req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+strings.Split(snapshotRegistryBase, "/")[0]+"/v2/", nil)
+			Expect(err).NotTo(HaveOccurred())
+			resp, err := http.DefaultClient.Do(req)
+			Expect(err).NotTo(HaveOccurred())
+			_ = resp.Body.Close()
+			Expect(resp.StatusCode).To(Equal(http.StatusBadRequest), "plain HTTP to a TLS listener")
+			untrusting, err := snapshotstore.NewRegistry(snapshotRegistryBase, snapshotstore.RegistryOptions{SpoolDir: GinkgoT().TempDir()})
+			Expect(err).NotTo(HaveOccurred())
+			_, err = untrusting.Open(ctx, ref)
+			Expect(err).To(MatchError(snapshotstore.ErrRegistryTLS))
+			Expect(err.Error()).To(ContainSubstring("not trusted"))
 
 			// Pinned to the worker that never ran the source.
 			restoreStart := time.Now()
