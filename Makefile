@@ -149,6 +149,11 @@ MCP_IMG ?= code-sandbox-operator/mcp-server:latest
 # its tag hashes the image's inputs, so a changed input is a new tag.
 ENGINE_TAG := $(shell cat hack/build-engine-image.sh hack/engine/entrypoint.sh hack/engine/daemon.json 2>/dev/null | sha256sum | cut -c1-12)
 ENGINE_IMG ?= code-sandbox-operator/engine:$(ENGINE_TAG)
+# SNAPSHOT_REGISTRY_IMG is the kind cluster's in-cluster snapshot registry
+# (config/components/snapshot-registry, hack/build-snapshot-registry-image.sh);
+# its tag hashes the image's inputs too.
+SNAPSHOT_REGISTRY_TAG := $(shell cat hack/build-snapshot-registry-image.sh /usr/bin/docker-registry 2>/dev/null | sha256sum | cut -c1-12)
+SNAPSHOT_REGISTRY_IMG ?= code-sandbox-operator/snapshot-registry:$(SNAPSHOT_REGISTRY_TAG)
 # The kustomization deploy, undeploy and build-installer render:
 # config/default (an Engine DaemonSet on every node) or config/node-docker
 # (the nodes' own Docker Engines). See docs/deploy.md#the-docker-engine.
@@ -167,6 +172,10 @@ docker-build: build docker-up ## Build the manager image IMG (with this host's i
 .PHONY: engine-image
 engine-image: docker-up ## Build the Docker Engine image ENGINE_IMG offline (debootstrap + Debian's docker.io; root; cached by a tag hashing its inputs).
 	hack/build-engine-image.sh $(ENGINE_IMG)
+
+.PHONY: snapshot-registry-image
+snapshot-registry-image: docker-up ## Build the kind cluster's snapshot registry image SNAPSHOT_REGISTRY_IMG offline (Debian's docker-registry FROM scratch; cached by a tag hashing its inputs).
+	hack/build-snapshot-registry-image.sh $(SNAPSHOT_REGISTRY_IMG)
 
 .PHONY: test-image
 test-image: docker-build ## Run the manager image's iptables against this host's Docker rules (root, host network, NET_ADMIN).
@@ -278,7 +287,7 @@ define render-default
 tmp="$$(mktemp -d "$(LOCALBIN)/.overlay.XXXXXX")"; trap 'rm -rf "$$tmp"' EXIT; \
 printf 'apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources:\n- ../../$(DEPLOY_CONFIG)\n' >"$$tmp/kustomization.yaml"; \
 $(if $(WEBHOOK_CLIENT_CA),printf 'components:\n- ../../config/components/webhook-client-auth\n' >>"$$tmp/kustomization.yaml";) \
-(cd "$$tmp" && $(KUSTOMIZE) edit set image code-sandbox-operator/manager=$(IMG) code-sandbox-operator/mcp-server=$(MCP_IMG) code-sandbox-operator/engine=$(ENGINE_IMG)); \
+(cd "$$tmp" && $(KUSTOMIZE) edit set image code-sandbox-operator/manager=$(IMG) code-sandbox-operator/mcp-server=$(MCP_IMG) code-sandbox-operator/engine=$(ENGINE_IMG) code-sandbox-operator/snapshot-registry=$(SNAPSHOT_REGISTRY_IMG)); \
 $(KUSTOMIZE) build "$$tmp"
 endef
 
@@ -286,6 +295,7 @@ endef
 deploy: manifests kustomize ## Deploy DEPLOY_CONFIG (default config/default: CRDs, RBAC, the manager and Engine DaemonSets, the webhook and the MCP server; images IMG, MCP_IMG, ENGINE_IMG) to the cluster; WEBHOOK_CLIENT_CA=<pem> makes the webhook require kube-apiserver's client certificate.
 	@hack/ensure-mcp-owner-key.sh
 	$(if $(WEBHOOK_CLIENT_CA),@hack/ensure-webhook-client-ca.sh "$(WEBHOOK_CLIENT_CA)")
+	@if grep -qs 'components/snapshot-registry' $(DEPLOY_CONFIG)/kustomization.yaml; then hack/ensure-snapshot-registry-tls.sh; fi
 	@{ $(render-default); } | kubectl apply --server-side -f -
 
 # Sandboxes are deleted first, while the managers still run to remove their
@@ -340,6 +350,9 @@ KIND_IMAGE_ENV = K8S_VERSION=$(ENVTEST_K8S_VERSION) KIND_VERSION=$(KIND_VERSION)
 # makes (hack/kindwebhookclient) and make kind-deploy gives the webhook.
 KIND_WEBHOOK_CLIENT_CA ?= $(dir $(KIND_KUBECONFIG))webhook-client/webhook-client-ca.crt
 KIND_ENV = KIND="$(KIND)" KIND_CLUSTER="$(KIND_CLUSTER)" KIND_KUBECONFIG="$(KIND_KUBECONFIG)"
+# What kind-deploy (and the deploys of test-kind's specs) install:
+# config/default plus the in-cluster snapshot registry.
+KIND_DEPLOY_CONFIG ?= config/kind/deploy
 
 .PHONY: kind-image
 kind-image: docker-up ## Build the kind node image offline (root; Kubernetes ENVTEST_K8S_VERSION, kind KIND_VERSION; parts cached per user), tagged with its versions and a hash of its inputs; skipped when that tag exists.
@@ -363,18 +376,19 @@ kind-load-sandbox-images: ## Load KIND_SANDBOX_IMAGES from this Docker into ever
 	KUBECONFIG="$(KIND_KUBECONFIG)" hack/kind-load-sandbox-images.sh $(KIND_SANDBOX_IMAGES)
 
 .PHONY: kind-deploy
-kind-deploy: docker-build engine-image kind ## Build the images, load them into the kind nodes and deploy DEPLOY_CONFIG (config/default) to the kind cluster, the webhook requiring kube-apiserver's client certificate.
-	refs=$$($(KIND_ENV) hack/kind/load.sh $(IMG) $(MCP_IMG) $(ENGINE_IMG)); set -- $$refs; \
-	KUBECONFIG="$(KIND_KUBECONFIG)" $(MAKE) deploy IMG="$$1" MCP_IMG="$$2" ENGINE_IMG="$$3" WEBHOOK_CLIENT_CA="$(KIND_WEBHOOK_CLIENT_CA)"
+kind-deploy: docker-build engine-image snapshot-registry-image kind ## Build the images, load them into the kind nodes and deploy KIND_DEPLOY_CONFIG (config/default and an in-cluster snapshot registry) to the kind cluster, the webhook requiring kube-apiserver's client certificate; waits for the registry.
+	refs=$$($(KIND_ENV) hack/kind/load.sh $(IMG) $(MCP_IMG) $(ENGINE_IMG) $(SNAPSHOT_REGISTRY_IMG)); set -- $$refs; \
+	KUBECONFIG="$(KIND_KUBECONFIG)" $(MAKE) deploy DEPLOY_CONFIG="$(KIND_DEPLOY_CONFIG)" IMG="$$1" MCP_IMG="$$2" ENGINE_IMG="$$3" SNAPSHOT_REGISTRY_IMG="$$4" WEBHOOK_CLIENT_CA="$(KIND_WEBHOOK_CLIENT_CA)"
+	KUBECONFIG="$(KIND_KUBECONFIG)" kubectl rollout status -n code-sandbox-system deployment/code-sandbox-snapshot-registry --timeout=3m
 
 .PHONY: test-kind
 test-kind: build test-images ## Run the Ginkgo suite test/cluster against the operator deployed on the kind cluster (kind-up and kind-deploy first): placement on both workers, warm pools, a manager rollout, an MCP rollout under load and a replica kill, a 150 s command through a 60 s MCP client across a manager and MCP restart, preview URLs through the MCP Service, Egress, node loss, churn with faults (not the MCP scale benchmark: make bench-kind).
-	KUBECONFIG="$(KIND_KUBECONFIG)" WEBHOOK_CLIENT_CA="$(KIND_WEBHOOK_CLIENT_CA)" KIND_CLUSTER="$(KIND_CLUSTER)" KIND_KUBECONFIG="$(KIND_KUBECONFIG)" \
+	KUBECONFIG="$(KIND_KUBECONFIG)" WEBHOOK_CLIENT_CA="$(KIND_WEBHOOK_CLIENT_CA)" KIND_CLUSTER="$(KIND_CLUSTER)" KIND_KUBECONFIG="$(KIND_KUBECONFIG)" DEPLOY_CONFIG="$(KIND_DEPLOY_CONFIG)" \
 		$(GO) test -tags cluster ./test/cluster/... -count=1 -timeout 60m -v -ginkgo.label-filter='!mcp-bench'
 
 .PHONY: bench-kind
 bench-kind: build test-images ## Run the slow MCP scale benchmark on the kind cluster (kind-up and kind-deploy first): 100 agents doing init, exec and stop through 1 and then 3 MCP replicas, against raw Docker in the Engine pods, reported as ratios.
-	KUBECONFIG="$(KIND_KUBECONFIG)" WEBHOOK_CLIENT_CA="$(KIND_WEBHOOK_CLIENT_CA)" KIND_CLUSTER="$(KIND_CLUSTER)" KIND_KUBECONFIG="$(KIND_KUBECONFIG)" \
+	KUBECONFIG="$(KIND_KUBECONFIG)" WEBHOOK_CLIENT_CA="$(KIND_WEBHOOK_CLIENT_CA)" KIND_CLUSTER="$(KIND_CLUSTER)" KIND_KUBECONFIG="$(KIND_KUBECONFIG)" DEPLOY_CONFIG="$(KIND_DEPLOY_CONFIG)" \
 		$(GO) test -tags cluster ./test/cluster/... -count=1 -timeout 40m -v -ginkgo.label-filter=mcp-bench
 
 .PHONY: kind-smoke

@@ -15,6 +15,7 @@ package main
 
 import (
 	"context"
+	"crypto/x509"
 	"errors"
 	"flag"
 	"fmt"
@@ -104,7 +105,8 @@ func run() error {
 	flag.StringVar(&probeAddr, "health-probe-bind-address", ":8081", "Address of the /healthz and /readyz endpoints.")
 	flag.BoolVar(&showVersion, "version", false, "Print the version and exit.")
 	flag.StringVar(&stateDir, "state-dir", "/var/lib/code-sandbox-operator", "Directory for the manager's state on the node (exec history under history/, SandboxSnapshots' files under snapshots/).")
-	snapshotRegistry := flag.String("snapshot-registry", "", "Keep SandboxSnapshots' files in this OCI registry repository (HOST[:PORT]/PATH; plain HTTP only on loopback; credentials from the Docker keychain of the manager's user) instead of under --state-dir, so that a Sandbox can be restored from them on any node. Give every node the same value. The registry must allow deletes (storage.delete.enabled).")
+	snapshotRegistry := flag.String("snapshot-registry", "", "Keep SandboxSnapshots' files in this OCI registry repository (HOST[:PORT]/PATH; plain HTTP only on loopback, verified TLS everywhere else; credentials from the Docker keychain of the manager's user) instead of under --state-dir, so that a Sandbox can be restored from them on any node. Give every node the same value. The registry must allow deletes (storage.delete.enabled).")
+	snapshotRegistryCA := flag.String("snapshot-registry-ca", "", "PEM file of the CA(s) that alone are trusted for --snapshot-registry's TLS certificate, instead of the system's (a registry with a CA of its own, e.g. the kind cluster's in-cluster registry). Read at start.")
 	allowedRegistries := flag.String("allowed-registries", "", "Comma-separated image registries sandboxes may use besides public ones: host (any port), host:port or CIDR, for example 127.0.0.1:5000,registry.corp,10.0.0.0/8. Without them loopback, private, link-local and single-label registry hosts and localhost are refused (see docs/security.md).")
 	allowPublicRegistries := flag.Bool("allow-public-registries", true, "Allow any public registry host (and images without one, which are Docker Hub's). false makes --allowed-registries a strict allow-list (list docker.io to keep Docker Hub).")
 	nodeAPI.bind(flag.CommandLine)
@@ -203,9 +205,23 @@ func run() error {
 	if err := os.MkdirAll(snapshotSpool, 0o700); err != nil {
 		return fmt.Errorf("--state-dir %s: %w", stateDir, err)
 	}
+	if *snapshotRegistryCA != "" && *snapshotRegistry == "" {
+		return errors.New("--snapshot-registry-ca is set without --snapshot-registry")
+	}
 	if *snapshotRegistry != "" {
 		spool := snapshotSpool
-		reg, err := snapshotstore.NewRegistry(*snapshotRegistry, snapshotstore.RegistryOptions{SpoolDir: spool})
+		opts := snapshotstore.RegistryOptions{SpoolDir: spool}
+		if *snapshotRegistryCA != "" {
+			pem, err := os.ReadFile(*snapshotRegistryCA)
+			if err != nil {
+				return fmt.Errorf("--snapshot-registry-ca: %w", err)
+			}
+			opts.RootCAs = x509.NewCertPool()
+			if !opts.RootCAs.AppendCertsFromPEM(pem) {
+				return fmt.Errorf("--snapshot-registry-ca %s: no PEM certificate in the file", *snapshotRegistryCA)
+			}
+		}
+		reg, err := snapshotstore.NewRegistry(*snapshotRegistry, opts)
 		if err != nil {
 			return fmt.Errorf("--snapshot-registry: %w", err)
 		}

@@ -3,6 +3,8 @@ package snapshotstore
 import (
 	"context"
 	"crypto/sha256"
+	"crypto/tls"
+	"crypto/x509"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -38,8 +40,11 @@ const SnapshotLayerType = types.OCIUncompressedLayer
 // Plain HTTP is used only for a loopback registry (localhost, 127.0.0.0/8,
 // ::1); every other host is spoken to over TLS, also where
 // go-containerregistry would fall back to HTTP (RFC 1918 addresses, .local
-// names). Credentials come from the Docker keychain (~/.docker/config.json
-// of the process's user) when present.
+// names): a registry on another address that answers in plain HTTP, or
+// whose certificate is not trusted, fails with ErrRegistryTLS naming the
+// problem. RegistryOptions.RootCAs trusts a registry's own CA (an
+// in-cluster registry). Credentials come from the Docker keychain
+// (~/.docker/config.json of the process's user) when present.
 //
 // Delete removes the manifest (the registry must allow deletes: Docker
 // Distribution's storage.delete.enabled); its garbage collection then
@@ -64,7 +69,17 @@ type RegistryOptions struct {
 	Transport http.RoundTripper
 	// Keychain finds credentials (default authn.DefaultKeychain).
 	Keychain authn.Keychain
+	// RootCAs, when set, are the only CAs trusted for the registry's TLS
+	// certificate instead of the system's (a registry with a CA of its own,
+	// such as the kind cluster's; the manager's --snapshot-registry-ca).
+	// Only with the default Transport.
+	RootCAs *x509.CertPool
 }
+
+// ErrRegistryTLS: the registry is not on loopback and could not be spoken
+// to over verified TLS (it answers in plain HTTP, or its certificate is not
+// trusted or not for its host). Plain HTTP is never used instead.
+var ErrRegistryTLS = errors.New("snapshot registry: no verified TLS")
 
 // NewRegistry returns a store in the registry repository base
 // ("HOST[:PORT]/PATH", e.g. "registry.example:5000/sandbox-snapshots").
@@ -89,6 +104,18 @@ func NewRegistry(base string, o RegistryOptions) (*Registry, error) {
 	}
 	if o.SpoolDir == "" {
 		o.SpoolDir = os.TempDir()
+	}
+	if o.RootCAs != nil {
+		if o.Transport != nil {
+			return nil, errors.New("snapshot registry: RootCAs needs the default Transport")
+		}
+		dt, ok := remote.DefaultTransport.(*http.Transport)
+		if !ok {
+			return nil, fmt.Errorf("snapshot registry: the default transport is a %T, not an *http.Transport", remote.DefaultTransport)
+		}
+		t := dt.Clone()
+		t.TLSClientConfig = &tls.Config{RootCAs: o.RootCAs, MinVersion: tls.VersionTLS12}
+		o.Transport = t
 	}
 	if o.Transport == nil {
 		o.Transport = remote.DefaultTransport
@@ -246,7 +273,35 @@ func (t tlsUnlessLoopback) RoundTrip(req *http.Request) (*http.Response, error) 
 		req = req.Clone(req.Context())
 		req.URL.Scheme = "https"
 	}
-	return t.base.RoundTrip(req)
+	resp, err := t.base.RoundTrip(req)
+	if err != nil && req.URL.Scheme == "https" {
+		return nil, tlsProblem(req.URL.Host, isLoopback(req.URL.Hostname()), err)
+	}
+	return resp, err
+}
+
+// tlsProblem names what failed when TLS to host did (go-containerregistry
+// reports only the last of its attempts, as "Get …: x509: …").
+func tlsProblem(host string, loopback bool, err error) error {
+	var (
+		record   tls.RecordHeaderError
+		unknown  x509.UnknownAuthorityError
+		hostname x509.HostnameError
+		invalid  x509.CertificateInvalidError
+		verify   *tls.CertificateVerificationError
+	)
+	switch {
+	case errors.As(err, &record) || strings.Contains(err.Error(), "server gave HTTP response to HTTPS client"):
+		if loopback {
+			return err // go-containerregistry falls back to plain HTTP on loopback
+		}
+		return fmt.Errorf("%w: %s answers in plain HTTP, which is used only for a loopback registry (the snapshots are tenant files): serve the registry over TLS: %w", ErrRegistryTLS, host, err)
+	case errors.As(err, &hostname):
+		return fmt.Errorf("%w: the certificate of %s is not for that host: %w", ErrRegistryTLS, host, err)
+	case errors.As(err, &unknown) || errors.As(err, &invalid) || errors.As(err, &verify):
+		return fmt.Errorf("%w: the certificate of %s is not trusted (give the registry's CA: the manager's --snapshot-registry-ca): %w", ErrRegistryTLS, host, err)
+	}
+	return err
 }
 
 func isLoopback(host string) bool {

@@ -26,17 +26,46 @@ type RegistryT interface {
 // free loopback port with deletes enabled and storage in a temp dir.
 func StartRegistry(t RegistryT) string {
 	t.Helper()
+	return StartRegistryWith(t, RegistryOptions{})
+}
+
+// RegistryOptions configure StartRegistryWith.
+type RegistryOptions struct {
+	// Host is the IP address to listen on (default 127.0.0.1).
+	Host string
+	// CertPEM and KeyPEM, when set, make the registry serve TLS with them.
+	CertPEM, KeyPEM []byte
+}
+
+// StartRegistryWith is StartRegistry on o.Host, over TLS when o has a key
+// pair. It returns HOST:PORT.
+func StartRegistryWith(t RegistryT, o RegistryOptions) string {
+	t.Helper()
 	bin, err := exec.LookPath("docker-registry")
 	if err != nil {
 		t.Fatalf("docker-registry is not installed (apt-get install -y docker-registry): %v", err)
 	}
-	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if o.Host == "" {
+		o.Host = "127.0.0.1"
+	}
+	l, err := net.Listen("tcp", net.JoinHostPort(o.Host, "0"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	addr := l.Addr().String()
 	l.Close()
 	dir := t.TempDir()
+	tlsCfg := ""
+	if o.CertPEM != nil {
+		crt, key := filepath.Join(dir, "tls.crt"), filepath.Join(dir, "tls.key")
+		if err := os.WriteFile(crt, o.CertPEM, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(key, o.KeyPEM, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		tlsCfg = fmt.Sprintf("  tls:\n    certificate: %s\n    key: %s\n", crt, key)
+	}
 	cfg := fmt.Sprintf(`version: 0.1
 log:
   level: warn
@@ -47,7 +76,7 @@ storage:
     enabled: true
 http:
   addr: %s
-`, filepath.Join(dir, "data"), addr)
+%s`, filepath.Join(dir, "data"), addr, tlsCfg)
 	cfgPath := filepath.Join(dir, "config.yml")
 	if err := os.WriteFile(cfgPath, []byte(cfg), 0o600); err != nil {
 		t.Fatal(err)
@@ -67,10 +96,21 @@ http:
 	})
 	deadline := time.Now().Add(15 * time.Second)
 	for {
-		resp, err := http.Get("http://" + addr + "/v2/")
-		if err == nil {
-			resp.Body.Close()
-			return addr
+		// Over TLS the port answering is enough: the test is what checks
+		// the certificate.
+		var err error
+		if o.CertPEM != nil {
+			var c net.Conn
+			if c, err = net.DialTimeout("tcp", addr, time.Second); err == nil {
+				c.Close()
+				return addr
+			}
+		} else {
+			var resp *http.Response
+			if resp, err = http.Get("http://" + addr + "/v2/"); err == nil {
+				resp.Body.Close()
+				return addr
+			}
 		}
 		if time.Now().After(deadline) {
 			t.Fatalf("the registry did not answer on %s: %v\n%s", addr, err, logs.String())

@@ -352,3 +352,12 @@ func (cp *ControlPlane) NodeBoundToken(ns, serviceAccount, node string) string {
 	Expect(err).NotTo(HaveOccurred())
 	return tr.Status.Token
 }
+
+// WithServiceRange sets kube-apiserver's Service ClusterIP range (envtest's
+// default is 10.0.0.0/24), e.g. to kubeadm's 10.96.0.0/16 for manifests
+// that fix a ClusterIP for a kind cluster.
+func WithServiceRange(cidr string) Option {
+	return func(env *envtest.Environment) {
+		env.ControlPlane.GetAPIServer().Configure().Set("service-cluster-ip-range", cidr)
+	}
+}

@@ -208,6 +208,7 @@ var _ = Describe("the operator on a real cluster", Ordered, func() {
 	benchSpecs()
 	engineSpecs()
 	multiNodeSpecs()
+	snapshotSpecs()
 	// Last before undeploy: they stop and restart nodes.
 	faultSpecs()
 

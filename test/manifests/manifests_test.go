@@ -48,7 +48,7 @@ var _ = Describe("Every kustomization under config/", func() {
 		Expect(dirs).To(ContainElements(
 			"config/crd", "config/rbac", "config/manager", "config/webhook",
 			"config/mcp", "config/policy", "config/default", "config/samples",
-			"config/engine", "config/node-docker"))
+			"config/engine", "config/node-docker", "config/kind/deploy"))
 	})
 
 	for _, dir := range dirs {

@@ -63,7 +63,9 @@ func TestManifests(t *testing.T) {
 var _ = BeforeSuite(func() {
 	Expect(kustomizeBinary()).NotTo(BeEmpty(),
 		"KUSTOMIZE is not set: run the suite with `make test`, which provides bin/kustomize, or set KUSTOMIZE=$PWD/bin/kustomize")
-	cp = testenv.StartControlPlane()
+	// kubeadm's Service range, as on the kind cluster: config/kind/deploy
+	// fixes the snapshot registry's ClusterIP in it.
+	cp = testenv.StartControlPlane(testenv.WithServiceRange("10.96.0.0/16"))
 	k8s = client.WithFieldValidation(cp.Client, metav1.FieldValidationStrict)
 })
 
