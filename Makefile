@@ -151,8 +151,9 @@ ENGINE_TAG := $(shell cat hack/build-engine-image.sh hack/engine/entrypoint.sh h
 ENGINE_IMG ?= code-sandbox-operator/engine:$(ENGINE_TAG)
 # SNAPSHOT_REGISTRY_IMG is the kind cluster's in-cluster snapshot registry
 # (config/components/snapshot-registry, hack/build-snapshot-registry-image.sh);
-# its tag hashes the image's inputs too.
-SNAPSHOT_REGISTRY_TAG := $(shell cat hack/build-snapshot-registry-image.sh /usr/bin/docker-registry 2>/dev/null | sha256sum | cut -c1-12)
+# its tag hashes the image's inputs too (evaluated only where used: the
+# hash reads a 30 MB binary).
+SNAPSHOT_REGISTRY_TAG = $(shell cat hack/build-snapshot-registry-image.sh /usr/bin/docker-registry 2>/dev/null | sha256sum | cut -c1-12)
 SNAPSHOT_REGISTRY_IMG ?= code-sandbox-operator/snapshot-registry:$(SNAPSHOT_REGISTRY_TAG)
 # The kustomization deploy, undeploy and build-installer render:
 # config/default (an Engine DaemonSet on every node) or config/node-docker
