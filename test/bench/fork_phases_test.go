@@ -113,10 +113,20 @@ func BenchmarkForkPhases(b *testing.B) {
 		}
 		wg.Wait()
 		add("fork x8 total", time.Since(t0))
-		// One restore alone, to see what 8 at once cost each other.
+		// One restore alone, to see what 8 at once cost each other, and
+		// raw Docker's `tar -x` of the same 100 MiB alone into the same
+		// child, after it.
 		if ids[0] != "" {
 			timed("restore alone (into child 0 again)", func() error {
 				_, err := e.docker.Restore(ctx, ids[0], roots, open, execio.UploadLimits{MaxBytes: 3 * dockerruntime.DefaultDiskBytes})
+				return err
+			})
+			archive, err := rawExecIO(ctx, e.raw, src, []string{"tar", "-c", "-C", "/app", "."}, nil)
+			if err != nil {
+				b.Fatal(err)
+			}
+			timed("raw exec tar -x alone (into child 0 again)", func() error {
+				_, err := rawExecIO(ctx, e.raw, ids[0], []string{"tar", "-x", "-C", "/app"}, archive)
 				return err
 			})
 		}
