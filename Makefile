@@ -114,9 +114,9 @@ test-conformance: helper test-images ## Run only the official MCP conformance su
 	$(CONFORMANCE_ENV) $(GO) test -tags mcp_e2e ./test/e2e/... -count=1 -timeout 20m -ginkgo.label-filter=conformance -v
 
 .PHONY: bench
-bench: helper envtest test-images ## Run the benchmarks against raw Docker: create-to-Ready, time to interactive (create + first command, first and repeated exec, 1 KiB write_file), exec round trip, MCP (Docker backend), warm pool claims and bursts, the API server's exec path and the MCP kubernetes backend (first and repeated sandbox_exec, write_file 1 KiB). Minutes-long figures only when asked: CODE_SANDBOX_BENCH_DENSITY=500 (idle paused sandboxes and their host memory) and CODE_SANDBOX_BENCH_AGENTS=100 (agents looping exec).
+bench: helper envtest test-images ## Run the benchmarks against raw Docker: create-to-Ready, time to interactive (create + first command, first and repeated exec, 1 KiB write_file), exec round trip, MCP (Docker backend), snapshot and fork x8 of 100 MiB (cold, from a warm pool, and where the time goes), warm pool claims and bursts, the API server's exec path and the MCP kubernetes backend (first and repeated sandbox_exec, write_file 1 KiB). Minutes-long figures only when asked: CODE_SANDBOX_BENCH_DENSITY=500 (idle paused sandboxes and their host memory) and CODE_SANDBOX_BENCH_AGENTS=100 (agents looping exec).
 	KUBEBUILDER_ASSETS="$$(hack/setup-envtest.sh)" $(GO) test ./test/bench/... -run '^$$' -bench 'Benchmark[^BF]*$$' -benchtime 20x -count=1 -timeout 20m
-	KUBEBUILDER_ASSETS="$$(hack/setup-envtest.sh)" $(GO) test ./test/bench/... -run '^$$' -bench 'Fork$$' -benchtime 5x -count=1 -timeout 20m
+	KUBEBUILDER_ASSETS="$$(hack/setup-envtest.sh)" $(GO) test ./test/bench/... -run '^$$' -bench 'Fork$$|ForkPhases$$' -benchtime 5x -count=1 -timeout 20m
 	KUBEBUILDER_ASSETS="$$(hack/setup-envtest.sh)" $(GO) test ./test/bench/... -run '^$$' -bench 'Burst$$' -benchtime 3x -count=1 -timeout 20m
 	KUBEBUILDER_ASSETS="$$(hack/setup-envtest.sh)" CODE_SANDBOX_LATENCY=1 $(GO) test ./internal/sandboxclient/integration/ -count=1 -v -ginkgo.label-filter=latency
 	KUBEBUILDER_ASSETS="$$(hack/setup-envtest.sh)" CODE_SANDBOX_BENCH=1 $(GO) test -tags e2e ./test/e2e/ -run TestE2E -count=1 -v -timeout 30m -ginkgo.label-filter=bench
