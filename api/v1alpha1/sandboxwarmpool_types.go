@@ -224,17 +224,18 @@ type SandboxWarmPoolClaimStatus struct {
 }
 
 // ContainerUID is the UID the Sandbox's container is labelled and named
-// with: its own, or for a Sandbox with spec.warmPoolRef that claimed a warm
-// pool member, the member's. Only the managers write status, and
+// with: its own, or for a Sandbox with spec.warmPoolRef (or spec.snapshotRef:
+// a fork served by an idle member of a pool with its shape) that claimed a
+// warm pool member, the member's. Only the managers write status, and
 // status.warmPool.member only comes from this node's claim: a claim starts
 // from an empty status (a manager of another node may have written the
 // status of the Sandbox while it was unbound), and the manager adopts a
 // member's container only if its labels name a Sandbox of the same
 // namespace on its node (controllers/sandbox, verifyMemberContainer). A Sandbox
-// without spec.warmPoolRef never runs in another one's container, whatever
-// its status says.
+// with neither field never runs in another one's container, whatever its
+// status says.
 func (s *Sandbox) ContainerUID() types.UID {
-	if s.Spec.WarmPoolRef != nil && s.Status.WarmPool != nil && s.Status.WarmPool.Member != nil && s.Status.WarmPool.Member.UID != "" {
+	if (s.Spec.WarmPoolRef != nil || s.Spec.SnapshotRef != nil) && s.Status.WarmPool != nil && s.Status.WarmPool.Member != nil && s.Status.WarmPool.Member.UID != "" {
 		return s.Status.WarmPool.Member.UID
 	}
 	return s.UID

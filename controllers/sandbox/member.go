@@ -81,7 +81,8 @@ func (r *SandboxReconciler) poolRoleOf(ctx context.Context, sbx *sandboxv1alpha1
 	switch {
 	case warmpool.PoolOf(sbx) != "":
 		return poolRole{kind: poolMember}, nil
-	case sbx.Spec.WarmPoolRef != nil:
+	case sbx.Spec.WarmPoolRef != nil, sbx.ContainerUID() != sbx.UID:
+		// A claimant, or a fork that took over a member (restore.go).
 		return poolRole{kind: poolClaimant}, nil
 	}
 	return poolRole{kind: plainSandbox}, nil

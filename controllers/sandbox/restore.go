@@ -9,6 +9,7 @@ package sandbox
 import (
 	"context"
 	"fmt"
+	"sort"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
@@ -21,6 +22,7 @@ import (
 	sandboxv1alpha1 "github.com/code-sandbox/code-sandbox-operator/api/v1alpha1"
 	"github.com/code-sandbox/code-sandbox-operator/internal/dockerruntime"
 	"github.com/code-sandbox/code-sandbox-operator/internal/execio"
+	"github.com/code-sandbox/code-sandbox-operator/internal/warmpool"
 )
 
 // snapshotRefField indexes Sandboxes by the SandboxSnapshot they restore,
@@ -38,6 +40,9 @@ const snapshotRefField = "spec.snapshotRef.name"
 //     present there since the source ran there), never pulled; on another
 //     node, runs spec.image by its pull policy and is refused
 //     (RestoreFailed) unless that resolves to the same image ID;
+//   - takes over an idle member of a warm pool of its namespace whose
+//     template is its shape and whose container runs the snapshot's image,
+//     if this node has one (claimRestoreWarm), instead of a new container;
 //   - gets the snapshot's files written into its container before it is
 //     Ready (SnapshotRestored=True), or reports RestoreFailed and retries.
 //
@@ -100,7 +105,70 @@ func (r *SandboxReconciler) claimRestore(ctx context.Context, sbx *sandboxv1alph
 		}
 		return false, ctrl.Result{}, nil // the holder's manager claims it
 	}
+	if tried, claimed, result, err := r.claimRestoreWarm(ctx, sbx, snap); tried {
+		return claimed, result, err
+	}
 	return r.claimNode(ctx, sbx, nil)
+}
+
+// claimRestoreWarm serves a fork from a warm pool: when a pool of the
+// Sandbox's namespace has the Sandbox's shape as its template (the claim
+// path's warmpool.Matches, env aside: a member is made without env, which
+// then applies to every exec, as for any claimant) and an idle member on
+// this node whose container runs the snapshot's image by ID, the Sandbox
+// takes that member's container, as a claim of the pool would, and the
+// snapshot's files are written into it before Ready (restoreFiles), as
+// into a new container. The member is fresh: its own hostname (the
+// member's name) and machine-id, no process of the snapshot's source. tried
+// is false when no member fits; the caller then claims cold.
+func (r *SandboxReconciler) claimRestoreWarm(ctx context.Context, sbx *sandboxv1alpha1.Sandbox, snap *sandboxv1alpha1.SandboxSnapshot) (tried, claimed bool, result ctrl.Result, err error) {
+	if mismatch(sbx, snap) != "" {
+		return false, false, ctrl.Result{}, nil // refused on the cold path, with the reason
+	}
+	var pools sandboxv1alpha1.SandboxWarmPoolList
+	if err := r.client.List(ctx, &pools, client.InNamespace(sbx.Namespace)); err != nil {
+		return true, false, ctrl.Result{}, fmt.Errorf("listing the warm pools of namespace %s: %w", sbx.Namespace, err)
+	}
+	shape := sbx.Spec.DeepCopy()
+	shape.Env = nil
+	sort.Slice(pools.Items, func(i, j int) bool { return pools.Items[i].Name < pools.Items[j].Name })
+	r.claims.mu.Lock()
+	for i := range pools.Items {
+		pool := &pools.Items[i]
+		if !pool.DeletionTimestamp.IsZero() || !warmpool.Matches(shape, pool.Spec.Template) {
+			continue
+		}
+		hash := warmpool.Hash(pool.Spec.Template)
+		member, _, err := r.idleMember(ctx, pool, hash)
+		if err != nil {
+			r.claims.mu.Unlock()
+			return true, false, ctrl.Result{}, err
+		}
+		if member == nil {
+			continue
+		}
+		// The template names the image by tag; the snapshot was taken of
+		// one image ID. A member made before the tag moved is not used.
+		ct, err := r.docker.Find(ctx, string(member.UID))
+		if err != nil || ct.ID != member.Status.ContainerID || ct.ImageID != snap.Status.ImageID {
+			continue
+		}
+		template := pool.Spec.Template.DeepCopy()
+		record := func(s, m *sandboxv1alpha1.Sandbox) metav1.Condition {
+			s.Status.WarmPool = &sandboxv1alpha1.SandboxWarmPoolClaimStatus{TemplateHash: hash, Template: template,
+				Member: &sandboxv1alpha1.WarmPoolMemberReference{Name: m.Name, UID: m.UID}}
+			s.Status.ContainerID = m.Status.ContainerID
+			claim := metav1.Condition{Type: string(sandboxv1alpha1.SandboxConditionWarmPoolClaim), ObservedGeneration: s.Generation,
+				Status: metav1.ConditionTrue, Reason: sandboxv1alpha1.SandboxReasonWarmPoolClaimed,
+				Message: fmt.Sprintf("took over idle member %s of warm pool %s for the fork from SandboxSnapshot %s", m.Name, pool.Name, snap.Name)}
+			meta.SetStatusCondition(&s.Status.Conditions, claim)
+			return claim
+		}
+		claimed, result, err := r.takeMember(ctx, sbx, pool, member, record, false) // releases r.claims.mu
+		return true, claimed, result, err
+	}
+	r.claims.mu.Unlock()
+	return false, false, ctrl.Result{}, nil
 }
 
 // canRestore says whether this node can restore snap: it holds it, or its

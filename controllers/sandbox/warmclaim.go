@@ -222,6 +222,18 @@ func (r *SandboxReconciler) claimFromPool(ctx context.Context, sbx *sandboxv1alp
 		// begin.
 		return false, ctrl.Result{RequeueAfter: time.Millisecond}, nil
 	}
+	return r.takeMember(ctx, sbx, pool, member, record, true)
+}
+
+// takeMember hands member, an idle member of pool on this node that
+// idleMember picked, to sbx: reserved, the claim written (record fills it
+// in), the container thawed. With ready, the claim write is also Ready (a
+// plain warm claim); without (a fork, whose files are restored first), Ready
+// stays False until the claimant's reconcile has restored them. Caller holds
+// r.claims.mu, which takeMember releases.
+func (r *SandboxReconciler) takeMember(ctx context.Context, sbx *sandboxv1alpha1.Sandbox, pool *sandboxv1alpha1.SandboxWarmPool, member *sandboxv1alpha1.Sandbox,
+	record func(s, member *sandboxv1alpha1.Sandbox) metav1.Condition, ready bool) (bool, ctrl.Result, error) {
+	log := logf.FromContext(ctx)
 	// Reserved before the lock goes: no other claim on this node can take
 	// it, and the member's own reconcile leaves its container alone.
 	key := client.ObjectKeyFromObject(sbx)
@@ -248,7 +260,12 @@ func (r *SandboxReconciler) claimFromPool(ctx context.Context, sbx *sandboxv1alp
 	r.startClaim(sbx) // sec-unbound2: a claim starts from an empty status
 	sbx.Status.ObservedGeneration = sbx.Generation
 	claim := record(sbx, member)
-	r.markRunning(sbx, member.Status.ContainerID, 0)
+	if ready {
+		r.markRunning(sbx, member.Status.ContainerID, 0)
+	} else {
+		r.setReady(sbx, metav1.ConditionFalse, sandboxv1alpha1.SandboxReasonProvisioning,
+			claim.Message+"; restoring the snapshot's files before Ready")
+	}
 	if err := r.client.Status().Update(ctx, sbx); err != nil {
 		_ = thawed(context.WithoutCancel(ctx))
 		release()

@@ -457,7 +457,7 @@ func (c *Client) CopyIn(ctx context.Context, id string, dest execio.Target, arch
 	if handled {
 		res.ExitCode = code
 	} else {
-		res, execErr = c.Exec(ctx, id, ExecOptions{Cmd: untarArgv(dest, limits), Stdin: stdin}, io.Discard, stderr)
+		res, execErr = c.Exec(ctx, id, ExecOptions{Cmd: untarArgv(dest, limits), Stdin: coalesced{stdin}}, io.Discard, stderr)
 	}
 	// Unblock the sanitiser if the helper stopped reading early.
 	pr.CloseWithError(errHelperGone)
@@ -552,4 +552,41 @@ func joinTarget(t execio.Target) string {
 		return t.Root
 	}
 	return t.Root + "/" + t.Rel
+}
+
+// execUploadChunk is the size of the writes coalesced feeds to an exec's
+// stream.
+const execUploadChunk = 1 << 20
+
+// coalesced is an upload's stdin, written to the exec's connection in
+// chunks of up to execUploadChunk (io.Copy uses WriteTo): the sanitiser's pipe
+// hands over a tar header or at most 32 KiB at a time, and every write on
+// the connection is a wake-up of dockerd, then of the shim and the helper,
+// which on a loaded host made a 100 MiB restore 2-3 times slower than raw
+// Docker fed from one buffer. An error from r ends the stream after what
+// was read before it, as io.Copy would.
+type coalesced struct{ r io.Reader }
+
+func (c coalesced) Read(p []byte) (int, error) { return c.r.Read(p) }
+
+func (c coalesced) WriteTo(w io.Writer) (int64, error) {
+	buf := make([]byte, execUploadChunk)
+	var total int64
+	for {
+		n, err := io.ReadFull(c.r, buf)
+		if n > 0 {
+			m, werr := w.Write(buf[:n])
+			total += int64(m)
+			if werr != nil {
+				return total, werr
+			}
+		}
+		switch {
+		case err == nil:
+		case errors.Is(err, io.EOF), errors.Is(err, io.ErrUnexpectedEOF):
+			return total, nil
+		default:
+			return total, err
+		}
+	}
 }

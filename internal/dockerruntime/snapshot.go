@@ -87,11 +87,17 @@ func (c *Client) Restore(ctx context.Context, id string, roots []string, open fu
 			return stats, err
 		}
 	}
-	if err := checkSnapshotNames(roots, open); err != nil {
+	used, err := checkSnapshotNames(roots, open)
+	if err != nil {
 		return stats, err
 	}
 	limits.Symlinks = true
 	for _, r := range roots {
+		if !used[r] {
+			// Nothing below it (an empty /tmp): one helper round trip
+			// less per child of a fork.
+			continue
+		}
 		src, err := open()
 		if err != nil {
 			return stats, fmt.Errorf("opening the snapshot: %w", err)
@@ -115,21 +121,22 @@ func (c *Client) Restore(ctx context.Context, id string, roots []string, open fu
 }
 
 // checkSnapshotNames refuses a snapshot with an entry outside roots before
-// anything is written.
-func checkSnapshotNames(roots []string, open func() (io.ReadCloser, error)) error {
+// anything is written, and returns the roots with entries below them.
+func checkSnapshotNames(roots []string, open func() (io.ReadCloser, error)) (map[string]bool, error) {
 	src, err := open()
 	if err != nil {
-		return fmt.Errorf("opening the snapshot: %w", err)
+		return nil, fmt.Errorf("opening the snapshot: %w", err)
 	}
 	defer src.Close()
+	used := map[string]bool{}
 	tr := tar.NewReader(src)
 	for {
 		h, err := tr.Next()
 		if errors.Is(err, io.EOF) {
-			return nil
+			return used, nil
 		}
 		if err != nil {
-			return fmt.Errorf("%w: reading the snapshot: %v", execio.ErrInvalidRequest, err)
+			return nil, fmt.Errorf("%w: reading the snapshot: %v", execio.ErrInvalidRequest, err)
 		}
 		name := strings.TrimSuffix(h.Name, "/")
 		ok := false
@@ -137,11 +144,12 @@ func checkSnapshotNames(roots []string, open func() (io.ReadCloser, error)) erro
 			p := strings.TrimPrefix(r, "/")
 			if name == p || strings.HasPrefix(name, p+"/") {
 				ok = true
+				used[r] = used[r] || name != p
 				break
 			}
 		}
 		if !ok {
-			return fmt.Errorf("%w: snapshot entry %q is outside the writable paths %v", execio.ErrInvalidPath, h.Name, roots)
+			return nil, fmt.Errorf("%w: snapshot entry %q is outside the writable paths %v", execio.ErrInvalidPath, h.Name, roots)
 		}
 	}
 }

@@ -165,9 +165,9 @@ func (s *Server) sandboxRequest(sbx *sandboxv1alpha1.Sandbox, req execio.Request
 	}
 	// A Sandbox that took over a warm pool member was created before its
 	// env was known: the env applies to every exec instead, so setting it
-	// never costs a cold start. The request's own variables come last and
-	// win.
-	if sbx.Spec.WarmPoolRef != nil && len(sbx.Spec.Env) > 0 {
+	// never costs a cold start (so was a fork served by a member). The
+	// request's own variables come last and win.
+	if (sbx.Spec.WarmPoolRef != nil || sbx.ContainerUID() != sbx.UID) && len(sbx.Spec.Env) > 0 {
 		env := make([]string, 0, len(sbx.Spec.Env)+len(req.Env))
 		for _, e := range sbx.Spec.Env {
 			env = append(env, e.Name+"="+e.Value)

@@ -23,8 +23,9 @@ func ClaimedMembers(sandboxes []sandboxv1alpha1.Sandbox) map[types.UID]bool {
 	for i := range sandboxes {
 		wp := sandboxes[i].Status.WarmPool
 		// As for Sandbox.ContainerUID, a member counts only for a Sandbox
-		// with spec.warmPoolRef: no other Sandbox ever takes one over.
-		if wp == nil || wp.Member == nil || wp.Member.UID == "" || wp.Member.UID == sandboxes[i].UID || sandboxes[i].Spec.WarmPoolRef == nil {
+		// with spec.warmPoolRef or spec.snapshotRef: no other Sandbox ever
+		// takes one over.
+		if wp == nil || wp.Member == nil || wp.Member.UID == "" || wp.Member.UID == sandboxes[i].UID || sandboxes[i].ContainerUID() == sandboxes[i].UID {
 			continue
 		}
 		out[wp.Member.UID] = true

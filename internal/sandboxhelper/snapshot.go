@@ -61,6 +61,9 @@ func parseSnapshot(args []string) (snapshotFlags, error) {
 // between two writes of one system call. Each root's entries are named
 // below the root's path without its leading "/" ("app/…", "var/tmp/…").
 // The roots share one --max-bytes budget. The walker is writeTar's.
+// snapshotChunk is the size of the snapshot's writes to stdout.
+const snapshotChunk = 1 << 20
+
 func snapshot(f snapshotFlags, w io.Writer) (err error) {
 	maxBytes := f.maxBytes
 	if maxBytes <= 0 {
@@ -74,7 +77,9 @@ func snapshot(f snapshotFlags, w io.Writer) (err error) {
 		return err
 	}
 	defer thaw()
-	bw := bufio.NewWriterSize(w, 64<<10)
+	// Large writes: each one wakes the shim and dockerd on their way to the
+	// manager, and the sandbox is stopped until the last one.
+	bw := bufio.NewWriterSize(w, snapshotChunk)
 	t := &tarWalker{tw: tar.NewWriter(bw), maxBytes: maxBytes}
 	for _, r := range f.roots {
 		root, err := os.OpenRoot(r)

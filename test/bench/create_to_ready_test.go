@@ -49,13 +49,26 @@ import (
 	"github.com/code-sandbox/code-sandbox-operator/internal/dockerruntime"
 )
 
-const (
+// benchNodePrefix starts the node labels of every run's containers.
+const benchNodePrefix = "bench-node-"
+
+// The node labels carry the run's ID, so that a run's setup and teardown
+// remove its own containers and old leftovers (staleBench), never those of
+// another run going on at the same time (another worktree's `make bench`).
+var (
 	// benchNode is the manager's node; its containers carry this node label.
-	benchNode = "bench-node"
+	benchNode = benchNodePrefix + runID
 	// rawNode labels the raw-Docker baseline's containers. A different node
 	// keeps them out of the manager's Docker event stream and orphan
 	// collector, which only look at benchNode.
-	rawNode = "bench-node-raw"
+	rawNode = benchNodePrefix + "raw-" + runID
+)
+
+// staleBench is the age past which another run's containers are leftovers:
+// longer than any benchmark's -timeout.
+const staleBench = 45 * time.Minute
+
+const (
 	// namespace holds the benchmark's Sandboxes.
 	namespace = "sandbox-bench"
 	// readyTimeout bounds one create-to-Ready (and one cleanup).
@@ -302,20 +315,26 @@ func (e *benchEnv) teardown() error {
 	return errors.Join(errs...)
 }
 
-// removeBenchContainers force-removes every container labelled with the
-// benchmark's node names, running or not.
+// removeBenchContainers force-removes, running or not, every container of
+// this run (its node labels) and those of other runs older than staleBench
+// (an interrupted run's), never a live run's.
 func removeBenchContainers(ctx context.Context, raw *dockerclient.Client) error {
 	var errs []error
-	for _, node := range []string{benchNode, rawNode} {
+	{
 		list, err := raw.ContainerList(ctx, container.ListOptions{
 			All:     true,
-			Filters: filters.NewArgs(filters.Arg("label", dockerruntime.LabelNode+"="+node)),
+			Filters: filters.NewArgs(filters.Arg("label", dockerruntime.LabelNode)),
 		})
 		if err != nil {
-			errs = append(errs, fmt.Errorf("listing %s containers: %w", node, err))
-			continue
+			return fmt.Errorf("listing bench containers: %w", err)
 		}
 		for _, ct := range list {
+			node := ct.Labels[dockerruntime.LabelNode]
+			ours := node == benchNode || node == rawNode
+			stale := (strings.HasPrefix(node, benchNodePrefix) || node == "bench-node") && time.Since(time.Unix(ct.Created, 0)) > staleBench
+			if !ours && !stale {
+				continue
+			}
 			err := raw.ContainerRemove(ctx, ct.ID, container.RemoveOptions{Force: true, RemoveVolumes: true})
 			if err != nil && !cerrdefs.IsNotFound(err) {
 				errs = append(errs, fmt.Errorf("removing container %.12s: %w", ct.ID, err))

@@ -15,6 +15,7 @@ import (
 	"io"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	cerrdefs "github.com/containerd/errdefs"
@@ -97,6 +98,10 @@ type Backend struct {
 // driver is the session.Driver that runs sandboxes as containers. Its
 // Refs are container IDs.
 type driver struct {
+	// restoring counts the snapshot restores in flight (a fork's children
+	// getting their files); the warm pool's refill waits for them.
+	restoring atomic.Int32
+
 	docker   *dockerruntime.Client
 	instance Instance
 	node     string

@@ -263,6 +263,7 @@ func (p *pool) loop() {
 			delay = 0
 			continue
 		}
+		p.yieldToRestores()
 		m, err := p.makeMember()
 		if p.ctx.Err() != nil {
 			// Closing: RemoveAll, which waits for this loop, removes a
@@ -323,4 +324,23 @@ func (p *pool) make() (poolMember, error) {
 		return poolMember{}, err
 	}
 	return m, nil
+}
+
+// restoreYieldMax bounds how long a refill waits for restores in flight.
+const restoreYieldMax = 10 * time.Second
+
+// yieldToRestores waits, up to restoreYieldMax, until no snapshot restore
+// is in flight: a fork takes up to 16 members at once and then writes its
+// files into them, and a member made meanwhile (create, start, health
+// check, pause) competes with those writes for the same CPU and Docker
+// daemon, which the fork's caller waits for and the pool's does not.
+func (p *pool) yieldToRestores() {
+	deadline := time.Now().Add(restoreYieldMax)
+	for p.d.restoring.Load() > 0 && time.Now().Before(deadline) {
+		select {
+		case <-p.ctx.Done():
+			return
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
 }

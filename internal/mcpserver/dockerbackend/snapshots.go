@@ -294,6 +294,8 @@ func (b *driver) Restore(ctx context.Context, h session.Handle, id string) error
 		return err
 	}
 	tarPath, _, _ := s.paths(h.Caller, id)
+	b.restoring.Add(1)
+	defer b.restoring.Add(-1)
 	if err := b.thawed(ctx, h); err != nil {
 		return err
 	}
