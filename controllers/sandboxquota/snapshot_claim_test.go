@@ -9,6 +9,8 @@ package sandboxquota_test
 import (
 	"context"
 	"errors"
+	"path/filepath"
+	"time"
 
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
@@ -19,8 +21,10 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	sandboxv1alpha1 "github.com/code-sandbox/code-sandbox-operator/api/v1alpha1"
+	"github.com/code-sandbox/code-sandbox-operator/internal/snapshotstore"
 	"github.com/code-sandbox/code-sandbox-operator/internal/subresource"
 	"github.com/code-sandbox/code-sandbox-operator/internal/testenv"
+	"github.com/code-sandbox/code-sandbox-operator/internal/testenv/testnode"
 )
 
 // The claim check of the snapshot webhook, served for real behind envtest's
@@ -133,5 +137,45 @@ var _ = Describe("SandboxSnapshot claims (status.node)", Ordered, func() {
 		Expect(claim(managerB, s, nodeB)).To(beClaimRefusal("its source Sandbox " + unbound.Name + " is bound to no node"))
 		Expect(nodeOf(gone)).To(BeEmpty())
 		Expect(nodeOf(s)).To(BeEmpty())
+	})
+})
+
+// A node manager as deployed: its own ServiceAccount with the shipped
+// manager role, and a token bound to a Pod on its node. Its claim passes
+// the webhook, and it takes the snapshot.
+var _ = Describe("A node manager with a node-bound token", Ordered, func() {
+	const (
+		nodeC   = "claim-node-real"
+		account = "claim-node-manager"
+	)
+	It("claims and takes a snapshot of its own Sandbox through the webhook", func() {
+		ctx := context.Background()
+		ns := newNamespace() // the spec deletes its Sandbox itself, while the node runs
+		cp.BindCluster(cp.CreateShippedClusterRole("role.yaml"), testenv.ServiceAccountSubject(ns, account))
+		dir, err := snapshotstore.NewDir(filepath.Join(GinkgoT().TempDir(), "snaps"), 0)
+		Expect(err).NotTo(HaveOccurred())
+		n := testnode.Start(cp, nil, testnode.NodeOptions{Name: nodeC, Endpoint: "https://127.0.0.1:1",
+			Snapshots: &snapshotstore.Node{Dir: dir}, Config: cp.ConfigForToken(cp.NodeBoundToken(ns, account, nodeC))})
+		DeferCleanup(func() { n.Stop(); testenv.RemoveNodeContainers(docker, nodeC) })
+
+		sbx := newSandbox(ns, func(s *sandboxv1alpha1.Sandbox) { s.Spec.NodeName = nodeC })
+		Expect(cp.Client.Create(ctx, sbx)).To(Succeed())
+		snap := &sandboxv1alpha1.SandboxSnapshot{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "real"},
+			Spec: sandboxv1alpha1.SandboxSnapshotSpec{SandboxRef: sandboxv1alpha1.SnapshotSandboxReference{Name: sbx.Name}}}
+		Expect(cp.Client.Create(ctx, snap)).To(Succeed())
+		Eventually(func(g Gomega) {
+			g.Expect(cp.Client.Get(ctx, client.ObjectKeyFromObject(snap), snap)).To(Succeed())
+			g.Expect(snap.Status.Node).To(Equal(nodeC))
+			g.Expect(snap.IsReady()).To(BeTrue(), "%+v", snap.Status.Conditions)
+		}, 120*time.Second, 250*time.Millisecond).Should(Succeed())
+		// Its data goes with it: the finalizer is the manager's.
+		Expect(cp.Client.Delete(ctx, snap)).To(Succeed())
+		Eventually(func() bool {
+			return apierrors.IsNotFound(cp.Client.Get(ctx, client.ObjectKeyFromObject(snap), snap))
+		}, 60*time.Second, 250*time.Millisecond).Should(BeTrue())
+		Expect(cp.Client.Delete(ctx, sbx)).To(Succeed())
+		Eventually(func() bool {
+			return apierrors.IsNotFound(cp.Client.Get(ctx, client.ObjectKeyFromObject(sbx), sbx))
+		}, 60*time.Second, 250*time.Millisecond).Should(BeTrue())
 	})
 })
