@@ -36,14 +36,16 @@ var _ = Describe("SandboxQuota spec.hard.snapshots", func() {
 		}
 	}
 	// stored writes what the holding node's manager writes once a
-	// snapshot's files are stored. The status policy (only that node's
-	// manager may write it) is tested in test/manifests; envtest here has
-	// no policies, so the admin client stands in for the manager.
+	// snapshot's files are stored, but status.node: setting it is a claim,
+	// which the webhook allows only to the source's node's manager
+	// (snapshot_claim_test.go); the count does not read it. The status
+	// policy (only that node's manager may write it) is tested in
+	// test/manifests; envtest here has no policies, so the admin client
+	// stands in for the manager.
 	stored := func(s *sandboxv1alpha1.SandboxSnapshot, size int64) {
 		GinkgoHelper()
 		Eventually(func(g Gomega) {
 			g.Expect(cp.Client.Get(context.Background(), client.ObjectKeyFromObject(s), s)).To(Succeed())
-			s.Status.Node = nodeName
 			s.Status.SizeBytes = size
 			meta.SetStatusCondition(&s.Status.Conditions, metav1.Condition{Type: string(sandboxv1alpha1.SnapshotConditionReady),
 				Status: metav1.ConditionTrue, Reason: sandboxv1alpha1.SnapshotReasonStored, Message: "stored"})

@@ -118,6 +118,12 @@ const (
 	// and membership is fixed at creation, because a member must never
 	// have been used.
 	CauseWarmPoolMembership metav1.CauseType = "WarmPoolMembership"
+	// CauseSnapshotClaim (Forbidden, SandboxSnapshot webhook, details.kind
+	// sandboxsnapshots): a status update would set status.node (the
+	// cause's field) to a node other than the one the source Sandbox runs
+	// on, or the one the request's token is bound to, or would change it
+	// once set. Only the source's node's manager claims a snapshot.
+	CauseSnapshotClaim metav1.CauseType = "SnapshotClaim"
 )
 
 // HasCause reports whether st carries a cause of type t.

@@ -195,7 +195,7 @@ var _ = Describe("The default overlay (make deploy, make build-installer)", func
 		svc := &corev1.Service{}
 		convert(find(objs, "Service", "code-sandbox-webhook-service"), svc)
 
-		Expect(vwc.Webhooks).To(HaveLen(6))
+		Expect(vwc.Webhooks).To(HaveLen(7))
 		byName := map[string]admissionregistrationv1.ValidatingWebhook{}
 		for _, w := range vwc.Webhooks {
 			byName[w.Name] = w
@@ -227,6 +227,17 @@ var _ = Describe("The default overlay (make deploy, make build-installer)", func
 				// snapshots never wait for the webhook.
 				Expect(w.Rules[0].Resources).To(Equal([]string{"sandboxsnapshots"}), w.Name)
 				Expect(w.Rules[0].Operations).To(Equal([]admissionregistrationv1.OperationType{admissionregistrationv1.Create}), w.Name)
+				Expect(w.SideEffects).To(HaveValue(Equal(admissionregistrationv1.SideEffectClassNone)), w.Name)
+				Expect(w.ClientConfig.Service.Path).To(HaveValue(Equal("/validate-sandbox-code-sandbox-dev-v1alpha1-sandboxsnapshot")), w.Name)
+				continue
+			}
+			if w.Name == "sandbox-snapshot-claim.code-sandbox.dev" {
+				// Status updates that change status.node only (a claim):
+				// the holding manager's other status writes never wait.
+				Expect(w.Rules[0].Resources).To(Equal([]string{"sandboxsnapshots/status"}), w.Name)
+				Expect(w.Rules[0].Operations).To(Equal([]admissionregistrationv1.OperationType{admissionregistrationv1.Update}), w.Name)
+				Expect(w.MatchConditions).To(HaveLen(1), w.Name)
+				Expect(w.MatchConditions[0].Expression).To(And(ContainSubstring("object.status.node"), ContainSubstring("oldObject.status.node")), w.Name)
 				Expect(w.SideEffects).To(HaveValue(Equal(admissionregistrationv1.SideEffectClassNone)), w.Name)
 				Expect(w.ClientConfig.Service.Path).To(HaveValue(Equal("/validate-sandbox-code-sandbox-dev-v1alpha1-sandboxsnapshot")), w.Name)
 				continue

@@ -29,6 +29,7 @@ var _ = Describe("The webhook configuration, installed while no webhook answers"
 		ns        string
 		sbx       *sandboxv1alpha1.Sandbox
 		egressSbx *sandboxv1alpha1.Sandbox
+		snap      *sandboxv1alpha1.SandboxSnapshot
 	)
 
 	newSandbox := func(name string) *sandboxv1alpha1.Sandbox {
@@ -52,6 +53,9 @@ var _ = Describe("The webhook configuration, installed while no webhook answers"
 		egressSbx.Spec.Network = sandboxv1alpha1.SandboxNetwork{Mode: sandboxv1alpha1.NetworkEgress,
 			Egress: &sandboxv1alpha1.EgressPolicy{Allow: []sandboxv1alpha1.EgressRule{{Host: "a.example.com"}}}}
 		Expect(cp.Client.Create(ctx, egressSbx)).To(Succeed())
+		snap = &sandboxv1alpha1.SandboxSnapshot{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "existing"},
+			Spec: sandboxv1alpha1.SandboxSnapshotSpec{SandboxRef: sandboxv1alpha1.SnapshotSandboxReference{Name: sbx.Name}}}
+		Expect(cp.Client.Create(ctx, snap)).To(Succeed())
 
 		vwc := find(render("config/default"), "ValidatingWebhookConfiguration", "code-sandbox-validating-webhook-configuration")
 		Expect(applyForReal(ctx, vwc)).To(Succeed())
@@ -95,6 +99,21 @@ var _ = Describe("The webhook configuration, installed while no webhook answers"
 		cur.Labels = map[string]string{"touched": "yes"}
 		cur.Spec.Network.Egress.Allow = cur.Spec.Network.Egress.Allow[:1]
 		Expect(cp.Client.Update(ctx, cur)).To(Succeed(), "an update that keeps the policy must not call the webhook")
+	})
+
+	It("refuses a SandboxSnapshot claim (status.node set) and lets its other status updates through", func(ctx SpecContext) {
+		// The snapshot was made before the configuration existed (creates
+		// call the snapshot webhook, which does not answer here).
+		cur := &sandboxv1alpha1.SandboxSnapshot{}
+		Expect(cp.Client.Get(ctx, client.ObjectKeyFromObject(snap), cur)).To(Succeed())
+		cur.Status.SizeBytes = 10
+		Expect(cp.Client.Status().Update(ctx, cur)).To(Succeed(), "a status update that keeps status.node must not call the webhook")
+		cur.Status.Node = "n1"
+		Expect(cp.Client.Status().Update(ctx, cur)).
+			To(MatchError(ContainSubstring(`failed calling webhook "sandbox-snapshot-claim.code-sandbox.dev"`)))
+		Expect(cp.Client.Get(ctx, client.ObjectKeyFromObject(snap), cur)).To(Succeed())
+		Expect(cur.Status.Node).To(BeEmpty())
+		Expect(cur.Status.SizeBytes).To(BeEquivalentTo(10))
 	})
 
 	It("lets every other update through: labels, status, finalizer removal and deletion", func(ctx SpecContext) {

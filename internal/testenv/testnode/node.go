@@ -20,6 +20,7 @@ import (
 
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
+	"k8s.io/client-go/rest"
 	"k8s.io/utils/clock"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -146,6 +147,11 @@ type NodeOptions struct {
 	// op is nil (nothing serves it): for specs that only need Ready
 	// Sandboxes and run their commands through Docker.
 	Endpoint string
+	// Config, when set, is the manager's client config instead of the
+	// control plane's admin: e.g. a token bound to a Pod on the node
+	// (ControlPlane.NodeBoundToken), as a deployed manager has, for specs
+	// of what only a node's own manager may do.
+	Config *rest.Config
 }
 
 // Node is a manager for one node running in this process: the Sandbox
@@ -177,7 +183,11 @@ func Start(cp *testenv.ControlPlane, op *Operator, opts NodeOptions) *Node {
 	}
 	n.Docker, err = dockerruntime.New(dockerruntime.Options{CallTimeout: 10 * time.Second, PullTimeout: 20 * time.Second})
 	Expect(err).NotTo(HaveOccurred())
-	n.Manager, err = ctrl.NewManager(cp.Config, ctrl.Options{
+	config := cp.Config
+	if opts.Config != nil {
+		config = opts.Config
+	}
+	n.Manager, err = ctrl.NewManager(config, ctrl.Options{
 		Scheme:                 cp.Scheme,
 		Metrics:                metricsserver.Options{BindAddress: "0"},
 		HealthProbeBindAddress: "0",
