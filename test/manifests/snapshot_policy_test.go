@@ -70,6 +70,14 @@ var _ = Describe("The SandboxSnapshot status policy of the default overlay, appl
 		probe := func(ctx SpecContext) error {
 			return patchSnapshotStatus(ctx, cp.Client, ns, "probe", map[string]any{"node": "x"}, client.DryRunAll)
 		}
+		// Removed after the specs, and waited for: the API server applies a
+		// deleted policy for a moment more, and other Describes write
+		// snapshot status as the administrator.
+		DeferCleanup(func(ctx SpecContext) {
+			Eventually(func(ctx SpecContext) error {
+				return patchSnapshotStatus(ctx, cp.Client, ns, "probe", map[string]any{"sizeBytes": 1}, client.DryRunAll)
+			}).WithContext(ctx).WithTimeout(30 * time.Second).Should(Succeed())
+		})
 		for _, kind := range []string{"ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"} {
 			o := find(objs, kind, snapshotPolicyName)
 			Expect(applyForReal(ctx, o)).To(Succeed(), describe(o))
